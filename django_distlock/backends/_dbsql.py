@@ -1,0 +1,175 @@
+"""SQL of the database backend, one dialect per vendor.
+
+Every statement is one round trip and decides expiry with the database's
+clock. In the acquire upsert, the row lock that ``INSERT ... ON CONFLICT DO
+UPDATE`` takes is what serialises the check-and-grant: it is the
+``SELECT ... FOR UPDATE`` and the ``UPDATE`` of the textbook recipe fused
+into one statement, so an uncontended acquire costs one round trip.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+TABLE = "django_distlock_lock"
+CHANNEL = "django_distlock"
+_COLUMNS = "name, owner, fencing, acquired_at, expires_at, host, pid, thread"
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """The statements of one vendor; placeholders are ``%s`` (Django's cursor)."""
+
+    #: Grant if free or expired. Params: key, owner, ttl, host, pid, thread (+ key on
+    #: PostgreSQL). Rows: (granted, fencing, acquired_at, expires_at, retry_after).
+    acquire: str
+    #: Only when ``acquire`` returns no row on a miss. Params: key. Row: (retry_after,).
+    retry_after: str | None
+    #: Params: key, owner (+ key on PostgreSQL, the notification payload). Row: (valid,).
+    release: str
+    #: Params: ttl, key, owner. Row: (fencing, acquired_at, expires_at).
+    extend: str
+    #: Params: key. Row when held.
+    is_locked: str
+    #: Params: lower bound (exclusive), prefix, upper bound, limit.
+    held: str
+    #: Params: key (+ key on PostgreSQL). Row when a held lock was freed.
+    force_release: str
+    #: Transaction mode: bump fencing, holding the row lock until the transaction ends.
+    #: Params: key, host, pid, thread. Row: (fencing, acquired_at).
+    tx_grant: str
+
+
+POSTGRESQL = Dialect(
+    acquire=f"""
+WITH g AS (
+    INSERT INTO {TABLE} AS l ({_COLUMNS})
+    VALUES (%s, %s, 1, now(), now() + %s * interval '1 second', %s, %s, %s)
+    ON CONFLICT (name) DO UPDATE SET
+        owner = EXCLUDED.owner, fencing = l.fencing + 1, acquired_at = EXCLUDED.acquired_at,
+        expires_at = EXCLUDED.expires_at, host = EXCLUDED.host, pid = EXCLUDED.pid,
+        thread = EXCLUDED.thread
+    WHERE l.owner IS NULL OR l.expires_at <= now()
+    RETURNING fencing, acquired_at, expires_at
+)
+SELECT true, fencing, acquired_at, expires_at, NULL::float8 FROM g
+UNION ALL
+SELECT false, NULL, NULL, NULL, EXTRACT(EPOCH FROM l.expires_at - now())::float8
+FROM {TABLE} l WHERE l.name = %s AND NOT EXISTS (SELECT 1 FROM g)""",
+    retry_after=None,
+    release=f"""
+WITH r AS (
+    UPDATE {TABLE} SET owner = NULL WHERE name = %s AND owner = %s
+    RETURNING expires_at > now() AS valid
+)
+SELECT valid, pg_notify('{CHANNEL}', %s) FROM r""",
+    extend=f"""
+UPDATE {TABLE} SET expires_at = now() + %s * interval '1 second'
+WHERE name = %s AND owner = %s AND expires_at > now()
+RETURNING fencing, acquired_at, expires_at""",
+    is_locked=f"SELECT 1 FROM {TABLE} WHERE name = %s AND owner IS NOT NULL AND expires_at > now()",
+    held=f"""
+SELECT {_COLUMNS} FROM {TABLE}
+WHERE owner IS NOT NULL AND (name COLLATE "C") > %s AND (name COLLATE "C") >= %s
+  AND (name COLLATE "C") < %s AND expires_at > now()
+ORDER BY (name COLLATE "C") LIMIT %s""",
+    force_release=f"""
+WITH r AS (
+    UPDATE {TABLE} SET owner = NULL
+    WHERE name = %s AND owner IS NOT NULL AND expires_at > now() RETURNING name
+)
+SELECT pg_notify('{CHANNEL}', %s) FROM r""",
+    tx_grant=f"""
+INSERT INTO {TABLE} AS l ({_COLUMNS})
+VALUES (%s, NULL, 1, clock_timestamp(), NULL, %s, %s, %s)
+ON CONFLICT (name) DO UPDATE SET
+    fencing = l.fencing + 1, acquired_at = EXCLUDED.acquired_at, host = EXCLUDED.host,
+    pid = EXCLUDED.pid, thread = EXCLUDED.thread
+RETURNING fencing, acquired_at""",
+)
+
+#: PostgreSQL transaction mode, non-blocking: take the row lock or fail at once.
+PG_TX_NOWAIT = f"SELECT 1 FROM {TABLE} WHERE name = %s FOR UPDATE NOWAIT"
+#: PostgreSQL transaction mode: bound the row-lock wait of this transaction.
+PG_LOCK_TIMEOUT = "SELECT set_config('lock_timeout', %s, true)"
+#: PostgreSQL transaction mode: one page of names with the held ones marked. A
+#: transaction-mode holder keeps its row locked FOR UPDATE, so ``FOR KEY SHARE
+#: SKIP LOCKED`` returns exactly the rows nobody holds. Params: lower, prefix, upper, limit.
+PG_TX_HELD = f"""
+WITH page AS (
+    SELECT name FROM {TABLE}
+    WHERE (name COLLATE "C") > %s AND (name COLLATE "C") >= %s AND (name COLLATE "C") < %s
+    ORDER BY (name COLLATE "C") LIMIT %s
+), free AS (
+    SELECT name FROM {TABLE} WHERE name IN (SELECT name FROM page) FOR KEY SHARE SKIP LOCKED
+)
+SELECT {_COLUMNS}, name IN (SELECT name FROM free) FROM {TABLE}
+WHERE name IN (SELECT name FROM page) ORDER BY (name COLLATE "C")"""
+#: PostgreSQL transaction mode: is the row of a name locked by an open transaction?
+PG_TX_IS_LOCKED = f"""
+WITH free AS (SELECT name FROM {TABLE} WHERE name = %s FOR KEY SHARE SKIP LOCKED)
+SELECT EXISTS (SELECT 1 FROM {TABLE} WHERE name = %s) AND NOT EXISTS (SELECT 1 FROM free)"""
+
+# SQLite keeps times as text; these formats sort as they compare. Its 'now'
+# is fixed for the duration of a statement.
+_NOW = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')"
+_LATER = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s)"
+
+SQLITE = Dialect(
+    acquire=f"""
+INSERT INTO {TABLE} ({_COLUMNS}) VALUES (%s, %s, 1, {_NOW}, {_LATER}, %s, %s, %s)
+ON CONFLICT (name) DO UPDATE SET
+    owner = excluded.owner, fencing = fencing + 1, acquired_at = excluded.acquired_at,
+    expires_at = excluded.expires_at, host = excluded.host, pid = excluded.pid,
+    thread = excluded.thread
+WHERE owner IS NULL OR expires_at <= {_NOW}
+RETURNING 1, fencing, acquired_at, expires_at, NULL""",
+    retry_after=f"""
+SELECT (julianday(expires_at) - julianday('now')) * 86400.0 FROM {TABLE} WHERE name = %s""",
+    release=f"""
+UPDATE {TABLE} SET owner = NULL WHERE name = %s AND owner = %s
+RETURNING expires_at > {_NOW}""",
+    extend=f"""
+UPDATE {TABLE} SET expires_at = {_LATER}
+WHERE name = %s AND owner = %s AND expires_at > {_NOW}
+RETURNING fencing, acquired_at, expires_at""",
+    is_locked=f"SELECT 1 FROM {TABLE} WHERE name = %s AND owner IS NOT NULL AND expires_at > {_NOW}",
+    held=f"""
+SELECT {_COLUMNS} FROM {TABLE}
+WHERE owner IS NOT NULL AND name > %s AND name >= %s AND name < %s AND expires_at > {_NOW}
+ORDER BY name LIMIT %s""",
+    force_release=f"""
+UPDATE {TABLE} SET owner = NULL
+WHERE name = %s AND owner IS NOT NULL AND expires_at > {_NOW} RETURNING 1""",
+    tx_grant=f"""
+INSERT INTO {TABLE} ({_COLUMNS}) VALUES (%s, NULL, 1, {_NOW}, NULL, %s, %s, %s)
+ON CONFLICT (name) DO UPDATE SET
+    fencing = fencing + 1, acquired_at = excluded.acquired_at, host = excluded.host,
+    pid = excluded.pid, thread = excluded.thread
+RETURNING fencing, acquired_at""",
+)
+
+
+def sqlite_ttl(seconds: float) -> str:
+    """The SQLite date modifier adding ``seconds`` (millisecond resolution)."""
+    return f"+{seconds:.3f} seconds"
+
+
+def as_datetime(value: object) -> datetime | None:
+    """Return a database time as an aware UTC datetime (SQLite gives text)."""
+    if value is None or isinstance(value, datetime):
+        return value if value is None or value.tzinfo else value.replace(tzinfo=UTC)
+    return datetime.fromisoformat(str(value)).replace(tzinfo=UTC)
+
+
+def upper_bound(prefix: str) -> str:
+    """The smallest string greater than every string starting with ``prefix``."""
+    chars = list(prefix)
+    while chars:
+        code = ord(chars[-1]) + 1
+        if code <= 0x10FFFF:
+            chars[-1] = chr(0xE000 if 0xD800 <= code <= 0xDFFF else code)
+            return "".join(chars)
+        chars.pop()
+    return "\U0010ffff" * 256  # no prefix: above every key (keys are <= 255 characters)

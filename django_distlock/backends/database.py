@@ -1,0 +1,440 @@
+"""The database backend: a lock row per key, on PostgreSQL or SQLite.
+
+Two modes, chosen with ``OPTIONS["MODE"]``:
+
+``"lease"`` (default)
+    The row records the owner and an expiry from the database's clock. Each
+    operation is one autocommit statement; on PostgreSQL they run on a
+    connection of their own (one per thread), so a lease never joins, and is
+    never rolled back with, the caller's transaction. Waiters are woken by
+    LISTEN/NOTIFY on PostgreSQL, and back off with jitter on SQLite.
+
+``"transaction"``
+    ``acquire()`` opens ``transaction.atomic()`` on the caller's connection
+    and takes the row lock (``SELECT ... FOR UPDATE``, ``NOWAIT`` when not
+    blocking); the lock is held until ``release()`` commits, or the ``with``
+    block rolls back on an exception. The critical section's writes commit
+    or roll back with the lock, and a crashed holder frees it at once. No
+    TTL. On SQLite, which has no row locks, the lock is the database's write
+    lock: one holder at a time for every name.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from django.core import checks
+from django.db import DatabaseError, Error, connections, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from ..exceptions import BackendUnavailable, InvalidBackendOptions, UnsupportedOperation
+from ..names import validate_name
+from . import _dbsql as sql
+from ._pglisten import Listener, NotificationWaiter
+from .base import BaseLockBackend, Grant, LockInfo, LockPage, Miss, Waiter, validate_page_args
+
+if TYPE_CHECKING:
+    from ..lease import Lock
+
+MODES = ("lease", "transaction")
+_OPTION_KEYS = frozenset({"DATABASE", "MODE"})
+#: Longest a lease statement waits for a row lock held by someone else's
+#: transaction before the attempt counts as a miss (lease rows are locked
+#: only for the duration of one statement).
+_ROW_LOCK_WAIT = "200ms"
+
+
+@dataclass
+class _TxState:
+    """A transaction-mode acquisition: its open atomic block and its thread."""
+
+    atomic: transaction.Atomic
+    thread: int
+    grant: Grant
+
+
+class _LeaseCursors(threading.local):
+    wrapper: BaseDatabaseWrapper | None = None
+    cursor: Any = None
+    pid: int = 0
+
+
+class DatabaseBackend(BaseLockBackend):
+    """Locks as rows of ``django_distlock_lock``; see the module docstring.
+
+    ``OPTIONS``: ``DATABASE`` (alias in ``DATABASES``, default ``"default"``),
+    ``MODE`` (``"lease"`` or ``"transaction"``).
+    """
+
+    def __init__(self, alias: str, params: Mapping[str, Any]) -> None:
+        super().__init__(alias, params)
+        unknown = set(self.options) - _OPTION_KEYS
+        if unknown:
+            raise InvalidBackendOptions(
+                f"DISTLOCK[{alias!r}]['OPTIONS'] has unknown keys {sorted(unknown)}; "
+                f"the database backend takes {sorted(_OPTION_KEYS)}."
+            )
+        self.database: str = self.options.get("DATABASE", "default")
+        self.mode: str = self.options.get("MODE", "lease")
+        if not isinstance(self.database, str):
+            raise InvalidBackendOptions(f"DISTLOCK[{alias!r}]['OPTIONS']['DATABASE'] must be a str.")
+        if self.mode not in MODES:
+            raise InvalidBackendOptions(
+                f"DISTLOCK[{alias!r}]['OPTIONS']['MODE'] must be one of {MODES}, got {self.mode!r}."
+            )
+        self.transactional = self.mode == "transaction"
+        if self.transactional:
+            self.supports_expiry = False
+            self.supports_force_release = False
+        self._local = _LeaseCursors()
+        self._mutex = threading.Lock()
+        self._wrappers: list[BaseDatabaseWrapper] = []
+        self._listener: Listener | None = None
+
+    # -- setup --------------------------------------------------------------
+
+    @cached_property
+    def vendor(self) -> str:
+        """The database vendor: ``"postgresql"`` or ``"sqlite"``."""
+        return connections[self.database].vendor
+
+    @cached_property
+    def dialect(self) -> sql.Dialect:
+        if self.vendor == "postgresql":
+            return sql.POSTGRESQL
+        if self.vendor == "sqlite":
+            return sql.SQLITE
+        raise UnsupportedOperation(
+            f"The database backend serves PostgreSQL and SQLite, not {self.vendor!r} "
+            f"(DATABASES[{self.database!r}])."
+        )
+
+    @property
+    def supports_listing(self) -> bool:  # type: ignore[override]
+        return not (self.transactional and self.vendor == "sqlite")
+
+    @property
+    def wakes_waiters(self) -> bool:  # type: ignore[override]
+        return self.vendor == "postgresql"
+
+    def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
+        from ..checks import database_checks
+
+        return database_checks(self)
+
+    def close(self) -> None:
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+        with self._mutex:
+            wrappers, self._wrappers = self._wrappers, []
+        for wrapper in wrappers:
+            if getattr(wrapper, "_distlock_pid", None) == os.getpid():
+                try:
+                    wrapper.close()
+                except Error:
+                    pass
+        self._local = _LeaseCursors()
+
+    # -- connections ----------------------------------------------------------
+
+    def _cursor(self) -> Any:
+        """The cursor lease statements run on (this thread's own connection on PostgreSQL)."""
+        if self.vendor != "postgresql":
+            return connections[self.database].cursor()
+        local = self._local
+        if local.cursor is None or local.pid != os.getpid():
+            local.cursor = None
+            wrapper = self._new_wrapper()
+            cursor = wrapper.cursor()
+            cursor.execute("SELECT set_config('lock_timeout', %s, false)", [_ROW_LOCK_WAIT])
+            local.wrapper, local.cursor, local.pid = wrapper, cursor, os.getpid()
+        return local.cursor
+
+    def _new_wrapper(self) -> BaseDatabaseWrapper:
+        wrapper = connections.create_connection(self.database)
+        wrapper.inc_thread_sharing()  # close() may run on another thread
+        wrapper._distlock_pid = os.getpid()  # type: ignore[attr-defined]
+        wrapper.ensure_connection()
+        with self._mutex:
+            self._wrappers.append(wrapper)
+        return wrapper
+
+    def _forget_cursor(self) -> None:
+        local = self._local
+        wrapper, local.wrapper, local.cursor = local.wrapper, None, None
+        if wrapper is not None:
+            try:
+                wrapper.close()
+            except Error:
+                pass
+
+    def _unavailable(self, exc: BaseException, doing: str) -> BackendUnavailable:
+        self._forget_cursor()
+        return BackendUnavailable(
+            f"Database {self.database!r} failed while {doing} (lock alias {self.alias!r}): {exc}"
+        )
+
+    def _run(self, statement: str, params: list[Any], doing: str) -> list[tuple[Any, ...]]:
+        """Run one lease statement and return its rows; map failures to BackendUnavailable."""
+        try:
+            cursor = self._cursor()
+            cursor.execute(statement, params)
+            return cursor.fetchall()
+        except Error as exc:
+            raise self._unavailable(exc, doing) from exc
+
+    def _ttl(self, seconds: float) -> object:
+        return sql.sqlite_ttl(seconds) if self.vendor == "sqlite" else seconds
+
+    # -- lease mode -------------------------------------------------------------
+
+    def try_acquire(self, lock: Lock, token: str, wait: float | None) -> Grant | Miss:
+        if self.transactional:
+            return self._tx_acquire(lock, wait)
+        params = [lock.key, token, self._ttl(lock.ttl), lock.host, lock.pid, lock.thread]
+        if self.vendor == "postgresql":
+            params.append(lock.key)
+        try:
+            cursor = self._cursor()
+            cursor.execute(self.dialect.acquire, params)
+            row = cursor.fetchone()
+            if row is None and self.dialect.retry_after is not None:
+                # SQLite only: the miss path's second statement (local, cheap).
+                cursor.execute(self.dialect.retry_after, [lock.key])
+                found = cursor.fetchone()
+                return Miss(found[0] if found else None)
+        except Error as exc:
+            if _is_busy(exc):
+                return Miss()
+            raise self._unavailable(exc, "acquiring a lock") from exc
+        if row is None:
+            return Miss()
+        granted, fencing, acquired_at, expires_at, retry_after = row
+        if not granted:
+            return Miss(retry_after)
+        return Grant(fencing, sql.as_datetime(acquired_at), sql.as_datetime(expires_at))
+
+    def release_lock(self, lock: Lock, token: str, exc_info: tuple[Any, Any, Any]) -> bool:
+        if self.transactional:
+            state = self._tx_state(lock, "released")
+            state.atomic.__exit__(*exc_info)  # commit, or roll back on an exception
+            return True
+        params = [lock.key, token] + ([lock.key] if self.vendor == "postgresql" else [])
+        rows = self._run(self.dialect.release, params, "releasing a lock")
+        return bool(rows and rows[0][0])
+
+    def extend_lock(self, lock: Lock, token: str, ttl: float) -> Grant | None:
+        if self.transactional:
+            return self._tx_state(lock, "extended").grant
+        rows = self._run(
+            self.dialect.extend, [self._ttl(ttl), lock.key, token], "extending a lock"
+        )
+        if not rows:
+            return None
+        fencing, acquired_at, expires_at = rows[0]
+        return Grant(fencing, sql.as_datetime(acquired_at), sql.as_datetime(expires_at))
+
+    def waiter(self, lock: Lock) -> Waiter:
+        if self.transactional or not self.wakes_waiters or not _is_psycopg3(self.database):
+            return Waiter()
+        if self._listener is None:
+            with self._mutex:
+                if self._listener is None:
+                    self._listener = Listener(self._listen_connection)
+        return NotificationWaiter(self._listener, lock.key)
+
+    def _listen_connection(self) -> tuple[Any, Any]:
+        wrapper = self._new_wrapper()
+        raw = wrapper.connection
+        raw.autocommit = True
+        return wrapper.close, raw
+
+    def is_locked(self, name: str) -> bool:
+        key = self.make_key(name)
+        if not self.transactional:
+            return bool(self._run(self.dialect.is_locked, [key], "checking a lock"))
+        if self.vendor == "postgresql":
+            return bool(self._run(sql.PG_TX_IS_LOCKED, [key, key], "checking a lock")[0][0])
+        return self._sqlite_write_locked()
+
+    def held_locks(
+        self, prefix: str = "", limit: int = 50, cursor: str | None = None
+    ) -> LockPage:
+        prefix, limit, cursor = validate_page_args(prefix, limit, cursor)
+        if prefix:
+            validate_name(prefix)
+        if not self.supports_listing:
+            raise UnsupportedOperation(
+                "Transaction-mode locks on SQLite are the database's write lock; "
+                "they cannot be listed by name."
+            )
+        low = self.key_prefix + prefix
+        params = [cursor or "", low, sql.upper_bound(low), limit]
+        statement = sql.PG_TX_HELD if self.transactional else self.dialect.held
+        rows = self._run(statement, params, "listing locks")
+        infos = [self._info(row) for row in rows if not (self.transactional and row[-1])]
+        full = len(rows) == limit
+        return LockPage(infos, rows[-1][0] if full else None)
+
+    def _info(self, row: tuple[Any, ...]) -> LockInfo:
+        key, owner, fencing, acquired_at, expires_at, host, pid, thread = row[:8]
+        if self.transactional:
+            # The holder's own writes are not committed: only the name is known.
+            return LockInfo(self.alias, self.name_of(key), "", None, None, None, "", None, "")
+        from ..lease import short_owner
+
+        return LockInfo(
+            alias=self.alias,
+            name=self.name_of(key),
+            owner=short_owner(owner),
+            fencing_token=fencing,
+            acquired_at=sql.as_datetime(acquired_at),
+            expires_at=sql.as_datetime(expires_at),
+            host=host,
+            pid=pid,
+            thread=thread,
+        )
+
+    def force_release(self, name: str) -> bool:
+        key = self.make_key(name)
+        if self.transactional:
+            raise UnsupportedOperation(
+                "A transaction-mode lock is held by its holder's open transaction; "
+                "it ends when that transaction does."
+            )
+        params = [key] + ([key] if self.vendor == "postgresql" else [])
+        freed = bool(self._run(self.dialect.force_release, params, "force-releasing a lock"))
+        if freed:
+            from ..signals import lock_force_released
+
+            lock_force_released.send(
+                sender=type(self), backend=self, alias=self.alias, name=name, fencing_token=None
+            )
+        return freed
+
+    def health(self) -> float:
+        started = time.perf_counter()
+        self._run("SELECT 1", [], "checking health")
+        return time.perf_counter() - started
+
+    # -- transaction mode -------------------------------------------------------
+
+    def _tx_acquire(self, lock: Lock, wait: float | None) -> Grant | Miss:
+        connection = connections[self.database]
+        atomic = transaction.atomic(using=self.database)
+        if self.vendor == "sqlite":
+            return self._sqlite_tx_acquire(lock, wait, connection, atomic)
+        try:
+            atomic.__enter__()
+        except Error as exc:
+            raise self._unavailable(exc, "opening the lock's transaction") from exc
+        try:
+            with connection.cursor() as cursor:
+                if wait == 0:
+                    cursor.execute(sql.PG_TX_NOWAIT, [lock.key])
+                    if cursor.fetchone() is None:  # first use of the name: no row to lock
+                        cursor.execute(sql.PG_LOCK_TIMEOUT, ["1ms"])
+                else:
+                    timeout = "0" if wait is None else f"{max(1, math.ceil(wait * 1000))}ms"
+                    cursor.execute(sql.PG_LOCK_TIMEOUT, [timeout])
+                cursor.execute(self.dialect.tx_grant, [lock.key, lock.host, lock.pid, lock.thread])
+                fencing, acquired_at = cursor.fetchone()
+        except Error as exc:
+            atomic.__exit__(type(exc), exc, exc.__traceback__)
+            if getattr(exc.__cause__, "sqlstate", None) == "55P03":  # lock_not_available
+                return Miss()
+            raise self._unavailable(exc, "acquiring a lock") from exc
+        return self._tx_granted(lock, atomic, fencing, acquired_at)
+
+    def _sqlite_tx_acquire(
+        self, lock: Lock, wait: float | None, connection: Any, atomic: transaction.Atomic
+    ) -> Grant | Miss:
+        busy_ms = 2**31 - 1 if wait is None else math.ceil(wait * 1000)
+        with connection.cursor() as cursor:
+            cursor.execute("PRAGMA busy_timeout")
+            previous = cursor.fetchone()[0]
+            cursor.execute(f"PRAGMA busy_timeout = {int(busy_ms)}")
+            try:
+                try:
+                    atomic.__enter__()
+                except Error as exc:
+                    if _is_busy(exc):
+                        return Miss()
+                    raise self._unavailable(exc, "opening the lock's transaction") from exc
+                try:
+                    cursor.execute(
+                        self.dialect.tx_grant, [lock.key, lock.host, lock.pid, lock.thread]
+                    )
+                    fencing, acquired_at = cursor.fetchone()
+                except Error as exc:
+                    atomic.__exit__(type(exc), exc, exc.__traceback__)
+                    if _is_busy(exc):
+                        return Miss()
+                    raise self._unavailable(exc, "acquiring a lock") from exc
+            finally:
+                cursor.execute(f"PRAGMA busy_timeout = {int(previous)}")
+        return self._tx_granted(lock, atomic, fencing, acquired_at)
+
+    def _tx_granted(
+        self, lock: Lock, atomic: transaction.Atomic, fencing: int, acquired_at: Any
+    ) -> Grant:
+        grant = Grant(fencing, sql.as_datetime(acquired_at), None)
+        lock.backend_state = _TxState(atomic, threading.get_ident(), grant)
+        return grant
+
+    def _tx_state(self, lock: Lock, doing: str) -> _TxState:
+        state = lock.backend_state
+        if not isinstance(state, _TxState):
+            raise UnsupportedOperation(f"{lock!r} has no open transaction.")
+        if state.thread != threading.get_ident():
+            raise UnsupportedOperation(
+                f"A transaction-mode lock is its thread's open transaction; it must be {doing} "
+                "by the thread that acquired it."
+            )
+        return state
+
+    def _sqlite_write_locked(self) -> bool:
+        """Whether some connection holds the SQLite database's write lock."""
+        path = connections[self.database].settings_dict["NAME"]
+        try:
+            probe = sqlite3.connect(str(path), timeout=0, isolation_level=None)
+        except sqlite3.Error as exc:
+            raise BackendUnavailable(f"Could not open SQLite database {path!r}: {exc}") from exc
+        try:
+            probe.execute("BEGIN IMMEDIATE")
+            probe.execute("ROLLBACK")
+            return False
+        except sqlite3.OperationalError as exc:
+            if "locked" in str(exc) or "busy" in str(exc):
+                return True
+            raise BackendUnavailable(f"SQLite database {path!r} failed: {exc}") from exc
+        finally:
+            probe.close()
+
+
+def _is_busy(exc: BaseException) -> bool:
+    """Whether a database error means "held by someone else" rather than a failure."""
+    if getattr(exc.__cause__, "sqlstate", None) == "55P03":  # PostgreSQL lock_not_available
+        return True
+    message = str(exc).lower()
+    return isinstance(exc, DatabaseError) and (
+        "database is locked" in message or "database table is locked" in message
+    )
+
+
+def _is_psycopg3(database: str) -> bool:
+    """LISTEN/NOTIFY waiting needs psycopg 3's ``Connection.notifies(timeout=...)``."""
+    try:
+        import psycopg
+    except ImportError:
+        return False
+    return connections[database].Database is psycopg

@@ -1,0 +1,38 @@
+"""Tables of django-distlock."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+
+
+class LockRecord(models.Model):
+    """One row per lock name ever used by the database backend.
+
+    The row stays after release so its fencing counter keeps growing. In
+    lease mode ``owner`` is set while held; in transaction mode the row
+    lock of the holder's open transaction is the lock, and ``owner`` stays
+    empty. Times come from the database's clock.
+    """
+
+    name = models.CharField(max_length=255, primary_key=True)
+    owner = models.CharField(max_length=64, null=True, blank=True)
+    fencing = models.BigIntegerField(default=0)
+    acquired_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    host = models.CharField(max_length=255, blank=True, default="")
+    pid = models.IntegerField(null=True, blank=True)
+    thread = models.CharField(max_length=255, blank=True, default="")
+
+    class Meta:
+        db_table = "django_distlock_lock"
+        verbose_name = "lock record"
+        indexes = [
+            # Listing held leases walks only held rows (see DatabaseBackend.held_locks).
+            models.Index(
+                fields=["name"], condition=Q(owner__isnull=False), name="distlock_held_idx"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name

@@ -1,0 +1,448 @@
+#!/usr/bin/env python3
+"""Start and stop the real servers the django-distlock tests and benchmarks use.
+
+Everything runs on 127.0.0.1, on ports the OS reports free, with all data,
+logs and sockets inside one directory given with --dir:
+
+    scripts/servers.py install                 # apt-get the servers if missing
+    scripts/servers.py start --dir DIR [--only redis,zookeeper,postgres,memcached]
+    scripts/servers.py stop --dir DIR          # idempotent; does not delete DIR
+
+`start` writes DIR/env (shell `export` lines, also printed on stdout) and
+DIR/state.json (pids, ports). `stop` ends only the pids recorded there.
+Standard library only (Python 3.11), so it runs before any virtualenv exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+KINDS = ("redis", "zookeeper", "postgres", "memcached")
+REDLOCK_COUNT = 5  # independent Redis servers for the Redlock backend
+ZK_NODES = 3
+
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+# DISTLOCK_TEST_ZK_JAR: only to test the failure path (a bad jar makes ZooKeeper fail).
+ZK_JAR = os.environ.get("DISTLOCK_TEST_ZK_JAR", "/usr/share/java/zookeeper.jar")
+ZK_CLASSPATH = [ZK_JAR, "/usr/share/java/slf4j-log4j12.jar", "/usr/share/java/log4j-1.2.jar"]
+APT_PACKAGES = ["redis-server", "zookeeper", "postgresql", "memcached"]
+
+READY_TIMEOUT = {"redis": 30.0, "zookeeper": 60.0, "postgres": 30.0, "memcached": 30.0}
+STOP_TIMEOUT = 10.0
+
+
+class StartError(Exception):
+    """A server did not start: its name, why, its log, and processes launched meanwhile."""
+
+    def __init__(self, name: str, reason: str, log: Path | None = None, created=None) -> None:
+        super().__init__(f"{name}: {reason}")
+        self.name, self.reason, self.log = name, reason, log
+        self.created: list[dict] = created or []  # the caller must stop these
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def free_ports(count: int) -> list[int]:
+    """Ask the OS for `count` distinct free TCP ports on 127.0.0.1."""
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)  # all stay open until the end, so the ports are distinct
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def ask(port: int, payload: bytes, timeout: float = 1.0) -> bytes:
+    """Send `payload` to 127.0.0.1:port; return the reply (up to EOF or a first full line)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(payload)
+        reply = b""
+        with contextlib.suppress(TimeoutError):
+            while data := s.recv(4096):
+                reply += data
+                if payload != b"srvr" and reply.endswith(b"\r\n"):
+                    break  # Redis and memcached keep the connection open; ZooKeeper closes it
+        return reply
+
+
+def proc_stat(pid: int) -> list[str] | None:
+    """Fields of /proc/PID/stat after the command name (state first), or None if gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def alive(pid: int | None, starttime: str | None = None) -> bool:
+    """True if PID runs and is not a zombie (and, if given, started at `starttime`)."""
+    stat = proc_stat(pid) if pid else None
+    if stat is None or stat[0] in ("Z", "X"):
+        return False
+    return starttime is None or stat[19] == starttime  # same start time: not a reused pid
+
+
+def tail(path: Path | None, lines: int = 30) -> str:
+    """Return the last `lines` lines of a log file (or a note that there is none)."""
+    if path is None or not path.exists():
+        return "(no log file)"
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) or "(log is empty)"
+
+
+def spawn(name: str, kind: str, port: int, argv: list[str], wd: Path, log: Path) -> dict:
+    """Start a server in the foreground, detached in its own session; return its state entry."""
+    with open(log, "ab") as out:
+        try:
+            proc = subprocess.Popen(
+                argv,
+                cwd=wd,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # ^C in the caller's terminal does not reach it
+            )
+        except OSError as exc:
+            raise StartError(name, f"cannot run {argv[0]}: {exc}", log) from exc
+    stat = proc_stat(proc.pid)
+    return {
+        "name": name,
+        "kind": kind,
+        "port": port,
+        "pid": proc.pid,
+        "starttime": stat[19] if stat else None,
+        "log": str(log),
+    }
+
+
+def wait_until(name: str, check, entry: dict | None, timeout: float, log: Path | None) -> None:
+    """Poll `check()` until it is true; raise StartError at the deadline or if the process dies."""
+    deadline = time.monotonic() + timeout
+    last = "no answer yet"
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except OSError as exc:
+            last = str(exc)
+        if entry is not None and not alive(entry["pid"]):
+            raise StartError(name, "process exited during startup", log)
+        time.sleep(0.05)
+    raise StartError(
+        name, f"not ready after {timeout:.0f} s ({last})", log, [entry] if entry else []
+    )
+
+
+def su_postgres(cmd: str, log: Path | None = None, wait: bool = True):
+    """Run a shell command as the postgres user (initdb and pg_ctl refuse root)."""
+    out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115
+    try:
+        proc = subprocess.Popen(
+            ["su", "postgres", "-s", "/bin/sh", "-c", cmd],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+        return proc.wait() if wait else proc
+    finally:
+        if log:
+            out.close()
+
+
+# --------------------------------------------------------------------------- servers
+
+
+def start_redis(dir_: Path, name: str, port: int) -> dict:
+    """Start one Redis server without persistence; ready when it answers PING."""
+    wd = dir_ / name
+    wd.mkdir()
+    log = wd / "redis.log"
+    argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+    argv += ["--appendonly", "no", "--dir", str(wd), "--logfile", ""]  # log to stdout
+    entry = spawn(name, "redis", port, argv, wd, log)
+    ping = lambda: ask(port, b"PING\r\n").startswith(b"+PONG")  # noqa: E731
+    wait_until(name, ping, entry, READY_TIMEOUT["redis"], log)
+    return entry
+
+
+def start_memcached(dir_: Path, port: int) -> dict:
+    """Start memcached in the foreground as user nobody; ready when `version` answers."""
+    wd = dir_ / "memcached"
+    wd.mkdir()
+    log = wd / "memcached.log"
+    argv = ["memcached", "-l", "127.0.0.1", "-p", str(port), "-U", "0", "-u", "nobody", "-m", "64"]
+    entry = spawn("memcached", "memcached", port, argv, wd, log)
+    version = lambda: ask(port, b"version\r\n").startswith(b"VERSION")  # noqa: E731
+    wait_until("memcached", version, entry, READY_TIMEOUT["memcached"], log)
+    return entry
+
+
+def launch_zookeeper(dir_: Path, ports: list[int]) -> list[dict]:
+    """Launch a 3-node ensemble by running the JVM directly (zkServer.sh ignores env overrides)."""
+    client, quorum, election = ports[0:3], ports[3:6], ports[6:9]
+    members = "".join(
+        f"server.{i + 1}=127.0.0.1:{quorum[i]}:{election[i]}\n" for i in range(ZK_NODES)
+    )
+    entries: list[dict] = []
+    for i in range(ZK_NODES):
+        wd = dir_ / f"zookeeper{i + 1}"
+        wd.mkdir()
+        (wd / "myid").write_text(f"{i + 1}\n")
+        (wd / "zoo.cfg").write_text(
+            f"tickTime=2000\ninitLimit=10\nsyncLimit=5\ndataDir={wd}\n"
+            f"clientPort={client[i]}\nclientPortAddress=127.0.0.1\nmaxClientCnxns=0\n"
+            "admin.enableServer=false\n4lw.commands.whitelist=ruok,stat,srvr,mntr,conf,isro\n"
+            + members
+        )
+        (wd / "log4j.properties").write_text(  # without it log4j 1.2 logs nothing at all
+            "log4j.rootLogger=INFO, CONSOLE\n"
+            "log4j.appender.CONSOLE=org.apache.log4j.ConsoleAppender\n"
+            "log4j.appender.CONSOLE.layout=org.apache.log4j.PatternLayout\n"
+            "log4j.appender.CONSOLE.layout.ConversionPattern=%d{ISO8601} %-5p [%t] %c{1} - %m%n\n"
+        )
+        argv = ["java", "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1"]
+        argv += [f"-Dlog4j.configuration=file:{wd / 'log4j.properties'}"]
+        argv += ["-cp", ":".join(ZK_CLASSPATH)]
+        argv += ["org.apache.zookeeper.server.quorum.QuorumPeerMain", str(wd / "zoo.cfg")]
+        try:
+            entry = spawn(f"zookeeper{i + 1}", "zookeeper", client[i], argv, wd, wd / "zk.log")
+        except StartError as exc:
+            exc.created = entries
+            raise
+        entry.update(quorum_port=quorum[i], election_port=election[i])
+        entries.append(entry)
+    return entries
+
+
+def wait_zookeeper(entries: list[dict]) -> None:
+    """Wait until every node answers `srvr` with a `Mode:` line and exactly one is leader."""
+
+    def check() -> bool:
+        modes = []
+        for e in entries:
+            if not alive(e["pid"]):  # fail fast, naming the node, if a JVM died
+                raise StartError(e["name"], "process exited during startup", Path(e["log"]))
+            reply = ask(e["port"], b"srvr").decode(errors="replace")
+            mode = [ln.split(":", 1)[1].strip() for ln in reply.splitlines() if ln[:5] == "Mode:"]
+            if not mode:
+                return False
+            modes.append(mode[0])
+        return modes.count("leader") == 1
+
+    wait_until("zookeeper", check, None, READY_TIMEOUT["zookeeper"], Path(entries[0]["log"]))
+
+
+def start_postgres(dir_: Path, port: int) -> dict:
+    """initdb (trust auth) and start PostgreSQL 15 as the postgres user; create db `distlock`."""
+    wd = dir_ / "postgres"
+    data, sock = wd / "data", wd / "run"
+    for d in (wd, sock):
+        d.mkdir()
+        shutil.chown(d, "postgres", "postgres")
+    os.chmod(dir_, os.stat(dir_).st_mode | 0o011)  # mktemp -d makes 0700: let postgres in
+    log, server_log = wd / "setup.log", wd / "postgres.log"
+    q = lambda p: shlex.quote(str(p))  # noqa: E731
+    if su_postgres(f"test -w {q(wd)}") != 0:
+        raise StartError("postgres", f"user postgres cannot write {wd} (parent not traversable?)")
+    entry = {"name": "postgres", "kind": "postgres", "port": port, "pid": None}
+    entry.update(starttime=None, data=str(data), log=str(server_log))
+    steps = [
+        f"{q(PG_BIN / 'initdb')} -D {q(data)} -U postgres --auth-host=trust --auth-local=trust"
+        " -E UTF8 --no-instructions",
+        f"{q(PG_BIN / 'pg_ctl')} -D {q(data)} -l {q(server_log)} -w -t 30 start",
+        f"{q(PG_BIN / 'createdb')} -h 127.0.0.1 -p {port} -U postgres -O postgres distlock",
+    ]
+    for i, cmd in enumerate(steps):
+        if i == 1:  # between initdb and start: loopback only, socket in our dir, no fsync
+            with open(data / "postgresql.conf", "a") as conf:
+                conf.write(
+                    f"\nlisten_addresses = '127.0.0.1'\nport = {port}\n"
+                    f"unix_socket_directories = '{sock}'\nmax_connections = 200\n"
+                    "fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n"
+                )
+        rc = su_postgres(cmd, log)
+        if i >= 1 and entry["pid"] is None:  # record the postmaster as soon as it exists
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                pid = int((data / "postmaster.pid").read_text().split()[0])
+                entry.update(pid=pid, starttime=(proc_stat(pid) or [None] * 20)[19])
+        if rc != 0:
+            where = server_log if i >= 1 and server_log.exists() else log
+            raise StartError("postgres", f"`{cmd}` exited with status {rc}", where, [entry])
+    return entry
+
+
+# --------------------------------------------------------------------------- stop
+
+
+def stop_entries(entries: list[dict]) -> list[str]:
+    """Stop servers (SIGTERM; pg_ctl -m fast for postgres), SIGKILL those left after a deadline."""
+    for e in entries:
+        if e["kind"] == "postgres" and not e.get("pid"):  # pg_ctl start failed or timed out
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                e["pid"] = int((Path(e["data"]) / "postmaster.pid").read_text().split()[0])
+        if not alive(e.get("pid"), e.get("starttime")):
+            continue
+        if e["kind"] == "postgres":  # -W: don't wait here; we wait on the pid with the others
+            su_postgres(f"{PG_BIN / 'pg_ctl'} -D {shlex.quote(e['data'])} -m fast -W stop")
+        else:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(e["pid"], signal.SIGTERM)
+    deadline = time.monotonic() + STOP_TIMEOUT
+    pending = entries
+    while True:
+        pending = [e for e in pending if alive(e.get("pid"), e.get("starttime"))]
+        if not pending or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    for e in pending:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(e["pid"], signal.SIGKILL)
+    return [e["name"] for e in pending]
+
+
+def cmd_stop(dir_: Path) -> int:
+    """Stop everything recorded in DIR/state.json and mark it stopped (a second call is a no-op)."""
+    state_file = dir_ / "state.json"
+    if not state_file.exists():
+        print(f"servers.py: nothing to stop ({state_file} does not exist)", file=sys.stderr)
+        return 0
+    state = json.loads(state_file.read_text())
+    entries = [e for e in state["servers"] if not e.get("stopped")]
+    killed = stop_entries(entries)
+    for e in entries:
+        e["stopped"] = True
+    state_file.write_text(json.dumps(state, indent=2) + "\n")
+    if killed:
+        print(
+            f"servers.py: SIGKILL after {STOP_TIMEOUT:.0f} s: {', '.join(killed)}", file=sys.stderr
+        )
+    return 0
+
+
+# --------------------------------------------------------------------------- start
+
+
+def cmd_start(dir_: Path, kinds: list[str]) -> int:
+    """Start the servers into DIR, write DIR/env and DIR/state.json, print the env lines."""
+    dir_.mkdir(parents=True, exist_ok=True)
+    state_file = dir_ / "state.json"
+    if state_file.exists():
+        old = json.loads(state_file.read_text())["servers"]
+        if any(not e.get("stopped") and alive(e.get("pid"), e.get("starttime")) for e in old):
+            print(f"servers.py: {state_file} lists running servers: stop first", file=sys.stderr)
+            return 2
+        for sub in dir_.iterdir():  # leftovers of an earlier, stopped run
+            if sub.is_dir():
+                shutil.rmtree(sub)
+    t0 = time.monotonic()
+    started: list[dict] = []
+    env = {"DISTLOCK_SERVERS": "1"}
+    ports = iter(free_ports(1 + REDLOCK_COUNT + 3 * ZK_NODES + 2))
+
+    def save() -> None:
+        state_file.write_text(json.dumps({"dir": str(dir_), "servers": started}, indent=2) + "\n")
+
+    try:
+        if "zookeeper" in kinds:  # the JVMs boot in the background while the others come up
+            zk = launch_zookeeper(dir_, [next(ports) for _ in range(3 * ZK_NODES)])
+            started += zk
+            save()
+        if "redis" in kinds:
+            started.append(start_redis(dir_, "redis", next(ports)))
+            env["DISTLOCK_REDIS_URL"] = f"redis://127.0.0.1:{started[-1]['port']}/0"
+            for i in range(REDLOCK_COUNT):
+                started.append(start_redis(dir_, f"redlock{i + 1}", next(ports)))
+            urls = [f"redis://127.0.0.1:{e['port']}/0" for e in started if "redlock" in e["name"]]
+            env["DISTLOCK_REDLOCK_URLS"] = ",".join(urls)
+            save()
+        if "postgres" in kinds:
+            started.append(start_postgres(dir_, next(ports)))
+            env["DISTLOCK_PG_HOST"] = "127.0.0.1"
+            env["DISTLOCK_PG_PORT"] = str(started[-1]["port"])
+            env["DISTLOCK_PG_USER"] = "postgres"
+            env["DISTLOCK_PG_NAME"] = "distlock"
+            save()
+        if "memcached" in kinds:
+            started.append(start_memcached(dir_, next(ports)))
+            env["DISTLOCK_MEMCACHED"] = f"127.0.0.1:{started[-1]['port']}"
+            save()
+        if "zookeeper" in kinds:
+            wait_zookeeper(zk)
+            env["DISTLOCK_ZK_HOSTS"] = ",".join(f"127.0.0.1:{e['port']}" for e in zk)
+    except (StartError, KeyboardInterrupt) as exc:
+        started += [e for e in getattr(exc, "created", []) if e not in started]
+        save()
+        if isinstance(exc, StartError):
+            print(f"servers.py: FAILED to start {exc.name}: {exc.reason}", file=sys.stderr)
+            if exc.log is not None:
+                print(f"--- last lines of {exc.log} ---\n{tail(exc.log)}\n---", file=sys.stderr)
+        print("servers.py: stopping the servers already started", file=sys.stderr)
+        cmd_stop(dir_)
+        return 1
+
+    lines = [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
+    (dir_ / "env").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    took = time.monotonic() - t0
+    print(f"servers.py: started {', '.join(kinds)} in {took:.1f} s ({state_file})", file=sys.stderr)
+    return 0
+
+
+# --------------------------------------------------------------------------- install
+
+
+def cmd_install() -> int:
+    """apt-get install the servers if any of their binaries is missing."""
+    needed = ["redis-server", "memcached", "java", "/usr/share/java/zookeeper.jar"]
+    needed.append(str(PG_BIN / "initdb"))
+    missing = [n for n in needed if not (shutil.which(n) or (n[0] == "/" and Path(n).exists()))]
+    if not missing:
+        print("servers.py: redis, zookeeper, postgresql 15, memcached: installed", file=sys.stderr)
+        return 0
+    print(f"servers.py: missing {', '.join(missing)}: apt-get install", file=sys.stderr)
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    for argv in (["apt-get", "update"], ["apt-get", "install", "-y", *APT_PACKAGES]):
+        rc = subprocess.call(argv, env=env, stdin=subprocess.DEVNULL)
+        if rc != 0:
+            print(f"servers.py: `{' '.join(argv)}` failed with status {rc}", file=sys.stderr)
+            return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse the command line and run install, start or stop."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("install", help="apt-get install the servers if missing")
+    start = sub.add_parser("start", help="start servers into DIR")
+    start.add_argument("--dir", required=True, type=Path)
+    start.add_argument("--only", default=",".join(KINDS), help=f"subset of {','.join(KINDS)}")
+    stop = sub.add_parser("stop", help="stop the servers recorded in DIR/state.json")
+    stop.add_argument("--dir", required=True, type=Path)
+    args = parser.parse_args(argv)
+    if args.command == "install":
+        return cmd_install()
+    if args.command == "stop":
+        return cmd_stop(args.dir.resolve())
+    kinds = [k.strip() for k in args.only.split(",") if k.strip()]
+    if not kinds or set(kinds) - set(KINDS):
+        parser.error(f"--only takes a comma-separated subset of {','.join(KINDS)}")
+    return cmd_start(args.dir.resolve(), [k for k in KINDS if k in kinds])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""Settings of the test suite.
+
+PostgreSQL comes from the ``DISTLOCK_PG_*`` variables that ``scripts/test``
+exports after starting the servers; SQLite is a file, so that the worker
+processes of the concurrency tests share it.
+"""
+
+import os
+import tempfile
+
+SECRET_KEY = "tests-only-not-secret"
+USE_TZ = True
+DEBUG = False
+ROOT_URLCONF = "tests.urls"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+INSTALLED_APPS = [
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.admin",
+    "django_distlock",
+    "tests.shopapp",
+]
+
+_SQLITE_DIR = os.environ.get("DISTLOCK_SQLITE_DIR") or tempfile.mkdtemp(prefix="distlock-tests-")
+_SQLITE_OPTIONS = {
+    "timeout": 20,
+    "transaction_mode": "IMMEDIATE",
+    "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+}
+
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": os.path.join(_SQLITE_DIR, "default.sqlite3"),
+        "OPTIONS": _SQLITE_OPTIONS,
+        "TEST": {"NAME": os.path.join(_SQLITE_DIR, "test-default.sqlite3")},
+    },
+}
+
+PG_AVAILABLE = bool(os.environ.get("DISTLOCK_PG_PORT"))
+if PG_AVAILABLE:
+    DATABASES["pg"] = {
+        "ENGINE": "django.db.backends.postgresql",
+        "HOST": os.environ.get("DISTLOCK_PG_HOST", "127.0.0.1"),
+        "PORT": os.environ["DISTLOCK_PG_PORT"],
+        "USER": os.environ.get("DISTLOCK_PG_USER", "postgres"),
+        "NAME": os.environ.get("DISTLOCK_PG_NAME", "distlock"),
+    }
+
+_DB = "django_distlock.backends.database.DatabaseBackend"
+DISTLOCK = {
+    "default": {"BACKEND": _DB, "TTL": 30, "TIMEOUT": 5},
+    "sqlite-lease": {"BACKEND": _DB, "OPTIONS": {"DATABASE": "default"}, "KEY_PREFIX": "l:"},
+    "sqlite-tx": {
+        "BACKEND": _DB,
+        "OPTIONS": {"DATABASE": "default", "MODE": "transaction"},
+        "KEY_PREFIX": "t:",
+    },
+}
+if PG_AVAILABLE:
+    DISTLOCK["pg-lease"] = {"BACKEND": _DB, "OPTIONS": {"DATABASE": "pg"}, "KEY_PREFIX": "l:"}
+    DISTLOCK["pg-tx"] = {
+        "BACKEND": _DB,
+        "OPTIONS": {"DATABASE": "pg", "MODE": "transaction"},
+        "KEY_PREFIX": "t:",
+    }
+
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
