@@ -37,7 +37,7 @@ class Dialect:
     #: Params: key (+ key on PostgreSQL). Row when a held lock was freed.
     force_release: str
     #: Transaction mode: bump fencing, holding the row lock until the transaction ends.
-    #: Params: key, host, pid, thread. Row: (fencing, acquired_at).
+    #: Params: host, pid, thread, key. Row: (fencing, acquired_at); none if no row yet.
     tx_grant: str
 
 
@@ -58,12 +58,15 @@ UNION ALL
 SELECT false, NULL, NULL, NULL, EXTRACT(EPOCH FROM l.expires_at - now())::float8
 FROM {TABLE} l WHERE l.name = %s AND NOT EXISTS (SELECT 1 FROM g)""",
     retry_after=None,
+    # A release need not wait for its WAL flush: if the server crashed and
+    # lost it, the lease would just run until its expiry, which excludes
+    # as well. (A lost grant or extension would not: those stay durable.)
     release=f"""
-WITH r AS (
+WITH cfg AS (SELECT set_config('synchronous_commit', 'off', true)), r AS (
     UPDATE {TABLE} SET owner = NULL WHERE name = %s AND owner = %s
     RETURNING expires_at > now() AS valid
 )
-SELECT valid, pg_notify('{CHANNEL}', %s) FROM r""",
+SELECT valid, pg_notify('{CHANNEL}', %s) FROM r, cfg""",
     extend=f"""
 UPDATE {TABLE} SET expires_at = now() + %s * interval '1 second'
 WHERE name = %s AND owner = %s AND expires_at > now()
@@ -81,20 +84,22 @@ WITH r AS (
 )
 SELECT pg_notify('{CHANNEL}', %s) FROM r""",
     tx_grant=f"""
-INSERT INTO {TABLE} AS l ({_COLUMNS})
-VALUES (%s, NULL, 1, clock_timestamp(), NULL, %s, %s, %s)
-ON CONFLICT (name) DO UPDATE SET
-    fencing = l.fencing + 1, acquired_at = EXCLUDED.acquired_at, host = EXCLUDED.host,
-    pid = EXCLUDED.pid, thread = EXCLUDED.thread
-RETURNING fencing, acquired_at""",
+UPDATE {TABLE} SET fencing = fencing + 1, acquired_at = clock_timestamp(), host = %s, pid = %s,
+    thread = %s
+WHERE name = %s RETURNING fencing, acquired_at""",
 )
 
+#: Transaction mode: create the row of a new name, committed (on the lease connection),
+#: so that other sessions see the row, and its lock, while it is held. Params: key.
+ENSURE_ROW = f"""
+INSERT INTO {TABLE} (name, fencing, host, thread) VALUES (%s, 0, '', '')
+ON CONFLICT (name) DO NOTHING"""
 #: PostgreSQL transaction mode, non-blocking: take the row lock or fail at once.
 PG_TX_NOWAIT = f"SELECT 1 FROM {TABLE} WHERE name = %s FOR UPDATE NOWAIT"
 #: PostgreSQL transaction mode: bound the row-lock wait of this transaction.
 PG_LOCK_TIMEOUT = "SELECT set_config('lock_timeout', %s, true)"
 #: PostgreSQL transaction mode: one page of names with the held ones marked. A
-#: transaction-mode holder keeps its row locked FOR UPDATE, so ``FOR KEY SHARE
+#: transaction-mode holder keeps its row locked (FOR [NO KEY] UPDATE), so ``FOR SHARE
 #: SKIP LOCKED`` returns exactly the rows nobody holds. Params: lower, prefix, upper, limit.
 PG_TX_HELD = f"""
 WITH page AS (
@@ -102,13 +107,13 @@ WITH page AS (
     WHERE (name COLLATE "C") > %s AND (name COLLATE "C") >= %s AND (name COLLATE "C") < %s
     ORDER BY (name COLLATE "C") LIMIT %s
 ), free AS (
-    SELECT name FROM {TABLE} WHERE name IN (SELECT name FROM page) FOR KEY SHARE SKIP LOCKED
+    SELECT name FROM {TABLE} WHERE name IN (SELECT name FROM page) FOR SHARE SKIP LOCKED
 )
 SELECT {_COLUMNS}, name IN (SELECT name FROM free) FROM {TABLE}
 WHERE name IN (SELECT name FROM page) ORDER BY (name COLLATE "C")"""
 #: PostgreSQL transaction mode: is the row of a name locked by an open transaction?
 PG_TX_IS_LOCKED = f"""
-WITH free AS (SELECT name FROM {TABLE} WHERE name = %s FOR KEY SHARE SKIP LOCKED)
+WITH free AS (SELECT name FROM {TABLE} WHERE name = %s FOR SHARE SKIP LOCKED)
 SELECT EXISTS (SELECT 1 FROM {TABLE} WHERE name = %s) AND NOT EXISTS (SELECT 1 FROM free)"""
 
 # SQLite keeps times as text; these formats sort as they compare. Its 'now'
@@ -143,11 +148,8 @@ ORDER BY name LIMIT %s""",
 UPDATE {TABLE} SET owner = NULL
 WHERE name = %s AND owner IS NOT NULL AND expires_at > {_NOW} RETURNING 1""",
     tx_grant=f"""
-INSERT INTO {TABLE} ({_COLUMNS}) VALUES (%s, NULL, 1, {_NOW}, NULL, %s, %s, %s)
-ON CONFLICT (name) DO UPDATE SET
-    fencing = fencing + 1, acquired_at = excluded.acquired_at, host = excluded.host,
-    pid = excluded.pid, thread = excluded.thread
-RETURNING fencing, acquired_at""",
+UPDATE {TABLE} SET fencing = fencing + 1, acquired_at = {_NOW}, host = %s, pid = %s, thread = %s
+WHERE name = %s RETURNING fencing, acquired_at""",
 )
 
 

@@ -183,12 +183,14 @@ class DatabaseBackend(BaseLockBackend):
             f"Database {self.database!r} failed while {doing} (lock alias {self.alias!r}): {exc}"
         )
 
-    def _run(self, statement: str, params: list[Any], doing: str) -> list[tuple[Any, ...]]:
+    def _run(
+        self, statement: str, params: list[Any], doing: str, fetch: bool = True
+    ) -> list[tuple[Any, ...]]:
         """Run one lease statement and return its rows; map failures to BackendUnavailable."""
         try:
             cursor = self._cursor()
             cursor.execute(statement, params)
-            return cursor.fetchall()
+            return cursor.fetchall() if fetch else []
         except Error as exc:
             raise self._unavailable(exc, doing) from exc
 
@@ -340,19 +342,30 @@ class DatabaseBackend(BaseLockBackend):
         try:
             with connection.cursor() as cursor:
                 if wait == 0:
-                    cursor.execute(sql.PG_TX_NOWAIT, [lock.key])
-                    if cursor.fetchone() is None:  # first use of the name: no row to lock
-                        cursor.execute(sql.PG_LOCK_TIMEOUT, ["1ms"])
+                    cursor.execute(sql.PG_TX_NOWAIT, [lock.key])  # select_for_update(nowait=True)
+                    found = cursor.fetchone() is not None
                 else:
                     timeout = "0" if wait is None else f"{max(1, math.ceil(wait * 1000))}ms"
                     cursor.execute(sql.PG_LOCK_TIMEOUT, [timeout])
-                cursor.execute(self.dialect.tx_grant, [lock.key, lock.host, lock.pid, lock.thread])
-                fencing, acquired_at = cursor.fetchone()
+                    found = True
+                # The UPDATE takes (or, after NOWAIT, keeps) the row lock.
+                row = self._tx_grant(cursor, lock) if found else None
         except Error as exc:
             atomic.__exit__(type(exc), exc, exc.__traceback__)
-            if getattr(exc.__cause__, "sqlstate", None) == "55P03":  # lock_not_available
+            if _is_busy(exc):
                 return Miss()
             raise self._unavailable(exc, "acquiring a lock") from exc
+        if row is None:
+            # First use of the name: commit its row where everyone sees it, then lock it.
+            atomic.__exit__(None, None, None)
+            self._run(sql.ENSURE_ROW, [lock.key], "creating a lock row", fetch=False)
+            return self._tx_acquire(lock, wait)
+        return self._tx_granted(lock, atomic, *row)
+
+    def _tx_grant(self, cursor: Any, lock: Lock) -> tuple[int, Any] | None:
+        cursor.execute(self.dialect.tx_grant, [lock.host, lock.pid, lock.thread, lock.key])
+        return cursor.fetchone()
+
         return self._tx_granted(lock, atomic, fencing, acquired_at)
 
     def _sqlite_tx_acquire(
@@ -371,10 +384,11 @@ class DatabaseBackend(BaseLockBackend):
                         return Miss()
                     raise self._unavailable(exc, "opening the lock's transaction") from exc
                 try:
-                    cursor.execute(
-                        self.dialect.tx_grant, [lock.key, lock.host, lock.pid, lock.thread]
-                    )
-                    fencing, acquired_at = cursor.fetchone()
+                    row = self._tx_grant(cursor, lock)
+                    if row is None:  # first use of the name; the write lock is ours
+                        cursor.execute(sql.ENSURE_ROW, [lock.key])
+                        row = self._tx_grant(cursor, lock)
+                    fencing, acquired_at = row
                 except Error as exc:
                     atomic.__exit__(type(exc), exc, exc.__traceback__)
                     if _is_busy(exc):
