@@ -21,7 +21,6 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.admin",
     "django_distlock",
-    "tests.shopapp",
 ]
 
 _SQLITE_DIR = os.environ.get("DISTLOCK_SQLITE_DIR") or tempfile.mkdtemp(prefix="distlock-tests-")
@@ -38,6 +37,8 @@ DATABASES = {
         "OPTIONS": _SQLITE_OPTIONS,
         "TEST": {"NAME": os.path.join(_SQLITE_DIR, "test-default.sqlite3")},
     },
+    # No server behind it: the checks must reject it for the database backend.
+    "unsupported": {"ENGINE": "django.db.backends.dummy"},
 }
 
 PG_AVAILABLE = bool(os.environ.get("DISTLOCK_PG_PORT"))

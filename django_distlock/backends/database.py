@@ -26,6 +26,7 @@ import os
 import sqlite3
 import threading
 import time
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
@@ -59,6 +60,13 @@ class _TxState:
     atomic: transaction.Atomic
     thread: int
     grant: Grant
+
+
+class _TxStack(threading.local):
+    """This thread's transaction-mode acquisitions, innermost last."""
+
+    def __init__(self) -> None:
+        self.keys: list[str] = []
 
 
 class _LeaseCursors(threading.local):
@@ -95,8 +103,10 @@ class DatabaseBackend(BaseLockBackend):
             self.supports_expiry = False
             self.supports_force_release = False
         self._local = _LeaseCursors()
+        self._tx_stack = _TxStack()
         self._mutex = threading.Lock()
-        self._wrappers: list[BaseDatabaseWrapper] = []
+        # Weak: a finished thread's lease connection is closed when collected.
+        self._wrappers: weakref.WeakSet[BaseDatabaseWrapper] = weakref.WeakSet()
         self._listener: Listener | None = None
 
     # -- setup --------------------------------------------------------------
@@ -135,7 +145,7 @@ class DatabaseBackend(BaseLockBackend):
             self._listener.close()
             self._listener = None
         with self._mutex:
-            wrappers, self._wrappers = self._wrappers, []
+            wrappers, self._wrappers = list(self._wrappers), weakref.WeakSet()
         for wrapper in wrappers:
             if getattr(wrapper, "_distlock_pid", None) == os.getpid():
                 try:
@@ -165,7 +175,7 @@ class DatabaseBackend(BaseLockBackend):
         wrapper._distlock_pid = os.getpid()  # type: ignore[attr-defined]
         wrapper.ensure_connection()
         with self._mutex:
-            self._wrappers.append(wrapper)
+            self._wrappers.add(wrapper)
         return wrapper
 
     def _forget_cursor(self) -> None:
@@ -228,6 +238,13 @@ class DatabaseBackend(BaseLockBackend):
     def release_lock(self, lock: Lock, token: str, exc_info: tuple[Any, Any, Any]) -> bool:
         if self.transactional:
             state = self._tx_state(lock, "released")
+            stack = self._tx_stack.keys
+            if stack[-1] != lock.key:
+                raise UnsupportedOperation(
+                    "Transaction-mode locks are nested atomic blocks: release them in the "
+                    f"reverse order of acquisition ({stack[-1]!r} first)."
+                )
+            stack.pop()
             state.atomic.__exit__(*exc_info)  # commit, or roll back on an exception
             return True
         params = [lock.key, token] + ([lock.key] if self.vendor == "postgresql" else [])
@@ -331,6 +348,10 @@ class DatabaseBackend(BaseLockBackend):
     # -- transaction mode -------------------------------------------------------
 
     def _tx_acquire(self, lock: Lock, wait: float | None) -> Grant | Miss:
+        if lock.key in self._tx_stack.keys:
+            # Held by another handle on this thread's connection (another task
+            # of the same thread, say): the row lock would let us in, we don't.
+            return Miss()
         connection = connections[self.database]
         atomic = transaction.atomic(using=self.database)
         if self.vendor == "sqlite":
@@ -403,6 +424,7 @@ class DatabaseBackend(BaseLockBackend):
     ) -> Grant:
         grant = Grant(fencing, sql.as_datetime(acquired_at), None)
         lock.backend_state = _TxState(atomic, threading.get_ident(), grant)
+        self._tx_stack.keys.append(lock.key)
         return grant
 
     def _tx_state(self, lock: Lock, doing: str) -> _TxState:

@@ -1,0 +1,72 @@
+"""Fixtures shared by the suite.
+
+``scripts/test`` starts PostgreSQL (and the other servers) and sets
+``DISTLOCK_SERVERS=1``: then a missing server fails the tests that need it.
+In a local partial run without servers, those tests skip with a reason.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.db import connections
+
+from django_distlock import locks
+
+FULL_RUN = os.environ.get("DISTLOCK_SERVERS") == "1"
+SQLITE_ALIASES = ["sqlite-lease", "sqlite-tx"]
+PG_ALIASES = ["pg-lease", "pg-tx"]
+DATABASES = ["default", "pg"] if "pg" in settings.DATABASES else ["default"]
+
+
+def require_pg() -> None:
+    """Fail (full run) or skip (local partial run) when PostgreSQL is not configured."""
+    if "pg" in settings.DATABASES:
+        return
+    if FULL_RUN:
+        pytest.fail("DISTLOCK_SERVERS=1 but DISTLOCK_PG_PORT is not set: PostgreSQL is missing.")
+    pytest.skip("PostgreSQL not started (run scripts/test for the full suite)")
+
+
+def needs_pg(alias: str) -> bool:
+    return alias.startswith("pg")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _close_lock_connections(django_db_setup: None, django_db_blocker: Any) -> Iterator[None]:
+    yield
+    locks.close_all()  # torn down before django_db_setup drops the test databases
+
+
+@pytest.fixture
+def unique() -> Callable[[str], str]:
+    """Return a function making lock names unique to this test."""
+    tag = uuid.uuid4().hex[:8]
+    return lambda name="lock": f"{name}:{tag}"
+
+
+def in_thread(func: Callable[[], Any], timeout: float = 60) -> Any:
+    """Run ``func`` in a new thread (its own DB connections) and return its result."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["result"] = func()
+        except BaseException as exc:
+            box["error"] = exc
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(timeout)
+    assert not thread.is_alive(), "the thread did not finish"
+    if "error" in box:
+        raise box["error"]
+    return box.get("result")

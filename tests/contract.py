@@ -1,0 +1,308 @@
+"""The contract every lock backend passes: subclass ``LockContract`` with ``alias = ...``."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+from django_distlock import locks
+from django_distlock.backends.base import BaseLockBackend
+from django_distlock.exceptions import (
+    DistLockError,
+    InvalidLockName,
+    LockLost,
+    LockNotAcquired,
+    LockNotHeld,
+    LockTimeout,
+    UnsupportedOperation,
+)
+
+from .conftest import in_thread
+
+BAD_NAMES = ["", "a\x00b", "line\nbreak", "tab\there", "del\x7f", "x" * 10_240, "\ud800"]
+BAD_TYPES = [None, 42, b"bytes", ["a"], 1.5]
+ODD_NAMES = ["a/b", "a/../b", "..", "/", "/etc/passwd", "spaces and ünïcode ✓", "%s'; --"]
+
+
+class LockContract:
+    """Behaviour every backend must show; ``alias`` names the backend under test."""
+
+    alias: str
+
+    @pytest.fixture
+    def backend(self) -> BaseLockBackend:
+        return locks[self.alias]
+
+    # -- acquire and release ------------------------------------------------
+
+    def test_acquire_release(self, backend: BaseLockBackend, unique: Callable[..., str]) -> None:
+        name = unique()
+        handle = backend.lock(name, ttl=30)
+        assert not handle.held and handle.fencing_token is None
+        assert handle.acquire() is True
+        assert handle.held and not handle.lost
+        assert isinstance(handle.fencing_token, int)
+        assert handle.locked() is True
+        assert in_thread(lambda: backend.lock(name).acquire(blocking=False)) is False
+        handle.release()
+        assert not handle.held
+        assert in_thread(lambda: backend.lock(name).locked()) is False
+        assert in_thread(lambda: _acquire_release(backend, name)) is True
+
+    def test_non_blocking_miss_returns_false(self, backend, unique) -> None:
+        name = unique()
+        with backend.lock(name):
+            started = time.monotonic()
+            assert in_thread(lambda: backend.lock(name).acquire(blocking=False)) is False
+            assert time.monotonic() - started < 5
+
+    def test_timeout_waits_then_returns_false(self, backend, unique) -> None:
+        name = unique()
+        with backend.lock(name):
+            started = time.monotonic()
+            assert in_thread(lambda: backend.lock(name).acquire(timeout=0.4)) is False
+            assert time.monotonic() - started >= 0.4
+
+    def test_with_raises_when_not_acquired(self, backend, unique) -> None:
+        name = unique()
+
+        def attempt(**kwargs: object) -> type[BaseException]:
+            try:
+                with backend.lock(name, **kwargs):  # type: ignore[arg-type]
+                    return type(None)
+            except LockNotAcquired as exc:
+                assert exc.name == name and exc.alias == backend.alias
+                return type(exc)
+
+        with backend.lock(name):
+            assert in_thread(lambda: attempt(timeout=0.1)) is LockTimeout
+            assert in_thread(lambda: attempt(blocking=False)) is LockNotAcquired
+
+    def test_waiter_gets_the_lock_when_released(self, backend, unique) -> None:
+        name = unique()
+        holder = backend.lock(name)
+        holder.acquire()
+
+        def wait() -> bool:
+            handle = backend.lock(name)
+            got = handle.acquire(timeout=10)
+            handle.release()
+            return got
+
+        result: list[bool] = []
+        waiter = threading.Thread(target=lambda: result.append(in_thread(wait)))
+        waiter.start()
+        time.sleep(0.3)
+        holder.release()
+        waiter.join(15)
+        assert result == [True]
+
+    def test_release_not_held(self, backend, unique) -> None:
+        handle = backend.lock(unique())
+        with pytest.raises(LockNotHeld):
+            handle.release()
+        handle.acquire()
+        handle.release()
+        with pytest.raises(LockNotHeld):
+            handle.release()
+
+    def test_handle_holds_one_acquisition_at_a_time(self, backend, unique) -> None:
+        handle = backend.lock(unique())
+        handle.acquire()
+        with pytest.raises(DistLockError):
+            handle.acquire()
+        handle.release()
+        assert handle.acquire() is True
+        handle.release()
+
+    # -- expiry and extend ---------------------------------------------------
+
+    def test_lease_expires_on_the_server(self, backend, unique) -> None:
+        if not backend.supports_expiry:
+            pytest.skip(f"{self.alias} locks do not expire (they end with their holder)")
+        name = unique()
+        handle = backend.lock(name, ttl=0.3)
+        handle.acquire()
+        time.sleep(0.45)
+        assert handle.lost
+        assert in_thread(lambda: _acquire_release(backend, name)) is True
+        with pytest.raises(LockLost):
+            handle.release()
+
+    def test_extend(self, backend, unique) -> None:
+        name = unique()
+        handle = backend.lock(name, ttl=0.5)
+        handle.acquire()
+        token = handle.fencing_token
+        handle.extend(5)
+        time.sleep(0.7)
+        assert not handle.lost
+        assert in_thread(lambda: backend.lock(name).acquire(blocking=False)) is False
+        assert handle.fencing_token == token
+        handle.release()
+        with pytest.raises(LockNotHeld):
+            handle.extend(5)
+
+    def test_extend_after_expiry_is_lost(self, backend, unique) -> None:
+        if not backend.supports_expiry:
+            pytest.skip(f"{self.alias} locks do not expire")
+        name = unique()
+        handle = backend.lock(name, ttl=0.2)
+        handle.acquire()
+        time.sleep(0.35)
+        assert in_thread(lambda: _acquire_release(backend, name)) is True
+        with pytest.raises(LockLost):
+            handle.extend(5)
+        assert handle.lost
+
+    def test_bad_ttl_and_timeout(self, backend, unique) -> None:
+        for bad in (0, -1, float("nan"), float("inf"), 10**9):
+            with pytest.raises(ValueError):
+                backend.lock(unique(), ttl=bad)
+        for bad_type in ("5", None, True):
+            with pytest.raises(TypeError):
+                backend.lock(unique(), ttl=bad_type)  # type: ignore[arg-type]
+        with pytest.raises(ValueError):
+            backend.lock(unique(), timeout=-1)
+        handle = backend.lock(unique())
+        with pytest.raises(ValueError):
+            handle.acquire(timeout=-0.5)
+        assert handle.acquire() is True  # a refused call changed nothing
+        handle.release()
+
+    # -- fencing ----------------------------------------------------------------
+
+    def test_fencing_token_strictly_increases(self, backend, unique) -> None:
+        if not backend.supports_fencing:
+            pytest.skip(f"{self.alias} issues no fencing tokens")
+        name = unique()
+        tokens = []
+        for _ in range(4):
+            tokens.append(in_thread(lambda: _token_of_one_grant(backend, name)))
+            tokens.append(_token_of_one_grant(backend, name))
+        assert tokens == sorted(set(tokens)), tokens
+
+    # -- listing and force-release ----------------------------------------------
+
+    def test_held_locks_pages(self, backend, unique) -> None:
+        base = unique("list")
+        names = [f"{base}/{i}" for i in range(3)]
+        if not backend.supports_listing:
+            with pytest.raises(UnsupportedOperation):
+                backend.held_locks(prefix=base)
+            return
+        handles = [backend.lock(n) for n in names]
+        for handle in handles:
+            handle.acquire()
+        other = backend.lock(unique("elsewhere"))
+        other.acquire()
+        try:
+            first = backend.held_locks(prefix=base + "/", limit=2)
+            assert [info.name for info in first] == names[:2]
+            assert first.next_cursor is not None
+            second = backend.held_locks(prefix=base + "/", limit=2, cursor=first.next_cursor)
+            assert [info.name for info in second] == names[2:]
+            assert second.next_cursor is None
+            info = first.locks[0]
+            assert info.alias == backend.alias
+            if backend.supports_expiry:
+                assert info.owner == handles[0].owner_id and len(info.owner) < 32
+                assert info.fencing_token == handles[0].fencing_token
+                assert info.pid is not None and info.expires_at > info.acquired_at
+        finally:
+            for handle in reversed([*handles, other]):
+                handle.release()
+        assert list(backend.held_locks(prefix=base + "/")) == []
+
+    def test_held_locks_validates_arguments(self, backend) -> None:
+        with pytest.raises(ValueError):
+            backend.held_locks(limit=0)
+        with pytest.raises(TypeError):
+            backend.held_locks(limit="10")  # type: ignore[arg-type]
+        with pytest.raises(TypeError):
+            backend.held_locks(prefix=None)  # type: ignore[arg-type]
+        with pytest.raises(InvalidLockName):
+            backend.held_locks(prefix="a\x00")
+
+    def test_force_release(self, backend, unique) -> None:
+        name = unique()
+        handle = backend.lock(name)
+        handle.acquire()
+        if not backend.supports_force_release:
+            with pytest.raises(UnsupportedOperation):
+                backend.force_release(name)
+            handle.release()
+            return
+        assert in_thread(lambda: backend.force_release(name)) is True
+        assert in_thread(lambda: backend.force_release(name)) is False
+        assert in_thread(lambda: _acquire_release(backend, name)) is True
+        with pytest.raises(LockLost):
+            handle.release()
+
+    # -- names ------------------------------------------------------------------
+
+    @pytest.mark.parametrize("name", BAD_NAMES, ids=lambda n: repr(n)[:20])
+    def test_bad_names_refused_before_any_call(self, backend, name) -> None:
+        with pytest.raises(InvalidLockName):
+            backend.lock(name)
+        with pytest.raises(ValueError):  # InvalidLockName is a ValueError
+            backend.force_release(name)
+
+    @pytest.mark.parametrize("name", BAD_TYPES, ids=repr)
+    def test_non_string_names_refused(self, backend, name) -> None:
+        with pytest.raises(InvalidLockName):
+            backend.lock(name)
+
+    def test_odd_names_are_distinct_locks(self, backend, unique) -> None:
+        tag = unique("")
+        handles = [backend.lock(tag + name) for name in ODD_NAMES]
+        for handle in handles:
+            assert handle.acquire(blocking=False) is True
+        for handle in reversed(handles):  # transaction mode nests: innermost first
+            handle.release()
+
+    # -- ownership ---------------------------------------------------------------
+
+    def test_owner_token_is_per_handle(self, backend, unique) -> None:
+        name = unique()
+        first, second = backend.lock(name), backend.lock(unique("other"))
+        assert first.acquire() and second.acquire()
+        assert first.owner_id != second.owner_id
+        assert len(first._token or "") == 32  # 128 bits
+        assert first._token not in repr(first)
+        second.release()
+        first.release()
+
+    def test_async_acquire_release(self, backend, unique) -> None:
+        name = unique()
+
+        async def main() -> list[bool]:
+            async with backend.lock(name) as held:
+                assert held.held
+                other = backend.lock(name)
+                got_other = await other.aacquire(blocking=False)
+            handle = backend.lock(name)
+            got = await handle.aacquire(timeout=2)
+            await handle.aextend(10)
+            await handle.arelease()
+            return [got_other, got]
+
+        assert asyncio.run(main()) == [False, True]
+
+
+def _acquire_release(backend: BaseLockBackend, name: str) -> bool:
+    handle = backend.lock(name)
+    got = handle.acquire(timeout=5)
+    if got:
+        handle.release()
+    return got
+
+
+def _token_of_one_grant(backend: BaseLockBackend, name: str) -> int:
+    with backend.lock(name, timeout=5) as handle:
+        assert handle.fencing_token is not None
+        return handle.fencing_token
