@@ -41,14 +41,22 @@ APT_PACKAGES = ["redis-server", "zookeeper", "postgresql", "memcached"]
 READY_TIMEOUT = {"redis": 30.0, "zookeeper": 60.0, "postgres": 30.0, "memcached": 30.0}
 STOP_TIMEOUT = 10.0
 
+# Every process launched by this run, recorded as soon as it exists, so that a failure
+# or an interrupt at any point can stop exactly these (state.json holds the same list).
+LAUNCHED: list[dict] = []
+
 
 class StartError(Exception):
-    """A server did not start: its name, why, its log, and processes launched meanwhile."""
+    """A server did not start: its name, why, and the log to show."""
 
-    def __init__(self, name: str, reason: str, log: Path | None = None, created=None) -> None:
+    def __init__(self, name: str, reason: str, log: Path | None = None) -> None:
         super().__init__(f"{name}: {reason}")
         self.name, self.reason, self.log = name, reason, log
-        self.created: list[dict] = created or []  # the caller must stop these
+
+
+def interrupted(signum, frame):
+    """SIGTERM handler during start: unwind like ^C, so what was launched gets stopped."""
+    raise KeyboardInterrupt
 
 
 # --------------------------------------------------------------------------- helpers
@@ -119,14 +127,10 @@ def spawn(name: str, kind: str, port: int, argv: list[str], wd: Path, log: Path)
         except OSError as exc:
             raise StartError(name, f"cannot run {argv[0]}: {exc}", log) from exc
     stat = proc_stat(proc.pid)
-    return {
-        "name": name,
-        "kind": kind,
-        "port": port,
-        "pid": proc.pid,
-        "starttime": stat[19] if stat else None,
-        "log": str(log),
-    }
+    entry = {"name": name, "kind": kind, "port": port, "pid": proc.pid, "log": str(log)}
+    entry["starttime"] = stat[19] if stat else None
+    LAUNCHED.append(entry)
+    return entry
 
 
 def wait_until(name: str, check, entry: dict | None, timeout: float, log: Path | None) -> None:
@@ -142,12 +146,10 @@ def wait_until(name: str, check, entry: dict | None, timeout: float, log: Path |
         if entry is not None and not alive(entry["pid"]):
             raise StartError(name, "process exited during startup", log)
         time.sleep(0.05)
-    raise StartError(
-        name, f"not ready after {timeout:.0f} s ({last})", log, [entry] if entry else []
-    )
+    raise StartError(name, f"not ready after {timeout:.0f} s ({last})", log)
 
 
-def su_postgres(cmd: str, log: Path | None = None, wait: bool = True):
+def su_postgres(cmd: str, log: Path | None = None) -> int:
     """Run a shell command as the postgres user (initdb and pg_ctl refuse root)."""
     out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115
     try:
@@ -157,7 +159,11 @@ def su_postgres(cmd: str, log: Path | None = None, wait: bool = True):
             stdout=out,
             stderr=subprocess.STDOUT,
         )
-        return proc.wait() if wait else proc
+        try:
+            return proc.wait()
+        except KeyboardInterrupt:
+            proc.wait()  # su got the signal too: let it end, so postmaster.pid is settled
+            raise
     finally:
         if log:
             out.close()
@@ -218,11 +224,7 @@ def launch_zookeeper(dir_: Path, ports: list[int]) -> list[dict]:
         argv += [f"-Dlog4j.configuration=file:{wd / 'log4j.properties'}"]
         argv += ["-cp", ":".join(ZK_CLASSPATH)]
         argv += ["org.apache.zookeeper.server.quorum.QuorumPeerMain", str(wd / "zoo.cfg")]
-        try:
-            entry = spawn(f"zookeeper{i + 1}", "zookeeper", client[i], argv, wd, wd / "zk.log")
-        except StartError as exc:
-            exc.created = entries
-            raise
+        entry = spawn(f"zookeeper{i + 1}", "zookeeper", client[i], argv, wd, wd / "zk.log")
         entry.update(quorum_port=quorum[i], election_port=election[i])
         entries.append(entry)
     return entries
@@ -260,6 +262,7 @@ def start_postgres(dir_: Path, port: int) -> dict:
         raise StartError("postgres", f"user postgres cannot write {wd} (parent not traversable?)")
     entry = {"name": "postgres", "kind": "postgres", "port": port, "pid": None}
     entry.update(starttime=None, data=str(data), log=str(server_log))
+    LAUNCHED.append(entry)  # before pg_ctl: a failed or interrupted start is stopped too
     steps = [
         f"{q(PG_BIN / 'initdb')} -D {q(data)} -U postgres --auth-host=trust --auth-local=trust"
         " -E UTF8 --no-instructions",
@@ -275,14 +278,20 @@ def start_postgres(dir_: Path, port: int) -> dict:
                     "fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n"
                 )
         rc = su_postgres(cmd, log)
-        if i >= 1 and entry["pid"] is None:  # record the postmaster as soon as it exists
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                pid = int((data / "postmaster.pid").read_text().split()[0])
-                entry.update(pid=pid, starttime=(proc_stat(pid) or [None] * 20)[19])
+        if i == 1 and (pid := postmaster_pid(data)):
+            entry.update(pid=pid, starttime=(proc_stat(pid) or [None] * 20)[19])
         if rc != 0:
             where = server_log if i >= 1 and server_log.exists() else log
-            raise StartError("postgres", f"`{cmd}` exited with status {rc}", where, [entry])
+            raise StartError("postgres", f"`{cmd}` exited with status {rc}", where)
     return entry
+
+
+def postmaster_pid(data: Path) -> int | None:
+    """The pid in DATA/postmaster.pid, or None if there is none (yet)."""
+    try:
+        return int((data / "postmaster.pid").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 # --------------------------------------------------------------------------- stop
@@ -291,9 +300,14 @@ def start_postgres(dir_: Path, port: int) -> dict:
 def stop_entries(entries: list[dict]) -> list[str]:
     """Stop servers (SIGTERM; pg_ctl -m fast for postgres), SIGKILL those left after a deadline."""
     for e in entries:
-        if e["kind"] == "postgres" and not e.get("pid"):  # pg_ctl start failed or timed out
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                e["pid"] = int((Path(e["data"]) / "postmaster.pid").read_text().split()[0])
+        if e["kind"] == "postgres" and not e.get("pid"):  # start failed or was interrupted
+            # a postmaster forked just before pg_ctl died writes its pid file within moments
+            data, until = Path(e["data"]), time.monotonic() + 1.0
+            while (data / "PG_VERSION").exists() and time.monotonic() < until:
+                e["pid"] = postmaster_pid(data)
+                if e["pid"]:
+                    break
+                time.sleep(0.05)
         if not alive(e.get("pid"), e.get("starttime")):
             continue
         if e["kind"] == "postgres":  # -W: don't wait here; we wait on the pid with the others
@@ -349,50 +363,56 @@ def cmd_start(dir_: Path, kinds: list[str]) -> int:
             if sub.is_dir():
                 shutil.rmtree(sub)
     t0 = time.monotonic()
-    started: list[dict] = []
     env = {"DISTLOCK_SERVERS": "1"}
     ports = iter(free_ports(1 + REDLOCK_COUNT + 3 * ZK_NODES + 2))
 
     def save() -> None:
-        state_file.write_text(json.dumps({"dir": str(dir_), "servers": started}, indent=2) + "\n")
+        state = {"dir": str(dir_), "servers": LAUNCHED}
+        state_file.write_text(json.dumps(state, indent=2) + "\n")
 
+    signal.signal(signal.SIGTERM, interrupted)
     try:
         if "zookeeper" in kinds:  # the JVMs boot in the background while the others come up
             zk = launch_zookeeper(dir_, [next(ports) for _ in range(3 * ZK_NODES)])
-            started += zk
             save()
         if "redis" in kinds:
-            started.append(start_redis(dir_, "redis", next(ports)))
-            env["DISTLOCK_REDIS_URL"] = f"redis://127.0.0.1:{started[-1]['port']}/0"
-            for i in range(REDLOCK_COUNT):
-                started.append(start_redis(dir_, f"redlock{i + 1}", next(ports)))
-            urls = [f"redis://127.0.0.1:{e['port']}/0" for e in started if "redlock" in e["name"]]
-            env["DISTLOCK_REDLOCK_URLS"] = ",".join(urls)
+            redis = start_redis(dir_, "redis", next(ports))
+            redlock = [
+                start_redis(dir_, f"redlock{i + 1}", next(ports)) for i in range(REDLOCK_COUNT)
+            ]
+            env["DISTLOCK_REDIS_URL"] = f"redis://127.0.0.1:{redis['port']}/0"
+            env["DISTLOCK_REDLOCK_URLS"] = ",".join(
+                f"redis://127.0.0.1:{e['port']}/0" for e in redlock
+            )
             save()
         if "postgres" in kinds:
-            started.append(start_postgres(dir_, next(ports)))
+            pg = start_postgres(dir_, next(ports))
             env["DISTLOCK_PG_HOST"] = "127.0.0.1"
-            env["DISTLOCK_PG_PORT"] = str(started[-1]["port"])
+            env["DISTLOCK_PG_PORT"] = str(pg["port"])
             env["DISTLOCK_PG_USER"] = "postgres"
             env["DISTLOCK_PG_NAME"] = "distlock"
             save()
         if "memcached" in kinds:
-            started.append(start_memcached(dir_, next(ports)))
-            env["DISTLOCK_MEMCACHED"] = f"127.0.0.1:{started[-1]['port']}"
+            mc = start_memcached(dir_, next(ports))
+            env["DISTLOCK_MEMCACHED"] = f"127.0.0.1:{mc['port']}"
             save()
         if "zookeeper" in kinds:
             wait_zookeeper(zk)
             env["DISTLOCK_ZK_HOSTS"] = ",".join(f"127.0.0.1:{e['port']}" for e in zk)
     except (StartError, KeyboardInterrupt) as exc:
-        started += [e for e in getattr(exc, "created", []) if e not in started]
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second ^C must not cut the cleanup
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         save()
         if isinstance(exc, StartError):
             print(f"servers.py: FAILED to start {exc.name}: {exc.reason}", file=sys.stderr)
             if exc.log is not None:
                 print(f"--- last lines of {exc.log} ---\n{tail(exc.log)}\n---", file=sys.stderr)
+        else:
+            print("servers.py: interrupted", file=sys.stderr)
         print("servers.py: stopping the servers already started", file=sys.stderr)
         cmd_stop(dir_)
         return 1
+    save()
 
     lines = [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
     (dir_ / "env").write_text("\n".join(lines) + "\n")

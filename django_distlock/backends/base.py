@@ -183,7 +183,10 @@ class BaseLockBackend:
                 f"{MAX_PREFIX_LENGTH} characters."
             )
         if prefix:
-            validate_name(prefix)
+            try:
+                validate_name(prefix)
+            except ValueError as exc:
+                raise InvalidBackendOptions(f"DISTLOCK[{alias!r}]['KEY_PREFIX']: {exc}") from exc
         self.key_prefix: str = prefix
         try:
             self.default_ttl: float = validate_ttl(params.get("TTL", 60))

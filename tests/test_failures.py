@@ -1,0 +1,51 @@
+"""A failing server gives BackendUnavailable chained to the client error, then recovers."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+from django.db import Error
+
+from django_distlock import locks
+from django_distlock.exceptions import BackendUnavailable
+
+from .conftest import DATABASES, require_pg
+
+pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
+
+
+def _terminate_lease_connection(backend) -> None:
+    pid = backend._cursor().connection.info.backend_pid
+    with psycopg.connect(**backend_params(backend), autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", [pid])
+
+
+def backend_params(backend) -> dict:
+    from django.db import connections
+
+    settings = connections[backend.database].settings_dict
+    return {"host": settings["HOST"], "port": settings["PORT"], "user": settings["USER"],
+            "dbname": settings["NAME"]}
+
+
+def test_postgres_backend_terminated(unique) -> None:
+    require_pg()
+    backend = locks["pg-lease"]
+    handle = backend.lock(unique())
+    assert handle.acquire()
+    _terminate_lease_connection(backend)
+    with pytest.raises(BackendUnavailable) as info:
+        handle.release()
+    assert isinstance(info.value.__cause__, Error)
+    assert handle.held  # nothing was lost: the release can be retried
+    handle.release()  # on a new connection
+    assert not handle.held
+
+
+def test_bad_sql_state_is_unavailable_not_a_grant(unique) -> None:
+    require_pg()
+    backend = locks["pg-lease"]
+    _terminate_lease_connection(backend)
+    with pytest.raises(BackendUnavailable):
+        backend.lock(unique()).acquire(blocking=False)
+    assert backend.health() > 0

@@ -1,0 +1,112 @@
+"""Mutual exclusion and crash recovery with real OS processes, on every database setup.
+
+Each worker records the interval it held the lock for (``CLOCK_MONOTONIC``
+is system-wide on Linux, so intervals from different processes compare);
+no two intervals may overlap.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import signal
+import time
+from typing import Any
+
+import pytest
+from django.db import connections
+
+from django_distlock import locks
+
+from .conftest import DATABASES, PG_ALIASES, SQLITE_ALIASES, needs_pg, require_pg
+
+pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
+ALIASES = SQLITE_ALIASES + PG_ALIASES
+FORK = multiprocessing.get_context("fork")
+
+
+def _fork_ready() -> None:
+    """Leave nothing a child could share with the parent."""
+    connections.close_all()
+    locks.close_all()
+
+
+def _worker(alias: str | None, name: str, rounds: int, start: Any, out: Any) -> None:
+    start.wait()
+    backend = locks[alias] if alias else None
+    held = []
+    for _ in range(rounds):
+        with backend.lock(name, ttl=30, timeout=60) if backend else contextlib.nullcontext():
+            began = time.monotonic_ns()
+            time.sleep(0.002)
+            held.append((began, time.monotonic_ns(), os.getpid()))
+    out.put(held)
+    locks.close_all()
+    connections.close_all()
+
+
+def _history(alias: str | None, name: str, workers: int, rounds: int) -> list[tuple[int, ...]]:
+    _fork_ready()
+    start, out = FORK.Event(), FORK.Queue()
+    procs = [FORK.Process(target=_worker, args=(alias, name, rounds, start, out)) for _ in range(workers)]
+    for proc in procs:
+        proc.start()
+    start.set()
+    history = [interval for _ in procs for interval in out.get(timeout=120)]
+    for proc in procs:
+        proc.join(30)
+        assert proc.exitcode == 0
+    history.sort()
+    assert len(history) == workers * rounds
+    return history
+
+
+def _overlaps(history: list[tuple[int, ...]]) -> list[tuple[tuple[int, ...], ...]]:
+    return [(a, b) for a, b in zip(history, history[1:], strict=False) if b[0] < a[1]]
+
+
+def test_the_overlap_check_sees_unlocked_workers(unique) -> None:
+    assert _overlaps(_history(None, unique(), workers=4, rounds=10)) != []
+
+
+@pytest.mark.parametrize("alias", ALIASES)
+def test_no_two_holders_overlap(alias: str, unique) -> None:
+    if needs_pg(alias):
+        require_pg()
+    history = _history(alias, unique("exclusion"), workers=5, rounds=12)
+    pids = {pid for _, _, pid in history}
+    assert len(pids) == 5  # every process served
+    assert _overlaps(history) == []
+
+
+def _hold_forever(alias: str, name: str, ready: Any) -> None:
+    handle = locks[alias].lock(name, ttl=1.5)
+    assert handle.acquire(timeout=10)
+    ready.set()
+    time.sleep(600)
+
+
+@pytest.mark.parametrize("alias", ALIASES)
+def test_sigkilled_holder_frees_the_lock(alias: str, unique) -> None:
+    if needs_pg(alias):
+        require_pg()
+    name = unique("crash")
+    _fork_ready()
+    ready = FORK.Event()
+    proc = FORK.Process(target=_hold_forever, args=(alias, name, ready))
+    proc.start()
+    assert ready.wait(30)
+    backend = locks[alias]
+    assert backend.lock(name).acquire(blocking=False) is False
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.join(10)
+    handle = backend.lock(name)
+    if backend.supports_expiry:
+        # Freed by the TTL on the server's clock, not at once.
+        assert handle.acquire(blocking=False) is False
+        assert handle.acquire(timeout=10) is True
+    else:
+        # Transaction mode: the dead connection's transaction is rolled back.
+        assert handle.acquire(timeout=5) is True
+    handle.release()
