@@ -38,9 +38,8 @@ def check_distlock(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
         except ImproperlyConfigured as exc:
             cause = exc.__cause__
             import_failed = isinstance(cause, ImportError) or "BaseLockBackend" in str(exc)
-            messages.append(
-                checks.Error(str(exc), obj=alias, id="distlock.E002" if import_failed else "distlock.E003")
-            )
+            check_id = "distlock.E002" if import_failed else "distlock.E003"
+            messages.append(checks.Error(str(exc), obj=alias, id=check_id))
             continue
         messages.extend(backend.check(**kwargs))
     return messages

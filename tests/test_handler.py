@@ -53,9 +53,11 @@ def test_unknown_alias() -> None:
 
 
 def test_bad_backend_is_a_configuration_error() -> None:
-    with override_settings(DISTLOCK={"default": {"BACKEND": "no.such.Backend"}}):
-        with pytest.raises(LockConfigurationError, match="could not be imported"):
-            locks["default"]
+    with (
+        override_settings(DISTLOCK={"default": {"BACKEND": "no.such.Backend"}}),
+        pytest.raises(LockConfigurationError, match="could not be imported"),
+    ):
+        locks["default"]
 
 
 def _child_identity(out) -> None:

@@ -8,6 +8,7 @@ no two intervals may overlap.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import multiprocessing
 import os
 import signal
@@ -49,7 +50,8 @@ def _worker(alias: str | None, name: str, rounds: int, start: Any, out: Any) -> 
 def _history(alias: str | None, name: str, workers: int, rounds: int) -> list[tuple[int, ...]]:
     _fork_ready()
     start, out = FORK.Event(), FORK.Queue()
-    procs = [FORK.Process(target=_worker, args=(alias, name, rounds, start, out)) for _ in range(workers)]
+    args = (alias, name, rounds, start, out)
+    procs = [FORK.Process(target=_worker, args=args) for _ in range(workers)]
     for proc in procs:
         proc.start()
     start.set()
@@ -63,7 +65,7 @@ def _history(alias: str | None, name: str, workers: int, rounds: int) -> list[tu
 
 
 def _overlaps(history: list[tuple[int, ...]]) -> list[tuple[tuple[int, ...], ...]]:
-    return [(a, b) for a, b in zip(history, history[1:], strict=False) if b[0] < a[1]]
+    return [(a, b) for a, b in itertools.pairwise(history) if b[0] < a[1]]
 
 
 def test_the_overlap_check_sees_unlocked_workers(unique) -> None:

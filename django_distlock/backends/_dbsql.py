@@ -139,7 +139,8 @@ RETURNING expires_at > {_NOW}""",
 UPDATE {TABLE} SET expires_at = {_LATER}
 WHERE name = %s AND owner = %s AND expires_at > {_NOW}
 RETURNING fencing, acquired_at, expires_at""",
-    is_locked=f"SELECT 1 FROM {TABLE} WHERE name = %s AND owner IS NOT NULL AND expires_at > {_NOW}",
+    is_locked=f"""
+SELECT 1 FROM {TABLE} WHERE name = %s AND owner IS NOT NULL AND expires_at > {_NOW}""",
     held=f"""
 SELECT {_COLUMNS} FROM {TABLE}
 WHERE owner IS NOT NULL AND name > %s AND name >= %s AND name < %s AND expires_at > {_NOW}

@@ -54,7 +54,9 @@ def validate_timeout(timeout: object) -> float | None:
     if timeout is None:
         return None
     if isinstance(timeout, bool) or not isinstance(timeout, int | float):
-        raise TypeError(f"timeout must be a number of seconds or None, not {type(timeout).__name__}.")
+        raise TypeError(
+            f"timeout must be a number of seconds or None, not {type(timeout).__name__}."
+        )
     if math.isnan(timeout) or timeout < 0:
         raise ValueError(f"timeout must be >= 0 seconds or None, got {timeout!r}.")
     return None if math.isinf(timeout) else float(timeout)
@@ -317,7 +319,9 @@ class BaseLockBackend:
         return Waiter()
 
 
-def validate_page_args(prefix: object, limit: object, cursor: object) -> tuple[str, int, str | None]:
+def validate_page_args(
+    prefix: object, limit: object, cursor: object
+) -> tuple[str, int, str | None]:
     """Check the arguments of ``held_locks()``; raise TypeError/ValueError saying why."""
     if not isinstance(prefix, str):
         raise TypeError("prefix must be a str.")

@@ -21,6 +21,7 @@ Two modes, chosen with ``OPTIONS["MODE"]``:
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sqlite3
@@ -93,7 +94,9 @@ class DatabaseBackend(BaseLockBackend):
         self.database: str = self.options.get("DATABASE", "default")
         self.mode: str = self.options.get("MODE", "lease")
         if not isinstance(self.database, str):
-            raise InvalidBackendOptions(f"DISTLOCK[{alias!r}]['OPTIONS']['DATABASE'] must be a str.")
+            raise InvalidBackendOptions(
+                f"DISTLOCK[{alias!r}]['OPTIONS']['DATABASE'] must be a str."
+            )
         if self.mode not in MODES:
             raise InvalidBackendOptions(
                 f"DISTLOCK[{alias!r}]['OPTIONS']['MODE'] must be one of {MODES}, got {self.mode!r}."
@@ -148,10 +151,8 @@ class DatabaseBackend(BaseLockBackend):
             wrappers, self._wrappers = list(self._wrappers), weakref.WeakSet()
         for wrapper in wrappers:
             if getattr(wrapper, "_distlock_pid", None) == os.getpid():
-                try:
+                with contextlib.suppress(Error):
                     wrapper.close()
-                except Error:
-                    pass
         self._local = _LeaseCursors()
 
     # -- connections ----------------------------------------------------------
@@ -182,10 +183,8 @@ class DatabaseBackend(BaseLockBackend):
         local = self._local
         wrapper, local.wrapper, local.cursor = local.wrapper, None, None
         if wrapper is not None:
-            try:
+            with contextlib.suppress(Error):
                 wrapper.close()
-            except Error:
-                pass
 
     def _unavailable(self, exc: BaseException, doing: str) -> BackendUnavailable:
         self._forget_cursor()
@@ -385,9 +384,8 @@ class DatabaseBackend(BaseLockBackend):
 
     def _tx_grant(self, cursor: Any, lock: Lock) -> tuple[int, Any] | None:
         cursor.execute(self.dialect.tx_grant, [lock.host, lock.pid, lock.thread, lock.key])
-        return cursor.fetchone()
-
-        return self._tx_granted(lock, atomic, fencing, acquired_at)
+        row: tuple[int, Any] | None = cursor.fetchone()
+        return row
 
     def _sqlite_tx_acquire(
         self, lock: Lock, wait: float | None, connection: Any, atomic: transaction.Atomic
@@ -409,6 +407,7 @@ class DatabaseBackend(BaseLockBackend):
                     if row is None:  # first use of the name; the write lock is ours
                         cursor.execute(sql.ENSURE_ROW, [lock.key])
                         row = self._tx_grant(cursor, lock)
+                    assert row is not None
                     fencing, acquired_at = row
                 except Error as exc:
                     atomic.__exit__(type(exc), exc, exc.__traceback__)
@@ -473,4 +472,4 @@ def _is_psycopg3(database: str) -> bool:
         import psycopg
     except ImportError:
         return False
-    return connections[database].Database is psycopg
+    return getattr(connections[database], "Database", None) is psycopg

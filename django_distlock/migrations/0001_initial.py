@@ -25,7 +25,7 @@ def drop_pg_indexes(apps, schema_editor):
 
 class Migration(migrations.Migration):
     initial = True
-    dependencies: list[tuple[str, str]] = []
+    dependencies: list[tuple[str, str]] = []  # type: ignore[misc]
 
     operations = [
         migrations.CreateModel(
