@@ -270,13 +270,17 @@ def start_postgres(dir_: Path, port: int) -> dict:
         f"{q(PG_BIN / 'createdb')} -h 127.0.0.1 -p {port} -U postgres -O postgres distlock",
     ]
     for i, cmd in enumerate(steps):
-        if i == 1:  # between initdb and start: loopback only, socket in our dir, no fsync
+        if i == 1:  # between initdb and start: loopback only, socket in our dir
+            # Tests skip fsync for speed; benchmarks (DISTLOCK_PG_DURABLE=1) keep
+            # PostgreSQL's durable defaults, as a production server would.
+            durable = os.environ.get("DISTLOCK_PG_DURABLE") == "1"
             with open(data / "postgresql.conf", "a") as conf:
                 conf.write(
                     f"\nlisten_addresses = '127.0.0.1'\nport = {port}\n"
                     f"unix_socket_directories = '{sock}'\nmax_connections = 200\n"
-                    "fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n"
                 )
+                if not durable:
+                    conf.write("fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n")
         rc = su_postgres(cmd, log)
         if i == 1 and (pid := postmaster_pid(data)):
             entry.update(pid=pid, starttime=(proc_stat(pid) or [None] * 20)[19])
