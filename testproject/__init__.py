@@ -1,0 +1,1 @@
+"""A small shop project that exercises django-distlock (see ``manage.py flashsale``)."""

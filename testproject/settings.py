@@ -1,0 +1,119 @@
+"""Settings of the demo shop project.
+
+Service addresses come from the environment only:
+
+- ``DISTLOCK_SQLITE_PATH``: the SQLite file (default: ``db.sqlite3`` in the repo root);
+- ``DISTLOCK_PG_PORT``: when set, the ``default`` database is PostgreSQL instead,
+  at ``DISTLOCK_PG_HOST`` (127.0.0.1), as ``DISTLOCK_PG_USER`` (postgres), database
+  ``DISTLOCK_PG_NAME`` (distlock).
+"""
+
+import os
+from pathlib import Path
+from typing import Any
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+# A demo project: never deploy these two as they are.
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "testproject-demo-only-not-secret")
+DEBUG = True
+ALLOWED_HOSTS = ["127.0.0.1", "localhost", "[::1]"]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_distlock",
+    "testproject.shop",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "testproject.urls"
+WSGI_APPLICATION = "testproject.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES: dict[str, dict[str, Any]]
+if os.environ.get("DISTLOCK_PG_PORT"):
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.postgresql",
+            "HOST": os.environ.get("DISTLOCK_PG_HOST", "127.0.0.1"),
+            "PORT": os.environ["DISTLOCK_PG_PORT"],
+            "USER": os.environ.get("DISTLOCK_PG_USER", "postgres"),
+            "NAME": os.environ.get("DISTLOCK_PG_NAME", "distlock"),
+        }
+    }
+else:
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": os.environ.get("DISTLOCK_SQLITE_PATH") or BASE_DIR / "db.sqlite3",
+            # Many processes write to this file at once (manage.py flashsale): wait up
+            # to 30 s for the write lock instead of failing with "database is locked",
+            # and take it at BEGIN, so a transaction never has to upgrade a read lock.
+            "OPTIONS": {
+                "timeout": 30,
+                "transaction_mode": "IMMEDIATE",
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            },
+        }
+    }
+
+_DATABASE_BACKEND = "django_distlock.backends.database.DatabaseBackend"
+DISTLOCK = {
+    # Leases: an autocommit row with an expiry, held across transactions.
+    "default": {
+        "BACKEND": _DATABASE_BACKEND,
+        "OPTIONS": {"DATABASE": "default", "MODE": "lease"},
+        "TTL": 60,
+        "TIMEOUT": 10,
+    },
+    # The lock is the row lock of the caller's own transaction.
+    "db-tx": {
+        "BACKEND": _DATABASE_BACKEND,
+        "OPTIONS": {"DATABASE": "default", "MODE": "transaction"},
+        "KEY_PREFIX": "tx:",
+        "TIMEOUT": 10,
+    },
+}
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

@@ -1,0 +1,1 @@
+"""The demo shop: products with stock, orders, and a flash sale."""

@@ -1,0 +1,127 @@
+"""What a flash sale compares: "no lock", and one strategy per ``DISTLOCK`` alias."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from django.core.management.base import CommandError
+
+from django_distlock import locks
+from django_distlock.backends.base import BaseLockBackend
+
+from .. import services
+from . import store
+
+NO_LOCK = "no lock"
+_NO_LOCK_NAMES = frozenset({NO_LOCK, "no-lock", "nolock", "none"})
+
+
+@dataclass(frozen=True, slots=True)
+class Strategy:
+    """One way of selling: no lock, or the lock of one alias."""
+
+    label: str
+    #: The ``DISTLOCK`` alias whose lock guards the sale; None for "no lock".
+    alias: str | None = None
+    #: Why the strategy cannot run (backend not buildable, server down); None if it can.
+    skipped: str | None = None
+
+    @property
+    def locking(self) -> bool:
+        return self.alias is not None
+
+    @property
+    def short(self) -> str:
+        """The alias, or "no lock": what the progress line shows."""
+        return self.alias or NO_LOCK
+
+    def buy(self, product_id: int, *, worker: str, work: float) -> services.Attempt:
+        """Make one purchase attempt with this strategy."""
+        if self.alias is None:
+            return services.buy_no_lock(product_id, strategy=self.label, worker=worker, work=work)
+        return services.buy_with_lock(
+            product_id, self.alias, strategy=self.label, worker=worker, work=work
+        )
+
+    def matches(self, name: str) -> bool:
+        """Whether ``name`` (from ``--strategies``) selects this strategy."""
+        name = name.strip().lower()
+        if self.alias is None:
+            return name in _NO_LOCK_NAMES
+        return name in (self.alias.lower(), self.label.lower())
+
+
+def describe(alias: str, backend: BaseLockBackend | None) -> str:
+    """Label an alias by its backend class and mode: ``database lease (default)``.
+
+    Falls back to the ``BACKEND`` path of the setting when the backend could not be built.
+    """
+    if backend is not None:
+        class_name = type(backend).__name__
+        mode = getattr(backend, "mode", None)
+    else:
+        params = locks.settings.get(alias, {})
+        class_name = str(params.get("BACKEND", "")).rpartition(".")[2] or "unknown"
+        options = params.get("OPTIONS")
+        mode = options.get("MODE") if isinstance(options, Mapping) else None
+    kind = class_name.removesuffix("Backend").lower() or class_name.lower()
+    return f"{kind} {mode} ({alias})" if mode else f"{kind} ({alias})"
+
+
+def _build(alias: str) -> tuple[BaseLockBackend | None, str | None]:
+    try:
+        return locks[alias], None
+    except Exception as exc:  # any setup mistake skips the alias, with the reason
+        return None, f"backend could not be built: {_reason(exc)}"
+
+
+def _probe(strategy: Strategy) -> Strategy:
+    """Return ``strategy``, or a skipped copy if its server does not answer."""
+    if strategy.alias is None or strategy.skipped:
+        return strategy
+    try:
+        backend = locks[strategy.alias]
+        database = getattr(backend, "database", None)  # the database backend's tables
+        if isinstance(database, str):
+            store.migrate_if_needed(database)
+        backend.health()
+    except Exception as exc:  # a server that is down skips the alias, with the reason
+        return Strategy(strategy.label, strategy.alias, f"server unavailable: {_reason(exc)}")
+    return strategy
+
+
+def _reason(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+def available() -> list[Strategy]:
+    """Every strategy, in order: no lock, then the aliases in ``DISTLOCK`` order (no I/O)."""
+    found = [Strategy(NO_LOCK)]
+    for alias in locks:
+        backend, problem = _build(alias)
+        found.append(Strategy(describe(alias, backend), alias, problem))
+    return found
+
+
+def select(names: str | None) -> list[Strategy]:
+    """Return the strategies ``--strategies`` names (all when None), health-checked.
+
+    :raises CommandError: for a name that matches no strategy.
+    """
+    every = available()
+    if not names:
+        chosen = every
+    else:
+        chosen = []
+        for name in filter(None, (part.strip() for part in names.split(","))):
+            match = next((s for s in every if s.matches(name)), None)
+            if match is None:
+                known = ", ".join(["no-lock", *(s.alias for s in every if s.alias)])
+                raise CommandError(f"Unknown strategy {name!r}; choose from: {known}.")
+            if match not in chosen:
+                chosen.append(match)
+    probed = [_probe(strategy) for strategy in chosen]
+    locks.close_all()  # the probes' connections belong to this process only
+    return probed

@@ -1,0 +1,8 @@
+from django.urls import path
+
+from . import views
+
+app_name = "shop"
+urlpatterns = [
+    path("buy/<int:product_id>/", views.buy, name="buy"),
+]
