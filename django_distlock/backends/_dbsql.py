@@ -21,8 +21,8 @@ _COLUMNS = "name, owner, fencing, acquired_at, expires_at, host, pid, thread"
 class Dialect:
     """The statements of one vendor; placeholders are ``%s`` (Django's cursor)."""
 
-    #: Grant if free or expired. Params: key, owner, ttl, host, pid, thread (+ key on
-    #: PostgreSQL). Rows: (granted, fencing, acquired_at, expires_at, retry_after).
+    #: Grant if free or expired. Params: see ``acquire_params``.
+    #: Rows: (granted, fencing, acquired_at, expires_at, retry_after).
     acquire: str
     #: Only when ``acquire`` returns no row on a miss. Params: key. Row: (retry_after,).
     retry_after: str | None
@@ -42,21 +42,29 @@ class Dialect:
 
 
 POSTGRESQL = Dialect(
+    # The UPDATE locks the row only when it is free or expired (a concurrent
+    # grant makes it re-check, READ COMMITTED's EvalPlanQual), so a miss is a
+    # read: it writes nothing and never delays the holder. The INSERT runs for
+    # a name's first use only; ON CONFLICT DO NOTHING settles racing creators.
     acquire=f"""
-WITH g AS (
-    INSERT INTO {TABLE} AS l ({_COLUMNS})
-    VALUES (%s, %s, 1, now(), now() + %s * interval '1 second', %s, %s, %s)
-    ON CONFLICT (name) DO UPDATE SET
-        owner = EXCLUDED.owner, fencing = l.fencing + 1, acquired_at = EXCLUDED.acquired_at,
-        expires_at = EXCLUDED.expires_at, host = EXCLUDED.host, pid = EXCLUDED.pid,
-        thread = EXCLUDED.thread
-    WHERE l.owner IS NULL OR l.expires_at <= now()
+WITH u AS (
+    UPDATE {TABLE} SET owner = %s, fencing = fencing + 1, acquired_at = now(),
+        expires_at = now() + %s * interval '1 second', host = %s, pid = %s, thread = %s
+    WHERE name = %s AND (owner IS NULL OR expires_at <= now())
+    RETURNING fencing, acquired_at, expires_at
+), i AS (
+    INSERT INTO {TABLE} ({_COLUMNS})
+    SELECT %s, %s, 1, now(), now() + %s * interval '1 second', %s, %s, %s
+    WHERE NOT EXISTS (SELECT 1 FROM {TABLE} WHERE name = %s)
+    ON CONFLICT (name) DO NOTHING
     RETURNING fencing, acquired_at, expires_at
 )
-SELECT true, fencing, acquired_at, expires_at, NULL::float8 FROM g
+SELECT true, fencing, acquired_at, expires_at, NULL::float8 FROM u
+UNION ALL
+SELECT true, fencing, acquired_at, expires_at, NULL::float8 FROM i
 UNION ALL
 SELECT false, NULL, NULL, NULL, EXTRACT(EPOCH FROM l.expires_at - now())::float8
-FROM {TABLE} l WHERE l.name = %s AND NOT EXISTS (SELECT 1 FROM g)""",
+FROM {TABLE} l WHERE l.name = %s AND NOT EXISTS (SELECT 1 FROM u)""",
     retry_after=None,
     # A release need not wait for its WAL flush: if the server crashed and
     # lost it, the lease would just run until its expiry, which excludes
@@ -152,6 +160,14 @@ WHERE name = %s AND owner IS NOT NULL AND expires_at > {_NOW} RETURNING 1""",
 UPDATE {TABLE} SET fencing = fencing + 1, acquired_at = {_NOW}, host = %s, pid = %s, thread = %s
 WHERE name = %s RETURNING fencing, acquired_at""",
 )
+
+
+def pg_acquire_params(
+    key: str, token: str, ttl: float, host: str, pid: int | None, thread: str
+) -> list[object]:
+    """The parameters of ``POSTGRESQL.acquire``: the UPDATE's, the INSERT's, the miss'."""
+    holder = [host, pid, thread]
+    return [token, ttl, *holder, key, key, token, ttl, *holder, key, key]
 
 
 def sqlite_ttl(seconds: float) -> str:

@@ -32,7 +32,8 @@ class Listener:
     def __init__(self, connect: Callable[[], Any]) -> None:
         self._connect = connect  # returns (closer, psycopg.Connection) in autocommit
         self._mutex = threading.Lock()
-        self._waiters: dict[str, set[threading.Event]] = {}
+        # Per key, this process' waiters, the next to wake first.
+        self._waiters: dict[str, list[threading.Event]] = {}
         self._thread: threading.Thread | None = None
         self._conn: Any = None
         self._close: Callable[[], None] | None = None
@@ -45,17 +46,19 @@ class Listener:
         self._ensure_running()
         event = threading.Event()
         with self._mutex:
-            self._waiters.setdefault(key, set()).add(event)
+            self._waiters.setdefault(key, []).append(event)
         return event
 
     def unsubscribe(self, key: str, event: threading.Event) -> None:
-        """Forget a waiter."""
+        """Forget a waiter; a wake-up it received and did not use goes to the next one."""
         with self._mutex:
-            events = self._waiters.get(key)
-            if events is not None:
-                events.discard(event)
-                if not events:
-                    del self._waiters[key]
+            events = self._waiters.get(key, [])
+            if event in events:
+                events.remove(event)
+            if not events:
+                self._waiters.pop(key, None)
+        if event.is_set():
+            self._wake(key)
 
     def close(self) -> None:
         """Stop the thread and close the listening connection."""
@@ -119,10 +122,19 @@ class Listener:
                 logger.debug("closing the LISTEN connection failed", exc_info=True)
 
     def _wake(self, key: str) -> None:
+        # One waiter per process per release: it retries, and if another
+        # process won, that winner's release wakes one of ours again. Waking
+        # them all would only turn into failed attempts.
         with self._mutex:
-            events = list(self._waiters.get(key, ()))
-        for event in events:
-            event.set()
+            events = self._waiters.get(key)
+            if not events:
+                return
+            event = next((e for e in events if not e.is_set()), None)
+            if event is None:
+                return
+            events.remove(event)
+            events.append(event)  # the others come first next time
+        event.set()
 
     def _wake_all(self) -> None:
         with self._mutex:

@@ -211,9 +211,12 @@ class DatabaseBackend(BaseLockBackend):
     def try_acquire(self, lock: Lock, token: str, wait: float | None) -> Grant | Miss:
         if self.transactional:
             return self._tx_acquire(lock, wait)
-        params = [lock.key, token, self._ttl(lock.ttl), lock.host, lock.pid, lock.thread]
         if self.vendor == "postgresql":
-            params.append(lock.key)
+            params = sql.pg_acquire_params(
+                lock.key, token, lock.ttl, lock.host, lock.pid, lock.thread
+            )
+        else:
+            params = [lock.key, token, self._ttl(lock.ttl), lock.host, lock.pid, lock.thread]
         try:
             cursor = self._cursor()
             cursor.execute(self.dialect.acquire, params)

@@ -1,0 +1,131 @@
+"""``python -m benchmarks``: run the suites, print a markdown table each, save them.
+
+The tables go to stdout and to ``benchmarks/results/latest.md``; progress goes
+to stderr. Exits 1 if a case module's server is missing (its rows are left
+out), 2 on a bad command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+
+#: Modules that register cases; each has ``setup()`` (raises Unavailable) and ``describe()``.
+CASE_MODULES = ("benchmarks.pg",)
+#: Suites run in this order by default; suites registered elsewhere follow.
+SUITE_ORDER = ("uncontended", "contended")
+RESULTS = Path(__file__).resolve().parent / "results" / "latest.md"
+
+DEFAULTS = {  # (normal, --quick)
+    "repeat": (3, 1),
+    "iterations": (2000, 500),
+    "warmup": (200, 100),
+    "duration": (5.0, 2.0),
+}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line; unset numbers take their normal or ``--quick`` default."""
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--suite", default="", help="comma-separated suites (default: all)")
+    parser.add_argument("--quick", action="store_true", help="fewer rounds, shorter (< 1 min)")
+    parser.add_argument("--repeat", type=int, help="rounds of every case (default 3, quick 1)")
+    parser.add_argument("--iterations", type=int, help="timed pairs per round (uncontended)")
+    parser.add_argument("--warmup", type=int, help="untimed pairs per round (uncontended)")
+    parser.add_argument("--processes", type=int, default=8, help="processes on one key")
+    parser.add_argument("--hold-ms", type=float, default=1.0, help="hold time when contended")
+    parser.add_argument("--duration", type=float, help="seconds per contended round (5, quick 2)")
+    parser.add_argument("--list", action="store_true", help="list suites and cases, run nothing")
+    args = parser.parse_args(argv)
+    for name, (normal, quick) in DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else normal)
+    if min(args.repeat, args.iterations, args.processes) < 1 or args.warmup < 0:
+        parser.error("--repeat, --iterations and --processes must be >= 1, --warmup >= 0")
+    if args.duration <= 0 or args.hold_ms < 0:
+        parser.error("--duration must be > 0 and --hold-ms >= 0")
+    return args
+
+
+def load_case_modules() -> tuple[list[ModuleType], list[str]]:
+    """Import and set up every case module; return those ready and why others are not."""
+    from .harness import Unavailable, progress
+
+    ready, missing = [], []
+    for name in CASE_MODULES:
+        module = importlib.import_module(name)
+        try:
+            progress(f"setting up {name}")
+            module.setup()
+        except Unavailable as exc:
+            missing.append(f"{name}: {exc}")
+            continue
+        ready.append(module)
+    return ready, missing
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the chosen suites; return the exit status."""
+    args = parse_args(argv)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.settings")
+    import django
+
+    django.setup()
+    from . import contention, harness, uncontended  # noqa: F401  (they register the suites)
+
+    if args.list:
+        for name in CASE_MODULES:
+            importlib.import_module(name)
+        for suite in harness.SUITES.values():
+            print(f"{suite.name}: {suite.title}")
+            for case in harness.CASES:
+                if case.suite == suite.name:
+                    print(f"  {case.name:20} {case.what}")
+        return 0
+    default = [*(s for s in SUITE_ORDER if s in harness.SUITES), *harness.SUITES]
+    wanted = [s.strip() for s in args.suite.split(",") if s.strip()] or list(dict.fromkeys(default))
+    unknown = set(wanted) - set(harness.SUITES)
+    if unknown:
+        print(f"unknown suite(s) {sorted(unknown)}; known: {list(harness.SUITES)}", file=sys.stderr)
+        return 2
+    options = harness.Options(
+        repeat=args.repeat,
+        iterations=args.iterations,
+        warmup=args.warmup,
+        processes=args.processes,
+        hold_ms=args.hold_ms,
+        duration=args.duration,
+    )
+    modules, missing = load_case_modules()
+    for line in missing:
+        print(f"[benchmarks] SKIPPED {line}", file=sys.stderr)
+    if not modules:
+        print("[benchmarks] no server to measure: nothing run", file=sys.stderr)
+        return 1
+    names = {m.__name__ for m in modules}
+    parts = [harness.machine_line([m.describe() for m in modules]), ""]
+    print(parts[0] + "\n", flush=True)
+    for suite_name in wanted:
+        suite = harness.SUITES[suite_name]
+        cases = [c for c in harness.CASES if c.suite == suite_name and c.module in names]
+        if not cases:
+            continue
+        table = harness.render(suite, suite.run(cases, options), options)
+        print(table, flush=True)
+        parts.append(table)
+    if missing:
+        parts.append("Skipped (server missing): " + "; ".join(missing) + "\n")
+    RESULTS.parent.mkdir(exist_ok=True)
+    RESULTS.write_text("\n".join(parts))
+    harness.progress(f"written to {RESULTS}")
+    return 1 if missing else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

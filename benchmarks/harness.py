@@ -1,0 +1,314 @@
+"""The harness: a registry of cases grouped in suites, statistics, and markdown tables.
+
+A *case* is a factory that builds a :class:`Locker` (one client of one lock
+implementation) for a key. A *suite* runs its cases and returns one
+:class:`Row` per case; the harness prints a suite as one table. Modules that
+add cases (``benchmarks.pg`` now; Redis and ZooKeeper modules later) call
+:func:`add_case` at import and say which rows are *references*: each
+reference adds a ``x name`` column whose values are every row's
+:attr:`Suite.ratio_metric` divided by that reference's, within the same
+``group`` (one server), measured in the same run. :func:`add_bar` names a
+ratio the project promises; it is printed with its bar, never asserted.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+
+class Locker(Protocol):
+    """One client of a lock, built in the process that uses it."""
+
+    def acquire(self) -> bool:
+        """Take the lock (blocking, with the case's timeout); False if not had."""
+
+    def release(self) -> None:
+        """Give the lock back."""
+
+    def close(self) -> None:
+        """Close the connections this client opened."""
+
+
+#: Builds a Locker for a key. Must be picklable (a module-level callable or a
+#: functools.partial of one) so the contended suite can send it to its processes.
+LockerFactory = Callable[[str], Locker]
+
+
+class Unavailable(Exception):
+    """A case module cannot run here (its server is not configured); says why."""
+
+
+@dataclass(frozen=True)
+class Options:
+    """What the command line chose; every suite reads what it needs."""
+
+    repeat: int  # rounds of every case, interleaved where the suite can
+    iterations: int  # timed acquire+release pairs per case per round (uncontended)
+    warmup: int  # untimed pairs before each round's timed ones
+    processes: int  # OS processes on one key (contended)
+    hold_ms: float  # how long a contended holder keeps the lock (sleep)
+    duration: float  # seconds each contended round lasts
+
+
+@dataclass(frozen=True)
+class Case:
+    """One row of a suite: a named lock implementation and what it measures."""
+
+    suite: str
+    name: str
+    factory: LockerFactory
+    what: str  # one line for the table
+    group: str  # the server; ratios compare rows of one group
+    reference: str | None = None  # the ratio column this row anchors, if any
+    module: str = ""  # the module that registered it (a missing server drops its rows)
+
+
+@dataclass(frozen=True)
+class Bar:
+    """A promised ratio: ``numerator``'s metric over ``denominator``'s, at most ``limit``."""
+
+    suite: str
+    numerator: str
+    denominator: str
+    limit: float | None
+    metric: str
+
+
+@dataclass
+class Row:
+    """One case's results: metric name -> value (numbers in the suite's units, or text)."""
+
+    case: Case
+    values: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Column:
+    """A table column: the metric it shows, its header, and how a value is printed."""
+
+    key: str
+    title: str
+    fmt: Callable[[Any], str] = str
+
+
+@dataclass(frozen=True)
+class Suite:
+    """A group of cases run one way and printed as one table."""
+
+    name: str
+    title: str
+    run: Callable[[Sequence[Case], Options], list[Row]]
+    columns: tuple[Column, ...]
+    ratio_metric: str  # what the ``x reference`` columns divide
+    notes: Callable[[Options], str]  # how it was measured, printed under the title
+
+
+SUITES: dict[str, Suite] = {}
+CASES: list[Case] = []
+BARS: list[Bar] = []
+
+
+def add_suite(suite: Suite) -> Suite:
+    """Register a suite (its name is what ``--suite`` selects)."""
+    SUITES[suite.name] = suite
+    return suite
+
+
+def add_case(
+    suite: str,
+    name: str,
+    factory: LockerFactory,
+    what: str,
+    *,
+    group: str,
+    reference: str | None = None,
+) -> None:
+    """Register a case of ``suite``; ``reference`` makes it anchor a ``x reference`` column."""
+    module = getattr(factory, "func", factory).__module__  # a functools.partial has .func
+    CASES.append(Case(suite, name, factory, what, group, reference, module))
+
+
+def add_bar(
+    suite: str, numerator: str, denominator: str, limit: float | None, metric: str | None = None
+) -> None:
+    """Register a ratio to print under ``suite``'s table (default metric: its ratio metric)."""
+    BARS.append(Bar(suite, numerator, denominator, limit, metric or SUITES[suite].ratio_metric))
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+def percentile(ordered: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0-100) of sorted values, linearly interpolated; NaN if none."""
+    if not ordered:
+        return math.nan
+    pos = (len(ordered) - 1) * q / 100.0
+    low = math.floor(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+def us(ns: float) -> str:
+    """Format nanoseconds as microseconds."""
+    return "n/a" if math.isnan(ns) else f"{ns / 1000:,.1f}"
+
+
+def ratio(value: float) -> str:
+    """Format a ratio as ``1.23x``."""
+    return "n/a" if math.isnan(value) else f"{value:.2f}x"
+
+
+def spread_us(values: Sequence[float]) -> str:
+    """Format min-max of per-round values (nanoseconds) as microseconds."""
+    return f"{us(min(values))}..{us(max(values))}" if values else "n/a"
+
+
+# --------------------------------------------------------------------------- the timing loop
+
+
+class NotAcquired(RuntimeError):
+    """An uncontended acquire returned False: the setup, not the timing, is wrong."""
+
+
+def time_pairs(locker: Locker, iterations: int, warmup: int) -> tuple[list[int], list[int]]:
+    """Time ``iterations`` acquire+release pairs after ``warmup`` untimed ones.
+
+    Returns the acquire and the release durations (ns, ``perf_counter_ns``).
+    The garbage collector is off while timing, as ``timeit`` does.
+    """
+    import gc
+
+    acquire, release, clock = locker.acquire, locker.release, time.perf_counter_ns
+    for _ in range(warmup):
+        if not acquire():
+            raise NotAcquired(f"{locker!r} did not acquire an uncontended lock")
+        release()
+    acquired = [0] * iterations
+    released = [0] * iterations
+    gc_was_on = gc.isenabled()
+    gc.disable()
+    try:
+        for i in range(iterations):
+            t0 = clock()
+            ok = acquire()
+            t1 = clock()
+            release()
+            t2 = clock()
+            if not ok:
+                raise NotAcquired(f"{locker!r} did not acquire an uncontended lock")
+            acquired[i] = t1 - t0
+            released[i] = t2 - t1
+    finally:
+        if gc_was_on:
+            gc.enable()
+    return acquired, released
+
+
+# --------------------------------------------------------------------------- tables
+
+
+def render(suite: Suite, rows: Sequence[Row], options: Options) -> str:
+    """The suite as markdown: title, how it was measured, the table, its bars."""
+    refs: list[str] = []
+    for row in rows:
+        if row.case.reference and row.case.reference not in refs:
+            refs.append(row.case.reference)
+    anchor = {(r.case.group, r.case.reference): r for r in rows if r.case.reference}
+    header = ["case", "what", *(c.title for c in suite.columns), *(f"x {ref}" for ref in refs)]
+    lines = [f"### {suite.title}", "", suite.notes(options), ""]
+    lines.append("| " + " | ".join(header) + " |")
+    lines.append("|" + "|".join(" --- " for _ in header) + "|")
+    for row in rows:
+        cells = [f"`{row.case.name}`", row.case.what]
+        cells += [c.fmt(row.values.get(c.key, math.nan)) for c in suite.columns]
+        for ref in refs:
+            base = anchor.get((row.case.group, ref))
+            cells.append(ratio(_divide(row, base, suite.ratio_metric)) if base else "")
+        lines.append("| " + " | ".join(cells) + " |")
+    by_name = {row.case.name: row for row in rows}
+    bars = [b for b in BARS if b.suite == suite.name]
+    if bars:
+        lines.append("")
+    for bar in bars:
+        num, den = by_name.get(bar.numerator), by_name.get(bar.denominator)
+        if num is None or den is None:
+            continue
+        value = _divide(num, den, bar.metric)
+        verdict = ""
+        if bar.limit is not None and not math.isnan(value):
+            verdict = f" (bar <= {bar.limit:g}x: {'within' if value <= bar.limit else 'OVER'})"
+        lines.append(
+            f"- `{bar.numerator}` / `{bar.denominator}` ({bar.metric}): {ratio(value)}{verdict}"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _divide(row: Row, base: Row | None, metric: str) -> float:
+    if base is None:
+        return math.nan
+    num, den = row.values.get(metric, math.nan), base.values.get(metric, math.nan)
+    return num / den if den and not math.isnan(den) else math.nan
+
+
+def machine_line(servers: Sequence[str]) -> str:
+    """One line saying where and with what the numbers were measured."""
+    import django
+
+    cpus = os.cpu_count()
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else cpus
+    parts = [
+        f"{cpus} CPUs ({usable} usable, {_cpu_model()})",
+        f"load {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
+        f"Python {platform.python_version()}",
+        f"Django {django.get_version()}",
+        *servers,
+        f"git {_git_revision()}",
+        time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    ]
+    return "**Machine:** " + "; ".join(parts)
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _git_revision() -> str:
+    root = Path(__file__).resolve().parent.parent
+    try:
+        rev = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=5,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=5,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return rev + ("+dirty" if dirty else "")
+
+
+def progress(message: str) -> None:
+    """A progress line on stderr (stdout carries only the tables)."""
+    print(f"[benchmarks] {message}", file=sys.stderr, flush=True)

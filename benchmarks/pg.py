@@ -1,0 +1,277 @@
+"""PostgreSQL cases: raw round trips, advisory locks, and django-distlock's database backend.
+
+Every hand-written client uses psycopg 3 in autocommit with its defaults
+(server-side binding, statements prepared after 5 uses); ``pg.floor-django``
+sends the same statements the way Django's cursor does (client-side binding,
+simple query protocol, never prepared), to tell the cost of the protocol
+from the cost of the Python above it.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import secrets
+import socket
+import threading
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from . import contention, uncontended
+from .harness import Unavailable, add_bar, add_case
+
+GROUP = "postgres"
+#: Lease length of every acquisition (long enough never to expire during a run).
+TTL = 30.0
+#: How long a blocking acquire waits before giving up (every case alike).
+ACQUIRE_TIMEOUT = 5.0
+ALLOWED_HOSTS = ("127.0.0.1",)
+
+
+# --------------------------------------------------------------------------- setup
+
+
+def _django() -> None:
+    """Set Django up in this process (a spawned worker starts without it)."""
+    from django.apps import apps
+
+    if not apps.ready:
+        import django
+
+        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.settings")
+        django.setup()
+
+
+def _conninfo(dbname: str | None = None) -> dict[str, Any]:
+    from django.conf import settings
+
+    db = settings.DATABASES["default"]
+    name = dbname or db["NAME"]
+    return {"host": db["HOST"], "port": db["PORT"], "user": db["USER"], "dbname": name}
+
+
+def connect(**kwargs: Any) -> psycopg.Connection[Any]:
+    """A psycopg 3 autocommit connection to the benchmark database."""
+    _django()
+    return psycopg.connect(**_conninfo(), autocommit=True, **kwargs)
+
+
+def setup() -> None:
+    """Check the target, create the benchmark database if missing, and migrate it.
+
+    :raises Unavailable: when no PostgreSQL is configured.
+    :raises SystemExit: when the configured host is not 127.0.0.1.
+    """
+    from django.conf import settings
+    from django.core.management import call_command
+
+    if not os.environ.get("DISTLOCK_PG_PORT"):
+        raise Unavailable(
+            "DISTLOCK_PG_PORT is not set: run scripts/bench, or export DISTLOCK_PG_PORT "
+            "(and DISTLOCK_PG_HOST/USER/NAME) for your own server"
+        )
+    host = settings.DATABASES["default"]["HOST"]
+    if host not in ALLOWED_HOSTS:
+        raise SystemExit(f"benchmarks: refusing to target PostgreSQL on {host!r}: only 127.0.0.1")
+    name = settings.DATABASES["default"]["NAME"]
+    maintenance = os.environ.get("DISTLOCK_PG_NAME", "postgres")
+    with psycopg.connect(**_conninfo(maintenance), autocommit=True) as conn:
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone()
+        if not exists:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    call_command("migrate", verbosity=0, interactive=False)
+    with connect() as conn:  # leftovers of an interrupted run would start as held
+        conn.execute("DELETE FROM django_distlock_lock WHERE name LIKE 'bench:%'")
+
+
+def describe() -> str:
+    """The server's version and the settings that decide what a commit costs."""
+    with connect() as conn:
+        row = conn.execute(
+            "SELECT current_setting('server_version'), current_setting('fsync'),"
+            " current_setting('synchronous_commit')"
+        ).fetchone()
+    assert row is not None
+    return (
+        f"PostgreSQL {row[0]} (fsync={row[1]}, synchronous_commit={row[2]}); "
+        f"psycopg {psycopg.__version__}"
+    )
+
+
+# --------------------------------------------------------------------------- lockers
+
+
+class SelectOne:
+    """(a) One ``SELECT 1`` round trip: the floor under any statement; release does nothing."""
+
+    def __init__(self, key: str) -> None:
+        self.conn = connect()
+        self.cursor = self.conn.cursor()
+
+    def acquire(self) -> bool:
+        self.cursor.execute("SELECT 1")
+        self.cursor.fetchone()
+        return True
+
+    def release(self) -> None:
+        return None
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class HandLease:
+    """(b) The backend's lease statements sent by hand: the floor of its algorithm.
+
+    Per pair: ``_dbsql.POSTGRESQL.acquire`` with a fresh ``secrets.token_hex(16)``
+    owner, then ``.release``, params shaped as the backend's; ``lock_timeout``
+    set once per connection as the backend's ``_cursor()`` does.
+    ``django_binding=True`` sends them as Django's cursor does.
+    """
+
+    def __init__(self, key: str, *, django_binding: bool = False) -> None:
+        from django_distlock.backends import _dbsql
+        from django_distlock.backends.database import _ROW_LOCK_WAIT
+
+        options: dict[str, Any] = {}
+        if django_binding:
+            options = {"cursor_factory": psycopg.ClientCursor, "prepare_threshold": None}
+        self.conn = connect(**options)
+        self.cursor = self.conn.cursor()
+        self.cursor.execute("SELECT set_config('lock_timeout', %s, false)", [_ROW_LOCK_WAIT])
+        self.acquire_sql, self.release_sql = _dbsql.POSTGRESQL.acquire, _dbsql.POSTGRESQL.release
+        self.params_of = _dbsql.pg_acquire_params
+        self.key = key
+        self.holder = (socket.gethostname(), os.getpid(), threading.current_thread().name)
+        self.token = ""
+
+    def acquire(self) -> bool:
+        self.token = token = secrets.token_hex(16)
+        host, pid, thread = self.holder
+        params = self.params_of(self.key, token, TTL, host, pid, thread)
+        self.cursor.execute(self.acquire_sql, params)
+        row = self.cursor.fetchone()
+        return bool(row and row[0])
+
+    def release(self) -> None:
+        self.cursor.execute(self.release_sql, [self.key, self.token, self.key])
+        self.cursor.fetchone()
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def advisory_key(key: str) -> int:
+    """A stable signed 64-bit advisory-lock key for a name."""
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big", signed=True)
+
+
+class Advisory:
+    """(c) ``pg_advisory_lock(k)`` + ``pg_advisory_unlock(k)``, session-level, by hand.
+
+    ``lock_timeout`` bounds the blocking call by the same timeout the other
+    cases use; hitting it counts as "not acquired".
+    """
+
+    def __init__(self, key: str) -> None:
+        self.conn = connect()
+        self.cursor = self.conn.cursor()
+        self.cursor.execute(
+            "SELECT set_config('lock_timeout', %s, false)", [f"{int(ACQUIRE_TIMEOUT * 1000)}ms"]
+        )
+        self.params = [advisory_key(key)]
+
+    def acquire(self) -> bool:
+        try:
+            self.cursor.execute("SELECT pg_advisory_lock(%s)", self.params)
+        except psycopg.errors.LockNotAvailable:
+            return False
+        self.cursor.fetchone()
+        return True
+
+    def release(self) -> None:
+        self.cursor.execute("SELECT pg_advisory_unlock(%s)", self.params)
+        self.cursor.fetchone()
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class DistLock:
+    """(d, e) django-distlock through its public API, a new handle per acquisition.
+
+    ``locks[alias].lock(key, ttl=..., timeout=...)`` then ``acquire()``
+    (blocking, with the timeout) and ``release()``: what a user's code does.
+    """
+
+    def __init__(self, key: str, *, alias: str) -> None:
+        _django()
+        from django_distlock import Lock, locks
+
+        self.locks, self.alias, self.key = locks, alias, key
+        self.handle: Lock | None = None
+
+    def acquire(self) -> bool:
+        self.handle = self.locks[self.alias].lock(self.key, ttl=TTL, timeout=ACQUIRE_TIMEOUT)
+        return self.handle.acquire()
+
+    def release(self) -> None:
+        assert self.handle is not None
+        self.handle.release()
+
+    def close(self) -> None:
+        from django.db import connections
+
+        self.locks.close_all()
+        connections.close_all()
+
+
+lease = functools.partial(DistLock, alias="pg")
+transaction_mode = functools.partial(DistLock, alias="pg-tx")
+
+# --------------------------------------------------------------------------- cases
+
+_U, _C = uncontended.NAME, contention.NAME
+add_case(
+    _U, "pg.select1", SelectOne, "(a) `SELECT 1`, one round trip", group=GROUP, reference="RTT"
+)
+add_case(
+    _U,
+    "pg.floor",
+    HandLease,
+    "(b) backend's 2 lease statements by hand (psycopg)",
+    group=GROUP,
+    reference="floor",
+)
+add_case(
+    _U,
+    "pg.floor-django",
+    functools.partial(HandLease, django_binding=True),
+    "(b') same, Django's way: client-side binding, unprepared",
+    group=GROUP,
+)
+add_case(
+    _U,
+    "pg.advisory",
+    Advisory,
+    "(c) `pg_advisory_lock` + `pg_advisory_unlock`",
+    group=GROUP,
+    reference="advisory",
+)
+add_case(_U, "pg.lease", lease, "(d) django-distlock, lease mode", group=GROUP)
+add_case(_U, "pg.tx", transaction_mode, "(e) django-distlock, transaction mode", group=GROUP)
+add_bar(_U, "pg.lease", "pg.floor", 1.3)
+add_bar(_U, "pg.lease", "pg.floor-django", None)
+add_bar(_U, "pg.lease", "pg.advisory", None)
+add_bar(_U, "pg.tx", "pg.advisory", None)
+
+add_case(
+    _C, "pg.advisory", Advisory, "`pg_advisory_lock` (blocking)", group=GROUP, reference="advisory"
+)
+add_case(_C, "pg.lease", lease, "django-distlock lease mode (LISTEN/NOTIFY)", group=GROUP)
+add_case(_C, "pg.tx", transaction_mode, "django-distlock transaction mode (row lock)", group=GROUP)
+add_bar(_C, "pg.lease", "pg.advisory", 3.0)
+add_bar(_C, "pg.tx", "pg.advisory", None)

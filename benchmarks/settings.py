@@ -1,0 +1,34 @@
+"""Django settings of the benchmarks (``DJANGO_SETTINGS_MODULE=benchmarks.settings``).
+
+PostgreSQL comes from the ``DISTLOCK_PG_*`` variables that ``scripts/bench``
+exports; the benchmarks use a database of their own (:data:`BENCH_DB_NAME`,
+created on first run next to ``DISTLOCK_PG_NAME``) so they never touch the
+tests' data. Only 127.0.0.1 may be a target.
+"""
+
+import os
+
+SECRET_KEY = "benchmarks-only-not-secret"
+USE_TZ = True
+DEBUG = False  # DEBUG=True would record every query in connection.queries
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+INSTALLED_APPS = ["django_distlock"]
+
+#: The database the benchmarks create, migrate and measure in.
+BENCH_DB_NAME = os.environ.get("DISTLOCK_BENCH_DB", "distlock_bench")
+
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.postgresql",
+        "HOST": os.environ.get("DISTLOCK_PG_HOST", "127.0.0.1"),
+        "PORT": os.environ.get("DISTLOCK_PG_PORT", ""),
+        "USER": os.environ.get("DISTLOCK_PG_USER", "postgres"),
+        "NAME": BENCH_DB_NAME,
+    },
+}
+
+_DB = "django_distlock.backends.database.DatabaseBackend"
+DISTLOCK = {
+    "pg": {"BACKEND": _DB, "OPTIONS": {"DATABASE": "default"}},
+    "pg-tx": {"BACKEND": _DB, "OPTIONS": {"DATABASE": "default", "MODE": "transaction"}},
+}
