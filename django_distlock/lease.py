@@ -17,6 +17,7 @@ from asgiref.sync import sync_to_async
 
 from . import signals
 from .backends.base import DEFAULT, Grant, _Default, validate_timeout, validate_ttl
+from .backoff import remaining
 from .exceptions import (
     BackendUnavailable,
     DistLockError,
@@ -166,7 +167,7 @@ class Lock:
                     result = self.backend.try_acquire(self, token, self._wait_for(True, deadline))
                     if isinstance(result, Grant):
                         return self._granted(token, result, started)
-                    left = _left(deadline)
+                    left = remaining(deadline)
                     if left is not None and left <= 0:
                         return False
                     waiter.wait(result, left)
@@ -191,7 +192,7 @@ class Lock:
                     result = await attempt(self, token, self._wait_for(True, deadline))
                     if isinstance(result, Grant):
                         return self._granted(token, result, started)
-                    left = _left(deadline)
+                    left = remaining(deadline)
                     if left is not None and left <= 0:
                         return False
                     await waiter.async_wait(result, left)
@@ -221,7 +222,7 @@ class Lock:
     def _wait_for(blocking: bool, deadline: float | None) -> float | None:
         if not blocking:
             return 0.0
-        left = _left(deadline)
+        left = remaining(deadline)
         return None if left is None else max(left, 0.0)
 
     def _granted(self, token: str, grant: Grant, started: float) -> bool:
@@ -373,5 +374,3 @@ def short_owner(token: str) -> str:
     return token[:8]
 
 
-def _left(deadline: float | None) -> float | None:
-    return None if deadline is None else deadline - time.monotonic()

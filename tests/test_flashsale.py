@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from .conftest import require_pg
+
 ROOT = Path(__file__).resolve().parent.parent
 WORKERS = 4
 STOCK = 20
@@ -140,11 +142,7 @@ def _create_database(name: str) -> None:
 
 @pytest.mark.servers
 def test_flashsale_on_postgresql() -> None:
-    if not os.environ.get("DISTLOCK_PG_PORT"):
-        reason = "DISTLOCK_PG_PORT is not set: no PostgreSQL to run the flash sale on"
-        if _servers_run():
-            pytest.fail(f"{reason}, although DISTLOCK_SERVERS=1 (scripts/test started them).")
-        pytest.skip(f"{reason} (run scripts/test for every server).")
+    require_pg()  # fails when scripts/test started the servers and PostgreSQL is missing
     _create_database(PG_DATABASE)
     env = _env(
         DISTLOCK_PG_HOST=os.environ.get("DISTLOCK_PG_HOST", "127.0.0.1"),
