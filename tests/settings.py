@@ -21,6 +21,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.admin",
     "django_distlock",
+    "tests.testapp",
 ]
 
 _SQLITE_DIR = os.environ.get("DISTLOCK_SQLITE_DIR") or tempfile.mkdtemp(prefix="distlock-tests-")

@@ -1,0 +1,1 @@
+"""Admin registrations of the test app (the optimistic admin tests use them)."""

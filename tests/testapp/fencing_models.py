@@ -1,0 +1,1 @@
+"""Models for the fenced-write tests."""

@@ -1,0 +1,4 @@
+"""Every model of the test app (see the package docstring)."""
+
+from .fencing_models import *  # noqa: F403
+from .optimistic_models import *  # noqa: F403
