@@ -8,7 +8,10 @@ exception (``raise ... from exc``).
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.core.exceptions import ImproperlyConfigured
+from django.db import DatabaseError
 
 __all__ = [
     "BackendUnavailable",
@@ -21,7 +24,9 @@ __all__ = [
     "LockNotAcquired",
     "LockNotHeld",
     "LockTimeout",
+    "StaleFencingToken",
     "UnsupportedOperation",
+    "VersionConflict",
 ]
 
 
@@ -64,6 +69,36 @@ class UnsupportedOperation(DistLockError):
 
 class InvalidLockName(DistLockError, ValueError):
     """A lock name is not a string, is empty, too long or holds control characters."""
+
+
+class VersionConflict(DistLockError, DatabaseError):
+    """An optimistic write found the row changed (or deleted) since it was read.
+
+    Nothing was written. :attr:`instance` is the object whose save or delete
+    was refused, :attr:`expected_version` the version it was read at.
+    Reload the object, re-apply the change and try again (see
+    :func:`django_distlock.optimistic.retry_on_conflict`).
+    """
+
+    def __init__(self, message: str, *, instance: Any = None, expected_version: Any = None):
+        super().__init__(message)
+        self.instance = instance
+        self.expected_version = expected_version
+
+
+class StaleFencingToken(DistLockError, DatabaseError):
+    """A fenced write carried a lower fencing token than the last one that wrote the row.
+
+    Nothing was written: a newer holder of the lock has written since this
+    holder's lease was granted, so this holder's lease is stale (expired
+    while it was paused, force-released, ...). :attr:`token` is the refused
+    token; :attr:`instance` the object (or None for a queryset write).
+    """
+
+    def __init__(self, message: str, *, instance: Any = None, token: int | None = None):
+        super().__init__(message)
+        self.instance = instance
+        self.token = token
 
 
 class LockConfigurationError(ImproperlyConfigured):

@@ -1,0 +1,1 @@
+"""Models for the optimistic admin tests."""
