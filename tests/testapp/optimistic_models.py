@@ -1,1 +1,82 @@
 """Models for the optimistic-locking tests."""
+
+from django.db import models
+
+from django_distlock.optimistic import OptimisticLockMixin, VersionField
+
+__all__ = [
+    "Item",
+    "ItemProxy",
+    "Place",
+    "PlainItem",
+    "PlainPlace",
+    "PlainShop",
+    "RevisedItem",
+    "Shelf",
+    "Shop",
+    "StampedItem",
+]
+
+
+class Shelf(models.Model):
+    """A plain model the items may point to."""
+
+    label = models.CharField(max_length=20, default="")
+
+
+class Item(OptimisticLockMixin, models.Model):
+    """A stock-keeping item with the inherited ``version`` column."""
+
+    name = models.CharField(max_length=50, default="")
+    stock = models.IntegerField(default=0)  # not Positive: a test must be able to see < 0
+    note = models.CharField(max_length=50, default="")
+    shelf = models.ForeignKey(Shelf, null=True, blank=True, on_delete=models.SET_NULL)
+
+
+class ItemProxy(Item):
+    class Meta:
+        proxy = True
+
+
+class PlainItem(models.Model):
+    """Item's twin without the mixin, for the query-count comparison."""
+
+    name = models.CharField(max_length=50, default="")
+    stock = models.IntegerField(default=0)
+    note = models.CharField(max_length=50, default="")
+    shelf = models.ForeignKey(Shelf, null=True, blank=True, on_delete=models.SET_NULL)
+
+
+class RevisedItem(OptimisticLockMixin, models.Model):
+    """The version column renamed: the inherited field dropped, another declared."""
+
+    version = None  # type: ignore[assignment]
+    revision = VersionField()
+    name = models.CharField(max_length=50, default="")
+
+
+class StampedItem(OptimisticLockMixin, models.Model):
+    """An ``auto_now`` field, which a checked save must still stamp."""
+
+    name = models.CharField(max_length=50, default="")
+    touched = models.DateTimeField(auto_now=True)
+
+
+class Place(OptimisticLockMixin, models.Model):
+    """Parent of a multi-table-inheritance pair; the version lives in this table."""
+
+    name = models.CharField(max_length=50, default="")
+
+
+class Shop(Place):
+    """Child: its saves bump the parent's version, then save both tables."""
+
+    stock = models.IntegerField(default=0)
+
+
+class PlainPlace(models.Model):
+    name = models.CharField(max_length=50, default="")
+
+
+class PlainShop(PlainPlace):
+    stock = models.IntegerField(default=0)

@@ -1,0 +1,528 @@
+"""Optimistic locking: a version column checked by every save and delete, and retry helpers.
+
+``save()`` of a row read earlier becomes one ``UPDATE ... WHERE pk = %s AND
+version = %s`` that also bumps the version; when no row matches, somebody
+else wrote (or deleted) the row since it was read, and
+:class:`~django_distlock.exceptions.VersionConflict` is raised with nothing
+written. :func:`retry_on_conflict` and :func:`update_with_retry` re-run a
+read-modify-write until it wins. See ``docs/optimistic.md``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, ParamSpec, TypeVar, cast, overload
+
+from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
+from django.db import models, router, transaction
+from django.db.models.base import ModelBase
+from django.db.models.signals import post_save, pre_save
+
+from .backoff import Backoff
+from .exceptions import VersionConflict
+
+__all__ = [
+    "OptimisticLockMixin",
+    "VersionConflict",
+    "VersionField",
+    "get_version",
+    "retry_on_conflict",
+    "update_with_retry",
+    "version_field",
+]
+
+logger = logging.getLogger("django_distlock")
+
+P = ParamSpec("P")
+R = TypeVar("R")
+M = TypeVar("M", bound="OptimisticLockMixin")
+
+
+class VersionField(models.PositiveBigIntegerField):
+    """The version column of an optimistic-locking model: starts at 1, +1 per save.
+
+    Not editable in forms: a form that posted it back could claim any version.
+    """
+
+    description = "Optimistic locking version"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("default", 1)
+        kwargs.setdefault("editable", False)
+        super().__init__(*args, **kwargs)
+
+    def deconstruct(self) -> Any:
+        name, path, args, kwargs = super().deconstruct()
+        if kwargs.get("default") == 1:
+            del kwargs["default"]
+        if kwargs.get("editable", True) is False:
+            del kwargs["editable"]
+        return name, path, args, kwargs
+
+    def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
+        messages = super().check(**kwargs)
+        model = getattr(self, "model", None)
+        if model is not None and not issubclass(model, OptimisticLockMixin):
+            messages.append(
+                checks.Warning(
+                    f"{model._meta.label}.{self.name} is a VersionField but the model does not "
+                    "inherit OptimisticLockMixin, so nothing checks or bumps it.",
+                    hint="Add django_distlock.optimistic.OptimisticLockMixin to the model's bases.",
+                    obj=self,
+                    id="distlock.W101",
+                )
+            )
+        return messages
+
+
+def _version_fields(model: type[models.Model]) -> list[models.Field[Any, Any]]:
+    return [f for f in model._meta.concrete_fields if isinstance(f, VersionField)]
+
+
+def version_field(model_or_instance: type[models.Model] | models.Model) -> models.Field[Any, Any]:
+    """Return the one :class:`VersionField` of a model class or instance.
+
+    :param model_or_instance: a concrete model class, or an instance of one.
+    :returns: the field (its ``attname`` is the column's attribute on instances).
+    :raises TypeError: when given something that is not a Django model or instance.
+    :raises ImproperlyConfigured: when the model has no VersionField, or more than one.
+    """
+    if isinstance(model_or_instance, models.Model):
+        model: type[models.Model] = type(model_or_instance)
+    elif isinstance(model_or_instance, type) and issubclass(model_or_instance, models.Model):
+        model = model_or_instance
+    else:
+        raise TypeError(
+            f"version_field() takes a model class or instance, not {model_or_instance!r}."
+        )
+    found = _version_fields(model)
+    if len(found) != 1:
+        raise ImproperlyConfigured(_count_message(model, found))
+    return found[0]
+
+
+def _count_message(model: type[models.Model], found: list[models.Field[Any, Any]]) -> str:
+    names = ", ".join(f.name for f in found) or "none"
+    return (
+        f"{model._meta.label} needs exactly one VersionField for optimistic locking "
+        f"(found: {names}). Keep the inherited 'version', or set 'version = None' and "
+        "declare one VersionField under another name."
+    )
+
+
+def get_version(instance: models.Model) -> int:
+    """Return the version the instance was read (or last saved) at.
+
+    :param instance: an instance of a model with one :class:`VersionField`.
+    :returns: the version number held by the instance (not re-read from the database).
+    :raises TypeError: when ``instance`` is not a model instance.
+    :raises ImproperlyConfigured: when its model has no VersionField, or more than one.
+    """
+    if not isinstance(instance, models.Model):
+        raise TypeError(f"get_version() takes a model instance, not {instance!r}.")
+    return cast(int, getattr(instance, version_field(instance).attname))
+
+
+class OptimisticLockMixin(models.Model):
+    """Give a model a version column that every ``save()`` and ``delete()`` checks.
+
+    A save of a row read earlier is one ``UPDATE`` guarded by the version it
+    was read at; a delete first takes the row's write lock with a guarded
+    no-op update. Either raises :class:`VersionConflict` and changes nothing
+    when the row was changed or deleted since it was read. Models with
+    multi-table-inheritance parents pay one more query per save (a guarded
+    version bump, then Django's own save, in one transaction).
+    """
+
+    version = VersionField()
+
+    class Meta:
+        abstract = True
+
+    @classmethod
+    def check(cls, **kwargs: Any) -> list[checks.CheckMessage]:
+        messages = super().check(**kwargs)
+        found = _version_fields(cls)
+        if len(found) != 1:
+            messages.append(checks.Error(_count_message(cls, found), obj=cls, id="distlock.E101"))
+        return messages
+
+    def save(
+        self,
+        *,
+        force_insert: bool | tuple[ModelBase, ...] = False,
+        force_update: bool = False,
+        using: str | None = None,
+        update_fields: Iterable[str] | None = None,
+    ) -> None:
+        """Insert a new row, or update a read row only if its version is unchanged.
+
+        New instances and ``force_insert`` go through Django's save with the
+        initial version. A new instance with an explicit primary key is
+        inserted (``force_insert``): it was never read, so it cannot vouch
+        for the version of a row with that key. Everything else is a checked
+        update; on success the instance's version is one higher.
+
+        :raises VersionConflict: the row's version is not the instance's (it was
+            changed or deleted since it was read); nothing was written and the
+            instance's version is unchanged.
+        :raises ValueError: unknown ``update_fields`` names, a deferred version
+            field, an unsaved related object (as Django's save does).
+        """
+        if force_insert or self.pk is None:
+            super().save(
+                force_insert=force_insert,
+                force_update=force_update,
+                using=using,
+                update_fields=update_fields,
+            )
+            return
+        if self._state.adding and not force_update and update_fields is None:
+            super().save(force_insert=True, using=using)
+            return
+        if update_fields is not None:
+            update_fields = frozenset(update_fields)
+            if not update_fields:
+                return  # like Django: an empty update_fields saves nothing and sends no signal
+            _validate_update_fields(self, update_fields)
+        using = using or router.db_for_write(type(self), instance=self)
+        field = version_field(self)
+        deferred = self.get_deferred_fields()
+        if field.attname in deferred:
+            raise ValueError(
+                f"Cannot save {self._meta.label} pk={self.pk!r}: its version field "
+                f"{field.name!r} was deferred, so the version it was read at is unknown. "
+                "Do not defer it (.defer()/.only())."
+            )
+        if update_fields is None and deferred and using == self._state.db:
+            # Django saves only the loaded fields of a deferred instance; so do we.
+            update_fields = frozenset(
+                f.attname
+                for f in self._meta.concrete_fields
+                if not f.primary_key and not f.generated and f.attname not in deferred
+            )
+        expected = _expected_version(self, field)
+        if update_fields is not None:
+            update_fields = update_fields | {field.name}
+        if _concrete(self)._meta.parents:
+            self._save_with_parents(field, expected, using, force_update, update_fields)
+        else:
+            self._save_one_table(field, expected, using, update_fields)
+
+    save.alters_data = True  # type: ignore[attr-defined]
+
+    def _save_one_table(
+        self,
+        field: models.Field[Any, Any],
+        expected: int,
+        using: str,
+        update_fields: frozenset[str] | None,
+    ) -> None:
+        """The checked save as ONE query: write the fields and the next version if unchanged."""
+        _prepare_related_fields(self)
+        origin = type(self)
+        pre_save.send(
+            sender=origin, instance=self, raw=False, using=using, update_fields=update_fields
+        )
+        values: dict[str, Any] = {}
+        for f in _concrete(self)._meta.local_concrete_fields:
+            if f.primary_key or f.generated or f is field:
+                continue
+            if update_fields is None or f.name in update_fields or f.attname in update_fields:
+                values[f.attname] = f.pre_save(self, False)
+        values[field.attname] = expected + 1
+        rows = _guarded(self, field, expected, using).update(**values)
+        if rows == 0:
+            raise _conflict(self, expected)
+        setattr(self, field.attname, expected + 1)
+        self._state.db = using
+        self._state.adding = False
+        post_save.send(
+            sender=origin,
+            instance=self,
+            created=False,
+            update_fields=update_fields,
+            raw=False,
+            using=using,
+        )
+
+    def _save_with_parents(
+        self,
+        field: models.Field[Any, Any],
+        expected: int,
+        using: str,
+        force_update: bool,
+        update_fields: frozenset[str] | None,
+    ) -> None:
+        """Multi-table inheritance: a guarded version bump, then Django's save, atomically."""
+        with transaction.atomic(using=using):
+            # The bump takes the row's write lock: no other writer gets in before our commit.
+            bumped = _guarded(self, field, expected, using).update(**{field.attname: expected + 1})
+            if bumped == 0:
+                raise _conflict(self, expected)
+            setattr(self, field.attname, expected + 1)
+            try:
+                super().save(force_update=force_update, using=using, update_fields=update_fields)
+            except BaseException:
+                setattr(self, field.attname, expected)
+                raise
+
+    def delete(self, using: Any = None, keep_parents: bool = False) -> tuple[int, dict[str, int]]:
+        """Delete the row only if its version is still the one the instance was read at.
+
+        :returns: what Django's ``delete()`` returns (count, per-model counts).
+        :raises VersionConflict: the row was changed or deleted since it was
+            read; nothing was deleted.
+        :raises ValueError: the instance has no primary key (as Django's delete does).
+        """
+        if self.pk is None:
+            return super().delete(using=using, keep_parents=keep_parents)  # Django's error
+        using = using or router.db_for_write(type(self), instance=self)
+        field = version_field(self)
+        expected = _expected_version(self, field)
+        with transaction.atomic(using=using):
+            # A no-op guarded write: takes the row's write lock (PostgreSQL) or
+            # the database's (SQLite) and proves the version, until the delete commits.
+            if _guarded(self, field, expected, using).update(**{field.attname: expected}) == 0:
+                raise _conflict(self, expected)
+            return super().delete(using=using, keep_parents=keep_parents)
+
+    delete.alters_data = True  # type: ignore[attr-defined]
+
+
+def _concrete(instance: models.Model) -> type[models.Model]:
+    """The model whose tables an instance lives in (a proxy's concrete model)."""
+    return instance._meta.concrete_model or type(instance)
+
+
+def _guarded(
+    instance: models.Model, field: models.Field[Any, Any], expected: int, using: str
+) -> models.QuerySet[Any]:
+    """The row of ``instance`` in the table holding the version, if at ``expected``."""
+    owner = cast(type[models.Model], field.model)
+    pk = getattr(instance, owner._meta.pk.attname)
+    return owner._base_manager.using(using).filter(pk=pk, **{field.attname: expected})
+
+
+def _expected_version(instance: models.Model, field: models.Field[Any, Any]) -> int:
+    value = getattr(instance, field.attname)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(
+            f"{instance._meta.label} pk={instance.pk!r} has version {value!r}; the version "
+            f"field {field.name!r} must hold the int the row was read at."
+        )
+    return value
+
+
+def _conflict(instance: models.Model, expected: int) -> VersionConflict:
+    return VersionConflict(
+        f"{instance._meta.label} pk={instance.pk!r} was changed or deleted since it was read "
+        f"(expected version {expected}). Reload it, re-apply the change and save again.",
+        instance=instance,
+        expected_version=expected,
+    )
+
+
+def _validate_update_fields(instance: models.Model, update_fields: frozenset[str]) -> None:
+    """Refuse names Django's save would refuse, with Django's message."""
+    allowed: set[str] = set()
+    for f in instance._meta.concrete_fields:
+        if not f.primary_key:
+            allowed.update((f.name, f.attname))
+    unknown = update_fields - allowed
+    if unknown:
+        raise ValueError(
+            "The following fields do not exist in this model, are m2m fields, primary keys, "
+            "or are non-concrete fields: " + ", ".join(sorted(unknown))
+        )
+
+
+def _prepare_related_fields(instance: models.Model) -> None:
+    """What Django's save does first: refuse unsaved related objects, sync FK ids."""
+    for f in instance._meta.concrete_fields:
+        if not (f.is_relation and f.is_cached(instance)):  # type: ignore[attr-defined]
+            continue
+        obj = getattr(instance, f.name, None)
+        if obj is None:
+            continue
+        if obj.pk is None:
+            raise ValueError(
+                f"save() prohibited to prevent data loss due to unsaved related object '{f.name}'."
+            )
+        if getattr(instance, f.attname) in f.empty_values:
+            setattr(instance, f.name, obj)  # the related object was saved after assignment
+        target = f.target_field.attname  # type: ignore[attr-defined]
+        if getattr(obj, target) != getattr(instance, f.attname):
+            f.delete_cached_value(instance)  # type: ignore[attr-defined]
+
+
+def _check_retry_arguments(attempts: Any, base: Any, cap: Any) -> None:
+    if isinstance(attempts, bool) or not isinstance(attempts, int):
+        raise TypeError(f"attempts must be an int (calls in all), not {attempts!r}.")
+    if attempts < 1:
+        raise ValueError(f"attempts must be >= 1 (calls in all), not {attempts}.")
+    for name, value in (("base", base), ("cap", cap)):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise TypeError(f"{name} must be a number of seconds, not {value!r}.")
+        if not value > 0:
+            raise ValueError(f"{name} must be > 0 seconds, not {value!r}.")
+    if cap < base:
+        raise ValueError(f"cap ({cap}) must be >= base ({base}): cap bounds every wait.")
+
+
+@overload
+def retry_on_conflict(
+    func: Callable[P, R], *, attempts: int = ..., base: float = ..., cap: float = ...
+) -> Callable[P, R]: ...
+
+
+@overload
+def retry_on_conflict(
+    func: None = None, *, attempts: int = ..., base: float = ..., cap: float = ...
+) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
+
+
+def retry_on_conflict(
+    func: Callable[P, R] | None = None,
+    *,
+    attempts: int = 5,
+    base: float = 0.005,
+    cap: float = 0.25,
+) -> Callable[P, R] | Callable[[Callable[P, R]], Callable[P, R]]:
+    """Re-call the decorated function when it raises :class:`VersionConflict`.
+
+    Usable bare (``@retry_on_conflict``) or with arguments. Waits between
+    calls grow exponentially with full jitter. The function must re-read
+    what it modifies on every call: a retry that saves the same stale
+    instance conflicts again. Works on ``async def`` functions too (waits
+    with :func:`asyncio.sleep`). Do not run the retries inside one
+    ``transaction.atomic()`` block under REPEATABLE READ or SERIALIZABLE:
+    re-reads there see the same snapshot.
+
+    :param func: the function, when used bare.
+    :param attempts: calls in all (>= 1), the first included.
+    :param base: first wait's upper bound, in seconds (> 0).
+    :param cap: upper bound of every wait, in seconds (>= base).
+    :returns: the wrapped function (or a decorator, when ``func`` is not given).
+    :raises TypeError, ValueError: bad arguments, at decoration time.
+
+    The wrapped function returns what ``func`` returns and raises the last
+    :class:`VersionConflict` once ``attempts`` calls all conflicted; any
+    other exception propagates at once.
+    """
+    _check_retry_arguments(attempts, base, cap)
+
+    def decorate(function: Callable[P, R]) -> Callable[P, R]:
+        if not callable(function):
+            raise TypeError(
+                f"retry_on_conflict() wraps a function, not {function!r}; give the other "
+                "arguments by keyword: @retry_on_conflict(attempts=5)."
+            )
+        if inspect.iscoroutinefunction(function):
+            return cast(Callable[P, R], _async_retrying(function, attempts, base, cap))
+
+        @functools.wraps(function)
+        def retrying(*args: P.args, **kwargs: P.kwargs) -> R:
+            backoff = Backoff(base, cap)
+            for attempt in range(1, attempts + 1):
+                try:
+                    return function(*args, **kwargs)
+                except VersionConflict as exc:
+                    if attempt == attempts:
+                        raise
+                    _log_retry(function, attempt, attempts, exc)
+                time.sleep(backoff.next_delay())
+            raise AssertionError("unreachable")  # pragma: no cover
+
+        return retrying
+
+    return decorate if func is None else decorate(func)
+
+
+def _async_retrying(
+    function: Callable[..., Awaitable[Any]], attempts: int, base: float, cap: float
+) -> Callable[..., Awaitable[Any]]:
+    @functools.wraps(function)
+    async def retrying(*args: Any, **kwargs: Any) -> Any:
+        backoff = Backoff(base, cap)
+        for attempt in range(1, attempts + 1):
+            try:
+                return await function(*args, **kwargs)
+            except VersionConflict as exc:
+                if attempt == attempts:
+                    raise
+                _log_retry(function, attempt, attempts, exc)
+            await asyncio.sleep(backoff.next_delay())
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    return retrying
+
+
+def _log_retry(what: Any, attempt: int, attempts: int, exc: VersionConflict) -> None:
+    name = getattr(what, "__qualname__", repr(what))
+    logger.debug("%s: version conflict, retry %d of %d: %s", name, attempt, attempts - 1, exc)
+
+
+def update_with_retry(
+    instance: M,
+    change: Callable[[M], object],
+    *,
+    attempts: int = 5,
+    base: float = 0.005,
+    cap: float = 0.25,
+    update_fields: Iterable[str] | None = None,
+) -> M:
+    """Apply ``change`` to ``instance`` and save it, re-reading and re-applying on conflict.
+
+    Each round calls ``change(instance)`` then
+    ``instance.save(update_fields=update_fields)``; after a conflict it waits
+    (exponential backoff, full jitter), reloads the instance with
+    ``refresh_from_db()`` and goes again. ``change`` must decide from the
+    instance's current values (e.g. raise when the stock is 0): it sees
+    fresh values on every round.
+
+    :param instance: an instance of an :class:`OptimisticLockMixin` model.
+    :param change: a callable modifying the instance in place; what it
+        returns is ignored. If it raises, nothing is saved and the exception
+        propagates.
+    :param attempts: rounds in all (>= 1).
+    :param base: first wait's upper bound, in seconds (> 0).
+    :param cap: upper bound of every wait, in seconds (>= base).
+    :param update_fields: passed to ``save()``; None saves every field.
+    :returns: ``instance``, saved, its version bumped.
+    :raises VersionConflict: the last conflict, after ``attempts`` rounds.
+    :raises ObjectDoesNotExist: the row was deleted meanwhile (from ``refresh_from_db``).
+    :raises TypeError, ValueError: bad arguments; nothing is called or saved.
+    """
+    if not isinstance(instance, OptimisticLockMixin):
+        raise TypeError(
+            f"update_with_retry() needs an instance of a model using OptimisticLockMixin, "
+            f"not {instance!r}."
+        )
+    if not callable(change):
+        raise TypeError(f"change must be a callable taking the instance, not {change!r}.")
+    _check_retry_arguments(attempts, base, cap)
+    if update_fields is not None:
+        if isinstance(update_fields, str):
+            raise TypeError("update_fields must be a list of field names, not a string.")
+        update_fields = list(update_fields)
+        _validate_update_fields(instance, frozenset(update_fields))
+    backoff = Backoff(base, cap)
+    for attempt in range(1, attempts + 1):
+        change(instance)
+        try:
+            instance.save(update_fields=update_fields)
+            return instance
+        except VersionConflict as exc:
+            if attempt == attempts:
+                raise
+            _log_retry(change, attempt, attempts, exc)
+        time.sleep(backoff.next_delay())
+        instance.refresh_from_db()
+    raise AssertionError("unreachable")  # pragma: no cover
