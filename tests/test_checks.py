@@ -34,6 +34,7 @@ def test_backend_that_will_not_import(path: str) -> None:
     "params",
     [
         {"BACKEND": DB, "OPTIONS": {"MODE": "optimistic"}},
+        {"BACKEND": DB, "OPTIONS": {"PREPARE": "yes"}},
         {"BACKEND": DB, "OPTIONS": {"DATABSE": "default"}},
         {"BACKEND": DB, "OPTIONS": {"DATABASE": "missing"}},
         {"BACKEND": DB, "TTL": 0},

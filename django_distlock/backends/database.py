@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from ..lease import Lock
 
 MODES = ("lease", "transaction")
-_OPTION_KEYS = frozenset({"DATABASE", "MODE"})
+_OPTION_KEYS = frozenset({"DATABASE", "MODE", "PREPARE"})
 #: Longest a lease statement waits for a row lock held by someone else's
 #: transaction before the attempt counts as a miss (lease rows are locked
 #: only for the duration of one statement).
@@ -74,13 +74,17 @@ class _LeaseCursors(threading.local):
     wrapper: BaseDatabaseWrapper | None = None
     cursor: Any = None
     pid: int = 0
+    #: psycopg's ``prepare`` argument (the backend's ``OPTIONS["PREPARE"]``).
+    prepare: bool = True
 
 
 class DatabaseBackend(BaseLockBackend):
     """Locks as rows of ``django_distlock_lock``; see the module docstring.
 
     ``OPTIONS``: ``DATABASE`` (alias in ``DATABASES``, default ``"default"``),
-    ``MODE`` (``"lease"`` or ``"transaction"``).
+    ``MODE`` (``"lease"`` or ``"transaction"``), ``PREPARE`` (PostgreSQL lease
+    statements as prepared statements, default True; False behind a pooler
+    that cannot keep them).
     """
 
     def __init__(self, alias: str, params: Mapping[str, Any]) -> None:
@@ -100,6 +104,11 @@ class DatabaseBackend(BaseLockBackend):
         if self.mode not in MODES:
             raise InvalidBackendOptions(
                 f"DISTLOCK[{alias!r}]['OPTIONS']['MODE'] must be one of {MODES}, got {self.mode!r}."
+            )
+        self.prepare = self.options.get("PREPARE", True)
+        if not isinstance(self.prepare, bool):
+            raise InvalidBackendOptions(
+                f"DISTLOCK[{alias!r}]['OPTIONS']['PREPARE'] must be True or False."
             )
         self.transactional = self.mode == "transaction"
         if self.transactional:
@@ -158,17 +167,37 @@ class DatabaseBackend(BaseLockBackend):
     # -- connections ----------------------------------------------------------
 
     def _cursor(self) -> Any:
-        """The cursor lease statements run on (this thread's own connection on PostgreSQL)."""
+        """The cursor lease statements run on.
+
+        On PostgreSQL: a psycopg cursor with server-side binding on this
+        thread's own autocommit connection, so that the lease statements are
+        prepared once per connection (set the backend's ``OPTIONS["PREPARE"]``
+        to False behind a pooler that cannot keep prepared statements, such
+        as PgBouncer's transaction pooling before 1.21). Elsewhere: the
+        Django connection's cursor.
+        """
         if self.vendor != "postgresql":
             return connections[self.database].cursor()
         local = self._local
         if local.cursor is None or local.pid != os.getpid():
             local.cursor = None
             wrapper = self._new_wrapper()
-            cursor = wrapper.cursor()
+            raw = wrapper.connection
+            if self.prepare and hasattr(raw, "prepare_threshold"):
+                # Django turns preparing off for every connection; this one is ours.
+                raw.prepare_threshold = 0
+            cursor = _pg_cursor(raw)
             cursor.execute("SELECT set_config('lock_timeout', %s, false)", [_ROW_LOCK_WAIT])
+            local.prepare = self.prepare
             local.wrapper, local.cursor, local.pid = wrapper, cursor, os.getpid()
         return local.cursor
+
+    def _execute(self, cursor: Any, statement: str, params: list[Any]) -> None:
+        """Execute on a cursor of :meth:`_cursor`, prepared where that is allowed."""
+        if self.vendor == "postgresql":
+            cursor.execute(statement, params, prepare=self._local.prepare)
+        else:
+            cursor.execute(statement, params)
 
     def _new_wrapper(self) -> BaseDatabaseWrapper:
         wrapper = connections.create_connection(self.database)
@@ -198,9 +227,9 @@ class DatabaseBackend(BaseLockBackend):
         """Run one lease statement and return its rows; map failures to BackendUnavailable."""
         try:
             cursor = self._cursor()
-            cursor.execute(statement, params)
+            self._execute(cursor, statement, params)
             return cursor.fetchall() if fetch else []
-        except Error as exc:
+        except _ERRORS as exc:
             raise self._unavailable(exc, doing) from exc
 
     def _ttl(self, seconds: float) -> object:
@@ -219,14 +248,14 @@ class DatabaseBackend(BaseLockBackend):
             params = [lock.key, token, self._ttl(lock.ttl), lock.host, lock.pid, lock.thread]
         try:
             cursor = self._cursor()
-            cursor.execute(self.dialect.acquire, params)
+            self._execute(cursor, self.dialect.acquire, params)
             row = cursor.fetchone()
             if row is None and self.dialect.retry_after is not None:
                 # SQLite only: the miss path's second statement (local, cheap).
                 cursor.execute(self.dialect.retry_after, [lock.key])
                 found = cursor.fetchone()
                 return Miss(found[0] if found else None)
-        except Error as exc:
+        except _ERRORS as exc:
             if _is_busy(exc):
                 return Miss()
             raise self._unavailable(exc, "acquiring a lock") from exc
@@ -459,10 +488,36 @@ class DatabaseBackend(BaseLockBackend):
             probe.close()
 
 
+def _pg_cursor(raw: Any) -> Any:
+    """A server-side binding cursor on a raw psycopg 3 (or psycopg2) connection."""
+    try:
+        import psycopg
+    except ImportError:
+        return raw.cursor()  # psycopg2 binds client-side; it cannot prepare
+    if isinstance(raw, psycopg.Connection):
+        return psycopg.Cursor(raw)
+    return raw.cursor()
+
+
+def _client_errors() -> tuple[type[BaseException], ...]:
+    """Django's database errors and the raw drivers' (lease statements on PostgreSQL)."""
+    errors: list[type[BaseException]] = [Error]
+    for module in ("psycopg", "psycopg2"):
+        with contextlib.suppress(ImportError):
+            errors.append(__import__(module).Error)
+    return tuple(errors)
+
+
+_ERRORS = _client_errors()
+
+
 def _is_busy(exc: BaseException) -> bool:
     """Whether a database error means "held by someone else" rather than a failure."""
-    if getattr(exc.__cause__, "sqlstate", None) == "55P03":  # PostgreSQL lock_not_available
-        return True
+    for err in (exc, exc.__cause__):
+        if getattr(err, "sqlstate", None) == "55P03":  # PostgreSQL lock_not_available
+            return True
+        if getattr(err, "pgcode", None) == "55P03":  # psycopg2
+            return True
     message = str(exc).lower()
     return isinstance(exc, DatabaseError) and (
         "database is locked" in message or "database table is locked" in message
