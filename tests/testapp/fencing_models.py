@@ -1,1 +1,48 @@
 """Models for the fenced-write tests."""
+
+from django.db import models
+
+from django_distlock.fencing import FencedModelMixin, FencingTokenField
+
+__all__ = ["DoublyFenced", "FencedItem", "FencedItemProxy", "RenamedFenceItem"]
+
+
+class FencedItem(FencedModelMixin):
+    """A fenced row: a label, a stock count and a timestamp ``save()`` refreshes."""
+
+    label = models.CharField(max_length=50, default="")
+    stock = models.IntegerField(default=0)
+    touched = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        app_label = "testapp"
+
+
+class FencedItemProxy(FencedItem):
+    """A proxy: signals are sent with the proxy as sender."""
+
+    class Meta:
+        proxy = True
+        app_label = "testapp"
+
+
+class RenamedFenceItem(FencedModelMixin):
+    """The token column renamed the way any inherited field is overridden."""
+
+    fencing_token = None  # type: ignore[assignment]
+    lease_token = FencingTokenField()
+    label = models.CharField(max_length=50, default="")
+
+    class Meta:
+        app_label = "testapp"
+
+
+class DoublyFenced(models.Model):
+    """Misconfigured on purpose (two token fields); no table."""
+
+    first_token = FencingTokenField()
+    second_token = FencingTokenField()
+
+    class Meta:
+        app_label = "testapp"
+        managed = False
