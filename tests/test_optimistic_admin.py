@@ -1,0 +1,529 @@
+"""The admin refuses edits and actions on rows changed by someone else since they were shown.
+
+Everything goes through the test client, logged in as a superuser: the change
+form, the ``list_editable`` changelist (with and without actions) and the
+actions. SQLite runs on "default"; the PostgreSQL variants route the test
+models to "pg" and make a second database connection write the row between
+the admin's check and its save.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.contrib import admin
+from django.contrib.auth.models import Group, User
+from django.contrib.messages import get_messages
+from django.core import signing
+from django.db import connections
+from django.db.models.signals import pre_save
+from django.http import HttpResponse
+from django.test import Client, override_settings
+from django.urls import reverse
+
+from django_distlock.optimistic_admin import (
+    ACTION_VERSION_PREFIX,
+    VERSION_FORM_FIELD,
+    OptimisticAdminMixin,
+    sign_version,
+    unsign_version,
+)
+from tests.testapp.admin_models import Article, ArticleNoActions, Memo
+
+from .conftest import require_pg
+
+TOKEN = re.compile(r'name="distlock_version" value="([^"]+)"')
+ROW_PK = re.compile(r'name="form-(\d+)-id" value="([^"]+)"')
+ROW_TOKEN = re.compile(r'name="form-(\d+)-distlock_version" value="([^"]+)"')
+ACTION_TOKEN = re.compile(r'name="distlock_version_([^"]+)" value="([^"]+)"')
+
+
+@pytest.fixture
+def client(db: None) -> Client:
+    user = User.objects.create_superuser("boss", "boss@example.com", "pw")
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def change_url(obj: Any) -> str:
+    return reverse(f"admin:testapp_{obj._meta.model_name}_change", args=[obj.pk])
+
+
+def open_form(client: Client, obj: Any) -> str:
+    """GET the change form; return the signed version it carries."""
+    response = client.get(change_url(obj))
+    assert response.status_code == 200
+    found = TOKEN.findall(response.content.decode())
+    assert len(found) == 1, "the change form must carry exactly one signed version"
+    return found[0]
+
+
+def article_post(token: str | None, **values: Any) -> dict[str, Any]:
+    data = {"title": "edited", "status": "live", "price": "5", "body": "", "_save": "Save"}
+    data.update({k: str(v) for k, v in values.items()})
+    if token is not None:
+        data[VERSION_FORM_FIELD] = token
+    return data
+
+
+def messages_of(response: HttpResponse) -> list[str]:
+    return [str(m) for m in get_messages(response.wsgi_request)]
+
+
+def someone_else_sets(obj: Any, **values: Any) -> None:
+    """Another user's checked save of the same row (bumps its version)."""
+    other = type(obj).objects.get(pk=obj.pk)
+    for name, value in values.items():
+        setattr(other, name, value)
+    other.save()
+
+
+# -- signing --------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_sign_and_unsign_round_trip_bound_to_model_and_pk() -> None:
+    a = Article.objects.create(title="a")
+    b = Article.objects.create(title="b")
+    token = sign_version(a, ["title"])
+    read = unsign_version(Article, a.pk, token)
+    assert read.version == 1 and set(read.digests) == {"title"}
+    with pytest.raises(signing.BadSignature):
+        unsign_version(Article, b.pk, token)
+    with pytest.raises(signing.BadSignature):
+        unsign_version(Memo, a.pk, token)
+    with pytest.raises(signing.BadSignature):
+        unsign_version(Article, a.pk, token[:-2] + ("A" if token[-1] != "A" else "B") + "x")
+
+
+@pytest.mark.django_db
+def test_sign_and_unsign_refuse_bad_arguments() -> None:
+    a = Article.objects.create(title="a")
+    with pytest.raises(TypeError, match="model instance"):
+        sign_version("a")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="no primary key"):
+        sign_version(Article(title="new"))
+    with pytest.raises(ValueError, match="no concrete field 'nope'"):
+        sign_version(a, ["nope"])
+    with pytest.raises(TypeError, match="field names"):
+        sign_version(a, [1])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="model class"):
+        unsign_version(a, a.pk, "x")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="token must be a string"):
+        unsign_version(Article, a.pk, None)  # type: ignore[arg-type]
+
+
+def test_check_refuses_a_model_without_version_field() -> None:
+    class GroupAdmin(OptimisticAdminMixin, admin.ModelAdmin):  # type: ignore[type-arg]
+        pass
+
+    errors = GroupAdmin(Group, admin.AdminSite()).check()
+    assert [e.id for e in errors] == ["distlock.E201"]
+    assert "Group needs exactly one VersionField" in errors[0].msg
+
+
+# -- change form ----------------------------------------------------------------
+
+
+def test_change_form_edit_saves_and_bumps_version(client: Client) -> None:
+    article = Article.objects.create(title="first", price=1)
+    token = open_form(client, article)
+    assert unsign_version(Article, article.pk, token).version == 1
+
+    response = client.post(change_url(article), article_post(token, price=9))
+
+    assert response.status_code == 302
+    article.refresh_from_db()
+    assert (article.title, article.price, article.version) == ("edited", 9, 2)
+
+
+def test_change_form_refuses_stale_edit_naming_changed_fields(client: Client) -> None:
+    article = Article.objects.create(title="first", price=1)
+    token = open_form(client, article)
+    someone_else_sets(article, price=7, status="live")
+
+    response = client.post(change_url(article), article_post(token, title="mine", price=3))
+
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "was changed by someone else since you opened it" in html
+    assert "Unit price (now: 7)" in html
+    assert "Status (now: Live)" in html
+    assert "Title (now" not in html  # the title did not change
+    article.refresh_from_db()
+    assert (article.title, article.price, article.version) == ("first", 7, 2)
+
+
+@pytest.mark.parametrize(
+    ("mangle", "message"),
+    [
+        (lambda t: None, "is missing"),
+        (lambda t: "", "is missing"),
+        (lambda t: t[:-1] + ("0" if t[-1] != "0" else "1"), "is invalid"),
+        (lambda t: signing.Signer(salt="x").sign_object({"v": 1, "f": {}}), "is invalid"),
+    ],
+    ids=["absent", "empty", "altered", "foreign-salt"],
+)
+def test_change_form_refuses_missing_or_tampered_version(
+    client: Client, mangle: Any, message: str
+) -> None:
+    article = Article.objects.create(title="first")
+    token = open_form(client, article)
+
+    response = client.post(change_url(article), article_post(mangle(token)))
+
+    assert response.status_code == 200
+    assert message in response.content.decode()
+    article.refresh_from_db()
+    assert (article.title, article.version) == ("first", 1)
+
+
+def test_change_form_refuses_version_signed_for_another_row(client: Client) -> None:
+    article = Article.objects.create(title="first")
+    other = Article.objects.create(title="other")
+    foreign = open_form(client, other)
+    someone_else_sets(article, title="bumped")  # so that version 1 of 'other' would be stale
+    someone_else_sets(article, title="bumped twice")
+
+    response = client.post(change_url(article), article_post(foreign))
+
+    assert response.status_code == 200
+    assert "is invalid (altered, or from another object)" in response.content.decode()
+    article.refresh_from_db()
+    assert (article.title, article.version) == ("bumped twice", 3)
+
+
+def test_renamed_version_field_and_explicit_fieldsets(client: Client) -> None:
+    memo = Memo.objects.create(text="hello", secret="s1")
+    token = open_form(client, memo)
+    data = {"text": "mine", VERSION_FORM_FIELD: token, "_save": "Save"}
+    someone_else_sets(memo, secret="s2")  # a field the form does not show
+
+    refused = client.post(change_url(memo), data)
+
+    assert refused.status_code == 200
+    assert "Changed since then: fields not shown on this form" in refused.content.decode()
+    memo.refresh_from_db()
+    assert (memo.text, memo.revision) == ("hello", 2)
+
+    saved = client.post(change_url(memo), {**data, VERSION_FORM_FIELD: open_form(client, memo)})
+
+    assert saved.status_code == 302
+    memo.refresh_from_db()
+    assert (memo.text, memo.secret, memo.revision) == ("mine", "s2", 3)
+
+
+def test_add_form_has_no_version_field(client: Client) -> None:
+    response = client.get(reverse("admin:testapp_article_add"))
+    assert response.status_code == 200
+    assert VERSION_FORM_FIELD not in response.content.decode()
+    created = client.post(reverse("admin:testapp_article_add"), article_post(None))
+    assert created.status_code == 302
+    assert Article.objects.get().version == 1
+
+
+# -- list_editable --------------------------------------------------------------
+
+
+CHANGELISTS = [
+    pytest.param("admin:testapp_article_changelist", True, id="with-actions"),
+    pytest.param("admin:testapp_articlenoactions_changelist", False, id="without-actions"),
+]
+
+
+def list_rows(client: Client, url: str) -> dict[int, tuple[int, str]]:
+    """GET the changelist; return {pk: (form index, signed version)} of its rows."""
+    response = client.get(url)
+    assert response.status_code == 200
+    html = response.content.decode()
+    pks = {int(i): int(pk) for i, pk in ROW_PK.findall(html)}
+    tokens = dict(ROW_TOKEN.findall(html))
+    assert set(tokens) == {str(i) for i in pks}, "every row must carry its signed version"
+    return {pk: (i, tokens[str(i)]) for i, pk in pks.items()}
+
+
+def list_post(
+    rows: dict[int, tuple[int, str]], values: dict[int, dict[str, Any]]
+) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "form-TOTAL_FORMS": str(len(rows)),
+        "form-INITIAL_FORMS": str(len(rows)),
+        "form-MIN_NUM_FORMS": "0",
+        "form-MAX_NUM_FORMS": "1000",
+        "_save": "Save",
+    }
+    for pk, (i, token) in rows.items():
+        data[f"form-{i}-id"] = str(pk)
+        data[f"form-{i}-{VERSION_FORM_FIELD}"] = token
+        for name, value in values[pk].items():
+            data[f"form-{i}-{name}"] = str(value)
+    return data
+
+
+@pytest.mark.parametrize(("url_name", "has_actions"), CHANGELISTS)
+def test_list_editable_saves_fresh_rows_and_refuses_stale_ones(
+    client: Client, url_name: str, has_actions: bool
+) -> None:
+    fresh = Article.objects.create(title="fresh", price=1)
+    stale = Article.objects.create(title="stale", price=1)
+    url = reverse(url_name)
+    rows = list_rows(client, url)
+    assert ("action-select" in client.get(url).content.decode()) is has_actions
+    someone_else_sets(stale, price=50)
+
+    edits = {fresh.pk: {"status": "live", "price": 2}, stale.pk: {"status": "live", "price": 3}}
+    response = client.post(url, list_post(rows, edits))
+
+    assert response.status_code == 302
+    fresh.refresh_from_db()
+    stale.refresh_from_db()
+    assert (fresh.status, fresh.price, fresh.version) == ("live", 2, 2)
+    assert (stale.status, stale.price, stale.version) == ("draft", 50, 2)
+    notes = messages_of(response)
+    assert any("1 article" in m and "changed successfully" in m for m in notes), notes
+    assert any("Not saved" in m and "“stale”" in m and "“fresh”" not in m for m in notes), notes
+
+
+@pytest.mark.parametrize(("url_name", "has_actions"), CHANGELISTS)
+def test_list_editable_refuses_tampered_versions(
+    client: Client, url_name: str, has_actions: bool
+) -> None:
+    a = Article.objects.create(title="a", price=1)
+    b = Article.objects.create(title="b", price=1)
+    url = reverse(url_name)
+    rows = list_rows(client, url)
+    rows[b.pk] = (rows[b.pk][0], rows[a.pk][1])  # b posts a's signed version
+
+    response = client.post(url, list_post(rows, {a.pk: {"price": 8}, b.pk: {"price": 8}}))
+
+    assert response.status_code == 200
+    assert "is invalid (altered, or from another object)" in response.content.decode()
+    assert [r.price for r in Article.objects.order_by("pk")] == [1, 1]
+
+
+def test_untouched_stale_row_is_not_reported(client: Client) -> None:
+    a = Article.objects.create(title="a", price=1)
+    b = Article.objects.create(title="b", price=1)
+    url = reverse("admin:testapp_article_changelist")
+    rows = list_rows(client, url)
+    someone_else_sets(b, body="changed elsewhere")  # not a column of the list
+
+    edits = {a.pk: {"status": "draft", "price": 4}, b.pk: {"status": "draft", "price": 1}}
+    response = client.post(url, list_post(rows, edits))
+
+    assert response.status_code == 302
+    assert not any("Not saved" in m for m in messages_of(response))
+    b.refresh_from_db()
+    assert (b.body, b.version) == ("changed elsewhere", 2)
+    assert Article.objects.get(pk=a.pk).price == 4
+
+
+# -- actions --------------------------------------------------------------------
+
+
+def action_tokens(client: Client) -> dict[str, str]:
+    response = client.get(reverse("admin:testapp_article_changelist"))
+    return dict(ACTION_TOKEN.findall(response.content.decode()))
+
+
+def action_post(action: str, tokens: dict[str, str], pks: list[int]) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "action": action,
+        "index": "0",
+        "_selected_action": [str(p) for p in pks],
+    }
+    data.update({f"{ACTION_VERSION_PREFIX}{pk}": token for pk, token in tokens.items()})
+    return data
+
+
+def test_action_runs_on_fresh_selection(client: Client) -> None:
+    a = Article.objects.create(title="a")
+    b = Article.objects.create(title="b")
+    tokens = action_tokens(client)
+    assert set(tokens) == {str(a.pk), str(b.pk)}
+
+    url = reverse("admin:testapp_article_changelist")
+    response = client.post(url, action_post("mark_live", tokens, [a.pk, b.pk]))
+
+    assert response.status_code == 302
+    assert set(Article.objects.values_list("status", flat=True)) == {"live"}
+
+
+def test_action_refused_when_a_selected_row_changed(client: Client) -> None:
+    a = Article.objects.create(title="a")
+    b = Article.objects.create(title="b")
+    tokens = action_tokens(client)
+    someone_else_sets(b, title="b2")
+
+    url = reverse("admin:testapp_article_changelist")
+    response = client.post(url, action_post("mark_live", tokens, [a.pk, b.pk]))
+
+    assert response.status_code == 302
+    assert set(Article.objects.values_list("status", flat=True)) == {"draft"}
+    notes = messages_of(response)
+    assert any("not run" in m and "“b2”" in m and "“a”" not in m for m in notes), notes
+
+
+def test_action_refused_without_or_with_foreign_versions(client: Client) -> None:
+    a = Article.objects.create(title="a")
+    b = Article.objects.create(title="b")
+    tokens = action_tokens(client)
+    url = reverse("admin:testapp_article_changelist")
+
+    swapped = {str(a.pk): tokens[str(b.pk)], str(b.pk): tokens[str(a.pk)]}
+    for bad in ({}, swapped):
+        response = client.post(url, action_post("mark_live", bad, [a.pk, b.pk]))
+        assert response.status_code == 302
+        assert any("missing or invalid" in m for m in messages_of(response))
+    assert set(Article.objects.values_list("status", flat=True)) == {"draft"}
+
+
+def test_delete_selected_refused_when_stale_at_selection(client: Client) -> None:
+    a = Article.objects.create(title="a")
+    tokens = action_tokens(client)
+    someone_else_sets(a, price=3)
+
+    url = reverse("admin:testapp_article_changelist")
+    response = client.post(url, action_post("delete_selected", tokens, [a.pk]))
+
+    assert response.status_code == 302
+    assert Article.objects.filter(pk=a.pk).exists()
+
+
+def test_delete_selected_confirmation_checks_versions_again(client: Client) -> None:
+    a = Article.objects.create(title="a")
+    b = Article.objects.create(title="b")
+    url = reverse("admin:testapp_article_changelist")
+    confirm = {"action": "delete_selected", "post": "yes", "_selected_action": [str(a.pk)]}
+
+    page = client.post(url, action_post("delete_selected", action_tokens(client), [a.pk]))
+    assert page.status_code == 200 and "Are you sure" in page.content.decode()
+    someone_else_sets(a, price=3)  # between the confirmation page and "Yes, I'm sure"
+    refused = client.post(url, confirm)
+    assert refused.status_code == 302
+    assert any("not run" in m for m in messages_of(refused))
+    assert Article.objects.filter(pk=a.pk).exists()
+
+    page = client.post(url, action_post("delete_selected", action_tokens(client), [a.pk]))
+    assert page.status_code == 200
+    done = client.post(url, confirm)
+    assert done.status_code == 302
+    assert list(Article.objects.values_list("pk", flat=True)) == [b.pk]
+
+    # A confirmation for rows that were never checked (nothing remembered) is refused.
+    forged = client.post(url, {**confirm, "_selected_action": [str(b.pk)]})
+    assert forged.status_code == 302
+    assert Article.objects.filter(pk=b.pk).exists()
+
+
+# -- PostgreSQL: the admin on "pg", a second connection racing the save ----------
+
+
+class ToPostgres:
+    """Route the admin test models to the "pg" database."""
+
+    def _route(self, model: Any, **hints: Any) -> str | None:
+        return "pg" if model._meta.concrete_model in (Article, Memo) else None
+
+    db_for_read = db_for_write = _route
+
+
+@pytest.fixture
+def pg_client(transactional_db: None) -> Iterator[Client]:
+    require_pg()
+    user = User.objects.create_superuser("boss", "boss@example.com", "pw")
+    client = Client()
+    client.force_login(user)
+    with override_settings(DATABASE_ROUTERS=[ToPostgres()]):
+        yield client
+
+
+@pytest.fixture
+def race() -> Iterator[dict[str, Any]]:
+    """Just before the admin saves row ``pk``, another connection writes it (once)."""
+    plan: dict[str, Any] = {"pk": None, "fired": 0}
+
+    def write_from_elsewhere(sender: Any, instance: Any, **kwargs: Any) -> None:
+        if plan["pk"] is None or instance.pk != plan["pk"] or plan["fired"]:
+            return
+        plan["fired"] += 1
+        other = connections.create_connection("pg")  # its own session, autocommit
+        try:
+            with other.cursor() as cursor:
+                table = other.ops.quote_name(Article._meta.db_table)
+                cursor.execute(
+                    f"UPDATE {table} SET price = 99, version = version + 1 WHERE id = %s",
+                    [instance.pk],
+                )
+        finally:
+            other.close()
+
+    pre_save.connect(write_from_elsewhere, sender=Article)
+    pre_save.connect(write_from_elsewhere, sender=ArticleNoActions)
+    yield plan
+    pre_save.disconnect(write_from_elsewhere, sender=Article)
+    pre_save.disconnect(write_from_elsewhere, sender=ArticleNoActions)
+
+
+PG = pytest.mark.django_db(databases=["default", "pg"], transaction=True)
+
+
+@PG
+def test_pg_change_form_stale_edit_refused(pg_client: Client) -> None:
+    article = Article.objects.using("pg").create(title="first", price=1)
+    token = open_form(pg_client, article)
+    Article.objects.using("pg").filter(pk=article.pk).update(price=7, version=2)
+
+    response = pg_client.post(change_url(article), article_post(token))
+
+    assert response.status_code == 200
+    assert "Unit price (now: 7)" in response.content.decode()
+    article = Article.objects.using("pg").get(pk=article.pk)
+    assert (article.title, article.version) == ("first", 2)
+    assert not Article.objects.using("default").exists()
+
+
+@PG
+def test_pg_change_form_race_in_save_is_a_form_error(
+    pg_client: Client, race: dict[str, Any]
+) -> None:
+    article = Article.objects.using("pg").create(title="first", price=1)
+    token = open_form(pg_client, article)
+    race["pk"] = article.pk
+
+    response = pg_client.post(change_url(article), article_post(token, title="mine", price=3))
+
+    assert race["fired"] == 1
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "was changed by someone else since you opened it" in html
+    assert "Unit price (now: 99)" in html
+    article = Article.objects.using("pg").get(pk=article.pk)
+    assert (article.title, article.price, article.version) == ("first", 99, 2)
+
+
+@PG
+@pytest.mark.parametrize(("url_name", "has_actions"), CHANGELISTS)
+def test_pg_list_editable_race_in_save(
+    pg_client: Client, race: dict[str, Any], url_name: str, has_actions: bool
+) -> None:
+    first = Article.objects.using("pg").create(title="first", price=1)
+    second = Article.objects.using("pg").create(title="second", price=1)
+    url = reverse(url_name)
+    rows = list_rows(pg_client, url)
+    race["pk"] = first.pk  # the list is ordered by -pk: 'second' is saved before 'first'
+
+    edits = {first.pk: {"status": "live", "price": 2}, second.pk: {"status": "live", "price": 3}}
+    response = pg_client.post(url, list_post(rows, edits))
+
+    assert race["fired"] == 1
+    assert response.status_code == 302
+    first = Article.objects.using("pg").get(pk=first.pk)
+    second = Article.objects.using("pg").get(pk=second.pk)
+    assert (first.status, first.price, first.version) == ("draft", 99, 2)
+    assert (second.status, second.price, second.version) == ("live", 3, 2)  # saved once
+    assert any("Not saved" in m and "“first”" in m for m in messages_of(response))
