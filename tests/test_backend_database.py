@@ -57,3 +57,63 @@ def test_postgres_lease_statements_prepared_unless_disabled(settings, unique, pr
         assert (_prepared_statements(backend) >= 2) is prepare
     finally:
         backend.close()
+
+
+def test_postgres_waiters_queue_in_the_server(unique) -> None:
+    """Blocking waiters in threads queue on an advisory lock; a timed-out one leaves no trace."""
+    require_pg()
+    import threading
+    import time
+
+    from django_distlock import locks
+    from django_distlock.backends import _dbsql as sql
+
+    from .conftest import in_thread
+
+    backend = locks["pg-lease"]
+    name = unique()
+    holder = backend.lock(name, ttl=30)
+    assert holder.acquire()
+    head_waiting = threading.Event()
+
+    def head() -> int | None:
+        handle = backend.lock(name, ttl=30)
+        head_waiting.set()
+        assert handle.acquire(timeout=20)
+        token = handle.fencing_token
+        handle.release()
+        backend.close()
+        return token
+
+    def late() -> bool:
+        got = backend.lock(name, ttl=30).acquire(timeout=0.5)  # behind the head: times out
+        backend.close()
+        return got
+
+    def queue_heads() -> int:
+        unsigned = sql.queue_key(holder.key) & 0xFFFFFFFFFFFFFFFF
+        cursor = backend._cursor()
+        cursor.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
+            " AND classid::bigint = %s AND objid::bigint = %s AND objsubid = 1",
+            [unsigned >> 32, unsigned & 0xFFFFFFFF],
+        )
+        return cursor.fetchone()[0]
+
+    box: dict = {}
+    thread = threading.Thread(target=lambda: box.update(token=head()))
+    thread.start()
+    head_waiting.wait(5)
+    deadline = time.monotonic() + 10
+    while queue_heads() != 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert queue_heads() == 1  # the first waiter heads the queue in the server
+    assert in_thread(late) is False
+    first = holder.fencing_token
+    holder.release()
+    thread.join(30)
+    assert box["token"] == first + 1
+    assert queue_heads() == 0
+    again = backend.lock(name, ttl=30)
+    assert again.acquire(blocking=False)  # the queue was left by both waiters
+    again.release()

@@ -9,6 +9,7 @@ into one statement, so an uncontended acquire costs one round trip.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -123,6 +124,24 @@ WHERE name IN (SELECT name FROM page) ORDER BY (name COLLATE "C")"""
 PG_TX_IS_LOCKED = f"""
 WITH free AS (SELECT name FROM {TABLE} WHERE name = %s FOR SHARE SKIP LOCKED)
 SELECT EXISTS (SELECT 1 FROM {TABLE} WHERE name = %s) AND NOT EXISTS (SELECT 1 FROM free)"""
+
+#: PostgreSQL lease mode: wait (up to the session's ``lock_timeout``, set first) for the
+#: head of a key's waiter queue, a session advisory lock. Params: lock_timeout, queue key.
+PG_ENQUEUE = "SELECT set_config('lock_timeout', %s, false), pg_advisory_lock(%s)"
+#: Leave the head of the queue, and restore the lease connection's lock_timeout.
+#: Params: queue key, lock_timeout.
+PG_DEQUEUE = "SELECT pg_advisory_unlock(%s), set_config('lock_timeout', %s, false)"
+
+
+def queue_key(key: str) -> int:
+    """The advisory-lock key of a lock key's waiter queue (signed 64-bit hash).
+
+    A collision between two keys only merges their queues: the lock row,
+    not the queue, decides who holds a lock.
+    """
+    digest = hashlib.blake2b(key.encode(), digest_size=8, person=b"distlockq").digest()
+    return int.from_bytes(digest, "big", signed=True)
+
 
 # SQLite keeps times as text; these formats sort as they compare. Its 'now'
 # is fixed for the duration of a statement.

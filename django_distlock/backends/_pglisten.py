@@ -4,6 +4,11 @@ One listening connection per backend per process; a daemon thread reads
 notifications (payload: the released key) and sets the events of the
 waiters of that key. A release commits its ``pg_notify`` with the UPDATE
 that frees the row, so a woken waiter's next attempt sees the row free.
+
+Blocking waiters in threads also queue in the server (:class:`QueueWaiter`):
+only the head of a key's queue listens and retries; the others sleep in
+``pg_advisory_lock`` until the head is served or gives up, so a release
+wakes one waiter in all, not one per process.
 """
 
 from __future__ import annotations
@@ -177,3 +182,49 @@ class NotificationWaiter(Waiter):
         assert self.event is not None
         await asyncio.to_thread(self.event.wait, self.delay(miss, remaining))
         self.event.clear()
+
+
+class QueueWaiter(NotificationWaiter):
+    """A :class:`NotificationWaiter` that first waits its turn in a server-side queue.
+
+    ``enqueue(key, wait)`` blocks on the key's advisory lock for up to
+    ``wait`` seconds (None: no limit) and returns whether this waiter is now
+    the head of the queue; ``dequeue(key)`` lets the next waiter in. Only for
+    threads: an asyncio task must not block its thread in the server, so
+    :meth:`async_wait` waits for notifications like its base class.
+    """
+
+    def __init__(
+        self,
+        listener: Listener,
+        key: str,
+        enqueue: Callable[[str, float | None], bool],
+        dequeue: Callable[[str], None],
+    ) -> None:
+        super().__init__(listener, key)
+        self._enqueue = enqueue
+        self._dequeue = dequeue
+        self.head = False
+
+    def __enter__(self) -> QueueWaiter:
+        return self  # subscribe once at the head of the queue (or when async)
+
+    def __exit__(self, *exc_info: object) -> None:
+        super().__exit__(*exc_info)
+        if self.head:
+            self.head = False
+            self._dequeue(self.key)
+
+    def wait(self, miss: Miss, remaining: float | None) -> None:
+        if self.event is None:
+            self.head = self._enqueue(self.key, remaining)
+            if self.head:
+                self.event = self.listener.subscribe(self.key)
+            return  # the caller retries at once: the holder may be gone already
+        super().wait(miss, remaining)
+
+    async def async_wait(self, miss: Miss, remaining: float | None) -> None:
+        if self.event is None:
+            self.event = self.listener.subscribe(self.key)
+            return
+        await super().async_wait(miss, remaining)

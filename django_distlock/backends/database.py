@@ -40,7 +40,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from ..exceptions import BackendUnavailable, InvalidBackendOptions, UnsupportedOperation
 from ..names import validate_name
 from . import _dbsql as sql
-from ._pglisten import Listener, NotificationWaiter
+from ._pglisten import Listener, QueueWaiter
 from .base import BaseLockBackend, Grant, LockInfo, LockPage, Miss, Waiter, validate_page_args
 
 if TYPE_CHECKING:
@@ -76,6 +76,8 @@ class _LeaseCursors(threading.local):
     pid: int = 0
     #: psycopg's ``prepare`` argument (the backend's ``OPTIONS["PREPARE"]``).
     prepare: bool = True
+    #: The cursor whose session heads a waiter queue (see ``_enqueue``).
+    queued: Any = None
 
 
 class DatabaseBackend(BaseLockBackend):
@@ -300,7 +302,30 @@ class DatabaseBackend(BaseLockBackend):
             with self._mutex:
                 if self._listener is None:
                     self._listener = Listener(self._listen_connection)
-        return NotificationWaiter(self._listener, lock.key)
+        return QueueWaiter(self._listener, lock.key, self._enqueue, self._dequeue)
+
+    def _enqueue(self, key: str, wait: float | None) -> bool:
+        """Wait up to ``wait`` seconds to head the waiter queue of ``key``; True if head."""
+        timeout = "0" if wait is None else f"{max(1, math.ceil(wait * 1000))}ms"
+        try:
+            cursor = self._cursor()
+            self._execute(cursor, sql.PG_ENQUEUE, [timeout, sql.queue_key(key)])
+            cursor.fetchall()
+        except _ERRORS as exc:
+            if _is_busy(exc):
+                restore = "SELECT set_config('lock_timeout', %s, false)"
+                self._run(restore, [_ROW_LOCK_WAIT], "leaving a lock's queue")
+                return False
+            raise self._unavailable(exc, "waiting for a lock") from exc
+        self._local.queued = cursor
+        return True
+
+    def _dequeue(self, key: str) -> None:
+        """Let the next waiter of ``key`` in (unless the connection that queued is gone)."""
+        if self._local.queued is not self._local.cursor:
+            return  # its session ended, and the advisory lock with it
+        self._local.queued = None
+        self._run(sql.PG_DEQUEUE, [sql.queue_key(key), _ROW_LOCK_WAIT], "leaving a lock's queue")
 
     def _listen_connection(self) -> tuple[Any, Any]:
         wrapper = self._new_wrapper()
