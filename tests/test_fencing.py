@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import Group
 from django.core.exceptions import ImproperlyConfigured
-from django.db import IntegrityError, connections
+from django.db import DatabaseError, IntegrityError, connections
 from django.db.models import F
 from django.db.models.signals import post_save, pre_save
 from django.test.utils import CaptureQueriesContext
@@ -420,6 +420,10 @@ def test_plain_save_keeps_its_other_behaviour(db: str) -> None:
     loaded.label = "deferred"
     loaded.save()
     assert row(db, obj.pk)["stock"] == 0 and row(db, obj.pk)["label"] == "deferred"
+    FencedItem.objects.using(db).filter(pk=obj.pk).delete()
+    with pytest.raises(DatabaseError, match="did not affect any rows"):
+        loaded.save()  # documented: not re-inserted, unlike Model.save()
+    assert not FencedItem.objects.using(db).exists()
 
 
 # -- fenced_update ------------------------------------------------------------------
