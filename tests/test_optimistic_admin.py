@@ -126,6 +126,16 @@ def test_check_refuses_a_model_without_version_field() -> None:
     assert "Group needs exactly one VersionField" in errors[0].msg
 
 
+def test_check_refuses_primary_key_in_list_editable() -> None:
+    class PkAdmin(OptimisticAdminMixin, admin.ModelAdmin):  # type: ignore[type-arg]
+        list_display = ["title", "id"]
+        list_editable = ["id"]
+
+    errors = PkAdmin(Article, admin.AdminSite()).check()
+    assert "distlock.E202" in [e.id for e in errors]
+    assert "distlock.E201" not in [e.id for e in errors]
+
+
 # -- change form ----------------------------------------------------------------
 
 
@@ -382,6 +392,20 @@ def test_action_refused_without_or_with_foreign_versions(client: Client) -> None
     assert set(Article.objects.values_list("status", flat=True)) == {"draft"}
 
 
+def test_action_refused_when_a_selected_row_was_deleted(client: Client) -> None:
+    a = Article.objects.create(title="a")
+    b = Article.objects.create(title="b")
+    tokens = action_tokens(client)
+    Article.objects.filter(pk=b.pk).delete()
+
+    url = reverse("admin:testapp_article_changelist")
+    response = client.post(url, action_post("mark_live", tokens, [a.pk, b.pk]))
+
+    assert response.status_code == 302
+    assert Article.objects.get(pk=a.pk).status == "draft"
+    assert any(f"“{b.pk} (deleted)”" in m for m in messages_of(response))
+
+
 def test_delete_selected_refused_when_stale_at_selection(client: Client) -> None:
     a = Article.objects.create(title="a")
     tokens = action_tokens(client)
@@ -527,3 +551,25 @@ def test_pg_list_editable_race_in_save(
     assert (first.status, first.price, first.version) == ("draft", 99, 2)
     assert (second.status, second.price, second.version) == ("live", 3, 2)  # saved once
     assert any("Not saved" in m and "“first”" in m for m in messages_of(response))
+
+
+@PG
+def test_pg_actions_check_locked_rows(pg_client: Client) -> None:
+    a = Article.objects.using("pg").create(title="a")
+    b = Article.objects.using("pg").create(title="b")
+    url = reverse("admin:testapp_article_changelist")
+    tokens = action_tokens(pg_client)
+    Article.objects.using("pg").filter(pk=b.pk).update(title="b2", version=2)
+
+    refused = pg_client.post(url, action_post("mark_live", tokens, [a.pk, b.pk]))
+    assert refused.status_code == 302
+    assert any("not run" in m and "“b2”" in m for m in messages_of(refused))
+    assert set(Article.objects.using("pg").values_list("status", flat=True)) == {"draft"}
+
+    tokens = action_tokens(pg_client)
+    page = pg_client.post(url, action_post("delete_selected", tokens, [a.pk, b.pk]))
+    assert page.status_code == 200 and "Are you sure" in page.content.decode()
+    confirm = {"action": "delete_selected", "post": "yes", "_selected_action": [a.pk, b.pk]}
+    done = pg_client.post(url, confirm)
+    assert done.status_code == 302
+    assert not Article.objects.using("pg").exists()
