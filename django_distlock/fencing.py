@@ -16,10 +16,16 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.core.exceptions import ImproperlyConfigured, ObjectDoesNotExist
 from django.db import connections, models, router, transaction
-from django.db.models import Count, Max, Q
+from django.db.models import Count, F, Max, Q
 from django.db.models.signals import post_save, pre_save
 
-from .exceptions import LockLost, LockNotHeld, StaleFencingToken, UnsupportedOperation
+from .exceptions import (
+    LockLost,
+    LockNotHeld,
+    StaleFencingToken,
+    UnsupportedOperation,
+    VersionConflict,
+)
 from .lease import Lock
 
 if TYPE_CHECKING:
@@ -123,6 +129,14 @@ def fencing_token_of(fence: Lock | int) -> int:
     return fence
 
 
+def _version_field(model: type[models.Model]) -> Field[Any, Any] | None:
+    """The model's optimistic-locking version column, if it has exactly one."""
+    from .optimistic import VersionField
+
+    found = [f for f in model._meta.concrete_fields if isinstance(f, VersionField)]
+    return found[0] if len(found) == 1 else None
+
+
 def _non_pk_fields(model: type[models.Model]) -> list[Field[Any, Any]]:
     """Concrete fields an UPDATE of ``model`` may write (not the pk, not generated)."""
     return [
@@ -187,6 +201,10 @@ def fenced_save(
         wrote it); nothing was written. ``pre_save`` was sent, ``post_save`` not.
     :raises DoesNotExist: (the model's) the row is gone; nothing was written.
         A fenced save never re-creates a deleted row.
+    :raises VersionConflict: the model also has an optimistic
+        :class:`~django_distlock.optimistic.VersionField` and the row was
+        changed since the instance was read (a fenced write checks the version
+        read and bumps it, so the two protections compose); nothing was written.
     """
     if not isinstance(instance, models.Model):
         raise TypeError(f"fenced_save() saves a model instance, not {type(instance).__name__}.")
@@ -216,9 +234,14 @@ def fenced_save(
         )
     pk = instance.pk
     name = token_field.attname
-    values = {f.attname: f.pre_save(instance, False) for f in fields}
+    version = _version_field(model)
+    values = {f.attname: f.pre_save(instance, False) for f in fields if f is not version}
     values[name] = token
     allowed = Q(**{f"{name}__isnull": True}) | Q(**{f"{name}__lte": token})
+    if version is not None:  # optimistic locking too: check the version read and bump it
+        expected = getattr(instance, version.attname)
+        allowed &= Q(**{version.attname: expected})
+        values[version.attname] = expected + 1
     # The token check and the write are one statement: on PostgreSQL a
     # concurrent writer's row lock makes this UPDATE re-check the token on the
     # newest row version (READ COMMITTED re-evaluation); SQLite serialises writes.
@@ -226,6 +249,13 @@ def fenced_save(
     if base.filter(Q(pk=pk) & allowed).update(**values) == 0:
         # The one extra round trip, on refusal only: stale token or missing row?
         current = list(base.filter(pk=pk).values_list(name, flat=True)[:1])
+        if current and version is not None and (current[0] is None or current[0] <= token):
+            raise VersionConflict(
+                f"{model._meta.label} pk={pk!r} was changed or deleted since it was read at "
+                f"version {expected}: the fenced write was refused. Reload it and try again.",
+                instance=instance,
+                expected_version=expected,
+            )
         if not current:
             missing: type[ObjectDoesNotExist] = getattr(model, "DoesNotExist", ObjectDoesNotExist)
             raise missing(
@@ -240,6 +270,8 @@ def fenced_save(
             token=token,
         )
     setattr(instance, name, token)
+    if version is not None:
+        setattr(instance, version.attname, expected + 1)
     instance._state.db = using
     if not model._meta.auto_created:
         post_save.send(
@@ -306,6 +338,9 @@ class FencedQuerySet(models.QuerySet[_M]):
         using = self.select_for_update().db
         qs = self.using(using)
         allowed = Q(**{f"{name}__isnull": True}) | Q(**{f"{name}__lte": token})
+        version = _version_field(self.model)
+        if version is not None and version.name not in values and version.attname not in values:
+            values[version.attname] = F(version.attname) + 1  # optimistic readers must notice
         with transaction.atomic(using=using):
             count = qs.filter(allowed).update(**values, **{name: token})
             # Rows this update wrote now carry ``token``; a higher one on a row

@@ -27,6 +27,7 @@ from django_distlock.exceptions import (
     LockLost,
     LockNotHeld,
     StaleFencingToken,
+    VersionConflict,
 )
 from django_distlock.fencing import (
     FencedQuerySet,
@@ -34,7 +35,13 @@ from django_distlock.fencing import (
     fenced_save,
     fencing_field,
 )
-from tests.testapp.models import DoublyFenced, FencedItem, FencedItemProxy, RenamedFenceItem
+from tests.testapp.models import (
+    DoublyFenced,
+    FencedItem,
+    FencedItemProxy,
+    RenamedFenceItem,
+    VersionedFencedItem,
+)
 
 from .conftest import DATABASES, require_pg
 
@@ -485,6 +492,33 @@ def test_fenced_update_refuses_bad_values(db: str) -> None:
 
 
 # -- the paused holder, with real processes ------------------------------------------
+
+
+def test_a_fenced_write_checks_and_bumps_an_optimistic_version(db: str, grant) -> None:
+    """With a VersionField too, fenced and optimistic writers each see the other's writes."""
+    obj = VersionedFencedItem.objects.using(db).create(stock=5)
+    stale = VersionedFencedItem.objects.using(db).get(pk=obj.pk)
+    obj.stock = 4
+    obj.fenced_save(grant(), update_fields=["stock"], using=db)
+    assert (obj.version, row_of(db, obj.pk)) == (2, (4, 2))
+    stale.stock = 3
+    with pytest.raises(VersionConflict):
+        stale.save()  # read before the fenced write: refused
+    assert row_of(db, obj.pk) == (4, 2)
+    other = VersionedFencedItem.objects.using(db).get(pk=obj.pk)
+    other.stock = 10
+    other.save()  # an optimistic write after obj was read
+    obj.stock = 0
+    with pytest.raises(VersionConflict) as info:
+        obj.fenced_save(grant(), using=db)  # newest token, stale version: refused
+    assert info.value.expected_version == 2
+    assert (obj.version, row_of(db, obj.pk)) == (2, (10, 3))
+    VersionedFencedItem.objects.using(db).filter(pk=obj.pk).fenced_update(grant(), stock=7)
+    assert row_of(db, obj.pk) == (7, 4)
+
+
+def row_of(db: str, pk: int) -> tuple[int, int]:
+    return VersionedFencedItem.objects.using(db).values_list("stock", "version").get(pk=pk)
 
 
 def _paused_holder(alias: str, db: str, name: str, pk: int, out: Any) -> None:

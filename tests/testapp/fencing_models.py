@@ -3,8 +3,15 @@
 from django.db import models
 
 from django_distlock.fencing import FencedModelMixin, FencingTokenField
+from django_distlock.optimistic import OptimisticLockMixin
 
-__all__ = ["DoublyFenced", "FencedItem", "FencedItemProxy", "RenamedFenceItem"]
+__all__ = [
+    "DoublyFenced",
+    "FencedItem",
+    "FencedItemProxy",
+    "RenamedFenceItem",
+    "VersionedFencedItem",
+]
 
 
 class FencedItem(FencedModelMixin):
@@ -46,3 +53,12 @@ class DoublyFenced(models.Model):
     class Meta:
         app_label = "testapp"
         managed = False
+
+
+class VersionedFencedItem(OptimisticLockMixin, FencedModelMixin):
+    """Both protections on one row (like the shop's Product)."""
+
+    stock = models.IntegerField(default=0)
+
+    class Meta:
+        app_label = "testapp"
