@@ -22,6 +22,7 @@ INSTALLED_APPS = [
     "django.contrib.admin",
     "django_distlock",
     "tests.testapp",
+    "testproject.shop",
 ]
 
 _SQLITE_DIR = os.environ.get("DISTLOCK_SQLITE_DIR") or tempfile.mkdtemp(prefix="distlock-tests-")

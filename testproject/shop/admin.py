@@ -2,12 +2,17 @@ from django.contrib import admin
 from django.db.models import Count, QuerySet, Sum
 from django.http import HttpRequest
 
+from django_distlock.optimistic_admin import OptimisticAdminMixin
+
 from .models import Order, Product
 
 
 @admin.register(Product)
-class ProductAdmin(admin.ModelAdmin):
-    list_display = ["name", "price", "stock", "order_count", "units_sold"]
+class ProductAdmin(OptimisticAdminMixin, admin.ModelAdmin):
+    """Products; two staff users editing one product at once cannot overwrite each other."""
+
+    list_display = ["name", "price", "stock", "version", "order_count", "units_sold"]
+    list_editable = ["price", "stock"]
     search_fields = ["name"]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Product]:

@@ -4,13 +4,20 @@ from __future__ import annotations
 
 from django.db import models
 
+from django_distlock.fencing import FencedModelMixin
+from django_distlock.optimistic import OptimisticLockMixin
 
-class Product(models.Model):
+
+class Product(OptimisticLockMixin, FencedModelMixin, models.Model):
     """Something for sale, with the units left.
 
     ``stock`` is a plain integer, not a ``PositiveIntegerField``: the flash
     sale must be able to record a race that drives it below zero rather than
     have a CHECK constraint hide it.
+
+    ``version`` (optimistic locking: ``save()`` refuses a stale write) and
+    ``fencing_token`` (``fenced_save()`` refuses a write under a stale lock)
+    come from the mixins.
     """
 
     name = models.CharField(max_length=200, unique=True)

@@ -1,4 +1,5 @@
-"""What a flash sale compares: "no lock", and one strategy per ``DISTLOCK`` alias."""
+"""What a flash sale compares: "no lock", one strategy per ``DISTLOCK`` alias,
+optimistic locking (the version column), and fenced writes under the default lock."""
 
 from __future__ import annotations
 
@@ -15,41 +16,54 @@ from . import store
 
 NO_LOCK = "no lock"
 _NO_LOCK_NAMES = frozenset({NO_LOCK, "no-lock", "nolock", "none"})
+#: Kinds of strategy: how ``Strategy.buy`` sells.
+NONE, LOCK, OPTIMISTIC, FENCED = "none", "lock", "optimistic", "fenced"
+#: The alias whose lock the fenced strategy holds.
+FENCED_ALIAS = "default"
 
 
 @dataclass(frozen=True, slots=True)
 class Strategy:
-    """One way of selling: no lock, or the lock of one alias."""
+    """One way of selling: no lock, the lock of one alias, optimistic, or fenced."""
 
     label: str
-    #: The ``DISTLOCK`` alias whose lock guards the sale; None for "no lock".
+    #: The ``DISTLOCK`` alias whose lock guards the sale; None for "no lock" and optimistic.
     alias: str | None = None
     #: Why the strategy cannot run (backend not buildable, server down); None if it can.
     skipped: str | None = None
+    kind: str = LOCK
 
     @property
     def locking(self) -> bool:
-        return self.alias is not None
+        """Whether this strategy promises not to oversell (all but "no lock")."""
+        return self.kind != NONE
 
     @property
     def short(self) -> str:
-        """The alias, or "no lock": what the progress line shows."""
-        return self.alias or NO_LOCK
+        """What the progress line shows: the alias, "no lock", "optimistic" or "fenced"."""
+        if self.kind == LOCK:
+            return self.alias or NO_LOCK
+        return NO_LOCK if self.kind == NONE else self.kind
 
     def buy(self, product_id: int, *, worker: str, work: float) -> services.Attempt:
         """Make one purchase attempt with this strategy."""
-        if self.alias is None:
-            return services.buy_no_lock(product_id, strategy=self.label, worker=worker, work=work)
-        return services.buy_with_lock(
-            product_id, self.alias, strategy=self.label, worker=worker, work=work
-        )
+        label = self.label
+        if self.kind == NONE:
+            return services.buy_no_lock(product_id, strategy=label, worker=worker, work=work)
+        if self.kind == OPTIMISTIC:
+            return services.buy_optimistic(product_id, strategy=label, worker=worker, work=work)
+        assert self.alias is not None
+        buy = services.buy_fenced if self.kind == FENCED else services.buy_with_lock
+        return buy(product_id, self.alias, strategy=label, worker=worker, work=work)
 
     def matches(self, name: str) -> bool:
         """Whether ``name`` (from ``--strategies``) selects this strategy."""
         name = name.strip().lower()
-        if self.alias is None:
+        if self.kind == NONE:
             return name in _NO_LOCK_NAMES
-        return name in (self.alias.lower(), self.label.lower())
+        if self.kind in (OPTIMISTIC, FENCED):
+            return name in (self.kind, self.label.lower())
+        return name in ((self.alias or "").lower(), self.label.lower())
 
 
 def describe(alias: str, backend: BaseLockBackend | None) -> str:
@@ -87,7 +101,8 @@ def _probe(strategy: Strategy) -> Strategy:
             store.migrate_if_needed(database)
         backend.health()
     except Exception as exc:  # a server that is down skips the alias, with the reason
-        return Strategy(strategy.label, strategy.alias, f"server unavailable: {_reason(exc)}")
+        reason = f"server unavailable: {_reason(exc)}"
+        return Strategy(strategy.label, strategy.alias, reason, strategy.kind)
     return strategy
 
 
@@ -97,11 +112,16 @@ def _reason(exc: BaseException) -> str:
 
 
 def available() -> list[Strategy]:
-    """Every strategy, in order: no lock, then the aliases in ``DISTLOCK`` order (no I/O)."""
-    found = [Strategy(NO_LOCK)]
+    """Every strategy, in order: no lock, the aliases in ``DISTLOCK`` order, optimistic,
+    fenced (no I/O)."""
+    found = [Strategy(NO_LOCK, kind=NONE)]
     for alias in locks:
         backend, problem = _build(alias)
         found.append(Strategy(describe(alias, backend), alias, problem))
+    found.append(Strategy("optimistic (version column, retry)", kind=OPTIMISTIC))
+    backend, problem = _build(FENCED_ALIAS)
+    label = f"fenced writes, {describe(FENCED_ALIAS, backend)}"
+    found.append(Strategy(label, FENCED_ALIAS, problem, kind=FENCED))
     return found
 
 
@@ -118,7 +138,8 @@ def select(names: str | None) -> list[Strategy]:
         for name in filter(None, (part.strip() for part in names.split(","))):
             match = next((s for s in every if s.matches(name)), None)
             if match is None:
-                known = ", ".join(["no-lock", *(s.alias for s in every if s.alias)])
+                aliases = [s.alias for s in every if s.kind == LOCK and s.alias]
+                known = ", ".join(["no-lock", *aliases, OPTIMISTIC, FENCED])
                 raise CommandError(f"Unknown strategy {name!r}; choose from: {known}.")
             if match not in chosen:
                 chosen.append(match)
