@@ -15,7 +15,7 @@ from pathlib import Path
 from types import ModuleType
 
 #: Modules that register cases; each has ``setup()`` (raises Unavailable) and ``describe()``.
-CASE_MODULES = ("benchmarks.pg",)
+CASE_MODULES = ("benchmarks.pg", "benchmarks.orm")
 #: Suites run in this order by default; suites registered elsewhere follow.
 SUITE_ORDER = ("uncontended", "contended")
 RESULTS = Path(__file__).resolve().parent / "results" / "latest.md"
@@ -33,7 +33,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks", description=__doc__.splitlines()[0]
     )
-    parser.add_argument("--suite", default="", help="comma-separated suites (default: all)")
+    parser.add_argument(
+        "--suite", default="", help="comma-separated suites, `orm` = orm.* (default: all)"
+    )
     parser.add_argument("--quick", action="store_true", help="fewer rounds, shorter (< 1 min)")
     parser.add_argument("--repeat", type=int, help="rounds of every case (default 3, quick 1)")
     parser.add_argument("--iterations", type=int, help="timed pairs per round (uncontended)")
@@ -70,6 +72,15 @@ def load_case_modules() -> tuple[list[ModuleType], list[str]]:
     return ready, missing
 
 
+def _expand(names: list[str], known: dict[str, object]) -> list[str]:
+    """Suite names as given, a family name standing for its members (``orm``: ``orm.*``)."""
+    out: list[str] = []
+    for name in names:
+        members = [k for k in known if k.startswith(name + ".")]
+        out += [name] if name in known or not members else members
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the chosen suites; return the exit status."""
     args = parse_args(argv)
@@ -77,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     import django
 
     django.setup()
-    from . import contention, harness, uncontended  # noqa: F401  (they register the suites)
+    from . import contention, harness, orm, uncontended  # noqa: F401  (they register the suites)
 
     if args.list:
         for name in CASE_MODULES:
@@ -89,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"  {case.name:20} {case.what}")
         return 0
     default = [*(s for s in SUITE_ORDER if s in harness.SUITES), *harness.SUITES]
-    wanted = [s.strip() for s in args.suite.split(",") if s.strip()] or list(dict.fromkeys(default))
+    chosen = [s.strip() for s in args.suite.split(",") if s.strip()]
+    wanted = list(dict.fromkeys(_expand(chosen, harness.SUITES) or default))
     unknown = set(wanted) - set(harness.SUITES)
     if unknown:
         print(f"unknown suite(s) {sorted(unknown)}; known: {list(harness.SUITES)}", file=sys.stderr)

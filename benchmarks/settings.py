@@ -12,7 +12,7 @@ SECRET_KEY = "benchmarks-only-not-secret"
 USE_TZ = True
 DEBUG = False  # DEBUG=True would record every query in connection.queries
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
-INSTALLED_APPS = ["django_distlock"]
+INSTALLED_APPS = ["django_distlock", "benchmarks.shopbench"]  # shopbench: the orm suites
 
 #: The database the benchmarks create, migrate and measure in.
 BENCH_DB_NAME = os.environ.get("DISTLOCK_BENCH_DB", "distlock_bench")
