@@ -144,6 +144,7 @@ class HandLease:
         self.cursor.execute("SELECT set_config('lock_timeout', %s, false)", [_ROW_LOCK_WAIT])
         self.acquire_sql, self.release_sql = _dbsql.POSTGRESQL.acquire, _dbsql.POSTGRESQL.release
         self.params_of = _dbsql.pg_acquire_params
+        self.channel_of = _dbsql.queue_channel
         self.key = key
         self.holder = (socket.gethostname(), os.getpid(), threading.current_thread().name)
         self.token = ""
@@ -157,7 +158,8 @@ class HandLease:
         return bool(row and row[0])
 
     def release(self) -> None:
-        self.cursor.execute(self.release_sql, [self.key, self.token, self.key])
+        channel = self.channel_of(self.key)
+        self.cursor.execute(self.release_sql, [self.key, self.token, self.key, channel])
         self.cursor.fetchone()
 
     def close(self) -> None:

@@ -82,13 +82,10 @@ def test_postgres_waiters_queue_in_the_server(unique) -> None:
         assert handle.acquire(timeout=20)
         token = handle.fencing_token
         handle.release()
-        backend.close()
-        return token
+        return token  # the thread's lock connection is closed when the thread is collected
 
     def late() -> bool:
-        got = backend.lock(name, ttl=30).acquire(timeout=0.5)  # behind the head: times out
-        backend.close()
-        return got
+        return backend.lock(name, ttl=30).acquire(timeout=0.5)  # behind the head: times out
 
     def queue_heads() -> int:
         unsigned = sql.queue_key(holder.key) & 0xFFFFFFFFFFFFFFFF
@@ -117,3 +114,28 @@ def test_postgres_waiters_queue_in_the_server(unique) -> None:
     again = backend.lock(name, ttl=30)
     assert again.acquire(blocking=False)  # the queue was left by both waiters
     again.release()
+
+
+def test_postgres_a_first_attempt_does_not_pass_a_queued_waiter(unique) -> None:
+    """A free lock with a waiter at the head of its queue goes to that waiter, not a newcomer."""
+    require_pg()
+    import psycopg
+    from django.db import connections
+
+    from django_distlock import locks
+    from django_distlock.backends import _dbsql as sql
+
+    backend = locks["pg-lease"]
+    name = unique()
+    first = backend.lock(name, ttl=30)
+    assert first.acquire(blocking=False)  # creates the row
+    first.release()
+    db = connections["pg"].settings_dict
+    params = {"host": db["HOST"], "port": db["PORT"], "user": db["USER"], "dbname": db["NAME"]}
+    with psycopg.connect(**params, autocommit=True) as head:  # stands for a queued waiter
+        head.execute("SELECT pg_advisory_lock(%s)", [sql.queue_key(first.key)])
+        assert not backend.lock(name, ttl=30).acquire(blocking=False)
+        head.execute("SELECT pg_advisory_unlock(%s)", [sql.queue_key(first.key)])
+    newcomer = backend.lock(name, ttl=30)
+    assert newcomer.acquire(blocking=False)
+    newcomer.release()

@@ -27,7 +27,8 @@ class Dialect:
     acquire: str
     #: Only when ``acquire`` returns no row on a miss. Params: key. Row: (retry_after,).
     retry_after: str | None
-    #: Params: key, owner (+ key on PostgreSQL, the notification payload). Row: (valid,).
+    #: Params: key, owner (+ on PostgreSQL: key, the payload of the shared channel's
+    #: notification, and the key's own channel, see ``queue_channel``). Row: (valid,).
     release: str
     #: Params: ttl, key, owner. Row: (fencing, acquired_at, expires_at).
     extend: str
@@ -35,7 +36,7 @@ class Dialect:
     is_locked: str
     #: Params: lower bound (exclusive), prefix, upper bound, limit.
     held: str
-    #: Params: key (+ key on PostgreSQL). Row when a held lock was freed.
+    #: Params: key (+ key and the key's channel on PostgreSQL). Row when a held lock was freed.
     force_release: str
     #: Transaction mode: bump fencing, holding the row lock until the transaction ends.
     #: Params: host, pid, thread, key. Row: (fencing, acquired_at); none if no row yet.
@@ -45,13 +46,17 @@ class Dialect:
 POSTGRESQL = Dialect(
     # The UPDATE locks the row only when it is free or expired (a concurrent
     # grant makes it re-check, READ COMMITTED's EvalPlanQual), so a miss is a
-    # read: it writes nothing and never delays the holder. The INSERT runs for
-    # a name's first use only; ON CONFLICT DO NOTHING settles racing creators.
+    # read: it writes nothing and never delays the holder. A first attempt
+    # also defers to a queued waiter (the advisory lock of the key's queue,
+    # held by its head, see ``pg_enqueue``): no barging past the queue. The
+    # INSERT runs for a name's first use only; ON CONFLICT DO NOTHING settles
+    # racing creators.
     acquire=f"""
 WITH u AS (
     UPDATE {TABLE} SET owner = %s, fencing = fencing + 1, acquired_at = now(),
         expires_at = now() + %s * interval '1 second', host = %s, pid = %s, thread = %s
     WHERE name = %s AND (owner IS NULL OR expires_at <= now())
+        AND (%s OR pg_try_advisory_xact_lock(%s))
     RETURNING fencing, acquired_at, expires_at
 ), i AS (
     INSERT INTO {TABLE} ({_COLUMNS})
@@ -75,7 +80,7 @@ WITH cfg AS (SELECT set_config('synchronous_commit', 'off', true)), r AS (
     UPDATE {TABLE} SET owner = NULL WHERE name = %s AND owner = %s
     RETURNING expires_at > now() AS valid
 )
-SELECT valid, pg_notify('{CHANNEL}', %s) FROM r, cfg""",
+SELECT valid, pg_notify('{CHANNEL}', %s), pg_notify(%s, '') FROM r, cfg""",
     extend=f"""
 UPDATE {TABLE} SET expires_at = now() + %s * interval '1 second'
 WHERE name = %s AND owner = %s AND expires_at > now()
@@ -91,7 +96,7 @@ WITH r AS (
     UPDATE {TABLE} SET owner = NULL
     WHERE name = %s AND owner IS NOT NULL AND expires_at > now() RETURNING name
 )
-SELECT pg_notify('{CHANNEL}', %s) FROM r""",
+SELECT pg_notify('{CHANNEL}', %s), pg_notify(%s, '') FROM r""",
     tx_grant=f"""
 UPDATE {TABLE} SET fencing = fencing + 1, acquired_at = clock_timestamp(), host = %s, pid = %s,
     thread = %s
@@ -105,6 +110,8 @@ INSERT INTO {TABLE} (name, fencing, host, thread) VALUES (%s, 0, '', '')
 ON CONFLICT (name) DO NOTHING"""
 #: PostgreSQL transaction mode, non-blocking: take the row lock or fail at once.
 PG_TX_NOWAIT = f"SELECT 1 FROM {TABLE} WHERE name = %s FOR UPDATE NOWAIT"
+#: PostgreSQL lease connections: bound every row-lock wait of the session.
+PG_LOCK_TIMEOUT_SESSION = "SELECT set_config('lock_timeout', %s, false)"
 #: PostgreSQL transaction mode: bound the row-lock wait of this transaction.
 PG_LOCK_TIMEOUT = "SELECT set_config('lock_timeout', %s, true)"
 #: PostgreSQL transaction mode: one page of names with the held ones marked. A
@@ -125,22 +132,43 @@ PG_TX_IS_LOCKED = f"""
 WITH free AS (SELECT name FROM {TABLE} WHERE name = %s FOR SHARE SKIP LOCKED)
 SELECT EXISTS (SELECT 1 FROM {TABLE} WHERE name = %s) AND NOT EXISTS (SELECT 1 FROM free)"""
 
-#: PostgreSQL lease mode: wait (up to the session's ``lock_timeout``, set first) for the
-#: head of a key's waiter queue, a session advisory lock. Params: lock_timeout, queue key.
-PG_ENQUEUE = "SELECT set_config('lock_timeout', %s, false), pg_advisory_lock(%s)"
-#: Leave the head of the queue, and restore the lease connection's lock_timeout.
-#: Params: queue key, lock_timeout.
-PG_DEQUEUE = "SELECT pg_advisory_unlock(%s), set_config('lock_timeout', %s, false)"
-
-
 def queue_key(key: str) -> int:
     """The advisory-lock key of a lock key's waiter queue (signed 64-bit hash).
 
     A collision between two keys only merges their queues: the lock row,
     not the queue, decides who holds a lock.
     """
-    digest = hashlib.blake2b(key.encode(), digest_size=8, person=b"distlockq").digest()
-    return int.from_bytes(digest, "big", signed=True)
+    return int.from_bytes(_digest(key), "big", signed=True)
+
+
+def queue_channel(key: str) -> str:
+    """The NOTIFY channel on which the head of a key's waiter queue hears its release."""
+    return f"distlock_{_digest(key).hex()}"
+
+
+def _digest(key: str) -> bytes:
+    return hashlib.blake2b(key.encode(), digest_size=8, person=b"distlockq").digest()
+
+
+def pg_enqueue(key: str, wait_ms: int) -> str:
+    """PostgreSQL lease mode: head the waiter queue of ``key``, then listen for its release.
+
+    One simple-protocol round trip (literals only: an int and a hex name we
+    make): wait up to ``wait_ms`` (0: no limit) for the queue's advisory
+    lock, then LISTEN on the key's channel; a timeout fails both.
+    """
+    return (
+        f"SELECT set_config('lock_timeout', '{int(wait_ms)}ms', false), "
+        f"pg_advisory_lock({queue_key(key)}); LISTEN {queue_channel(key)}"
+    )
+
+
+def pg_dequeue(key: str, lock_timeout: str) -> str:
+    """Leave the head of ``key``'s queue and restore the lease connection's lock_timeout."""
+    return (
+        f"UNLISTEN {queue_channel(key)}; SELECT pg_advisory_unlock({queue_key(key)}), "
+        f"set_config('lock_timeout', '{lock_timeout}', false)"
+    )
 
 
 # SQLite keeps times as text; these formats sort as they compare. Its 'now'
@@ -182,11 +210,23 @@ WHERE name = %s RETURNING fencing, acquired_at""",
 
 
 def pg_acquire_params(
-    key: str, token: str, ttl: float, host: str, pid: int | None, thread: str
+    key: str,
+    token: str,
+    ttl: float,
+    host: str,
+    pid: int | None,
+    thread: str,
+    *,
+    retry: bool = False,
 ) -> list[object]:
-    """The parameters of ``POSTGRESQL.acquire``: the UPDATE's, the INSERT's, the miss'."""
+    """The parameters of ``POSTGRESQL.acquire``: the UPDATE's, the INSERT's, the miss'.
+
+    :param retry: a waiter's retry, which may pass a queued waiter (it is the
+        queue's head, or an asyncio waiter that cannot queue).
+    """
     holder = [host, pid, thread]
-    return [token, ttl, *holder, key, key, token, ttl, *holder, key, key]
+    queue = [retry, queue_key(key)]
+    return [token, ttl, *holder, key, *queue, key, token, ttl, *holder, key, key]
 
 
 def sqlite_ttl(seconds: float) -> str:

@@ -5,10 +5,10 @@ notifications (payload: the released key) and sets the events of the
 waiters of that key. A release commits its ``pg_notify`` with the UPDATE
 that frees the row, so a woken waiter's next attempt sees the row free.
 
-Blocking waiters in threads also queue in the server (:class:`QueueWaiter`):
-only the head of a key's queue listens and retries; the others sleep in
-``pg_advisory_lock`` until the head is served or gives up, so a release
-wakes one waiter in all, not one per process.
+Blocking waiters in threads queue in the server instead (:class:`QueueWaiter`):
+only the head of a key's queue listens, on the key's own channel and its own
+connection, and retries; the others sleep in ``pg_advisory_lock`` until the
+head is served or gives up. A release wakes one waiter in all.
 """
 
 from __future__ import annotations
@@ -184,47 +184,59 @@ class NotificationWaiter(Waiter):
         self.event.clear()
 
 
-class QueueWaiter(NotificationWaiter):
-    """A :class:`NotificationWaiter` that first waits its turn in a server-side queue.
+class QueueWaiter(Waiter):
+    """Waits its turn in a server-side queue, then for the key's release.
 
     ``enqueue(key, wait)`` blocks on the key's advisory lock for up to
-    ``wait`` seconds (None: no limit) and returns whether this waiter is now
-    the head of the queue; ``dequeue(key)`` lets the next waiter in. Only for
-    threads: an asyncio task must not block its thread in the server, so
-    :meth:`async_wait` waits for notifications like its base class.
+    ``wait`` seconds (None: no limit); ``heads(key)`` tells whether this
+    thread now heads the queue (listening on the key's own channel);
+    ``wait_released(seconds)`` sleeps on that channel; ``done(key)`` ends
+    the wait (and lets the next waiter in if this one still heads the
+    queue). Only for threads: an asyncio task must not block its thread in
+    the server, so :meth:`async_wait` waits for the listener's notifications
+    like a :class:`NotificationWaiter`.
     """
 
     def __init__(
         self,
-        listener: Listener,
         key: str,
-        enqueue: Callable[[str, float | None], bool],
-        dequeue: Callable[[str], None],
+        *,
+        enqueue: Callable[[str, float | None], None],
+        heads: Callable[[str], bool],
+        wait_released: Callable[[float], None],
+        done: Callable[[str], None],
+        listener: Listener,
     ) -> None:
-        super().__init__(listener, key)
+        super().__init__()
+        self.key = key
         self._enqueue = enqueue
-        self._dequeue = dequeue
-        self.head = False
-
-    def __enter__(self) -> QueueWaiter:
-        return self  # subscribe once at the head of the queue (or when async)
+        self._heads = heads
+        self._wait_released = wait_released
+        self._done = done
+        self._listener = listener
+        self._notified: NotificationWaiter | None = None
 
     def __exit__(self, *exc_info: object) -> None:
-        super().__exit__(*exc_info)
-        if self.head:
-            self.head = False
-            self._dequeue(self.key)
+        if self._notified is not None:
+            self._notified.__exit__(*exc_info)
+        self._done(self.key)
+
+    def delay(self, miss: Miss, remaining: float | None) -> float:
+        delay = SAFETY_WAKE if remaining is None else min(remaining, SAFETY_WAKE)
+        if miss.retry_after is not None:
+            delay = min(delay, max(miss.retry_after, 0.0) + 0.001)
+        return max(delay, 0.0)
 
     def wait(self, miss: Miss, remaining: float | None) -> None:
-        if self.event is None:
-            self.head = self._enqueue(self.key, remaining)
-            if self.head:
-                self.event = self.listener.subscribe(self.key)
-            return  # the caller retries at once: the holder may be gone already
-        super().wait(miss, remaining)
+        if not self._heads(self.key):
+            # Returns at once for the first waiter; the caller retries at once,
+            # as the holder may have gone while this waiter queued.
+            self._enqueue(self.key, remaining)
+            return
+        self._wait_released(self.delay(miss, remaining))
 
     async def async_wait(self, miss: Miss, remaining: float | None) -> None:
-        if self.event is None:
-            self.event = self.listener.subscribe(self.key)
+        if self._notified is None:
+            self._notified = NotificationWaiter(self._listener, self.key).__enter__()
             return
-        await super().async_wait(miss, remaining)
+        await self._notified.async_wait(miss, remaining)

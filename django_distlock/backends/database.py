@@ -63,6 +63,10 @@ class _TxState:
     grant: Grant
 
 
+#: ``Lock.backend_state`` of a lease-mode acquisition past its first attempt.
+_WAITING = "waiting"
+
+
 class _TxStack(threading.local):
     """This thread's transaction-mode acquisitions, innermost last."""
 
@@ -76,8 +80,9 @@ class _LeaseCursors(threading.local):
     pid: int = 0
     #: psycopg's ``prepare`` argument (the backend's ``OPTIONS["PREPARE"]``).
     prepare: bool = True
-    #: The cursor whose session heads a waiter queue (see ``_enqueue``).
+    #: The cursor whose session heads a waiter queue (see ``_enqueue``), and for which key.
     queued: Any = None
+    queued_key: str | None = None
 
 
 class DatabaseBackend(BaseLockBackend):
@@ -189,7 +194,7 @@ class DatabaseBackend(BaseLockBackend):
                 # Django turns preparing off for every connection; this one is ours.
                 raw.prepare_threshold = 0
             cursor = _pg_cursor(raw)
-            cursor.execute("SELECT set_config('lock_timeout', %s, false)", [_ROW_LOCK_WAIT])
+            cursor.execute(sql.PG_LOCK_TIMEOUT_SESSION, [_ROW_LOCK_WAIT])
             local.prepare = self.prepare
             local.wrapper, local.cursor, local.pid = wrapper, cursor, os.getpid()
         return local.cursor
@@ -244,7 +249,13 @@ class DatabaseBackend(BaseLockBackend):
             return self._tx_acquire(lock, wait)
         if self.vendor == "postgresql":
             params = sql.pg_acquire_params(
-                lock.key, token, lock.ttl, lock.host, lock.pid, lock.thread
+                lock.key,
+                token,
+                lock.ttl,
+                lock.host,
+                lock.pid,
+                lock.thread,
+                retry=lock.backend_state is _WAITING,
             )
         else:
             params = [lock.key, token, self._ttl(lock.ttl), lock.host, lock.pid, lock.thread]
@@ -280,7 +291,9 @@ class DatabaseBackend(BaseLockBackend):
             stack.pop()
             state.atomic.__exit__(*exc_info)  # commit, or roll back on an exception
             return True
-        params = [lock.key, token] + ([lock.key] if self.vendor == "postgresql" else [])
+        params = [lock.key, token]
+        if self.vendor == "postgresql":
+            params += [lock.key, sql.queue_channel(lock.key)]
         rows = self._run(self.dialect.release, params, "releasing a lock")
         return bool(rows and rows[0][0])
 
@@ -302,30 +315,58 @@ class DatabaseBackend(BaseLockBackend):
             with self._mutex:
                 if self._listener is None:
                     self._listener = Listener(self._listen_connection)
-        return QueueWaiter(self._listener, lock.key, self._enqueue, self._dequeue)
+        lock.backend_state = _WAITING  # later attempts are retries (see _dbsql.POSTGRESQL)
 
-    def _enqueue(self, key: str, wait: float | None) -> bool:
-        """Wait up to ``wait`` seconds to head the waiter queue of ``key``; True if head."""
-        timeout = "0" if wait is None else f"{max(1, math.ceil(wait * 1000))}ms"
+        def done(key: str) -> None:
+            lock.backend_state = None
+            if self._heads(key):
+                self._dequeue(key)
+
+        return QueueWaiter(
+            lock.key,
+            enqueue=self._enqueue,
+            heads=self._heads,
+            wait_released=self._wait_released,
+            done=done,
+            listener=self._listener,
+        )
+
+    def _heads(self, key: str) -> bool:
+        """Whether this thread's lease connection heads the waiter queue of ``key``."""
+        local = self._local
+        return local.queued is not None and local.queued is local.cursor and local.queued_key == key
+
+    def _enqueue(self, key: str, wait: float | None) -> None:
+        """Wait up to ``wait`` seconds to head the waiter queue of ``key`` (see ``_heads``).
+
+        The head listens for the key's release on its own lease connection.
+        """
+        wait_ms = 0 if wait is None else max(1, math.ceil(wait * 1000))
         try:
             cursor = self._cursor()
-            self._execute(cursor, sql.PG_ENQUEUE, [timeout, sql.queue_key(key)])
-            cursor.fetchall()
+            cursor.execute(sql.pg_enqueue(key, wait_ms), prepare=False)
         except _ERRORS as exc:
-            if _is_busy(exc):
-                restore = "SELECT set_config('lock_timeout', %s, false)"
-                self._run(restore, [_ROW_LOCK_WAIT], "leaving a lock's queue")
-                return False
+            if _is_busy(exc):  # waited ``wait`` seconds; the caller's deadline has passed
+                self._run(sql.PG_LOCK_TIMEOUT_SESSION, [_ROW_LOCK_WAIT], "leaving a lock's queue")
+                return
             raise self._unavailable(exc, "waiting for a lock") from exc
-        self._local.queued = cursor
-        return True
+        self._local.queued, self._local.queued_key = cursor, key
+
+    def _wait_released(self, seconds: float) -> None:
+        """As the head of a queue: sleep until a release is notified, or ``seconds`` pass."""
+        try:
+            for _ in self._local.queued.connection.notifies(timeout=seconds, stop_after=1):
+                break
+        except _ERRORS as exc:
+            raise self._unavailable(exc, "waiting for a lock") from exc
 
     def _dequeue(self, key: str) -> None:
-        """Let the next waiter of ``key`` in (unless the connection that queued is gone)."""
-        if self._local.queued is not self._local.cursor:
-            return  # its session ended, and the advisory lock with it
-        self._local.queued = None
-        self._run(sql.PG_DEQUEUE, [sql.queue_key(key), _ROW_LOCK_WAIT], "leaving a lock's queue")
+        """Leave the head of ``key``'s queue: the next waiter heads it."""
+        queued, self._local.queued = self._local.queued, None
+        try:
+            queued.execute(sql.pg_dequeue(key, _ROW_LOCK_WAIT), prepare=False)
+        except _ERRORS as exc:
+            raise self._unavailable(exc, "leaving a lock's queue") from exc
 
     def _listen_connection(self) -> tuple[Any, Any]:
         wrapper = self._new_wrapper()
@@ -386,7 +427,7 @@ class DatabaseBackend(BaseLockBackend):
                 "A transaction-mode lock is held by its holder's open transaction; "
                 "it ends when that transaction does."
             )
-        params = [key] + ([key] if self.vendor == "postgresql" else [])
+        params = [key] + ([key, sql.queue_channel(key)] if self.vendor == "postgresql" else [])
         freed = bool(self._run(self.dialect.force_release, params, "force-releasing a lock"))
         if freed:
             from ..signals import lock_force_released
@@ -550,9 +591,13 @@ def _is_busy(exc: BaseException) -> bool:
 
 
 def _is_psycopg3(database: str) -> bool:
-    """LISTEN/NOTIFY waiting needs psycopg 3's ``Connection.notifies(timeout=...)``."""
+    """LISTEN/NOTIFY waiting needs psycopg 3.3: ``notifies(timeout=...)``, and notifications
+    that arrive during another statement kept for the next ``notifies()``."""
     try:
         import psycopg
     except ImportError:
         return False
-    return getattr(connections[database], "Database", None) is psycopg
+    if getattr(connections[database], "Database", None) is not psycopg:
+        return False
+    major, minor = (int(part) for part in psycopg.__version__.split(".")[:2])
+    return (major, minor) >= (3, 3)
