@@ -170,3 +170,12 @@ def test_the_task_waits_for_the_stock_lock() -> None:
     assert order_id is not None
     assert sold_after_release  # it sold only once the holder had let go
     assert tasks.sell_one_task(product.pk) is None  # sold out
+
+
+def test_the_task_is_a_celery_task_too() -> None:
+    """Celery is in the dev extra: the decorated function is registered as a Celery task."""
+    product = Product.objects.create(name="celery", stock=1)
+    result = tasks.celery_sell_one.apply(args=(product.pk,))  # runs here, no broker
+    assert result.successful(), result.traceback
+    assert Order.objects.get(pk=result.get()).strategy == "task"
+    assert tasks.celery_sell_one.name == "shop.sell_one"
