@@ -106,6 +106,11 @@ def test_postgres_waiters_queue_in_the_server(unique) -> None:
         time.sleep(0.01)
     assert queue_heads() == 1  # the first waiter heads the queue in the server
     assert in_thread(late) is False
+    # A wake-up with the lock still held: the head's attempt misses, and it queues again.
+    cursor = backend._cursor()
+    cursor.execute("SELECT pg_notify(%s, '')", [sql.queue_channel(holder.key)])
+    time.sleep(0.3)
+    assert queue_heads() == 1 and thread.is_alive()
     first = holder.fencing_token
     holder.release()
     thread.join(30)

@@ -163,6 +163,11 @@ def pg_enqueue(key: str, wait_ms: int) -> str:
     )
 
 
+#: Leave the head of a queue (after UNLISTEN), restoring the lease connection's lock_timeout.
+#: Params: queue key, lock_timeout.
+PG_DEQUEUE = "SELECT pg_advisory_unlock(%s), set_config('lock_timeout', %s, false)"
+
+
 def pg_dequeue(key: str, lock_timeout: str) -> str:
     """Leave the head of ``key``'s queue and restore the lease connection's lock_timeout."""
     return (

@@ -80,9 +80,11 @@ class _LeaseCursors(threading.local):
     pid: int = 0
     #: psycopg's ``prepare`` argument (the backend's ``OPTIONS["PREPARE"]``).
     prepare: bool = True
-    #: The cursor whose session heads a waiter queue (see ``_enqueue``), and for which key.
+    #: The cursor whose session heads a waiter queue (see ``_enqueue``), for which key,
+    #: and whether a release was notified since it became the head.
     queued: Any = None
     queued_key: str | None = None
+    notified: bool = False
 
 
 class DatabaseBackend(BaseLockBackend):
@@ -261,8 +263,11 @@ class DatabaseBackend(BaseLockBackend):
             params = [lock.key, token, self._ttl(lock.ttl), lock.host, lock.pid, lock.thread]
         try:
             cursor = self._cursor()
-            self._execute(cursor, self.dialect.acquire, params)
-            row = cursor.fetchone()
+            if self._local.notified and self._heads(lock.key):
+                row = self._attempt_and_dequeue(cursor, lock.key, params)
+            else:
+                self._execute(cursor, self.dialect.acquire, params)
+                row = cursor.fetchone()
             if row is None and self.dialect.retry_after is not None:
                 # SQLite only: the miss path's second statement (local, cheap).
                 cursor.execute(self.dialect.retry_after, [lock.key])
@@ -350,15 +355,30 @@ class DatabaseBackend(BaseLockBackend):
                 self._run(sql.PG_LOCK_TIMEOUT_SESSION, [_ROW_LOCK_WAIT], "leaving a lock's queue")
                 return
             raise self._unavailable(exc, "waiting for a lock") from exc
-        self._local.queued, self._local.queued_key = cursor, key
+        self._local.queued, self._local.queued_key, self._local.notified = cursor, key, False
 
     def _wait_released(self, seconds: float) -> None:
         """As the head of a queue: sleep until a release is notified, or ``seconds`` pass."""
         try:
             for _ in self._local.queued.connection.notifies(timeout=seconds, stop_after=1):
-                break
+                self._local.notified = True
         except _ERRORS as exc:
             raise self._unavailable(exc, "waiting for a lock") from exc
+
+    def _attempt_and_dequeue(self, cursor: Any, key: str, params: list[Any]) -> Any:
+        """The head's attempt after a notified release, and its leaving the queue, pipelined.
+
+        The attempt most likely succeeds; if it does not (an asyncio waiter
+        got in first), this waiter queues again. Returns the attempt's row.
+        """
+        raw = cursor.connection
+        side = _pg_cursor(raw)
+        with raw.pipeline():
+            self._execute(cursor, self.dialect.acquire, params)
+            side.execute(f"UNLISTEN {sql.queue_channel(key)}", prepare=False)
+            side.execute(sql.PG_DEQUEUE, [sql.queue_key(key), _ROW_LOCK_WAIT], prepare=False)
+        self._local.queued = None
+        return cursor.fetchone()
 
     def _dequeue(self, key: str) -> None:
         """Leave the head of ``key``'s queue: the next waiter heads it."""
