@@ -31,6 +31,15 @@ logger = logging.getLogger("django_distlock")
 SAFETY_WAKE = 1.0
 
 
+def notified_delay(miss: Miss, remaining: float | None) -> float:
+    """How long a waiter that a release will wake sleeps at most: until the holder's
+    lease ends, the deadline, or :data:`SAFETY_WAKE`, whichever comes first."""
+    delay = SAFETY_WAKE if remaining is None else min(remaining, SAFETY_WAKE)
+    if miss.retry_after is not None:
+        delay = min(delay, max(miss.retry_after, 0.0) + 0.001)
+    return max(delay, 0.0)
+
+
 class Listener:
     """LISTENs on the backend's channel and wakes the waiters of each released key."""
 
@@ -168,10 +177,7 @@ class NotificationWaiter(Waiter):
     def delay(self, miss: Miss, remaining: float | None) -> float:
         if not self.listener.healthy:
             return super().delay(miss, remaining)
-        delay = SAFETY_WAKE if remaining is None else min(remaining, SAFETY_WAKE)
-        if miss.retry_after is not None:
-            delay = min(delay, max(miss.retry_after, 0.0) + 0.001)
-        return max(delay, 0.0)
+        return notified_delay(miss, remaining)
 
     def wait(self, miss: Miss, remaining: float | None) -> None:
         assert self.event is not None
@@ -222,10 +228,7 @@ class QueueWaiter(Waiter):
         self._done(self.key)
 
     def delay(self, miss: Miss, remaining: float | None) -> float:
-        delay = SAFETY_WAKE if remaining is None else min(remaining, SAFETY_WAKE)
-        if miss.retry_after is not None:
-            delay = min(delay, max(miss.retry_after, 0.0) + 0.001)
-        return max(delay, 0.0)
+        return notified_delay(miss, remaining)
 
     def wait(self, miss: Miss, remaining: float | None) -> None:
         if not self._heads(self.key):
