@@ -16,6 +16,7 @@ import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar, cast, overload
 
 from django.core import checks
@@ -186,13 +187,14 @@ class OptimisticLockMixin(models.Model):
         if self._state.adding and not force_update and update_fields is None:
             super().save(force_insert=True, using=using)
             return
+        plan = _plan(type(self))
         if update_fields is not None:
             update_fields = frozenset(update_fields)
             if not update_fields:
                 return  # like Django: an empty update_fields saves nothing and sends no signal
-            _validate_update_fields(self, update_fields)
+            _refuse_unknown(update_fields, plan.allowed)
         using = using or router.db_for_write(type(self), instance=self)
-        field = version_field(self)
+        field = plan.field
         deferred = self.get_deferred_fields()
         if field.attname in deferred:
             raise ValueError(
@@ -210,37 +212,45 @@ class OptimisticLockMixin(models.Model):
         expected = _expected_version(self, field)
         if update_fields is not None:
             update_fields = update_fields | {field.name}
-        if _concrete(self)._meta.parents:
+        if plan.has_parents:
             self._save_with_parents(field, expected, using, force_update, update_fields)
         else:
-            self._save_one_table(field, expected, using, update_fields)
+            self._save_one_table(plan, expected, using, update_fields)
 
     save.alters_data = True  # type: ignore[attr-defined]
 
     def _save_one_table(
         self,
-        field: models.Field[Any, Any],
+        plan: _SavePlan,
         expected: int,
         using: str,
         update_fields: frozenset[str] | None,
     ) -> None:
         """The checked save as ONE query: write the fields and the next version if unchanged."""
-        _prepare_related_fields(self)
+        if plan.relations:
+            _prepare_related_fields(self, plan.relations)
         origin = type(self)
         pre_save.send(
             sender=origin, instance=self, raw=False, using=using, update_fields=update_fields
         )
         values: dict[str, Any] = {}
-        for f in _concrete(self)._meta.local_concrete_fields:
-            if f.primary_key or f.generated or f is field:
-                continue
-            if update_fields is None or f.name in update_fields or f.attname in update_fields:
-                values[f.attname] = f.pre_save(self, False)
-        values[field.attname] = expected + 1
-        rows = _guarded(self, field, expected, using).update(**values)
+        for name, attname, field in plan.columns:
+            if update_fields is None or name in update_fields or attname in update_fields:
+                # field is None when its pre_save() is Field's, which only reads the attribute.
+                values[attname] = (
+                    getattr(self, attname) if field is None else field.pre_save(self, False)
+                )
+        version = plan.field.attname
+        values[version] = expected + 1
+        owner = plan.owner
+        rows = (
+            owner._base_manager.using(using)
+            .filter(pk=getattr(self, plan.owner_pk), **{version: expected})
+            .update(**values)
+        )
         if rows == 0:
             raise _conflict(self, expected)
-        setattr(self, field.attname, expected + 1)
+        setattr(self, version, expected + 1)
         self._state.db = using
         self._state.adding = False
         post_save.send(
@@ -296,9 +306,60 @@ class OptimisticLockMixin(models.Model):
     delete.alters_data = True  # type: ignore[attr-defined]
 
 
-def _concrete(instance: models.Model) -> type[models.Model]:
-    """The model whose tables an instance lives in (a proxy's concrete model)."""
-    return instance._meta.concrete_model or type(instance)
+@dataclass(frozen=True, slots=True)
+class _SavePlan:
+    """What a checked save of one model class needs, worked out once per class."""
+
+    #: The class's ``_meta.concrete_fields`` this plan was built from; Django
+    #: builds a new tuple when it expires the model's metadata, which rebuilds the plan.
+    source: tuple[models.Field[Any, Any], ...]
+    field: models.Field[Any, Any]  # the VersionField
+    owner: type[models.Model]  # the model whose table holds the version column
+    owner_pk: str  # attname of the owner's primary key
+    has_parents: bool  # multi-table inheritance: Django's save writes the parents
+    relations: tuple[models.Field[Any, Any], ...]  # concrete relation fields
+    #: (name, attname, field) of each column a save writes, but the pk, generated
+    #: columns and the version; field is None when its pre_save() is Field's own.
+    columns: tuple[tuple[str, str, models.Field[Any, Any] | None], ...]
+    allowed: frozenset[str]  # names and attnames update_fields may hold
+
+
+_PLAN = "_distlock_save_plan"
+
+
+def _plan(model: type[models.Model]) -> _SavePlan:
+    """The model's save plan, from the cache on the class when it is still current.
+
+    :raises ImproperlyConfigured: the model has no VersionField, or more than one.
+    """
+    source = model._meta.concrete_fields
+    plan = model.__dict__.get(_PLAN)  # not a parent's (a proxy has its own)
+    if plan is not None and plan.source is source:
+        return cast(_SavePlan, plan)
+    found: list[models.Field[Any, Any]] = [f for f in source if isinstance(f, VersionField)]
+    if len(found) != 1:
+        raise ImproperlyConfigured(_count_message(model, found))
+    field = found[0]
+    owner = cast(type[models.Model], field.model)
+    concrete = model._meta.concrete_model or model
+    plan = _SavePlan(
+        source=source,
+        field=field,
+        owner=owner,
+        owner_pk=owner._meta.pk.attname,
+        has_parents=bool(concrete._meta.parents),
+        relations=tuple(f for f in source if f.is_relation),
+        columns=tuple(
+            (f.name, f.attname, None if type(f).pre_save is models.Field.pre_save else f)
+            for f in concrete._meta.local_concrete_fields
+            if not (f.primary_key or f.generated or f is field)
+        ),
+        allowed=frozenset(
+            name for f in source if not f.primary_key for name in (f.name, f.attname)
+        ),
+    )
+    setattr(model, _PLAN, plan)  # a class attribute: it lives and dies with the class
+    return plan
 
 
 def _guarded(
@@ -335,6 +396,10 @@ def _validate_update_fields(instance: models.Model, update_fields: frozenset[str
     for f in instance._meta.concrete_fields:
         if not f.primary_key:
             allowed.update((f.name, f.attname))
+    _refuse_unknown(update_fields, allowed)
+
+
+def _refuse_unknown(update_fields: frozenset[str], allowed: frozenset[str] | set[str]) -> None:
     unknown = update_fields - allowed
     if unknown:
         raise ValueError(
@@ -343,10 +408,12 @@ def _validate_update_fields(instance: models.Model, update_fields: frozenset[str
         )
 
 
-def _prepare_related_fields(instance: models.Model) -> None:
+def _prepare_related_fields(
+    instance: models.Model, relations: Iterable[models.Field[Any, Any]]
+) -> None:
     """What Django's save does first: refuse unsaved related objects, sync FK ids."""
-    for f in instance._meta.concrete_fields:
-        if not (f.is_relation and f.is_cached(instance)):  # type: ignore[attr-defined]
+    for f in relations:
+        if not f.is_cached(instance):  # type: ignore[attr-defined]
             continue
         obj = getattr(instance, f.name, None)
         if obj is None:
