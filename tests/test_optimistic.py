@@ -18,6 +18,8 @@ from asgiref.sync import sync_to_async
 from django import forms
 from django.core.exceptions import ImproperlyConfigured
 from django.db import IntegrityError, connections, models
+from django.db.models import F, Value
+from django.db.models.functions import Upper
 from django.db.models.signals import post_save, pre_save
 from django.test.utils import CaptureQueriesContext, isolate_apps
 
@@ -270,6 +272,58 @@ def test_unsaved_related_object_is_refused_and_a_later_saved_one_is_linked(alias
     shelf.save(using=alias)
     item.save()
     assert _row(Item, alias, item.pk)["shelf_id"] == shelf.pk
+
+
+def test_expression_values_are_written_and_still_version_checked(alias: str) -> None:
+    pk = Item.objects.using(alias).create(name="pen", stock=5).pk
+    item = Item.objects.using(alias).get(pk=pk)
+    stale = Item.objects.using(alias).get(pk=pk)
+    item.stock = F("stock") - 1
+    item.name = Upper(Value("pen"))
+    with _queries(alias) as ctx:
+        item.save()
+    assert len(ctx.captured_queries) == 1 and item.version == 2
+    assert (_row(Item, alias, pk)["stock"], _row(Item, alias, pk)["name"]) == (4, "PEN")
+    stale.stock = F("stock") - 1
+    with pytest.raises(VersionConflict):
+        stale.save(update_fields=["stock"])
+    assert stale.version == 1
+    assert (_row(Item, alias, pk)["stock"], _row(Item, alias, pk)["version"]) == (4, 2)
+
+
+class _Shown(models.Manager["models.Model"]):
+    def get_queryset(self) -> models.QuerySet[Any]:
+        return super().get_queryset().filter(hidden=False)
+
+
+@isolate_apps("tests.testapp")
+def test_a_filtering_base_manager_is_honoured_like_djangos_save(alias: str) -> None:
+    class Hideable(OptimisticLockMixin):
+        hidden = models.BooleanField(default=False)
+        stock = models.IntegerField(default=0)
+        objects = models.Manager()
+        shown = _Shown()
+
+        class Meta:
+            app_label = "testapp"
+            base_manager_name = "shown"
+
+    with connections[alias].schema_editor() as editor:
+        editor.create_model(Hideable)
+    try:
+        visible = Hideable.objects.using(alias).create()
+        visible.stock = 1
+        visible.save()
+        hidden = Hideable.objects.using(alias).create(hidden=True)
+        hidden.stock = 1
+        # Django's save would not see the row either: its UPDATE goes through the base manager.
+        with pytest.raises(VersionConflict):
+            hidden.save()
+        rows = dict(Hideable.objects.using(alias).values_list("pk", "stock"))
+        assert rows == {visible.pk: 1, hidden.pk: 0}
+    finally:
+        with connections[alias].schema_editor() as editor:
+            editor.delete_model(Hideable)
 
 
 def test_deferred_fields(alias: str) -> None:
