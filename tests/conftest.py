@@ -34,6 +34,12 @@ def require_pg() -> None:
     pytest.skip("PostgreSQL not started (run scripts/test for the full suite)")
 
 
+def psycopg_params(database: str) -> dict[str, Any]:
+    """``psycopg.connect()`` keywords for the database alias ``database`` (a side connection)."""
+    db = connections[database].settings_dict
+    return {"host": db["HOST"], "port": db["PORT"], "user": db["USER"], "dbname": db["NAME"]}
+
+
 def needs_pg(alias: str) -> bool:
     return alias.startswith("pg")
 

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
+import psycopg
 import pytest
 
-from .conftest import DATABASES, require_pg
+from django_distlock import locks
+from django_distlock.backends import _dbsql as sql
+
+from .conftest import DATABASES, in_thread, psycopg_params, require_pg
 from .contract import LockContract
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
@@ -42,8 +49,6 @@ def _prepared_statements(backend) -> int:
 def test_postgres_lease_statements_prepared_unless_disabled(settings, unique, prepare) -> None:
     """OPTIONS["PREPARE"]: prepared lease statements, or none (PgBouncer transaction pooling)."""
     require_pg()
-    from django_distlock import locks
-
     settings.DISTLOCK = {
         **settings.DISTLOCK,
         "pg-prepare": {"BACKEND": settings.DISTLOCK["pg-lease"]["BACKEND"],
@@ -62,14 +67,6 @@ def test_postgres_lease_statements_prepared_unless_disabled(settings, unique, pr
 def test_postgres_waiters_queue_in_the_server(unique) -> None:
     """Blocking waiters in threads queue on an advisory lock; a timed-out one leaves no trace."""
     require_pg()
-    import threading
-    import time
-
-    from django_distlock import locks
-    from django_distlock.backends import _dbsql as sql
-
-    from .conftest import in_thread
-
     backend = locks["pg-lease"]
     name = unique()
     holder = backend.lock(name, ttl=30)
@@ -124,20 +121,13 @@ def test_postgres_waiters_queue_in_the_server(unique) -> None:
 def test_postgres_a_first_attempt_does_not_pass_a_queued_waiter(unique) -> None:
     """A free lock with a waiter at the head of its queue goes to that waiter, not a newcomer."""
     require_pg()
-    import psycopg
-    from django.db import connections
-
-    from django_distlock import locks
-    from django_distlock.backends import _dbsql as sql
-
     backend = locks["pg-lease"]
     name = unique()
     first = backend.lock(name, ttl=30)
     assert first.acquire(blocking=False)  # creates the row
     first.release()
-    db = connections["pg"].settings_dict
-    params = {"host": db["HOST"], "port": db["PORT"], "user": db["USER"], "dbname": db["NAME"]}
-    with psycopg.connect(**params, autocommit=True) as head:  # stands for a queued waiter
+    # A side connection stands for a waiter at the head of the queue.
+    with psycopg.connect(**psycopg_params("pg"), autocommit=True) as head:
         head.execute("SELECT pg_advisory_lock(%s)", [sql.queue_key(first.key)])
         assert not backend.lock(name, ttl=30).acquire(blocking=False)
         head.execute("SELECT pg_advisory_unlock(%s)", [sql.queue_key(first.key)])

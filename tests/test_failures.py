@@ -8,23 +8,15 @@ import pytest
 from django_distlock import locks
 from django_distlock.exceptions import BackendUnavailable
 
-from .conftest import DATABASES, require_pg
+from .conftest import DATABASES, psycopg_params, require_pg
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
 
 
 def _terminate_lease_connection(backend) -> None:
     pid = backend._cursor().connection.info.backend_pid
-    with psycopg.connect(**backend_params(backend), autocommit=True) as admin:
+    with psycopg.connect(**psycopg_params(backend.database), autocommit=True) as admin:
         admin.execute("SELECT pg_terminate_backend(%s)", [pid])
-
-
-def backend_params(backend) -> dict:
-    from django.db import connections
-
-    settings = connections[backend.database].settings_dict
-    return {"host": settings["HOST"], "port": settings["PORT"], "user": settings["USER"],
-            "dbname": settings["NAME"]}
 
 
 def test_postgres_backend_terminated(unique) -> None:

@@ -152,6 +152,11 @@ class DatabaseBackend(BaseLockBackend):
     def supports_listing(self) -> bool:  # type: ignore[override]
         return not (self.transactional and self.vendor == "sqlite")
 
+    @cached_property
+    def _notifies(self) -> bool:
+        """Whether the driver can wait for notifications (see ``_is_psycopg3``)."""
+        return _is_psycopg3(self.database)
+
     @property
     def wakes_waiters(self) -> bool:  # type: ignore[override]
         return self.vendor == "postgresql"
@@ -314,7 +319,7 @@ class DatabaseBackend(BaseLockBackend):
         return Grant(fencing, sql.as_datetime(acquired_at), sql.as_datetime(expires_at))
 
     def waiter(self, lock: Lock) -> Waiter:
-        if self.transactional or not self.wakes_waiters or not _is_psycopg3(self.database):
+        if self.transactional or not self.wakes_waiters or not self._notifies:
             return Waiter()
         if self._listener is None:
             with self._mutex:
