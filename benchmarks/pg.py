@@ -273,7 +273,7 @@ add_bar(_U, "pg.tx", "pg.advisory", None)
 add_case(
     _C, "pg.advisory", Advisory, "`pg_advisory_lock` (blocking)", group=GROUP, reference="advisory"
 )
-add_case(_C, "pg.lease", lease, "django-distlock lease mode (LISTEN/NOTIFY)", group=GROUP)
+add_case(_C, "pg.lease", lease, "django-distlock lease mode (queue in the server)", group=GROUP)
 add_case(_C, "pg.tx", transaction_mode, "django-distlock transaction mode (row lock)", group=GROUP)
 add_bar(_C, "pg.lease", "pg.advisory", 3.0)
 add_bar(_C, "pg.tx", "pg.advisory", None)

@@ -75,6 +75,9 @@ class Lock:
         self.host = _HOST
         self.pid: int | None = None
         self.thread = ""
+        #: True while ``aacquire()`` runs: its attempts run in a worker thread that
+        #: serves an event loop, which a backend must not keep waiting in the server.
+        self.in_event_loop = False
         #: Per-acquisition state private to the backend.
         self.backend_state: Any = None
         self._mutex = threading.Lock()
@@ -155,6 +158,7 @@ class Lock:
         :raises BackendUnavailable: when the server fails.
         """
         token, blocking, deadline = self._begin(blocking, timeout)
+        self.in_event_loop = False
         started = time.monotonic()
         try:
             result = self.backend.try_acquire(self, token, self._wait_for(blocking, deadline))
@@ -179,6 +183,7 @@ class Lock:
     ) -> bool:
         """Async :meth:`acquire`: attempts run in a worker thread, waits do not block the loop."""
         token, blocking, deadline = self._begin(blocking, timeout)
+        self.in_event_loop = True
         started = time.monotonic()
         attempt = sync_to_async(self.backend.try_acquire)
         try:

@@ -9,7 +9,6 @@ into one statement, so an uncontended acquire costs one round trip.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -22,13 +21,15 @@ _COLUMNS = "name, owner, fencing, acquired_at, expires_at, host, pid, thread"
 class Dialect:
     """The statements of one vendor; placeholders are ``%s`` (Django's cursor)."""
 
-    #: Grant if free or expired. Params: see ``acquire_params``.
-    #: Rows: (granted, fencing, acquired_at, expires_at, retry_after).
+    #: Grant if free or expired. Params: see ``acquire_params``. Rows: (granted, fencing,
+    #: acquired_at, expires_at, retry_after, generation) where generation, on PostgreSQL,
+    #: is the fencing token when the session took the grant's generation lock (see
+    #: migration 0002), else None.
     acquire: str
     #: Only when ``acquire`` returns no row on a miss. Params: key. Row: (retry_after,).
     retry_after: str | None
-    #: Params: key, owner (+ on PostgreSQL: key, the payload of the shared channel's
-    #: notification, and the key's own channel, see ``queue_channel``). Row: (valid,).
+    #: Params: key, owner (+ on PostgreSQL: key, key, the generation to give back or
+    #: None, key). Row: (valid,).
     release: str
     #: Params: ttl, key, owner. Row: (fencing, acquired_at, expires_at).
     extend: str
@@ -36,7 +37,7 @@ class Dialect:
     is_locked: str
     #: Params: lower bound (exclusive), prefix, upper bound, limit.
     held: str
-    #: Params: key (+ key and the key's channel on PostgreSQL). Row when a held lock was freed.
+    #: Params: key (+ key on PostgreSQL). Row when a held lock was freed.
     force_release: str
     #: Transaction mode: bump fencing, holding the row lock until the transaction ends.
     #: Params: host, pid, thread, key. Row: (fencing, acquired_at); none if no row yet.
@@ -48,15 +49,16 @@ POSTGRESQL = Dialect(
     # grant makes it re-check, READ COMMITTED's EvalPlanQual), so a miss is a
     # read: it writes nothing and never delays the holder. A first attempt
     # also defers to a queued waiter (the advisory lock of the key's queue,
-    # held by its head, see ``pg_enqueue``): no barging past the queue. The
+    # held by its head, see migration 0002): no barging past the queue. The
     # INSERT runs for a name's first use only; ON CONFLICT DO NOTHING settles
-    # racing creators.
+    # racing creators. A grant takes its generation lock, which its release
+    # gives back: that wakes the head of the queue inside the server.
     acquire=f"""
 WITH u AS (
     UPDATE {TABLE} SET owner = %s, fencing = fencing + 1, acquired_at = now(),
         expires_at = now() + %s * interval '1 second', host = %s, pid = %s, thread = %s
     WHERE name = %s AND (owner IS NULL OR expires_at <= now())
-        AND (%s OR pg_try_advisory_xact_lock(%s))
+        AND (%s OR pg_try_advisory_xact_lock(hashtextextended(%s, 0)))
     RETURNING fencing, acquired_at, expires_at
 ), i AS (
     INSERT INTO {TABLE} ({_COLUMNS})
@@ -65,22 +67,27 @@ WITH u AS (
     ON CONFLICT (name) DO NOTHING
     RETURNING fencing, acquired_at, expires_at
 )
-SELECT true, fencing, acquired_at, expires_at, NULL::float8 FROM u
+SELECT true, fencing, acquired_at, expires_at, NULL::float8,
+    CASE WHEN pg_try_advisory_lock(hashtextextended(%s, fencing)) THEN fencing END
+FROM (SELECT * FROM u UNION ALL SELECT * FROM i) g
 UNION ALL
-SELECT true, fencing, acquired_at, expires_at, NULL::float8 FROM i
-UNION ALL
-SELECT false, NULL, NULL, NULL, EXTRACT(EPOCH FROM l.expires_at - now())::float8
+SELECT false, NULL, NULL, NULL, EXTRACT(EPOCH FROM l.expires_at - now())::float8, NULL
 FROM {TABLE} l WHERE l.name = %s AND NOT EXISTS (SELECT 1 FROM u)""",
     retry_after=None,
     # A release need not wait for its WAL flush: if the server crashed and
     # lost it, the lease would just run until its expiry, which excludes
     # as well. (A lost grant or extension would not: those stay durable.)
+    # The generation lock is given back after the UPDATE (the first column
+    # runs it), holding the settle lock until commit: the head it wakes
+    # reads the row free. Given back even when the lease was lost.
     release=f"""
 WITH cfg AS (SELECT set_config('synchronous_commit', 'off', true)), r AS (
     UPDATE {TABLE} SET owner = NULL WHERE name = %s AND owner = %s
     RETURNING expires_at > now() AS valid
 )
-SELECT valid, pg_notify('{CHANNEL}', %s), pg_notify(%s, '') FROM r, cfg""",
+SELECT (SELECT valid FROM r), pg_advisory_xact_lock(hashtextextended(%s, -1)),
+    pg_advisory_unlock(hashtextextended(%s, %s)), pg_notify('{CHANNEL}', %s)
+FROM cfg""",
     extend=f"""
 UPDATE {TABLE} SET expires_at = now() + %s * interval '1 second'
 WHERE name = %s AND owner = %s AND expires_at > now()
@@ -96,7 +103,7 @@ WITH r AS (
     UPDATE {TABLE} SET owner = NULL
     WHERE name = %s AND owner IS NOT NULL AND expires_at > now() RETURNING name
 )
-SELECT pg_notify('{CHANNEL}', %s), pg_notify(%s, '') FROM r""",
+SELECT pg_notify('{CHANNEL}', %s) FROM r""",
     tx_grant=f"""
 UPDATE {TABLE} SET fencing = fencing + 1, acquired_at = clock_timestamp(), host = %s, pid = %s,
     thread = %s
@@ -132,48 +139,13 @@ PG_TX_IS_LOCKED = f"""
 WITH free AS (SELECT name FROM {TABLE} WHERE name = %s FOR SHARE SKIP LOCKED)
 SELECT EXISTS (SELECT 1 FROM {TABLE} WHERE name = %s) AND NOT EXISTS (SELECT 1 FROM free)"""
 
-def queue_key(key: str) -> int:
-    """The advisory-lock key of a lock key's waiter queue (signed 64-bit hash).
-
-    A collision between two keys only merges their queues: the lock row,
-    not the queue, decides who holds a lock.
-    """
-    return int.from_bytes(_digest(key), "big", signed=True)
-
-
-def queue_channel(key: str) -> str:
-    """The NOTIFY channel on which the head of a key's waiter queue hears its release."""
-    return f"distlock_{_digest(key).hex()}"
-
-
-def _digest(key: str) -> bytes:
-    return hashlib.blake2b(key.encode(), digest_size=8, person=b"distlockq").digest()
-
-
-def pg_enqueue(key: str, wait_ms: int) -> str:
-    """PostgreSQL lease mode: head the waiter queue of ``key``, then listen for its release.
-
-    One simple-protocol round trip (literals only: an int and a hex name we
-    make): wait up to ``wait_ms`` (0: no limit) for the queue's advisory
-    lock, then LISTEN on the key's channel; a timeout fails both.
-    """
-    return (
-        f"SELECT set_config('lock_timeout', '{int(wait_ms)}ms', false), "
-        f"pg_advisory_lock({queue_key(key)}); LISTEN {queue_channel(key)}"
-    )
-
-
-#: Leave the head of a queue (after UNLISTEN), restoring the lease connection's lock_timeout.
-#: Params: queue key, lock_timeout.
-PG_DEQUEUE = "SELECT pg_advisory_unlock(%s), set_config('lock_timeout', %s, false)"
-
-
-def pg_dequeue(key: str, lock_timeout: str) -> str:
-    """Leave the head of ``key``'s queue and restore the lease connection's lock_timeout."""
-    return (
-        f"UNLISTEN {queue_channel(key)}; SELECT pg_advisory_unlock({queue_key(key)}), "
-        f"set_config('lock_timeout', '{lock_timeout}', false)"
-    )
+#: PostgreSQL lease mode, blocking: queue in the server and take the lock when it comes
+#: (the function is installed by migration 0002, which explains it). Params: key, owner,
+#: ttl, host, pid, thread, seconds to wait (None: no limit). Rows: as ``acquire``'s.
+PG_WAIT = "SELECT * FROM django_distlock_wait(%s, %s, %s, %s, %s, %s, %s)"
+#: PostgreSQL lease mode: give back a grant's generation lock (released elsewhere).
+#: Params: key, generation.
+PG_UNLOCK_GENERATION = "SELECT pg_advisory_unlock(hashtextextended(%s, %s))"
 
 
 # SQLite keeps times as text; these formats sort as they compare. Its 'now'
@@ -189,7 +161,7 @@ ON CONFLICT (name) DO UPDATE SET
     expires_at = excluded.expires_at, host = excluded.host, pid = excluded.pid,
     thread = excluded.thread
 WHERE owner IS NULL OR expires_at <= {_NOW}
-RETURNING 1, fencing, acquired_at, expires_at, NULL""",
+RETURNING 1, fencing, acquired_at, expires_at, NULL, NULL""",
     retry_after=f"""
 SELECT (julianday(expires_at) - julianday('now')) * 86400.0 FROM {TABLE} WHERE name = %s""",
     release=f"""
@@ -230,8 +202,7 @@ def pg_acquire_params(
         queue's head, or an asyncio waiter that cannot queue).
     """
     holder = [host, pid, thread]
-    queue = [retry, queue_key(key)]
-    return [token, ttl, *holder, key, *queue, key, token, ttl, *holder, key, key]
+    return [token, ttl, *holder, key, retry, key, key, token, ttl, *holder, key, key, key]
 
 
 def sqlite_ttl(seconds: float) -> str:

@@ -5,10 +5,9 @@ notifications (payload: the released key) and sets the events of the
 waiters of that key. A release commits its ``pg_notify`` with the UPDATE
 that frees the row, so a woken waiter's next attempt sees the row free.
 
-Blocking waiters in threads queue in the server instead (:class:`QueueWaiter`):
-only the head of a key's queue listens, on the key's own channel and its own
-connection, and retries; the others sleep in ``pg_advisory_lock`` until the
-head is served or gives up. A release wakes one waiter in all.
+Used by asyncio waiters, which must not block their thread in the server;
+waiters in threads queue in the server instead (see the database backend's
+migration 0002).
 """
 
 from __future__ import annotations
@@ -188,58 +187,3 @@ class NotificationWaiter(Waiter):
         assert self.event is not None
         await asyncio.to_thread(self.event.wait, self.delay(miss, remaining))
         self.event.clear()
-
-
-class QueueWaiter(Waiter):
-    """Waits its turn in a server-side queue, then for the key's release.
-
-    ``enqueue(key, wait)`` blocks on the key's advisory lock for up to
-    ``wait`` seconds (None: no limit); ``heads(key)`` tells whether this
-    thread now heads the queue (listening on the key's own channel);
-    ``wait_released(seconds)`` sleeps on that channel; ``done(key)`` ends
-    the wait (and lets the next waiter in if this one still heads the
-    queue). Only for threads: an asyncio task must not block its thread in
-    the server, so :meth:`async_wait` waits for the listener's notifications
-    like a :class:`NotificationWaiter`.
-    """
-
-    def __init__(
-        self,
-        key: str,
-        *,
-        enqueue: Callable[[str, float | None], None],
-        heads: Callable[[str], bool],
-        wait_released: Callable[[float], None],
-        done: Callable[[str], None],
-        listener: Listener,
-    ) -> None:
-        super().__init__()
-        self.key = key
-        self._enqueue = enqueue
-        self._heads = heads
-        self._wait_released = wait_released
-        self._done = done
-        self._listener = listener
-        self._notified: NotificationWaiter | None = None
-
-    def __exit__(self, *exc_info: object) -> None:
-        if self._notified is not None:
-            self._notified.__exit__(*exc_info)
-        self._done(self.key)
-
-    def delay(self, miss: Miss, remaining: float | None) -> float:
-        return notified_delay(miss, remaining)
-
-    def wait(self, miss: Miss, remaining: float | None) -> None:
-        if not self._heads(self.key):
-            # Returns at once for the first waiter; the caller retries at once,
-            # as the holder may have gone while this waiter queued.
-            self._enqueue(self.key, remaining)
-            return
-        self._wait_released(self.delay(miss, remaining))
-
-    async def async_wait(self, miss: Miss, remaining: float | None) -> None:
-        if self._notified is None:
-            self._notified = NotificationWaiter(self._listener, self.key).__enter__()
-            return
-        await self._notified.async_wait(miss, remaining)

@@ -40,7 +40,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from ..exceptions import BackendUnavailable, InvalidBackendOptions, UnsupportedOperation
 from ..names import validate_name
 from . import _dbsql as sql
-from ._pglisten import Listener, QueueWaiter
+from ._pglisten import Listener, NotificationWaiter
 from .base import BaseLockBackend, Grant, LockInfo, LockPage, Miss, Waiter, validate_page_args
 
 if TYPE_CHECKING:
@@ -52,6 +52,11 @@ _OPTION_KEYS = frozenset({"DATABASE", "MODE", "PREPARE"})
 #: transaction before the attempt counts as a miss (lease rows are locked
 #: only for the duration of one statement).
 _ROW_LOCK_WAIT = "200ms"
+#: A blocking acquire of a key its thread waited for in the last this many seconds
+#: goes straight to the server's queue (one round trip instead of a miss and then
+#: the wait); remembered per thread for this many keys at most.
+_CONTENDED_FOR = 10.0
+_CONTENDED_KEYS = 256
 
 
 @dataclass
@@ -63,7 +68,10 @@ class _TxState:
     grant: Grant
 
 
-#: ``Lock.backend_state`` of a lease-mode acquisition past its first attempt.
+#: ``Lock.backend_state`` of a lease-mode acquisition past its first attempt: a thread's
+#: waits in the server (``_QUEUED``), an asyncio task's polls after notifications
+#: (``_WAITING``, which may pass a queued waiter: the task cannot queue).
+_QUEUED = "queued"
 _WAITING = "waiting"
 
 
@@ -74,17 +82,59 @@ class _TxStack(threading.local):
         self.keys: list[str] = []
 
 
-class _LeaseCursors(threading.local):
-    wrapper: BaseDatabaseWrapper | None = None
-    cursor: Any = None
-    pid: int = 0
-    #: psycopg's ``prepare`` argument (the backend's ``OPTIONS["PREPARE"]``).
-    prepare: bool = True
-    #: The cursor whose session heads a waiter queue (see ``_enqueue``), for which key,
-    #: and whether a release was notified since it became the head.
-    queued: Any = None
-    queued_key: str | None = None
-    notified: bool = False
+class _Session:
+    """A thread's own autocommit connection for lease statements (PostgreSQL).
+
+    Its owning thread runs every statement holding ``mutex``; another thread
+    may too, to release a lease granted here (the session holds the grant's
+    generation lock). ``orphans``: generation locks of leases released
+    through another session while this one was busy, given back here before
+    the next statement.
+    """
+
+    def __init__(self, wrapper: BaseDatabaseWrapper, cursor: Any, prepare: bool) -> None:
+        self.wrapper = wrapper
+        self.cursor = cursor
+        #: psycopg's ``prepare`` argument (the backend's ``OPTIONS["PREPARE"]``).
+        self.prepare = prepare
+        self.pid = os.getpid()
+        self.mutex = threading.Lock()
+        self.orphans: list[tuple[str, int]] = []
+        self.closed = False
+        #: Keys this thread recently had to wait for, and when (monotonic), oldest first.
+        self._contended: dict[str, float] = {}
+
+    def contended(self, key: str) -> bool:
+        """Whether this thread waited for ``key`` in the last :data:`_CONTENDED_FOR` seconds."""
+        seen = self._contended.get(key)
+        return seen is not None and time.monotonic() - seen < _CONTENDED_FOR
+
+    def note_contended(self, key: str) -> None:
+        """Remember that this thread waits for ``key`` (at most :data:`_CONTENDED_KEYS` keys)."""
+        self._contended.pop(key, None)
+        self._contended[key] = time.monotonic()
+        if len(self._contended) > _CONTENDED_KEYS:
+            del self._contended[next(iter(self._contended))]
+
+    def execute(self, statement: str, params: list[Any]) -> Any:
+        """Run one statement (``mutex`` held); return the cursor."""
+        while self.orphans:
+            key, generation = self.orphans.pop()
+            self.cursor.execute(sql.PG_UNLOCK_GENERATION, [key, generation], prepare=False)
+        self.cursor.execute(statement, params, prepare=self.prepare)
+        return self.cursor
+
+
+@dataclass(frozen=True)
+class _Held:
+    """A lease-mode grant on PostgreSQL: the session that holds its generation lock."""
+
+    session: _Session
+    generation: int
+
+
+class _LeaseSessions(threading.local):
+    session: _Session | None = None
 
 
 class DatabaseBackend(BaseLockBackend):
@@ -123,7 +173,7 @@ class DatabaseBackend(BaseLockBackend):
         if self.transactional:
             self.supports_expiry = False
             self.supports_force_release = False
-        self._local = _LeaseCursors()
+        self._local = _LeaseSessions()
         self._tx_stack = _TxStack()
         self._mutex = threading.Lock()
         # Weak: a finished thread's lease connection is closed when collected.
@@ -176,25 +226,22 @@ class DatabaseBackend(BaseLockBackend):
             if getattr(wrapper, "_distlock_pid", None) == os.getpid():
                 with contextlib.suppress(Error):
                     wrapper.close()
-        self._local = _LeaseCursors()
+        self._local = _LeaseSessions()
 
     # -- connections ----------------------------------------------------------
 
-    def _cursor(self) -> Any:
-        """The cursor lease statements run on.
+    def _session(self) -> _Session:
+        """This thread's session for lease statements on PostgreSQL.
 
-        On PostgreSQL: a psycopg cursor with server-side binding on this
-        thread's own autocommit connection, so that the lease statements are
-        prepared once per connection (set the backend's ``OPTIONS["PREPARE"]``
-        to False behind a pooler that cannot keep prepared statements, such
-        as PgBouncer's transaction pooling before 1.21). Elsewhere: the
-        Django connection's cursor.
+        A psycopg cursor with server-side binding on the thread's own
+        autocommit connection, so that the lease statements are prepared once
+        per connection (set the backend's ``OPTIONS["PREPARE"]`` to False
+        behind a pooler that cannot keep prepared statements, such as
+        PgBouncer's transaction pooling before 1.21).
         """
-        if self.vendor != "postgresql":
-            return connections[self.database].cursor()
-        local = self._local
-        if local.cursor is None or local.pid != os.getpid():
-            local.cursor = None
+        session = self._local.session
+        if session is None or session.pid != os.getpid():
+            self._local.session = None
             wrapper = self._new_wrapper()
             raw = wrapper.connection
             if self.prepare and hasattr(raw, "prepare_threshold"):
@@ -202,16 +249,8 @@ class DatabaseBackend(BaseLockBackend):
                 raw.prepare_threshold = 0
             cursor = _pg_cursor(raw)
             cursor.execute(sql.PG_LOCK_TIMEOUT_SESSION, [_ROW_LOCK_WAIT])
-            local.prepare = self.prepare
-            local.wrapper, local.cursor, local.pid = wrapper, cursor, os.getpid()
-        return local.cursor
-
-    def _execute(self, cursor: Any, statement: str, params: list[Any]) -> None:
-        """Execute on a cursor of :meth:`_cursor`, prepared where that is allowed."""
-        if self.vendor == "postgresql":
-            cursor.execute(statement, params, prepare=self._local.prepare)
-        else:
-            cursor.execute(statement, params)
+            session = self._local.session = _Session(wrapper, cursor, self.prepare)
+        return session
 
     def _new_wrapper(self) -> BaseDatabaseWrapper:
         wrapper = connections.create_connection(self.database)
@@ -222,15 +261,21 @@ class DatabaseBackend(BaseLockBackend):
             self._wrappers.add(wrapper)
         return wrapper
 
-    def _forget_cursor(self) -> None:
-        local = self._local
-        wrapper, local.wrapper, local.cursor = local.wrapper, None, None
-        if wrapper is not None:
+    def _forget_session(self) -> None:
+        """Close this thread's session; the server frees the advisory locks it held."""
+        session, self._local.session = self._local.session, None
+        if session is not None:
+            session.closed = True
             with contextlib.suppress(Error):
-                wrapper.close()
+                session.wrapper.close()
 
     def _unavailable(self, exc: BaseException, doing: str) -> BackendUnavailable:
-        self._forget_cursor()
+        self._forget_session()
+        if getattr(exc, "sqlstate", None) == "42883":  # undefined_function
+            return BackendUnavailable(
+                f"Database {self.database!r} lacks django-distlock's wait function: run "
+                f"`manage.py migrate django_distlock` (lock alias {self.alias!r}): {exc}"
+            )
         return BackendUnavailable(
             f"Database {self.database!r} failed while {doing} (lock alias {self.alias!r}): {exc}"
         )
@@ -240,9 +285,14 @@ class DatabaseBackend(BaseLockBackend):
     ) -> list[tuple[Any, ...]]:
         """Run one lease statement and return its rows; map failures to BackendUnavailable."""
         try:
-            cursor = self._cursor()
-            self._execute(cursor, statement, params)
-            return cursor.fetchall() if fetch else []
+            if self.vendor != "postgresql":
+                with connections[self.database].cursor() as cursor:
+                    cursor.execute(statement, params)
+                    return cursor.fetchall() if fetch else []
+            session = self._session()
+            with session.mutex:
+                cursor = session.execute(statement, params)
+                return cursor.fetchall() if fetch else []
         except _ERRORS as exc:
             raise self._unavailable(exc, doing) from exc
 
@@ -254,39 +304,54 @@ class DatabaseBackend(BaseLockBackend):
     def try_acquire(self, lock: Lock, token: str, wait: float | None) -> Grant | Miss:
         if self.transactional:
             return self._tx_acquire(lock, wait)
-        if self.vendor == "postgresql":
-            params = sql.pg_acquire_params(
-                lock.key,
-                token,
-                lock.ttl,
-                lock.host,
-                lock.pid,
-                lock.thread,
-                retry=lock.backend_state is _WAITING,
-            )
+        if self.vendor != "postgresql":
+            return self._sqlite_acquire(lock, token)
+        holder: list[Any] = [lock.host, lock.pid, lock.thread]
+        session = self._session()
+        queue = wait != 0 and not lock.in_event_loop
+        if queue and (lock.backend_state is _QUEUED or session.contended(lock.key)):
+            # A thread's wait (or a first attempt on a key seen contended): in the
+            # server, in the key's queue (see migration 0002).
+            session.note_contended(lock.key)
+            statement, params = sql.PG_WAIT, [lock.key, token, lock.ttl, *holder, wait]
         else:
-            params = [lock.key, token, self._ttl(lock.ttl), lock.host, lock.pid, lock.thread]
+            statement = self.dialect.acquire
+            retry = lock.backend_state is _WAITING
+            params = sql.pg_acquire_params(
+                lock.key, token, lock.ttl, lock.host, lock.pid, lock.thread, retry=retry
+            )
         try:
-            cursor = self._cursor()
-            if self._local.notified and self._heads(lock.key):
-                row = self._attempt_and_dequeue(cursor, lock.key, params)
-            else:
-                self._execute(cursor, self.dialect.acquire, params)
+            with session.mutex:
+                row = session.execute(statement, params).fetchone()
+        except _ERRORS as exc:
+            # Even a busy error: the session may hold queue locks; closing it frees them.
+            raise self._unavailable(exc, "acquiring a lock") from exc
+        if row is None:
+            return Miss()
+        granted, fencing, acquired_at, expires_at, retry_after, generation = row
+        if not granted:
+            return Miss(retry_after)
+        if generation is not None:
+            lock.backend_state = _Held(session, generation)
+        return Grant(fencing, sql.as_datetime(acquired_at), sql.as_datetime(expires_at))
+
+    def _sqlite_acquire(self, lock: Lock, token: str) -> Grant | Miss:
+        params: list[Any] = [lock.key, token, self._ttl(lock.ttl), lock.host, lock.pid, lock.thread]
+        assert self.dialect.retry_after is not None  # SQLite's
+        try:
+            with connections[self.database].cursor() as cursor:
+                cursor.execute(self.dialect.acquire, params)
                 row = cursor.fetchone()
-            if row is None and self.dialect.retry_after is not None:
-                # SQLite only: the miss path's second statement (local, cheap).
-                cursor.execute(self.dialect.retry_after, [lock.key])
-                found = cursor.fetchone()
-                return Miss(found[0] if found else None)
+                if row is None:
+                    # The miss path's second statement (local, cheap).
+                    cursor.execute(self.dialect.retry_after, [lock.key])
+                    found = cursor.fetchone()
+                    return Miss(found[0] if found else None)
         except _ERRORS as exc:
             if _is_busy(exc):
                 return Miss()
             raise self._unavailable(exc, "acquiring a lock") from exc
-        if row is None:
-            return Miss()
-        granted, fencing, acquired_at, expires_at, retry_after = row
-        if not granted:
-            return Miss(retry_after)
+        _, fencing, acquired_at, expires_at, _, _ = row
         return Grant(fencing, sql.as_datetime(acquired_at), sql.as_datetime(expires_at))
 
     def release_lock(self, lock: Lock, token: str, exc_info: tuple[Any, Any, Any]) -> bool:
@@ -301,11 +366,41 @@ class DatabaseBackend(BaseLockBackend):
             stack.pop()
             state.atomic.__exit__(*exc_info)  # commit, or roll back on an exception
             return True
-        params = [lock.key, token]
-        if self.vendor == "postgresql":
-            params += [lock.key, sql.queue_channel(lock.key)]
+        if self.vendor != "postgresql":
+            rows = self._run(self.dialect.release, [lock.key, token], "releasing a lock")
+            return bool(rows and rows[0][0])
+        held = lock.backend_state if isinstance(lock.backend_state, _Held) else None
+        if held is not None and held.session is not self._local.session:
+            released = self._release_through(held, lock.key, token)
+            if released is not None:
+                return released
+        own = held is not None and held.session is self._local.session
+        generation = held.generation if own and held is not None else None
+        params = [lock.key, token, lock.key, lock.key, generation, lock.key]
         rows = self._run(self.dialect.release, params, "releasing a lock")
         return bool(rows and rows[0][0])
+
+    def _release_through(self, held: _Held, key: str, token: str) -> bool | None:
+        """Release a lease granted on another thread's session, through that session.
+
+        Its generation lock lives there. If that session is busy, return None
+        (the caller releases through its own) and leave the generation lock to
+        be given back there before its next statement.
+        """
+        session = held.session
+        if session.closed or session.pid != os.getpid():
+            return None  # its connection is gone, and its locks with it
+        if not session.mutex.acquire(blocking=False):
+            session.orphans.append((key, held.generation))
+            return None
+        try:
+            params = [key, token, key, key, held.generation, key]
+            row = session.execute(self.dialect.release, params).fetchone()
+            return bool(row and row[0])
+        except _ERRORS:
+            return None  # that connection broke (and its locks went with it): use ours
+        finally:
+            session.mutex.release()
 
     def extend_lock(self, lock: Lock, token: str, ttl: float) -> Grant | None:
         if self.transactional:
@@ -319,79 +414,20 @@ class DatabaseBackend(BaseLockBackend):
         return Grant(fencing, sql.as_datetime(acquired_at), sql.as_datetime(expires_at))
 
     def waiter(self, lock: Lock) -> Waiter:
-        if self.transactional or not self.wakes_waiters or not self._notifies:
+        """PostgreSQL lease mode: a thread waits in the server, in the key's queue (one
+        call per wait; see ``try_acquire``); an asyncio task must not block its
+        thread there, so it waits for the listener's notifications."""
+        if self.transactional or not self.wakes_waiters:
             return Waiter()
+        if not lock.in_event_loop:
+            return _Marked(lock, _QUEUED, Waiter())
+        if not self._notifies:
+            return _Marked(lock, _WAITING, Waiter())
         if self._listener is None:
             with self._mutex:
                 if self._listener is None:
                     self._listener = Listener(self._listen_connection)
-        lock.backend_state = _WAITING  # later attempts are retries (see _dbsql.POSTGRESQL)
-
-        def done(key: str) -> None:
-            lock.backend_state = None
-            if self._heads(key):
-                self._dequeue(key)
-
-        return QueueWaiter(
-            lock.key,
-            enqueue=self._enqueue,
-            heads=self._heads,
-            wait_released=self._wait_released,
-            done=done,
-            listener=self._listener,
-        )
-
-    def _heads(self, key: str) -> bool:
-        """Whether this thread's lease connection heads the waiter queue of ``key``."""
-        local = self._local
-        return local.queued is not None and local.queued is local.cursor and local.queued_key == key
-
-    def _enqueue(self, key: str, wait: float | None) -> None:
-        """Wait up to ``wait`` seconds to head the waiter queue of ``key`` (see ``_heads``).
-
-        The head listens for the key's release on its own lease connection.
-        """
-        wait_ms = 0 if wait is None else max(1, math.ceil(wait * 1000))
-        try:
-            cursor = self._cursor()
-            cursor.execute(sql.pg_enqueue(key, wait_ms), prepare=False)
-        except _ERRORS as exc:
-            if _is_busy(exc):  # waited ``wait`` seconds; the caller's deadline has passed
-                self._run(sql.PG_LOCK_TIMEOUT_SESSION, [_ROW_LOCK_WAIT], "leaving a lock's queue")
-                return
-            raise self._unavailable(exc, "waiting for a lock") from exc
-        self._local.queued, self._local.queued_key, self._local.notified = cursor, key, False
-
-    def _wait_released(self, seconds: float) -> None:
-        """As the head of a queue: sleep until a release is notified, or ``seconds`` pass."""
-        try:
-            for _ in self._local.queued.connection.notifies(timeout=seconds, stop_after=1):
-                self._local.notified = True
-        except _ERRORS as exc:
-            raise self._unavailable(exc, "waiting for a lock") from exc
-
-    def _attempt_and_dequeue(self, cursor: Any, key: str, params: list[Any]) -> Any:
-        """The head's attempt after a notified release, and its leaving the queue, pipelined.
-
-        The attempt most likely succeeds; if it does not (an asyncio waiter
-        got in first), this waiter queues again. Returns the attempt's row.
-        """
-        raw = cursor.connection
-        side = _pg_cursor(raw)
-        with raw.pipeline():
-            self._execute(cursor, self.dialect.acquire, params)
-            side.execute(f"UNLISTEN {sql.queue_channel(key)}", prepare=False)
-            side.execute(sql.PG_DEQUEUE, [sql.queue_key(key), _ROW_LOCK_WAIT], prepare=False)
-        self._local.queued = None
-        return cursor.fetchone()
-
-    def _dequeue(self, key: str) -> None:
-        """Leave the head of ``key``'s queue: the next waiter heads it."""
-        queued, self._local.queued = self._local.queued, None
-        try:
-            queued.execute(sql.pg_dequeue(key, _ROW_LOCK_WAIT), prepare=False)
-        except _ERRORS as exc:
-            raise self._unavailable(exc, "leaving a lock's queue") from exc
+        return _Marked(lock, _WAITING, NotificationWaiter(self._listener, lock.key))
 
     def _listen_connection(self) -> tuple[Any, Any]:
         wrapper = self._new_wrapper()
@@ -452,7 +488,7 @@ class DatabaseBackend(BaseLockBackend):
                 "A transaction-mode lock is held by its holder's open transaction; "
                 "it ends when that transaction does."
             )
-        params = [key] + ([key, sql.queue_channel(key)] if self.vendor == "postgresql" else [])
+        params = [key] + ([key] if self.vendor == "postgresql" else [])
         freed = bool(self._run(self.dialect.force_release, params, "force-releasing a lock"))
         if freed:
             from ..signals import lock_force_released
@@ -577,6 +613,31 @@ class DatabaseBackend(BaseLockBackend):
             raise BackendUnavailable(f"SQLite database {path!r} failed: {exc}") from exc
         finally:
             probe.close()
+
+
+class _Marked(Waiter):
+    """Marks a lease-mode acquisition's later attempts (``mark`` in its ``backend_state``,
+    read by ``try_acquire``) and waits as ``inner`` does."""
+
+    def __init__(self, lock: Lock, mark: str, inner: Waiter) -> None:
+        super().__init__()
+        self.lock, self.mark, self.inner = lock, mark, inner
+
+    def __enter__(self) -> _Marked:
+        self.lock.backend_state = self.mark
+        self.inner.__enter__()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.inner.__exit__(*exc_info)
+        if self.lock.backend_state is self.mark:
+            self.lock.backend_state = None
+
+    def wait(self, miss: Miss, remaining: float | None) -> None:
+        self.inner.wait(miss, remaining)
+
+    async def async_wait(self, miss: Miss, remaining: float | None) -> None:
+        await self.inner.async_wait(miss, remaining)
 
 
 def _pg_cursor(raw: Any) -> Any:
