@@ -144,10 +144,10 @@ class HandLease:
         self.cursor.execute("SELECT set_config('lock_timeout', %s, false)", [_ROW_LOCK_WAIT])
         self.acquire_sql, self.release_sql = _dbsql.POSTGRESQL.acquire, _dbsql.POSTGRESQL.release
         self.params_of = _dbsql.pg_acquire_params
-        self.channel_of = _dbsql.queue_channel
         self.key = key
         self.holder = (socket.gethostname(), os.getpid(), threading.current_thread().name)
         self.token = ""
+        self.generation: int | None = None
 
     def acquire(self) -> bool:
         self.token = token = secrets.token_hex(16)
@@ -155,11 +155,12 @@ class HandLease:
         params = self.params_of(self.key, token, TTL, host, pid, thread)
         self.cursor.execute(self.acquire_sql, params)
         row = self.cursor.fetchone()
+        self.generation = row[5] if row else None
         return bool(row and row[0])
 
     def release(self) -> None:
-        channel = self.channel_of(self.key)
-        self.cursor.execute(self.release_sql, [self.key, self.token, self.key, channel])
+        key = self.key
+        self.cursor.execute(self.release_sql, [key, self.token, key, key, self.generation, key])
         self.cursor.fetchone()
 
     def close(self) -> None:

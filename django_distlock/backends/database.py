@@ -324,8 +324,14 @@ class DatabaseBackend(BaseLockBackend):
             with session.mutex:
                 row = session.execute(statement, params).fetchone()
         except _ERRORS as exc:
-            # Even a busy error: the session may hold queue locks; closing it frees them.
-            raise self._unavailable(exc, "acquiring a lock") from exc
+            if not _is_busy(exc):
+                raise self._unavailable(exc, "acquiring a lock") from exc
+            if statement is sql.PG_WAIT:
+                # Its grant waited too long for a row lock (a transaction-mode holder of
+                # the same name?): the session may still hold the queue's advisory lock,
+                # and closing it frees that.
+                self._forget_session()
+            return Miss()
         if row is None:
             return Miss()
         granted, fencing, acquired_at, expires_at, retry_after, generation = row
@@ -375,7 +381,7 @@ class DatabaseBackend(BaseLockBackend):
             if released is not None:
                 return released
         own = held is not None and held.session is self._local.session
-        generation = held.generation if own and held is not None else None
+        generation = held.generation if held is not None and own else None
         params = [lock.key, token, lock.key, lock.key, generation, lock.key]
         rows = self._run(self.dialect.release, params, "releasing a lock")
         return bool(rows and rows[0][0])
