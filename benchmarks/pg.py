@@ -143,7 +143,7 @@ class HandLease:
         self.cursor = self.conn.cursor()
         self.cursor.execute("SELECT set_config('lock_timeout', %s, false)", [_ROW_LOCK_WAIT])
         self.acquire_sql, self.release_sql = _dbsql.POSTGRESQL.acquire, _dbsql.POSTGRESQL.release
-        self.params_of = _dbsql.pg_acquire_params
+        self.params_of, self.release_params_of = _dbsql.pg_acquire_params, _dbsql.pg_release_params
         self.key = key
         self.holder = (socket.gethostname(), os.getpid(), threading.current_thread().name)
         self.token = ""
@@ -159,8 +159,8 @@ class HandLease:
         return bool(row and row[0])
 
     def release(self) -> None:
-        key = self.key
-        self.cursor.execute(self.release_sql, [key, self.token, key, key, self.generation, key])
+        params = self.release_params_of(self.key, self.token, self.generation)
+        self.cursor.execute(self.release_sql, params)
         self.cursor.fetchone()
 
     def close(self) -> None:

@@ -186,6 +186,12 @@ WHERE name = %s RETURNING fencing, acquired_at""",
 )
 
 
+def pg_release_params(key: str, token: str, generation: int | None) -> list[object]:
+    """The parameters of ``POSTGRESQL.release``; ``generation``: the grant's generation lock
+    when the releasing session holds it, else None."""
+    return [key, token, key, key, generation, key]
+
+
 def pg_acquire_params(
     key: str,
     token: str,

@@ -381,8 +381,8 @@ class DatabaseBackend(BaseLockBackend):
             if released is not None:
                 return released
         own = held is not None and held.session is self._local.session
-        generation = held.generation if held is not None and own else None
-        params = [lock.key, token, lock.key, lock.key, generation, lock.key]
+        generation = held.generation if own and held is not None else None
+        params = sql.pg_release_params(lock.key, token, generation)
         rows = self._run(self.dialect.release, params, "releasing a lock")
         return bool(rows and rows[0][0])
 
@@ -400,7 +400,7 @@ class DatabaseBackend(BaseLockBackend):
             session.orphans.append((key, held.generation))
             return None
         try:
-            params = [key, token, key, key, held.generation, key]
+            params = sql.pg_release_params(key, token, held.generation)
             row = session.execute(self.dialect.release, params).fetchone()
             return bool(row and row[0])
         except _ERRORS:
