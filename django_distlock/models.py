@@ -23,6 +23,13 @@ class LockRecord(models.Model):
     host = models.CharField(max_length=255, blank=True, default="")
     pid = models.IntegerField(null=True, blank=True)
     thread = models.CharField(max_length=255, blank=True, default="")
+    # PostgreSQL lease mode: the waiter a release hands the lock over to (see
+    # migration 0002); the row's holder columns take these values then.
+    next_owner = models.CharField(max_length=64, null=True, blank=True)
+    next_ttl = models.FloatField(null=True, blank=True)
+    next_host = models.CharField(max_length=255, null=True, blank=True)
+    next_pid = models.IntegerField(null=True, blank=True)
+    next_thread = models.CharField(max_length=255, null=True, blank=True)
 
     class Meta:
         db_table = "django_distlock_lock"

@@ -15,6 +15,11 @@ from datetime import UTC, datetime
 TABLE = "django_distlock_lock"
 CHANNEL = "django_distlock"
 _COLUMNS = "name, owner, fencing, acquired_at, expires_at, host, pid, thread"
+#: PostgreSQL: until when a waiter's reservation keeps the lock (NULL: none); see
+#: migration 0002.
+_RESERVED_UNTIL = (
+    "CASE WHEN next_owner IS NOT NULL THEN expires_at + next_ttl * interval '1 second' END"
+)
 
 
 @dataclass(frozen=True)
@@ -49,15 +54,19 @@ POSTGRESQL = Dialect(
     # grant makes it re-check, READ COMMITTED's EvalPlanQual), so a miss is a
     # read: it writes nothing and never delays the holder. A first attempt
     # also defers to a queued waiter (the advisory lock of the key's queue,
-    # held by its head, see migration 0002): no barging past the queue. The
-    # INSERT runs for a name's first use only; ON CONFLICT DO NOTHING settles
-    # racing creators. A grant takes its generation lock, which its release
-    # gives back: that wakes the head of the queue inside the server.
+    # held by its head, see migration 0002), and every attempt to a waiter's
+    # reservation until it ends (granting over one skips a fencing number):
+    # no barging past the queue. The INSERT runs for a name's first use only;
+    # ON CONFLICT DO NOTHING settles racing creators. A grant takes its
+    # generation lock, which its release gives back: that wakes the head of
+    # the queue inside the server.
     acquire=f"""
 WITH u AS (
-    UPDATE {TABLE} SET owner = %s, fencing = fencing + 1, acquired_at = now(),
-        expires_at = now() + %s * interval '1 second', host = %s, pid = %s, thread = %s
+    UPDATE {TABLE} SET owner = %s, fencing = fencing + 1 + (next_owner IS NOT NULL)::int,
+        acquired_at = now(), expires_at = now() + %s * interval '1 second', host = %s, pid = %s,
+        thread = %s, next_owner = NULL
     WHERE name = %s AND (owner IS NULL OR expires_at <= now())
+        AND (next_owner IS NULL OR {_RESERVED_UNTIL} <= now())
         AND (%s OR pg_try_advisory_xact_lock(hashtextextended(%s, 0)))
     RETURNING fencing, acquired_at, expires_at
 ), i AS (
@@ -71,18 +80,36 @@ SELECT true, fencing, acquired_at, expires_at, NULL::float8,
     CASE WHEN pg_try_advisory_lock(hashtextextended(%s, fencing)) THEN fencing END
 FROM (SELECT * FROM u UNION ALL SELECT * FROM i) g
 UNION ALL
-SELECT false, NULL, NULL, NULL, EXTRACT(EPOCH FROM l.expires_at - now())::float8, NULL
+SELECT false, NULL, NULL, NULL,
+    EXTRACT(EPOCH FROM greatest(l.expires_at, {_RESERVED_UNTIL}) - now())::float8, NULL
 FROM {TABLE} l WHERE l.name = %s AND NOT EXISTS (SELECT 1 FROM u)""",
     retry_after=None,
     # A release need not wait for its WAL flush: if the server crashed and
-    # lost it, the lease would just run until its expiry, which excludes
-    # as well. (A lost grant or extension would not: those stay durable.)
-    # The generation lock is given back after the UPDATE (the first column
-    # runs it), holding the settle lock until commit: the head it wakes
-    # reads the row free. Given back even when the lease was lost.
+    # lost it, the lease would just run until its expiry, which excludes as
+    # well; a lost handover is covered by the reservation (migration 0002).
+    # (A lost grant or extension would not: those stay durable.) It hands
+    # the lock over to a live reserved head (whose session holds its own
+    # advisory lock), else clears the reservation, or keeps a live one when
+    # the lease had already ended. The generation lock is given back after
+    # the UPDATE (the first column runs it), holding the settle lock until
+    # commit: the head it wakes reads the row. Given back even when the lease
+    # was lost.
     release=f"""
 WITH cfg AS (SELECT set_config('synchronous_commit', 'off', true)), r AS (
-    UPDATE {TABLE} SET owner = NULL WHERE name = %s AND owner = %s
+    UPDATE {TABLE} l SET (owner, fencing, acquired_at, expires_at, host, pid, thread,
+        next_owner) = (
+        SELECT CASE WHEN over THEN l.next_owner END, l.fencing + over::int,
+            CASE WHEN over THEN now() ELSE l.acquired_at END,
+            CASE WHEN over THEN now() + l.next_ttl * interval '1 second' ELSE l.expires_at END,
+            CASE WHEN over THEN l.next_host ELSE l.host END,
+            CASE WHEN over THEN l.next_pid ELSE l.pid END,
+            CASE WHEN over THEN l.next_thread ELSE l.thread END,
+            CASE WHEN live AND NOT over THEN l.next_owner END
+        FROM (SELECT live, live AND l.expires_at > now() AS over FROM (
+            SELECT l.next_owner IS NOT NULL
+                AND NOT pg_try_advisory_xact_lock(hashtextextended(l.next_owner, -2)) AS live
+        ) a) b)
+    WHERE name = %s AND owner = %s
     RETURNING expires_at > now() AS valid
 )
 SELECT (SELECT valid FROM r), pg_advisory_xact_lock(hashtextextended(%s, -1)),
@@ -92,7 +119,9 @@ FROM cfg""",
 UPDATE {TABLE} SET expires_at = now() + %s * interval '1 second'
 WHERE name = %s AND owner = %s AND expires_at > now()
 RETURNING fencing, acquired_at, expires_at""",
-    is_locked=f"SELECT 1 FROM {TABLE} WHERE name = %s AND owner IS NOT NULL AND expires_at > now()",
+    is_locked=f"""
+SELECT 1 FROM {TABLE} WHERE name = %s
+    AND ((owner IS NOT NULL AND expires_at > now()) OR {_RESERVED_UNTIL} > now())""",
     held=f"""
 SELECT {_COLUMNS} FROM {TABLE}
 WHERE owner IS NOT NULL AND (name COLLATE "C") > %s AND (name COLLATE "C") >= %s
@@ -100,7 +129,7 @@ WHERE owner IS NOT NULL AND (name COLLATE "C") > %s AND (name COLLATE "C") >= %s
 ORDER BY (name COLLATE "C") LIMIT %s""",
     force_release=f"""
 WITH r AS (
-    UPDATE {TABLE} SET owner = NULL
+    UPDATE {TABLE} SET owner = NULL, next_owner = NULL
     WHERE name = %s AND owner IS NOT NULL AND expires_at > now() RETURNING name
 )
 SELECT pg_notify('{CHANNEL}', %s) FROM r""",
@@ -140,9 +169,11 @@ WITH free AS (SELECT name FROM {TABLE} WHERE name = %s FOR SHARE SKIP LOCKED)
 SELECT EXISTS (SELECT 1 FROM {TABLE} WHERE name = %s) AND NOT EXISTS (SELECT 1 FROM free)"""
 
 #: PostgreSQL lease mode, blocking: queue in the server and take the lock when it comes
-#: (the function is installed by migration 0002, which explains it). Params: key, owner,
-#: ttl, host, pid, thread, seconds to wait (None: no limit). Rows: as ``acquire``'s.
-PG_WAIT = "SELECT * FROM django_distlock_wait(%s, %s, %s, %s, %s, %s, %s)"
+#: (the procedure is installed by migration 0002, which explains it). Params: key, owner,
+#: ttl, host, pid, thread, seconds to wait (None: no limit). Row: as ``acquire``'s.
+PG_WAIT = (
+    "CALL django_distlock_wait(%s, %s, %s, %s, %s, %s, %s, NULL, NULL, NULL, NULL, NULL, NULL)"
+)
 #: PostgreSQL lease mode: give back a grant's generation lock (released elsewhere).
 #: Params: key, generation.
 PG_UNLOCK_GENERATION = "SELECT pg_advisory_unlock(hashtextextended(%s, %s))"
