@@ -185,3 +185,118 @@ def test_postgres_waiter_served_after_force_release_and_expiry(unique) -> None:
     with pytest.raises(LockLost):
         abandoned.release()
     in_thread(late.release)
+
+
+def _row(backend, key: str) -> dict:
+    """The lock row of ``key``, read on the backend's own session (committed state)."""
+    cursor = backend._session().cursor
+    cursor.execute(
+        "SELECT owner, fencing, expires_at, thread, next_owner, next_ttl, next_thread"
+        " FROM django_distlock_lock WHERE name = %s",
+        [key],
+    )
+    names = ("owner", "fencing", "expires_at", "thread", "next_owner", "next_ttl", "next_thread")
+    return dict(zip(names, cursor.fetchone(), strict=True))
+
+
+def _waiting_head(backend, holder, name: str, timeout: float = 20):
+    """Start a thread waiting for ``name`` (held by ``holder``); return it, its handle and
+    its result box once its reservation is in the row."""
+    waiter = backend.lock(name, ttl=30)
+    box: dict = {}
+
+    def wait() -> None:
+        try:
+            box["got"] = waiter.acquire(timeout=timeout)
+        except Exception as exc:  # the test looks at it
+            box["error"] = exc
+
+    thread = threading.Thread(target=wait, name="the-head")
+    thread.start()
+    assert _eventually(lambda: _row(backend, holder.key)["next_owner"] is not None)
+    return thread, waiter, box
+
+
+def test_postgres_release_hands_over_to_the_reserved_head(unique) -> None:
+    """The head reserves the lock while it is held; the release makes it the holder."""
+    require_pg()
+    backend = locks["pg-lease"]
+    holder = backend.lock(unique(), ttl=30)
+    assert holder.acquire()
+    thread, waiter, box = _waiting_head(backend, holder, holder.name)
+    reserved = _row(backend, holder.key)
+    assert reserved["next_thread"].endswith("the-head") and reserved["next_ttl"] == 30
+    assert reserved["owner"] is not None  # still the holder's
+    holder.release()
+    thread.join(20)
+    assert box["got"] and waiter.fencing_token == holder.fencing_token + 1
+    row = _row(backend, holder.key)
+    assert row["thread"].endswith("the-head") and row["next_owner"] is None
+    assert row["fencing"] == waiter.fencing_token
+    in_thread(waiter.release)
+
+
+def test_postgres_a_head_that_gives_up_withdraws_its_reservation(unique) -> None:
+    require_pg()
+    backend = locks["pg-lease"]
+    holder = backend.lock(unique(), ttl=30)
+    assert holder.acquire()
+    thread, _, box = _waiting_head(backend, holder, holder.name, timeout=1.0)
+    thread.join(20)
+    assert box == {"got": False}
+    assert _row(backend, holder.key)["next_owner"] is None
+    holder.release()
+    assert _row(backend, holder.key)["owner"] is None  # not handed to the departed waiter
+    newcomer = backend.lock(holder.name, ttl=30)
+    assert newcomer.acquire(blocking=False)
+    assert newcomer.fencing_token == holder.fencing_token + 1
+    newcomer.release()
+
+
+def test_postgres_release_does_not_hand_over_to_a_dead_head(unique) -> None:
+    """A reserved head whose session ended keeps its reservation in the row; the release
+    sees that nobody waits behind it and frees the lock instead."""
+    require_pg()
+    backend = locks["pg-lease"]
+    holder = backend.lock(unique(), ttl=30)
+    assert holder.acquire()
+    thread, _, box = _waiting_head(backend, holder, holder.name)
+    with psycopg.connect(**psycopg_params("pg"), autocommit=True) as side:
+        side.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE query LIKE 'CALL django_distlock_wait%%' AND state = 'active'"
+        )
+    thread.join(20)
+    assert "error" in box  # BackendUnavailable: its connection was closed
+    assert _row(backend, holder.key)["next_owner"] is not None
+    holder.release()
+    row = _row(backend, holder.key)
+    assert row["owner"] is None and row["next_owner"] is None
+    newcomer = backend.lock(holder.name, ttl=30)
+    assert newcomer.acquire(blocking=False)
+    newcomer.release()
+
+
+def test_postgres_a_reservation_outlives_a_lost_handover(unique) -> None:
+    """A crash may lose a handover (its commit does not wait for the WAL flush): the row
+    then shows the old holder and the reservation. Nobody else gets the lock before the
+    reserved waiter's lease would have ended, and the next grant skips its fencing number."""
+    require_pg()
+    backend = locks["pg-lease"]
+    holder = backend.lock(unique(), ttl=0.5)
+    assert holder.acquire()
+    with psycopg.connect(**psycopg_params("pg"), autocommit=True) as side:
+        # What survives such a crash: the durable reservation of a waiter now gone.
+        side.execute(
+            "UPDATE django_distlock_lock SET next_owner = %s, next_ttl = 1.5 WHERE name = %s",
+            ["f" * 32, holder.key],
+        )
+    time.sleep(0.6)  # the old lease is over; the reserved one would run 1.5 s after it
+    assert backend.is_locked(holder.name)
+    assert not in_thread(lambda: backend.lock(holder.name, ttl=30).acquire(blocking=False))
+    late = backend.lock(holder.name, ttl=30)
+    assert in_thread(lambda: late.acquire(timeout=10))
+    reserved_until = holder.expires_at.timestamp() + 1.5
+    assert late.acquired_at.timestamp() >= reserved_until - 0.05  # DB clock vs its own grant
+    assert late.fencing_token == holder.fencing_token + 2
+    in_thread(late.release)
