@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 
@@ -9,7 +10,7 @@ import psycopg
 import pytest
 
 from django_distlock import locks
-from django_distlock.exceptions import LockLost
+from django_distlock.exceptions import BackendUnavailable, LockLost
 
 from .conftest import DATABASES, in_thread, psycopg_params, require_pg
 from .contract import LockContract
@@ -267,7 +268,7 @@ def test_postgres_release_does_not_hand_over_to_a_dead_head(unique) -> None:
             " WHERE query LIKE 'CALL django_distlock_wait%%' AND state = 'active'"
         )
     thread.join(20)
-    assert "error" in box  # BackendUnavailable: its connection was closed
+    assert isinstance(box.get("error"), BackendUnavailable)  # its connection was closed
     assert _row(backend, holder.key)["next_owner"] is not None
     holder.release()
     row = _row(backend, holder.key)
@@ -300,3 +301,34 @@ def test_postgres_a_reservation_outlives_a_lost_handover(unique) -> None:
     assert late.acquired_at.timestamp() >= reserved_until - 0.05  # DB clock vs its own grant
     assert late.fencing_token == holder.fencing_token + 2
     in_thread(late.release)
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def test_postgres_an_interrupted_wait_leaves_no_head_behind(unique) -> None:
+    """A wait interrupted in the server (a signal handler raising: KeyboardInterrupt, say)
+    closes its session: the queue is free for the next waiter, and the release does not
+    hand the lock over to the interrupted one."""
+    require_pg()
+    backend = locks["pg-lease"]
+    holder = backend.lock(unique(), ttl=30)
+    assert in_thread(holder.acquire)  # on another thread's session
+
+    def interrupt(signum, frame):
+        raise _Interrupted
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 0.5)
+    try:
+        with pytest.raises(_Interrupted):
+            backend.lock(holder.name, ttl=30).acquire(timeout=20)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert _row(backend, holder.key)["next_owner"] is not None  # it had reserved
+    assert _advisory(backend, holder.key, 0) == 0  # nobody heads the queue
+    holder.release()
+    assert _row(backend, holder.key)["owner"] is None
+    assert backend.lock(holder.name, ttl=30).acquire(blocking=False)

@@ -112,3 +112,38 @@ def test_sigkilled_holder_frees_the_lock(alias: str, unique) -> None:
         # Transaction mode: the dead connection's transaction is rolled back.
         assert handle.acquire(timeout=5) is True
     handle.release()
+
+
+def _wait_for(alias: str, name: str) -> None:
+    locks[alias].lock(name, ttl=30).acquire(timeout=60)
+
+
+def test_sigkilled_waiter_is_not_handed_the_lock(unique) -> None:
+    """PostgreSQL lease mode: a waiter whose process dies leaves the server's queue (its
+    server process notices the lost client within a second) and its reservation is not
+    handed the lock: the holder's release frees it."""
+    require_pg()
+    backend = locks["pg-lease"]
+    holder = backend.lock(unique("waiter-crash"), ttl=30)
+    assert holder.acquire()
+    _fork_ready()
+    proc = FORK.Process(target=_wait_for, args=("pg-lease", holder.name))
+    proc.start()
+    cursor = backend._session().cursor
+
+    def reserved() -> bool:
+        cursor.execute("SELECT next_pid FROM django_distlock_lock WHERE name = %s", [holder.key])
+        return cursor.fetchone()[0] == proc.pid
+
+    deadline = time.monotonic() + 30
+    while not reserved() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert reserved()
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.join(10)
+    time.sleep(2.5)  # the server's client check runs every second
+    holder.release()
+    newcomer = backend.lock(holder.name, ttl=30)
+    assert newcomer.acquire(blocking=False)
+    assert newcomer.fencing_token == holder.fencing_token + 1
+    newcomer.release()

@@ -146,8 +146,14 @@ INSERT INTO {TABLE} (name, fencing, host, thread) VALUES (%s, 0, '', '')
 ON CONFLICT (name) DO NOTHING"""
 #: PostgreSQL transaction mode, non-blocking: take the row lock or fail at once.
 PG_TX_NOWAIT = f"SELECT 1 FROM {TABLE} WHERE name = %s FOR UPDATE NOWAIT"
-#: PostgreSQL lease connections: bound every row-lock wait of the session.
-PG_LOCK_TIMEOUT_SESSION = "SELECT set_config('lock_timeout', %s, false)"
+#: PostgreSQL lease connections: bound every row-lock wait of the session, and have the
+#: server check, while a statement runs, that the client is still there (a waiter whose
+#: process died leaves the queue instead of being handed the lock; Django needs
+#: PostgreSQL 14+, which has the setting). Params: the timeout, the check's interval.
+PG_SESSION_SETUP = (
+    "SELECT set_config('lock_timeout', %s, false),"
+    " set_config('client_connection_check_interval', %s, false)"
+)
 #: PostgreSQL transaction mode: bound the row-lock wait of this transaction.
 PG_LOCK_TIMEOUT = "SELECT set_config('lock_timeout', %s, true)"
 #: PostgreSQL transaction mode: one page of names with the held ones marked. A

@@ -52,6 +52,9 @@ _OPTION_KEYS = frozenset({"DATABASE", "MODE", "PREPARE"})
 #: transaction before the attempt counts as a miss (lease rows are locked
 #: only for the duration of one statement).
 _ROW_LOCK_WAIT = "200ms"
+#: How often a lease connection's server process checks, while it waits in a
+#: statement, that its client is still connected.
+_CLIENT_CHECK = "1s"
 #: A blocking acquire of a key its thread waited for in the last this many seconds
 #: goes straight to the server's queue (one round trip instead of a miss and then
 #: the wait); remembered per thread for this many keys at most.
@@ -115,6 +118,15 @@ class _Session:
         self._contended[key] = time.monotonic()
         if len(self._contended) > _CONTENDED_KEYS:
             del self._contended[next(iter(self._contended))]
+
+    def cancel(self) -> None:
+        """Ask the server to stop this session's running statement, if any."""
+        raw = self.wrapper.connection
+        with contextlib.suppress(Exception):
+            if hasattr(raw, "cancel_safe"):  # psycopg >= 3.2: waits for the answer
+                raw.cancel_safe(timeout=5.0)
+            else:
+                raw.cancel()
 
     def execute(self, statement: str, params: list[Any]) -> Any:
         """Run one statement (``mutex`` held); return the cursor."""
@@ -248,7 +260,7 @@ class DatabaseBackend(BaseLockBackend):
                 # Django turns preparing off for every connection; this one is ours.
                 raw.prepare_threshold = 0
             cursor = _pg_cursor(raw)
-            cursor.execute(sql.PG_LOCK_TIMEOUT_SESSION, [_ROW_LOCK_WAIT])
+            cursor.execute(sql.PG_SESSION_SETUP, [_ROW_LOCK_WAIT, _CLIENT_CHECK])
             session = self._local.session = _Session(wrapper, cursor, self.prepare)
         return session
 
@@ -332,6 +344,14 @@ class DatabaseBackend(BaseLockBackend):
                 # and closing it frees that.
                 self._forget_session()
             return Miss()
+        except BaseException:
+            if statement is sql.PG_WAIT:
+                # Interrupted (KeyboardInterrupt, say): stop the call in the server
+                # (it would wait on, and may be handed the lock), and close the
+                # session, which frees the queue and the head's advisory locks.
+                session.cancel()
+                self._forget_session()
+            raise
         if row is None:
             return Miss()
         granted, fencing, acquired_at, expires_at, retry_after, generation = row
