@@ -255,8 +255,12 @@ def sqlite_ttl(seconds: float) -> str:
 
 def as_datetime(value: object) -> datetime | None:
     """Return a database time as an aware UTC datetime (SQLite gives text)."""
-    if value is None or isinstance(value, datetime):
-        return value if value is None or value.tzinfo else value.replace(tzinfo=UTC)
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value if value.tzinfo is UTC else value.astimezone(UTC)
     return datetime.fromisoformat(str(value)).replace(tzinfo=UTC)
 
 
