@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 TABLE = "django_distlock_lock"
-CHANNEL = "django_distlock"
+CHANNEL = "django_distlock"  # also in migration 0002's release procedure
 _COLUMNS = "name, owner, fencing, acquired_at, expires_at, host, pid, thread"
 #: PostgreSQL: until when a waiter's reservation keeps the lock (NULL: none); see
 #: migration 0002.
@@ -33,8 +33,8 @@ class Dialect:
     acquire: str
     #: Only when ``acquire`` returns no row on a miss. Params: key. Row: (retry_after,).
     retry_after: str | None
-    #: Params: key, owner (+ on PostgreSQL: key, key, the generation to give back or
-    #: None, key). Row: (valid,).
+    #: Params: key, owner (+ on PostgreSQL: the generation to give back or None).
+    #: Row: (valid,).
     release: str
     #: Params: ttl, key, owner. Row: (fencing, acquired_at, expires_at).
     extend: str
@@ -84,37 +84,10 @@ SELECT false, NULL, NULL, NULL,
     EXTRACT(EPOCH FROM greatest(l.expires_at, {_RESERVED_UNTIL}) - now())::float8, NULL
 FROM {TABLE} l WHERE l.name = %s AND NOT EXISTS (SELECT 1 FROM u)""",
     retry_after=None,
-    # A release need not wait for its WAL flush: if the server crashed and
-    # lost it, the lease would just run until its expiry, which excludes as
-    # well; a lost handover is covered by the reservation (migration 0002).
-    # (A lost grant or extension would not: those stay durable.) It hands
-    # the lock over to a live reserved head (whose session holds its own
-    # advisory lock), else clears the reservation, or keeps a live one when
-    # the lease had already ended. The generation lock is given back after
-    # the UPDATE (the first column runs it), holding the settle lock until
-    # commit: the head it wakes reads the row. Given back even when the lease
-    # was lost.
-    release=f"""
-WITH cfg AS (SELECT set_config('synchronous_commit', 'off', true)), r AS (
-    UPDATE {TABLE} l SET (owner, fencing, acquired_at, expires_at, host, pid, thread,
-        next_owner) = (
-        SELECT CASE WHEN over THEN l.next_owner END, l.fencing + over::int,
-            CASE WHEN over THEN now() ELSE l.acquired_at END,
-            CASE WHEN over THEN now() + l.next_ttl * interval '1 second' ELSE l.expires_at END,
-            CASE WHEN over THEN l.next_host ELSE l.host END,
-            CASE WHEN over THEN l.next_pid ELSE l.pid END,
-            CASE WHEN over THEN l.next_thread ELSE l.thread END,
-            CASE WHEN live AND NOT over THEN l.next_owner END
-        FROM (SELECT live, live AND l.expires_at > now() AS over FROM (
-            SELECT l.next_owner IS NOT NULL
-                AND NOT pg_try_advisory_xact_lock(hashtextextended(l.next_owner, -2)) AS live
-        ) a) b)
-    WHERE name = %s AND owner = %s
-    RETURNING expires_at > now() AS valid
-)
-SELECT (SELECT valid FROM r), pg_advisory_xact_lock(hashtextextended(%s, -1)),
-    pg_advisory_unlock(hashtextextended(%s, %s)), pg_notify('{CHANNEL}', %s)
-FROM cfg""",
+    # A procedure (migration 0002): it hands the lock over to the reserved
+    # head, commits without waiting for the WAL flush, then gives the grant's
+    # generation lock back, which wakes the head.
+    release="CALL django_distlock_release(%s, %s, %s, NULL)",
     extend=f"""
 UPDATE {TABLE} SET expires_at = now() + %s * interval '1 second'
 WHERE name = %s AND owner = %s AND expires_at > now()
@@ -226,7 +199,7 @@ WHERE name = %s RETURNING fencing, acquired_at""",
 def pg_release_params(key: str, token: str, generation: int | None) -> list[object]:
     """The parameters of ``POSTGRESQL.release``; ``generation``: the grant's generation lock
     when the releasing session holds it, else None."""
-    return [key, token, key, key, generation, key]
+    return [key, token, generation]
 
 
 def pg_acquire_params(

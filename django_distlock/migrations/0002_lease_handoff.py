@@ -1,17 +1,18 @@
-"""Lease-mode handoff: the reservation columns, and on PostgreSQL the procedure
-waiting threads queue in (see backends/_dbsql.py).
+"""Lease-mode handoff: the reservation columns, and on PostgreSQL the procedures
+that waiting threads queue in and that releases run (see backends/_dbsql.py).
 
-Locks per lock name, all PostgreSQL advisory locks derived in SQL with
+Advisory locks per lock name, all derived in SQL with
 ``hashtextextended(text, seed)``:
 
 - the queue (name, seed 0): held by the waiter at the head of the name's
   queue; the other waiters sleep in ``pg_advisory_lock`` behind it, in order;
 - a grant's generation (name, seed = its fencing token): taken with the grant
   by the holder's session and given back by its release, which wakes the head;
-- the settle lock (name, seed -1): a release or grant that wakes a waiter
-  holds it until it commits, so that the waiter reads its result;
 - the head's own lock (its owner token, seed -2): held while it waits, so a
   release can tell a live head from one whose session is gone.
+
+Whoever wakes a waiter (a release, a grant, a head leaving the queue) commits
+first, so the woken waiter reads the row as it is.
 
 The head *reserves* the lock: it writes itself into the row's ``next_*``
 columns and commits that durably while the holder still holds. The release
@@ -25,8 +26,8 @@ handover, the row shows the old holder (who let go) and the reservation, so
 nobody else gets the lock before the reserved waiter's lease would have
 ended anyway; a grant over a reservation that is not its own skips a fencing
 number (the handover's may have been issued). A release hands over only to a
-live head (else it clears the reservation); a head that gives up clears its
-own; ``force_release()`` clears it.
+live head (else it clears the reservation); a head that gives up withdraws
+its own; ``force_release()`` clears it.
 
 The row, not the advisory locks, decides who holds a lock: they only order
 and wake. A head that is not woken looks at the row again when the holder's
@@ -47,7 +48,6 @@ CREATE OR REPLACE PROCEDURE django_distlock_wait(
 #variable_conflict use_variable
 DECLARE
     queue CONSTANT bigint := hashtextextended(p_name, 0);
-    settle CONSTANT bigint := hashtextextended(p_name, -1);
     alive CONSTANT bigint := hashtextextended(p_owner, -2);
     until CONSTANT timestamptz := clock_timestamp() + make_interval(secs => p_wait);
     row_wait CONSTANT text := current_setting('lock_timeout');
@@ -69,10 +69,7 @@ BEGIN
     END;
     PERFORM pg_advisory_lock(alive);
     LOOP
-        -- Wait for the commit of the release or grant that woke us, if any (one
-        -- statement: the expressions of a select list run in order).
-        PERFORM set_config('lock_timeout', '0', true), pg_advisory_lock_shared(settle),
-            pg_advisory_unlock_shared(settle), set_config('lock_timeout', row_wait, true);
+        PERFORM set_config('lock_timeout', row_wait, true);
         SELECT l.owner, l.fencing, l.acquired_at, l.expires_at, l.next_owner,
             l.expires_at + make_interval(secs => l.next_ttl) AS reserved_until
         INTO cur FROM django_distlock_lock l WHERE l.name = p_name;
@@ -121,13 +118,13 @@ BEGIN
                 INTO fencing, acquired_at, expires_at;
             END IF;
             IF fencing IS NOT NULL THEN
-                -- Settle first: the next head reads this grant.
-                PERFORM pg_advisory_xact_lock(settle),
-                    pg_advisory_unlock(hashtextextended(p_name, woken)),
-                    pg_advisory_unlock(alive), pg_advisory_unlock(queue);
-                granted := true;
+                -- Committed before the next head, woken below, reads the row.
+                COMMIT;
                 generation := CASE WHEN pg_try_advisory_lock(hashtextextended(p_name, fencing))
                     THEN fencing END;
+                PERFORM pg_advisory_unlock(hashtextextended(p_name, woken)),
+                    pg_advisory_unlock(alive), pg_advisory_unlock(queue);
+                granted := true;
                 RETURN;
             END IF;
             CONTINUE;
@@ -155,8 +152,8 @@ BEGIN
                 leaving := true;
                 CONTINUE;
             END IF;
-            PERFORM pg_advisory_xact_lock(settle),
-                pg_advisory_unlock(hashtextextended(p_name, woken)),
+            COMMIT;  -- the withdrawal, if any, before the next head looks
+            PERFORM pg_advisory_unlock(hashtextextended(p_name, woken)),
                 pg_advisory_unlock(alive), pg_advisory_unlock(queue);
             retry_after := extract(epoch FROM free_at - t);
             RETURN;
@@ -185,20 +182,57 @@ END
 $fn$
 """
 
-DROP_WAIT_PROCEDURE = (
+RELEASE_PROCEDURE = r"""
+CREATE OR REPLACE PROCEDURE django_distlock_release(
+    p_name text, p_owner text, p_generation bigint, INOUT valid boolean DEFAULT NULL
+) LANGUAGE plpgsql AS $fn$
+#variable_conflict use_variable
+BEGIN
+    -- Hand over to a live reserved head (its session holds its own advisory lock),
+    -- else clear the reservation; keep a live one when this lease had already ended.
+    -- No wait for the WAL flush: see the module.
+    PERFORM set_config('synchronous_commit', 'off', true);
+    UPDATE django_distlock_lock l SET (owner, fencing, acquired_at, expires_at, host, pid,
+        thread, next_owner) = (
+        SELECT CASE WHEN over THEN l.next_owner END, l.fencing + over::int,
+            CASE WHEN over THEN now() ELSE l.acquired_at END,
+            CASE WHEN over THEN now() + make_interval(secs => l.next_ttl) ELSE l.expires_at END,
+            CASE WHEN over THEN l.next_host ELSE l.host END,
+            CASE WHEN over THEN l.next_pid ELSE l.pid END,
+            CASE WHEN over THEN l.next_thread ELSE l.thread END,
+            CASE WHEN live AND NOT over THEN l.next_owner END
+        FROM (SELECT live, live AND l.expires_at > now() AS over FROM (
+            SELECT l.next_owner IS NOT NULL
+                AND NOT pg_try_advisory_xact_lock(hashtextextended(l.next_owner, -2)) AS live
+        ) a) b)
+    WHERE l.name = p_name AND l.owner = p_owner
+    RETURNING l.expires_at > now() INTO valid;
+    PERFORM pg_notify('django_distlock', p_name);  -- asyncio waiters listen
+    COMMIT;
+    -- Wakes the head, which reads the row committed. Given back even when the
+    -- lease was lost.
+    PERFORM pg_advisory_unlock(hashtextextended(p_name, p_generation));
+END
+$fn$
+"""
+
+DROP_PROCEDURES = (
+    "DROP PROCEDURE IF EXISTS django_distlock_release(text, text, bigint, boolean)",
     "DROP PROCEDURE IF EXISTS django_distlock_wait(text, text, float8, text, integer, text, "
-    "float8, boolean, bigint, timestamptz, timestamptz, float8, bigint)"
+    "float8, boolean, bigint, timestamptz, timestamptz, float8, bigint)",
 )
 
 
-def create_wait_procedure(apps, schema_editor):
+def create_procedures(apps, schema_editor):
     if schema_editor.connection.vendor == "postgresql":
         schema_editor.execute(WAIT_PROCEDURE)
+        schema_editor.execute(RELEASE_PROCEDURE)
 
 
-def drop_wait_procedure(apps, schema_editor):
+def drop_procedures(apps, schema_editor):
     if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(DROP_WAIT_PROCEDURE)
+        for statement in DROP_PROCEDURES:
+            schema_editor.execute(statement)
 
 
 class Migration(migrations.Migration):
@@ -228,5 +262,5 @@ class Migration(migrations.Migration):
             name="next_thread",
             field=models.CharField(blank=True, max_length=255, null=True),
         ),
-        migrations.RunPython(create_wait_procedure, drop_wait_procedure, elidable=False),
+        migrations.RunPython(create_procedures, drop_procedures, elidable=False),
     ]
