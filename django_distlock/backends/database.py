@@ -6,8 +6,10 @@ Two modes, chosen with ``OPTIONS["MODE"]``:
     The row records the owner and an expiry from the database's clock. Each
     operation is one autocommit statement; on PostgreSQL they run on a
     connection of their own (one per thread), so a lease never joins, and is
-    never rolled back with, the caller's transaction. Waiters are woken by
-    LISTEN/NOTIFY on PostgreSQL, and back off with jitter on SQLite.
+    never rolled back with, the caller's transaction. On PostgreSQL a waiting
+    thread queues in the server and a release hands the lock over to it
+    (migration 0002 explains how); asyncio waiters are woken by LISTEN/NOTIFY.
+    On SQLite waiters back off with jitter.
 
 ``"transaction"``
     ``acquire()`` opens ``transaction.atomic()`` on the caller's connection
