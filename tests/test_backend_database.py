@@ -332,3 +332,20 @@ def test_postgres_an_interrupted_wait_leaves_no_head_behind(unique) -> None:
     holder.release()
     assert _row(backend, holder.key)["owner"] is None
     assert backend.lock(holder.name, ttl=30).acquire(blocking=False)
+
+
+def test_postgres_missing_procedures_say_to_migrate(unique) -> None:
+    require_pg()
+    backend = locks["pg-lease"]
+    handle = backend.lock(unique(), ttl=30)
+    assert handle.acquire()
+    rename = "ALTER PROCEDURE {}(text, text, bigint, boolean) RENAME TO {}"
+    with psycopg.connect(**psycopg_params("pg"), autocommit=True) as side:
+        side.execute(rename.format("django_distlock_release", "distlock_hidden"))
+        try:
+            with pytest.raises(BackendUnavailable, match=r"manage\.py migrate django_distlock"):
+                handle.release()
+        finally:
+            side.execute(rename.format("distlock_hidden", "django_distlock_release"))
+    assert handle.held  # a failed release keeps the lock; the next one works
+    handle.release()

@@ -287,7 +287,7 @@ class DatabaseBackend(BaseLockBackend):
         self._forget_session()
         if getattr(exc, "sqlstate", None) == "42883":  # undefined_function
             return BackendUnavailable(
-                f"Database {self.database!r} lacks django-distlock's wait procedure: run "
+                f"Database {self.database!r} lacks django-distlock's procedures: run "
                 f"`manage.py migrate django_distlock` (lock alias {self.alias!r}): {exc}"
             )
         return BackendUnavailable(
