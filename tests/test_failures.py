@@ -41,3 +41,25 @@ def test_bad_sql_state_is_unavailable_not_a_grant(unique) -> None:
     with pytest.raises(BackendUnavailable):
         backend.lock(unique()).acquire(blocking=False)
     assert backend.health() > 0
+
+
+def test_postgres_refused_connection_is_unavailable(unique) -> None:
+    """A lease connection the server refuses is BackendUnavailable too, on the first
+    statement of a thread as on later ones."""
+    require_pg()
+    backend = locks["pg-lease"]
+    handle = backend.lock(unique())
+    backend.close()  # the next statement opens a new lease connection
+    database = psycopg_params(backend.database)["dbname"]
+    toggle = f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS %s'
+    with psycopg.connect(**{**psycopg_params(backend.database), "dbname": "postgres"},
+                         autocommit=True) as admin:
+        admin.execute(toggle % "false")
+        try:
+            with pytest.raises(BackendUnavailable) as info:
+                handle.acquire(blocking=False)
+        finally:
+            admin.execute(toggle % "true")
+    assert "not currently accepting connections" in str(info.value.__cause__)
+    assert handle.acquire(blocking=False)
+    handle.release()

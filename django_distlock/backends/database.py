@@ -321,7 +321,10 @@ class DatabaseBackend(BaseLockBackend):
         if self.vendor != "postgresql":
             return self._sqlite_acquire(lock, token)
         holder: list[Any] = [lock.host, lock.pid, lock.thread]
-        session = self._session()
+        try:
+            session = self._session()
+        except _ERRORS as exc:
+            raise self._unavailable(exc, "connecting") from exc
         queue = wait != 0 and not lock.in_event_loop
         if queue and (lock.backend_state is _QUEUED or session.contended(lock.key)):
             # A thread's wait (or a first attempt on a key seen contended): in the
