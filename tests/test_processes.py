@@ -11,6 +11,7 @@ import contextlib
 import itertools
 import multiprocessing
 import os
+import random
 import signal
 import time
 from typing import Any
@@ -147,3 +148,48 @@ def test_sigkilled_waiter_is_not_handed_the_lock(unique) -> None:
     assert newcomer.acquire(blocking=False)
     assert newcomer.fencing_token == holder.fencing_token + 1
     newcomer.release()
+
+
+#: How many times this session holds the advisory lock of a name's queue (see migration 0002).
+_QUEUE_HELD = (
+    "SELECT count(*) FROM pg_locks, (SELECT hashtextextended(%s, 0) AS k) h"
+    " WHERE locktype = 'advisory' AND granted AND pid = pg_backend_pid() AND objsubid = 1"
+    " AND classid::bigint = (h.k >> 32) & 4294967295 AND objid::bigint = h.k & 4294967295"
+)
+
+
+def _short_waits(alias: str, name: str, seconds: float, out: Any) -> None:
+    backend = locks[alias]
+    rng = random.Random(os.getpid())
+    grants, end, key = 0, time.monotonic() + seconds, backend.make_key(name)
+    while time.monotonic() < end:
+        handle = backend.lock(name, ttl=30, timeout=rng.choice([0.002, 0.01, 0.03]))
+        if handle.acquire():
+            time.sleep(rng.choice([0, 0.001]))
+            handle.release()
+            grants += 1
+    cursor = backend._session().cursor  # still connected: is this session at the head?
+    cursor.execute(_QUEUE_HELD, [key])
+    out.put((grants, cursor.fetchone()[0]))
+    locks.close_all()
+    connections.close_all()
+
+
+def test_waits_timing_out_leave_no_head_behind(unique) -> None:
+    """PostgreSQL lease mode: many waits timing out, racing the grants, never leave a
+    session holding the name's queue (the server keeps a lock granted just as its wait
+    times out), which would stall every other waiter and serve one process only."""
+    require_pg()
+    name = unique("short-waits")
+    _fork_ready()
+    out = FORK.Queue()
+    procs = [
+        FORK.Process(target=_short_waits, args=("pg-lease", name, 4.0, out)) for _ in range(5)
+    ]
+    for proc in procs:
+        proc.start()
+    results = [out.get(timeout=60) for _ in procs]
+    for proc in procs:
+        proc.join(10)
+    assert [held for _, held in results] == [0] * len(procs)
+    assert all(grants > 0 for grants, _ in results)

@@ -65,6 +65,9 @@ BEGIN
     BEGIN
         PERFORM pg_advisory_lock(queue);
     EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
+        -- A lock granted just as its wait times out is kept by the server (and a
+        -- session-level one outlives the error): give it back, quietly if not ours.
+        PERFORM set_config('client_min_messages', 'error', true), pg_advisory_unlock(queue);
         RETURN;
     END;
     PERFORM pg_advisory_lock(alive);
@@ -175,7 +178,10 @@ BEGIN
             PERFORM pg_advisory_lock(hashtextextended(p_name, cur.fencing));
             woken := cur.fencing;
         EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
-            NULL;  -- the lease ended, or a second passed: look again
+            -- The lease ended, or a second passed: look again (giving back the lock
+            -- if it was granted as the wait timed out, as above).
+            PERFORM set_config('client_min_messages', 'error', true),
+                pg_advisory_unlock(hashtextextended(p_name, cur.fencing));
         END;
     END LOOP;
 END
