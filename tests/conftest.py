@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -76,3 +77,29 @@ def in_thread(func: Callable[[], Any], timeout: float = 60) -> Any:
     if "error" in box:
         raise box["error"]
     return box.get("result")
+
+
+def advisory_locks(
+    backend: Any, key: str, seed: int, granted: bool = True, own_session: bool = False
+) -> int:
+    """How many sessions hold (or wait for) the PostgreSQL advisory lock
+    ``hashtextextended(key, seed)``; only the backend's own session with ``own_session``.
+    Read on the backend's lease session (see migration 0002 for what the seeds are)."""
+    cursor = backend._session().cursor
+    cursor.execute(
+        "SELECT count(*) FROM pg_locks, (SELECT hashtextextended(%s, %s) AS k) h"
+        " WHERE locktype = 'advisory' AND granted = %s AND objsubid = 1"
+        " AND classid::bigint = (h.k >> 32) & 4294967295 AND objid::bigint = h.k & 4294967295"
+        " AND (NOT %s OR pid = pg_backend_pid())",
+        [key, seed, granted, own_session],
+    )
+    count: int = cursor.fetchone()[0]
+    return count
+
+
+def eventually(check: Callable[[], Any], timeout: float = 10) -> bool:
+    """Poll ``check`` until it is true or ``timeout`` seconds pass; return its last answer."""
+    deadline = time.monotonic() + timeout
+    while not check() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return bool(check())

@@ -12,7 +12,14 @@ import pytest
 from django_distlock import locks
 from django_distlock.exceptions import BackendUnavailable, LockLost
 
-from .conftest import DATABASES, in_thread, psycopg_params, require_pg
+from .conftest import (
+    DATABASES,
+    advisory_locks,
+    eventually,
+    in_thread,
+    psycopg_params,
+    require_pg,
+)
 from .contract import LockContract
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
@@ -65,25 +72,6 @@ def test_postgres_lease_statements_prepared_unless_disabled(settings, unique, pr
         backend.close()
 
 
-def _advisory(backend, key: str, seed: int, granted: bool = True) -> int:
-    """How many sessions hold (or wait for) the advisory lock ``hashtextextended(key, seed)``."""
-    cursor = backend._session().cursor
-    cursor.execute(
-        "SELECT count(*) FROM pg_locks, (SELECT hashtextextended(%s, %s) AS k) h"
-        " WHERE locktype = 'advisory' AND granted = %s AND objsubid = 1"
-        " AND classid::bigint = (h.k >> 32) & 4294967295 AND objid::bigint = h.k & 4294967295",
-        [key, seed, granted],
-    )
-    return cursor.fetchone()[0]
-
-
-def _eventually(check, timeout: float = 10) -> bool:
-    deadline = time.monotonic() + timeout
-    while not check() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return check()
-
-
 def test_postgres_waiters_queue_in_the_server(unique) -> None:
     """A waiting thread heads the key's queue and waits for the holder's generation lock;
     a later one times out behind it; the release wakes the head, which is granted."""
@@ -93,7 +81,7 @@ def test_postgres_waiters_queue_in_the_server(unique) -> None:
     holder = backend.lock(name, ttl=30)
     assert holder.acquire()
     first, key = holder.fencing_token, holder.key
-    assert _advisory(backend, key, first) == 1  # the holder's generation lock
+    assert advisory_locks(backend, key, first) == 1  # the holder's generation lock
 
     def head() -> int | None:
         handle = backend.lock(name, ttl=30)
@@ -105,14 +93,14 @@ def test_postgres_waiters_queue_in_the_server(unique) -> None:
     box: dict = {}
     thread = threading.Thread(target=lambda: box.update(token=head()))
     thread.start()
-    assert _eventually(lambda: _advisory(backend, key, first, granted=False) == 1)
-    assert _advisory(backend, key, 0) == 1  # the head holds the queue
+    assert eventually(lambda: advisory_locks(backend, key, first, granted=False) == 1)
+    assert advisory_locks(backend, key, 0) == 1  # the head holds the queue
     assert in_thread(lambda: backend.lock(name, ttl=30).acquire(timeout=0.5)) is False
     holder.release()
     thread.join(30)
     assert box["token"] == first + 1
     for seed in (0, first, first + 1):
-        assert _advisory(backend, key, seed) == 0  # nothing left behind
+        assert advisory_locks(backend, key, seed) == 0  # nothing left behind
     again = backend.lock(name, ttl=30)
     assert again.acquire(blocking=False)
     again.release()
@@ -144,16 +132,16 @@ def test_postgres_release_from_another_thread_gives_back_the_generation_lock(uni
     idle = backend.lock(unique("idle"), ttl=30)
     assert idle.acquire()
     in_thread(idle.release)
-    assert _advisory(backend, idle.key, 1) == 0
+    assert advisory_locks(backend, idle.key, 1) == 0
     busy = backend.lock(unique("busy"), ttl=30)
     assert busy.acquire()
     session = busy.backend_state.session
     with session.mutex:  # the acquiring thread is in the middle of a statement
         in_thread(busy.release)
     assert not busy.held and session.orphans == [(busy.key, 1)]
-    assert _advisory(backend, busy.key, 1) == 1
+    assert advisory_locks(backend, busy.key, 1) == 1
     assert not backend.is_locked(busy.name)  # the session's next statement gives it back
-    assert _advisory(backend, busy.key, 1) == 0 and session.orphans == []
+    assert advisory_locks(backend, busy.key, 1) == 0 and session.orphans == []
     assert backend.lock(busy.name, ttl=30).acquire(blocking=False)
 
 
@@ -169,13 +157,13 @@ def test_postgres_waiter_served_after_force_release_and_expiry(unique) -> None:
     result: dict = {}
     thread = threading.Thread(target=lambda: result.update(got=waiter.acquire(timeout=20)))
     thread.start()
-    assert _eventually(lambda: _advisory(backend, holder.key, 1, granted=False) == 1)
+    assert eventually(lambda: advisory_locks(backend, holder.key, 1, granted=False) == 1)
     assert backend.force_release(name)
     thread.join(20)
     assert result["got"] and waiter.fencing_token == 2
     with pytest.raises(LockLost):
         holder.release()  # gives its generation lock back all the same
-    assert _advisory(backend, holder.key, 1) == 0
+    assert advisory_locks(backend, holder.key, 1) == 0
     in_thread(waiter.release)
 
     abandoned = backend.lock(name, ttl=0.5)
@@ -214,7 +202,7 @@ def _waiting_head(backend, holder, name: str, timeout: float = 20):
 
     thread = threading.Thread(target=wait, name="the-head")
     thread.start()
-    assert _eventually(lambda: _row(backend, holder.key)["next_owner"] is not None)
+    assert eventually(lambda: _row(backend, holder.key)["next_owner"] is not None)
     return thread, waiter, box
 
 
@@ -328,7 +316,7 @@ def test_postgres_an_interrupted_wait_leaves_no_head_behind(unique) -> None:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
     assert _row(backend, holder.key)["next_owner"] is not None  # it had reserved
-    assert _advisory(backend, holder.key, 0) == 0  # nobody heads the queue
+    assert advisory_locks(backend, holder.key, 0) == 0  # nobody heads the queue
     holder.release()
     assert _row(backend, holder.key)["owner"] is None
     assert backend.lock(holder.name, ttl=30).acquire(blocking=False)

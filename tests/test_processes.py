@@ -21,7 +21,15 @@ from django.db import connections
 
 from django_distlock import locks
 
-from .conftest import DATABASES, PG_ALIASES, SQLITE_ALIASES, needs_pg, require_pg
+from .conftest import (
+    DATABASES,
+    PG_ALIASES,
+    SQLITE_ALIASES,
+    advisory_locks,
+    eventually,
+    needs_pg,
+    require_pg,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
 ALIASES = SQLITE_ALIASES + PG_ALIASES
@@ -136,10 +144,7 @@ def test_sigkilled_waiter_is_not_handed_the_lock(unique) -> None:
         cursor.execute("SELECT next_pid FROM django_distlock_lock WHERE name = %s", [holder.key])
         return cursor.fetchone()[0] == proc.pid
 
-    deadline = time.monotonic() + 30
-    while not reserved() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert reserved()
+    assert eventually(reserved, timeout=30)
     os.kill(proc.pid, signal.SIGKILL)
     proc.join(10)
     time.sleep(2.5)  # the server's client check runs every second
@@ -148,14 +153,6 @@ def test_sigkilled_waiter_is_not_handed_the_lock(unique) -> None:
     assert newcomer.acquire(blocking=False)
     assert newcomer.fencing_token == holder.fencing_token + 1
     newcomer.release()
-
-
-#: How many times this session holds the advisory lock of a name's queue (see migration 0002).
-_QUEUE_HELD = (
-    "SELECT count(*) FROM pg_locks, (SELECT hashtextextended(%s, 0) AS k) h"
-    " WHERE locktype = 'advisory' AND granted AND pid = pg_backend_pid() AND objsubid = 1"
-    " AND classid::bigint = (h.k >> 32) & 4294967295 AND objid::bigint = h.k & 4294967295"
-)
 
 
 def _short_waits(alias: str, name: str, seconds: float, out: Any) -> None:
@@ -168,9 +165,8 @@ def _short_waits(alias: str, name: str, seconds: float, out: Any) -> None:
             time.sleep(rng.choice([0, 0.001]))
             handle.release()
             grants += 1
-    cursor = backend._session().cursor  # still connected: is this session at the head?
-    cursor.execute(_QUEUE_HELD, [key])
-    out.put((grants, cursor.fetchone()[0]))
+    # Still connected: does this session hold the name's queue?
+    out.put((grants, advisory_locks(backend, key, 0, own_session=True)))
     locks.close_all()
     connections.close_all()
 

@@ -79,17 +79,12 @@ BEGIN
         known := FOUND;
         t := clock_timestamp();
         IF cur.owner = p_owner THEN
-            -- Handed over by the release that woke us: nothing to write. Take the
-            -- generation lock before the next head can look for it.
-            generation := CASE WHEN pg_try_advisory_lock(hashtextextended(p_name, cur.fencing))
-                THEN cur.fencing END;
-            PERFORM pg_advisory_unlock(hashtextextended(p_name, woken)),
-                pg_advisory_unlock(alive), pg_advisory_unlock(queue);
+            -- Handed over by the release that woke us: nothing to write.
             granted := true;
             fencing := cur.fencing;
             acquired_at := cur.acquired_at;
             expires_at := cur.expires_at;
-            RETURN;
+            EXIT;
         END IF;
         free_at := CASE WHEN cur.owner IS NOT NULL THEN cur.expires_at END;
         IF cur.next_owner <> p_owner THEN
@@ -121,14 +116,9 @@ BEGIN
                 INTO fencing, acquired_at, expires_at;
             END IF;
             IF fencing IS NOT NULL THEN
-                -- Committed before the next head, woken below, reads the row.
-                COMMIT;
-                generation := CASE WHEN pg_try_advisory_lock(hashtextextended(p_name, fencing))
-                    THEN fencing END;
-                PERFORM pg_advisory_unlock(hashtextextended(p_name, woken)),
-                    pg_advisory_unlock(alive), pg_advisory_unlock(queue);
+                COMMIT;  -- before the next head, woken below, reads the row
                 granted := true;
-                RETURN;
+                EXIT;
             END IF;
             CONTINUE;
         END IF;
@@ -156,10 +146,8 @@ BEGIN
                 CONTINUE;
             END IF;
             COMMIT;  -- the withdrawal, if any, before the next head looks
-            PERFORM pg_advisory_unlock(hashtextextended(p_name, woken)),
-                pg_advisory_unlock(alive), pg_advisory_unlock(queue);
             retry_after := extract(epoch FROM free_at - t);
-            RETURN;
+            EXIT;
         END IF;
         IF woken = cur.fencing THEN
             -- This grant's lock came to us, its lease did not: its session ended
@@ -184,6 +172,13 @@ BEGIN
                 pg_advisory_unlock(hashtextextended(p_name, cur.fencing));
         END;
     END LOOP;
+    IF granted THEN
+        -- The grant's generation lock, before the next head can look for it.
+        generation := CASE WHEN pg_try_advisory_lock(hashtextextended(p_name, fencing))
+            THEN fencing END;
+    END IF;
+    PERFORM pg_advisory_unlock(hashtextextended(p_name, woken)),
+        pg_advisory_unlock(alive), pg_advisory_unlock(queue);
 END
 $fn$
 """
