@@ -126,24 +126,24 @@ class SelectOne:
 class HandLease:
     """(b) The backend's lease statements sent by hand: the floor of its algorithm.
 
-    Per pair: ``_dbsql.POSTGRESQL.acquire`` with a fresh ``secrets.token_hex(16)``
+    Per pair: ``sql.POSTGRESQL.acquire`` with a fresh ``secrets.token_hex(16)``
     owner, then ``.release``, params shaped as the backend's; ``lock_timeout``
     set once per connection as the backend's ``_cursor()`` does.
     ``django_binding=True`` sends them as Django's cursor does.
     """
 
     def __init__(self, key: str, *, django_binding: bool = False) -> None:
-        from django_distlock.backends import _dbsql
-        from django_distlock.backends.database import _ROW_LOCK_WAIT
+        from django_distlock.backends.database import sql
+        from django_distlock.backends.database.sessions import ROW_LOCK_WAIT
 
         options: dict[str, Any] = {}
         if django_binding:
             options = {"cursor_factory": psycopg.ClientCursor, "prepare_threshold": None}
         self.conn = connect(**options)
         self.cursor = self.conn.cursor()
-        self.cursor.execute("SELECT set_config('lock_timeout', %s, false)", [_ROW_LOCK_WAIT])
-        self.acquire_sql, self.release_sql = _dbsql.POSTGRESQL.acquire, _dbsql.POSTGRESQL.release
-        self.params_of, self.release_params_of = _dbsql.pg_acquire_params, _dbsql.pg_release_params
+        self.cursor.execute("SELECT set_config('lock_timeout', %s, false)", [ROW_LOCK_WAIT])
+        self.acquire_sql, self.release_sql = sql.POSTGRESQL.acquire, sql.POSTGRESQL.release
+        self.params_of, self.release_params_of = sql.pg_acquire_params, sql.pg_release_params
         self.key = key
         self.holder = (socket.gethostname(), os.getpid(), threading.current_thread().name)
         self.token = ""

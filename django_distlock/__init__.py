@@ -1,9 +1,9 @@
 """Distributed locks for Django, with the backend chosen in settings."""
 
-from .backends.base import DEFAULT, LockInfo, LockPage
 from .decorators import distlock, lock
+from .handle import Lock, SelfDeadlock
 from .handler import DEFAULT_LOCK_ALIAS, locks
-from .lease import Lock
+from .values import DEFAULT, LockInfo, LockPage
 
 __version__ = "0.1.0"
 
@@ -13,6 +13,7 @@ __all__ = [
     "Lock",
     "LockInfo",
     "LockPage",
+    "SelfDeadlock",
     "distlock",
     "lock",
     "locks",

@@ -8,10 +8,10 @@ import string
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar, cast
 
-from .backends.base import DEFAULT, _Default
 from .exceptions import LockNotAcquired
+from .handle import Lock
 from .handler import DEFAULT_LOCK_ALIAS, locks
-from .lease import Lock
+from .values import DEFAULT, _Default
 
 F = TypeVar("F", bound=Callable[..., Any])
 OnFail = Literal["raise", "skip"] | Callable[..., Any]

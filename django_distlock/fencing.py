@@ -1,7 +1,7 @@
 """Fenced writes: the storage refuses a write whose lock fencing token is stale.
 
 Every grant of a lock key carries a fencing token that strictly increases
-(:attr:`django_distlock.lease.Lock.fencing_token`). A model with a
+(:attr:`django_distlock.handle.Lock.fencing_token`). A model with a
 :class:`FencingTokenField` records, per row, the token of the last fenced
 write; :func:`fenced_save` and :meth:`FencedQuerySet.fenced_update` write only
 when their token is not lower than that one, in the same statement, so a
@@ -26,7 +26,7 @@ from .exceptions import (
     UnsupportedOperation,
     VersionConflict,
 )
-from .lease import Lock
+from .handle import Lock
 
 if TYPE_CHECKING:
     from django.db.models import Field
@@ -98,7 +98,7 @@ def fencing_token_of(fence: Lock | int) -> int:
     Only local state is checked (no I/O); whether the token is still the
     newest is decided by the storage, at the write.
 
-    :raises TypeError: if ``fence`` is neither a :class:`~django_distlock.lease.Lock`
+    :raises TypeError: if ``fence`` is neither a :class:`~django_distlock.handle.Lock`
         nor an int (a bool is refused).
     :raises ValueError: if an int token is negative or does not fit a BIGINT.
     :raises LockLost: if the handle's lease is known, or must be assumed, gone.
@@ -189,7 +189,7 @@ def fenced_save(
     ``pre_save`` and ``post_save`` are sent as ``save()`` sends them; on
     success the instance's token attribute is ``t``.
 
-    :param fence: a held :class:`~django_distlock.lease.Lock` or its int token.
+    :param fence: a held :class:`~django_distlock.handle.Lock` or its int token.
     :param update_fields: the fields to write (names or attnames), as for
         ``save()``; the token is always written. Default: every loaded field.
         Not allowed for a new object.
@@ -311,7 +311,7 @@ class FencedQuerySet(models.QuerySet[_M]):
         is rolled back (nothing written) and :class:`StaleFencingToken` raised.
         No signals are sent (as for ``QuerySet.update()``).
 
-        :param fence: a held :class:`~django_distlock.lease.Lock` or its int token.
+        :param fence: a held :class:`~django_distlock.handle.Lock` or its int token.
         :param values: the fields to set, as for ``update()`` (expressions allowed).
         :returns: the number of rows updated.
         :raises TypeError, ValueError: for bad arguments; nothing is written.

@@ -1,33 +1,36 @@
-"""Validation of lock names, shared by every backend."""
+"""Lock names: what is accepted, and how a name becomes a storage key."""
 
 from __future__ import annotations
 
+import hashlib
 import unicodedata
 
 from .exceptions import InvalidLockName
 
-#: Longest accepted lock name, in characters, before the alias' ``KEY_PREFIX``.
-MAX_NAME_LENGTH = 200
+#: Names up to this many characters are stored as they are; longer ones are stored as
+#: their first characters, a separator and their SHA-256 (see :func:`storage_key`).
+MAX_STORED_NAME = 200
 #: Longest accepted ``KEY_PREFIX``.
 MAX_PREFIX_LENGTH = 50
+#: Marks a shortened name inside a key. A control character, which no name may hold,
+#: so a shortened key never equals the key of a name stored whole.
+_SHORTENED = "\x1f"
+_DIGEST_HEX = 64
+_HEAD = MAX_STORED_NAME - 1 - _DIGEST_HEX
 
 
 def validate_name(name: object) -> str:
     """Return ``name`` if it is a usable lock name, else raise :class:`InvalidLockName`.
 
-    A name is a non-empty ``str`` of at most :data:`MAX_NAME_LENGTH`
-    characters, encodable as UTF-8, with no control characters (NUL, newline,
-    DEL, ...). ``/``, ``..``, spaces and any other printable character are
-    allowed: each backend stores names verbatim or encodes them safely.
+    A name is a non-empty ``str`` of any length, encodable as UTF-8, with no
+    control characters (NUL, newline, DEL, ...). ``/``, ``..``, spaces and
+    any other printable character are allowed: each backend stores names
+    verbatim or encodes them safely.
     """
     if not isinstance(name, str):
         raise InvalidLockName(f"A lock name must be a str, not {type(name).__name__}.")
     if not name:
         raise InvalidLockName("A lock name must not be empty.")
-    if len(name) > MAX_NAME_LENGTH:
-        raise InvalidLockName(
-            f"A lock name must be at most {MAX_NAME_LENGTH} characters, got {len(name)}."
-        )
     for index, char in enumerate(name):
         category = unicodedata.category(char)
         if category == "Cc":
@@ -40,3 +43,23 @@ def validate_name(name: object) -> str:
                 f"A lock name must be valid Unicode; found a lone surrogate at position {index}."
             )
     return name
+
+
+def storage_key(name: str) -> str:
+    """Return the part of the storage key that stands for a valid ``name``.
+
+    The name itself when it has at most :data:`MAX_STORED_NAME` characters; else
+    its first characters, a separator no name can hold, and the SHA-256 of the
+    whole name (so distinct names keep distinct keys).
+    """
+    if len(name) <= MAX_STORED_NAME:
+        return name
+    digest = hashlib.sha256(name.encode("utf-8")).hexdigest()
+    return f"{name[:_HEAD]}{_SHORTENED}{digest}"
+
+
+def display_name(stored: str) -> str:
+    """Return the name listings show for a stored key part: a shortened one as
+    ``head…[sha256:12 hex digits]``."""
+    head, sep, digest = stored.partition(_SHORTENED)
+    return f"{head}…[sha256:{digest[:12]}]" if sep else stored

@@ -8,7 +8,6 @@ In a local partial run without servers, those tests skip with a reason.
 from __future__ import annotations
 
 import os
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -19,6 +18,7 @@ from django.conf import settings
 from django.db import connections
 
 from django_distlock import locks
+from django_distlock.testing import in_thread  # noqa: F401  (re-exported for the tests)
 
 FULL_RUN = os.environ.get("DISTLOCK_SERVERS") == "1"
 SQLITE_ALIASES = ["sqlite-lease", "sqlite-tx"]
@@ -58,34 +58,13 @@ def unique() -> Callable[[str], str]:
     return lambda name="lock": f"{name}:{tag}"
 
 
-def in_thread(func: Callable[[], Any], timeout: float = 60) -> Any:
-    """Run ``func`` in a new thread (its own DB connections) and return its result."""
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["result"] = func()
-        except BaseException as exc:
-            box["error"] = exc
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    thread.join(timeout)
-    assert not thread.is_alive(), "the thread did not finish"
-    if "error" in box:
-        raise box["error"]
-    return box.get("result")
-
-
 def advisory_locks(
     backend: Any, key: str, seed: int, granted: bool = True, own_session: bool = False
 ) -> int:
     """How many sessions hold (or wait for) the PostgreSQL advisory lock
     ``hashtextextended(key, seed)``; only the backend's own session with ``own_session``.
     Read on the backend's lease session (see migration 0002 for what the seeds are)."""
-    cursor = backend._session().cursor
+    cursor = backend.sessions.get().cursor
     cursor.execute(
         "SELECT count(*) FROM pg_locks, (SELECT hashtextextended(%s, %s) AS k) h"
         " WHERE locktype = 'advisory' AND granted = %s AND objsubid = 1"

@@ -57,6 +57,7 @@ _DB = "django_distlock.backends.database.DatabaseBackend"
 DISTLOCK = {
     "default": {"BACKEND": _DB, "TTL": 30, "TIMEOUT": 5},
     "sqlite-lease": {"BACKEND": _DB, "OPTIONS": {"DATABASE": "default"}, "KEY_PREFIX": "l:"},
+    "locmem": {"BACKEND": "django_distlock.backends.locmem.LocMemBackend", "TTL": 30},
     "sqlite-tx": {
         "BACKEND": _DB,
         "OPTIONS": {"DATABASE": "default", "MODE": "transaction"},

@@ -11,6 +11,7 @@ import pytest
 
 from django_distlock import locks
 from django_distlock.exceptions import BackendUnavailable, LockLost
+from django_distlock.testing import LockContract
 
 from .conftest import (
     DATABASES,
@@ -20,7 +21,6 @@ from .conftest import (
     psycopg_params,
     require_pg,
 )
-from .contract import LockContract
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
 
@@ -48,7 +48,7 @@ class TestPostgresTransaction(PostgresContract):
 
 
 def _prepared_statements(backend) -> int:
-    cursor = backend._session().cursor
+    cursor = backend.sessions.get().cursor
     cursor.execute("SELECT count(*) FROM pg_prepared_statements")
     return cursor.fetchone()[0]
 
@@ -135,7 +135,7 @@ def test_postgres_release_from_another_thread_gives_back_the_generation_lock(uni
     assert advisory_locks(backend, idle.key, 1) == 0
     busy = backend.lock(unique("busy"), ttl=30)
     assert busy.acquire()
-    session = busy.backend_state.session
+    session = busy._acquisition.granted_on
     with session.mutex:  # the acquiring thread is in the middle of a statement
         in_thread(busy.release)
     assert not busy.held and session.orphans == [(busy.key, 1)]
@@ -178,7 +178,7 @@ def test_postgres_waiter_served_after_force_release_and_expiry(unique) -> None:
 
 def _row(backend, key: str) -> dict:
     """The lock row of ``key``, read on the backend's own session (committed state)."""
-    cursor = backend._session().cursor
+    cursor = backend.sessions.get().cursor
     cursor.execute(
         "SELECT owner, fencing, expires_at, thread, next_owner, next_ttl, next_thread"
         " FROM django_distlock_lock WHERE name = %s",

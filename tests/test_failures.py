@@ -14,7 +14,7 @@ pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
 
 
 def _terminate_lease_connection(backend) -> None:
-    pid = backend._session().cursor.connection.info.backend_pid
+    pid = backend.sessions.get().cursor.connection.info.backend_pid
     with psycopg.connect(**psycopg_params(backend.database), autocommit=True) as admin:
         admin.execute("SELECT pg_terminate_backend(%s)", [pid])
 

@@ -138,7 +138,7 @@ def test_sigkilled_waiter_is_not_handed_the_lock(unique) -> None:
     _fork_ready()
     proc = FORK.Process(target=_wait_for, args=("pg-lease", holder.name))
     proc.start()
-    cursor = backend._session().cursor
+    cursor = backend.sessions.get().cursor
 
     def reserved() -> bool:
         cursor.execute("SELECT next_pid FROM django_distlock_lock WHERE name = %s", [holder.key])

@@ -21,7 +21,7 @@ from django_distlock.exceptions import VersionConflict
 from testproject.shop import services, tasks
 from testproject.shop.models import Order, Product
 
-from .conftest import DATABASES
+from .conftest import DATABASES, in_thread
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
 FORK = multiprocessing.get_context("fork")
@@ -139,11 +139,11 @@ def test_the_buy_view_sells_answers_sold_out_and_busy() -> None:
     assert client.post("/shop/buy/999999/").status_code == 404
     assert client.get(url).status_code == 405
     holder = locks["default"].lock(services.stock_lock_name(product.pk), ttl=30)
-    assert holder.acquire()
+    assert in_thread(holder.acquire)  # another worker holds the stock lock
     try:
         busy = client.post(url)  # the view waits 2 s for the stock lock, then answers 423
     finally:
-        holder.release()
+        in_thread(holder.release)
     assert busy.status_code == 423
     assert b"busy" in busy.content
 
@@ -151,17 +151,19 @@ def test_the_buy_view_sells_answers_sold_out_and_busy() -> None:
 def test_the_task_waits_for_the_stock_lock() -> None:
     product = Product.objects.create(name="task", stock=1)
     holder = locks["default"].lock(services.stock_lock_name(product.pk), ttl=30)
-    assert holder.acquire()
-    released = threading.Event()
+    held, released = threading.Event(), threading.Event()
 
-    def release_later() -> None:
+    def hold_then_release() -> None:  # another worker holds the lock
+        assert holder.acquire()
+        held.set()
         time.sleep(0.3)
         released.set()
         holder.release()
         connections.close_all()
 
-    thread = threading.Thread(target=release_later)
+    thread = threading.Thread(target=hold_then_release)
     thread.start()
+    assert held.wait(10)
     try:
         order_id = tasks.sell_one_task(product.pk)
         sold_after_release = released.is_set()

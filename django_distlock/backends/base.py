@@ -1,154 +1,167 @@
-"""The contract every lock backend implements, and the values it returns."""
+"""The contract every lock backend implements.
+
+A backend is one class (settings, listing, health) and one per-acquisition
+class (the protocol of one acquisition). Read this module and
+``docs/architecture.md``; ``backends/locmem.py`` is a whole backend in one
+short module, and ``django_distlock.testing.LockContract`` is the test suite
+every backend passes.
+"""
 
 from __future__ import annotations
 
+import abc
 import asyncio
-import math
 import time
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
-from datetime import datetime
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
+from asgiref.sync import sync_to_async
 from django.core import checks
 
-from ..backoff import Backoff
+from ..backoff import Backoff, remaining
 from ..exceptions import InvalidBackendOptions
-from ..names import MAX_PREFIX_LENGTH, validate_name
+from ..handle import Lock
+from ..names import MAX_PREFIX_LENGTH, display_name, storage_key, validate_name
+from ..values import (
+    DEFAULT,
+    ExcInfo,
+    Grant,
+    LockInfo,
+    LockPage,
+    Miss,
+    _Default,
+    validate_page_args,
+    validate_timeout,
+    validate_ttl,
+)
 
-if TYPE_CHECKING:
-    from ..lease import Lock
-
-
-class _Default:
-    """Sentinel type: "use the alias' configured value"."""
-
-    def __repr__(self) -> str:
-        return "DEFAULT"
-
-
-#: Pass for ``ttl``/``timeout`` to use the alias' ``TTL``/``TIMEOUT`` setting.
-DEFAULT: Final = _Default()
-
-#: Longest accepted lease, in seconds (30 days).
-MAX_TTL = 30 * 24 * 3600.0
-#: Shortest accepted lease, in seconds (the database clocks keep milliseconds).
-MIN_TTL = 0.001
-#: Largest page :meth:`BaseLockBackend.held_locks` returns.
-MAX_PAGE = 1000
+__all__ = [
+    "Acquisition",
+    "BaseLockBackend",
+    "ExcInfo",
+    "Grant",
+    "LockInfo",
+    "LockPage",
+    "Miss",
+    "validate_page_args",
+]
 
 _PARAM_KEYS = frozenset({"BACKEND", "LOCATION", "OPTIONS", "KEY_PREFIX", "TTL", "TIMEOUT"})
 
 
-def validate_ttl(ttl: object) -> float:
-    """Return ``ttl`` as float seconds, or raise ValueError/TypeError saying why not."""
-    if isinstance(ttl, bool) or not isinstance(ttl, int | float):
-        raise TypeError(f"ttl must be a number of seconds, not {type(ttl).__name__}.")
-    if not math.isfinite(ttl) or not MIN_TTL <= ttl <= MAX_TTL:
-        raise ValueError(f"ttl must be between {MIN_TTL} and {MAX_TTL:.0f} seconds, got {ttl!r}.")
-    return float(ttl)
+class Acquisition(abc.ABC):
+    """One acquisition of one lock handle: the backend's state from the first
+    attempt to the release.
 
+    :meth:`BaseLockBackend.acquisition` builds one for every ``acquire()``. The
+    handle then calls, in its own thread or task:
 
-def validate_timeout(timeout: object) -> float | None:
-    """Return ``timeout`` as float seconds or None (wait forever), or raise saying why not."""
-    if timeout is None:
-        return None
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
-        raise TypeError(
-            f"timeout must be a number of seconds or None, not {type(timeout).__name__}."
-        )
-    if math.isnan(timeout) or timeout < 0:
-        raise ValueError(f"timeout must be >= 0 seconds or None, got {timeout!r}.")
-    return None if math.isinf(timeout) else float(timeout)
+    - :meth:`attempt` once; on a :class:`Miss`, while it may still wait,
+      :meth:`wait` and :meth:`attempt` again, until a :class:`Grant`;
+    - :meth:`close` exactly once if it ends without a grant (a miss, the
+      timeout, an error, an interruption): leave any queue joined on the way;
+    - while held: :meth:`extend` and, once, :meth:`release`.
 
-
-@dataclass(frozen=True, slots=True)
-class Grant:
-    """What a backend returns when it grants a lock."""
-
-    #: Grows with every grant of the key; None when the backend issues none.
-    fencing_token: int | None
-    #: Server time of the grant, when the backend records it.
-    acquired_at: datetime | None
-    #: Server time the lease ends; None when the lock does not expire.
-    expires_at: datetime | None
-
-
-@dataclass(frozen=True, slots=True)
-class Miss:
-    """What a backend returns when the lock is held by someone else."""
-
-    #: Seconds until the holder's lease ends on the server's clock, if known.
-    retry_after: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class LockInfo:
-    """One lock held right now, as listed by :meth:`BaseLockBackend.held_locks`."""
-
-    alias: str
-    name: str
-    #: A short, non-secret id of the owner token (never the token itself).
-    owner: str
-    fencing_token: int | None
-    acquired_at: datetime | None
-    expires_at: datetime | None
-    host: str
-    pid: int | None
-    thread: str
-    #: Clients waiting for it, when the backend can tell; else None.
-    waiters: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class LockPage:
-    """One page of held locks and the cursor of the next page (None on the last)."""
-
-    locks: list[LockInfo]
-    next_cursor: str | None
-
-    def __iter__(self) -> Iterator[LockInfo]:
-        return iter(self.locks)
-
-    def __len__(self) -> int:
-        return len(self.locks)
-
-
-class Waiter:
-    """Waits between acquisition attempts; this one sleeps with backoff and jitter.
-
-    Backends that can be woken by the server return their own from
-    :meth:`BaseLockBackend.waiter`. Used as a context manager around the
-    retry loop, so a subscription is in place before the retry that follows
-    the first miss.
+    Each has an ``a``-prefixed async twin (``async_wait`` for :meth:`wait`)
+    whose default runs the sync method in a worker thread; a backend with a
+    native async client overrides them. A backend that learns by itself that
+    the lock is gone (a session lost, a renewal refused) calls
+    ``self.lock.mark_lost()``.
     """
 
-    def __init__(self) -> None:
-        self.backoff = Backoff()
+    def __init__(
+        self,
+        backend: BaseLockBackend,
+        lock: Lock,
+        token: str,
+        blocking: bool,
+        deadline: float | None,
+    ) -> None:
+        self.backend = backend
+        #: The handle; read ``lock.key``, ``lock.ttl`` and the holder fields from it.
+        self.lock = lock
+        #: The owner token of this acquisition (128 bits from :mod:`secrets`, never shown).
+        self.token = token
+        #: Whether the handle will wait after a miss (an attempt may then skip asking the
+        #: server and leave it to :meth:`wait`).
+        self.blocking = blocking
+        #: When the handle stops waiting, a :func:`time.monotonic` value (None: never).
+        self.deadline = deadline
+        self._backoff: Backoff | None = None
 
-    def __enter__(self) -> Waiter:
-        return self
+    @abc.abstractmethod
+    def attempt(self) -> Grant | Miss:
+        """Make one attempt; it does not wait for another holder.
 
-    def __exit__(self, *exc_info: object) -> None:
+        :raises BackendUnavailable: when the server fails.
+        """
+
+    def wait(self, miss: Miss) -> Grant | None:
+        """Block until another attempt is worth making, or :attr:`deadline` passes.
+
+        Return None to have the handle attempt again, or a :class:`Grant` when
+        the wait itself ended in a grant (a backend that waits in the server).
+        This one sleeps with exponential backoff and full jitter, never past the
+        holder's expiry (``miss.retry_after``) or the deadline.
+
+        :raises BackendUnavailable: when the server fails.
+        """
+        time.sleep(self._delay(miss))
         return None
 
-    def delay(self, miss: Miss, remaining: float | None) -> float:
-        """Seconds to wait before the next attempt."""
-        delay = self.backoff.next_delay(remaining)
+    def close(self) -> None:
+        """Clean up after an acquisition that ended without a grant (no error raised)."""
+        return None
+
+    @abc.abstractmethod
+    def release(self, exc_info: ExcInfo) -> bool:
+        """Release the lock; return False if this acquisition no longer held it.
+
+        :param exc_info: the exception leaving a ``with`` block, or Nones.
+        :raises BackendUnavailable: when the server fails; the handle may call
+            it again.
+        """
+
+    @abc.abstractmethod
+    def extend(self, ttl: float) -> Grant | None:
+        """Make the lease end ``ttl`` seconds from now; None if it is no longer held.
+
+        :raises BackendUnavailable: when the server fails.
+        """
+
+    # -- async twins -------------------------------------------------------------
+
+    async def aattempt(self) -> Grant | Miss:
+        """Async :meth:`attempt`."""
+        return await sync_to_async(self.attempt)()
+
+    async def async_wait(self, miss: Miss) -> Grant | None:
+        """Async :meth:`wait`; must not block the event loop."""
+        await asyncio.sleep(self._delay(miss))
+        return None
+
+    async def aclose(self) -> None:
+        """Async :meth:`close`."""
+        await sync_to_async(self.close)()
+
+    async def arelease(self, exc_info: ExcInfo) -> bool:
+        """Async :meth:`release`."""
+        return await sync_to_async(self.release)(exc_info)
+
+    async def aextend(self, ttl: float) -> Grant | None:
+        """Async :meth:`extend`."""
+        return await sync_to_async(self.extend)(ttl)
+
+    def _delay(self, miss: Miss) -> float:
+        if self._backoff is None:
+            self._backoff = Backoff()
+        delay = self._backoff.next_delay(remaining(self.deadline))
         if miss.retry_after is not None:
             delay = min(delay, max(miss.retry_after, 0.0) + 0.001)
-        return delay
-
-    def wait(self, miss: Miss, remaining: float | None) -> None:
-        """Block until the next attempt is worth making."""
-        time.sleep(self.delay(miss, remaining))
-
-    async def async_wait(self, miss: Miss, remaining: float | None) -> None:
-        """Like :meth:`wait`, without blocking the event loop."""
-        await asyncio.sleep(self.delay(miss, remaining))
+        return max(delay, 0.0)
 
 
-class BaseLockBackend:
+class BaseLockBackend(abc.ABC):
     """Base class of lock backends, built by the ``locks`` registry from one alias.
 
     :param alias: the key of this backend in the ``DISTLOCK`` setting.
@@ -156,18 +169,22 @@ class BaseLockBackend:
         ``TTL``, ``TIMEOUT``, and ``LOCATION`` for server backends).
     :raises InvalidBackendOptions: when a value is unusable. ``__init__`` does
         no I/O, so system checks can build backends to validate settings.
+
+    Capabilities are class attributes; a backend whose capabilities depend on
+    its options is one class per set of capabilities (see the database backend).
     """
 
     #: Grants carry a fencing token that strictly increases with every grant of a key.
-    supports_fencing: bool = True
-    #: Locks are leases that end after their TTL on the server's clock.
-    supports_expiry: bool = True
-    #: :meth:`held_locks` can list the locks held now.
-    supports_listing: bool = True
-    #: :meth:`force_release` can free another owner's lock.
-    supports_force_release: bool = True
-    #: Waiters are woken by a server notification rather than by polling.
-    wakes_waiters: bool = False
+    supports_fencing: ClassVar[bool] = True
+    #: Locks are leases that end after their TTL on the server's clock (else: held
+    #: until released, or until the holder's session ends).
+    supports_expiry: ClassVar[bool] = True
+    #: :meth:`held_locks` lists the locks held now.
+    supports_listing: ClassVar[bool] = True
+    #: :meth:`force_release` frees another owner's lock.
+    supports_force_release: ClassVar[bool] = True
+    #: Locks exclude other processes (False only for process-local backends).
+    distributed: ClassVar[bool] = True
 
     def __init__(self, alias: str, params: Mapping[str, Any]) -> None:
         self.alias = alias
@@ -223,8 +240,6 @@ class BaseLockBackend:
         :raises InvalidLockName: for a bad name.
         :raises TypeError, ValueError: for a bad ``ttl`` or ``timeout``.
         """
-        from ..lease import Lock
-
         key = self.make_key(name)
         ttl = self.default_ttl if isinstance(ttl, _Default) else validate_ttl(ttl)
         timeout = (
@@ -235,100 +250,71 @@ class BaseLockBackend:
         return Lock(self, name, key, ttl=ttl, timeout=timeout, blocking=blocking)
 
     def make_key(self, name: str) -> str:
-        """Return the storage key of ``name``: the alias' ``KEY_PREFIX`` + the name."""
-        return self.key_prefix + validate_name(name)
+        """Return the storage key of ``name``: the alias' ``KEY_PREFIX`` + the name
+        (shortened with its digest past :data:`~django_distlock.names.MAX_STORED_NAME`).
+
+        :raises InvalidLockName: for a bad name.
+        """
+        return self.key_prefix + storage_key(validate_name(name))
 
     def name_of(self, key: str) -> str:
-        """Return the lock name of a storage key (the inverse of :meth:`make_key`)."""
-        return key[len(self.key_prefix) :]
+        """Return the name listings show for a storage key (see :meth:`make_key`)."""
+        return display_name(key[len(self.key_prefix) :])
 
+    @abc.abstractmethod
+    def acquisition(
+        self, lock: Lock, token: str, blocking: bool, deadline: float | None
+    ) -> Acquisition:
+        """Return a new :class:`Acquisition` of ``lock`` for the owner ``token`` (no I/O):
+        ``Acquisition(self, lock, token, blocking, deadline)`` of the backend's own class."""
+
+    @abc.abstractmethod
     def is_locked(self, name: str) -> bool:
         """Return whether anyone holds ``name`` now.
 
+        :raises InvalidLockName: for a bad name.
         :raises BackendUnavailable: when the server fails.
         """
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def held_locks(
         self, prefix: str = "", limit: int = 50, cursor: str | None = None
     ) -> LockPage:
-        """Return one page of the locks held now, in name order, whose name starts with
+        """Return one page of the locks held now, in key order, whose name starts with
         ``prefix``; pass the page's ``next_cursor`` back for the next page.
 
         The cost grows with ``limit``, not with the number of locks held.
+        Validate the arguments (:func:`validate_page_args`) before any I/O.
 
         :raises UnsupportedOperation: when ``supports_listing`` is False.
+        :raises TypeError, ValueError: for bad arguments.
         :raises BackendUnavailable: when the server fails.
         """
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def force_release(self, name: str) -> bool:
         """Free ``name`` whoever holds it; return whether a held lock was freed.
 
         The former holder finds out at its next ``extend()`` or ``release()``
-        (:class:`~django_distlock.exceptions.LockLost`).
+        (:class:`~django_distlock.exceptions.LockLost`). Send
+        :data:`~django_distlock.signals.lock_force_released` when one was freed.
 
         :raises UnsupportedOperation: when ``supports_force_release`` is False.
         :raises BackendUnavailable: when the server fails.
         """
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def health(self) -> float:
         """Make one round trip to the server and return its latency in seconds.
 
         :raises BackendUnavailable: when the server fails.
         """
-        raise NotImplementedError
 
     def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
-        """Return system-check messages about this alias (no I/O)."""
+        """Return system-check messages about this alias (no I/O). ``kwargs`` are the
+        check framework's (``deploy=True`` under ``check --deploy``)."""
         return []
 
     def close(self) -> None:
         """Release the connections and threads this backend holds in this process."""
         return None
-
-    # -- the primitives a Lock handle calls -------------------------------
-
-    def try_acquire(self, lock: Lock, token: str, wait: float | None) -> Grant | Miss:
-        """Make one attempt to grant ``lock`` to ``token``.
-
-        :param wait: 0 for a non-blocking attempt; otherwise the seconds left to
-            wait (None: forever), which backends that wait in the server use.
-        :raises BackendUnavailable: when the server fails.
-        """
-        raise NotImplementedError
-
-    def release_lock(self, lock: Lock, token: str, exc_info: tuple[Any, Any, Any]) -> bool:
-        """Release ``lock`` if ``token`` holds it; return False if it does not.
-
-        :param exc_info: the exception leaving a ``with`` block, or Nones.
-        :raises BackendUnavailable: when the server fails.
-        """
-        raise NotImplementedError
-
-    def extend_lock(self, lock: Lock, token: str, ttl: float) -> Grant | None:
-        """Make ``token``'s lease end ``ttl`` seconds from now; None if it no longer holds it.
-
-        :raises BackendUnavailable: when the server fails.
-        """
-        raise NotImplementedError
-
-    def waiter(self, lock: Lock) -> Waiter:
-        """Return the :class:`Waiter` a blocking ``acquire()`` uses between attempts."""
-        return Waiter()
-
-
-def validate_page_args(
-    prefix: object, limit: object, cursor: object
-) -> tuple[str, int, str | None]:
-    """Check the arguments of ``held_locks()``; raise TypeError/ValueError saying why."""
-    if not isinstance(prefix, str):
-        raise TypeError("prefix must be a str.")
-    if isinstance(limit, bool) or not isinstance(limit, int):
-        raise TypeError("limit must be an int.")
-    if not 1 <= limit <= MAX_PAGE:
-        raise ValueError(f"limit must be between 1 and {MAX_PAGE}, got {limit}.")
-    if cursor is not None and not isinstance(cursor, str):
-        raise TypeError("cursor must be a str returned as next_cursor, or None.")
-    return prefix, limit, cursor

@@ -67,16 +67,11 @@ class Strategy:
 
 
 def describe(alias: str, backend: BaseLockBackend | None) -> str:
-    """Label an alias by its backend class and mode: ``database lease (default)``.
-
-    Falls back to the ``BACKEND`` path of the setting when the backend could not be built.
-    """
-    if backend is not None:
-        class_name = type(backend).__name__
-        mode = getattr(backend, "mode", None)
-    else:
-        params = locks.settings.get(alias, {})
-        class_name = str(params.get("BACKEND", "")).rpartition(".")[2] or "unknown"
+    """Label an alias by its ``BACKEND`` class and mode: ``database lease (default)``."""
+    params = locks.settings.get(alias, {})
+    class_name = str(params.get("BACKEND", "")).rpartition(".")[2] or "unknown"
+    mode = getattr(backend, "mode", None)
+    if mode is None:
         options = params.get("OPTIONS")
         mode = options.get("MODE") if isinstance(options, Mapping) else None
     kind = class_name.removesuffix("Backend").lower() or class_name.lower()

@@ -1,19 +1,31 @@
-"""The contract every lock backend passes: subclass ``LockContract`` with ``alias = ...``."""
+"""The contract every lock backend passes, shipped so that any backend runs it.
+
+Subclass :class:`LockContract` in a pytest module and name the alias under
+test; add pytest-django's ``django_db`` mark when the backend uses a database::
+
+    from django_distlock.testing import LockContract
+
+    class TestMyBackend(LockContract):
+        alias = "mine"          # configured in the test settings' DISTLOCK
+
+It needs pytest and Django; it makes no assumption about what stores the locks.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import threading
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
-from asgiref.sync import sync_to_async
 from django.db import connections
 
-from django_distlock import locks
-from django_distlock.backends.base import BaseLockBackend
-from django_distlock.exceptions import (
+from .. import signals
+from ..backends.base import BaseLockBackend
+from ..exceptions import (
     DistLockError,
     InvalidLockName,
     LockLost,
@@ -22,12 +34,33 @@ from django_distlock.exceptions import (
     LockTimeout,
     UnsupportedOperation,
 )
+from ..handle import SelfDeadlock
+from ..handler import locks
 
-from .conftest import in_thread
-
-BAD_NAMES = ["", "a\x00b", "line\nbreak", "tab\there", "del\x7f", "x" * 10_240, "\ud800"]
+BAD_NAMES = ["", "a\x00b", "line\nbreak", "tab\there", "del\x7f", "\ud800"]
 BAD_TYPES = [None, 42, b"bytes", ["a"], 1.5]
 ODD_NAMES = ["a/b", "a/../b", "..", "/", "/etc/passwd", "spaces and ünïcode ✓", "%s'; --"]
+
+
+def in_thread(func: Callable[[], Any], timeout: float = 60) -> Any:
+    """Run ``func`` in a new thread (its own connections) and return its result."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["result"] = func()
+        except BaseException as exc:
+            box["error"] = exc
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(timeout)
+    assert not thread.is_alive(), "the thread did not finish"
+    if "error" in box:
+        raise box["error"]
+    return box.get("result")
 
 
 class LockContract:
@@ -38,6 +71,28 @@ class LockContract:
     @pytest.fixture
     def backend(self) -> BaseLockBackend:
         return locks[self.alias]
+
+    @pytest.fixture
+    def unique(self) -> Callable[..., str]:
+        """A function making lock names unique to this test."""
+        tag = uuid.uuid4().hex[:8]
+        return lambda name="lock": f"{name}:{tag}"
+
+    @pytest.fixture
+    def events(self, backend: BaseLockBackend) -> Iterator[list[tuple[str, str]]]:
+        """The lock signals sent for this backend, as (signal, lock name)."""
+        seen: list[tuple[str, str]] = []
+        receivers = []
+        for label in ("lock_acquired", "lock_released", "lock_lost", "lock_force_released"):
+            def receiver(sender: Any, label: str = label, **kwargs: Any) -> None:
+                if kwargs["backend"] is backend:
+                    seen.append((label, kwargs["name"]))
+
+            getattr(signals, label).connect(receiver, weak=False)
+            receivers.append((label, receiver))
+        yield seen
+        for label, receiver in receivers:
+            getattr(signals, label).disconnect(receiver)
 
     # -- acquire and release ------------------------------------------------
 
@@ -72,9 +127,9 @@ class LockContract:
     def test_with_raises_when_not_acquired(self, backend, unique) -> None:
         name = unique()
 
-        def attempt(**kwargs: object) -> type[BaseException]:
+        def attempt(**kwargs: Any) -> type:
             try:
-                with backend.lock(name, **kwargs):  # type: ignore[arg-type]
+                with backend.lock(name, **kwargs):
                     return type(None)
             except LockNotAcquired as exc:
                 assert exc.name == name and exc.alias == backend.alias
@@ -172,7 +227,7 @@ class LockContract:
                 backend.lock(unique(), ttl=bad)
         for bad_type in ("5", None, True):
             with pytest.raises(TypeError):
-                backend.lock(unique(), ttl=bad_type)  # type: ignore[arg-type]
+                backend.lock(unique(), ttl=bad_type)
         with pytest.raises(ValueError):
             backend.lock(unique(), timeout=-1)
         handle = backend.lock(unique())
@@ -230,9 +285,9 @@ class LockContract:
         with pytest.raises(ValueError):
             backend.held_locks(limit=0)
         with pytest.raises(TypeError):
-            backend.held_locks(limit="10")  # type: ignore[arg-type]
+            backend.held_locks(limit="10")
         with pytest.raises(TypeError):
-            backend.held_locks(prefix=None)  # type: ignore[arg-type]
+            backend.held_locks(prefix=None)
         with pytest.raises(InvalidLockName):
             backend.held_locks(prefix="a\x00")
 
@@ -285,6 +340,106 @@ class LockContract:
         second.release()
         first.release()
 
+    def test_long_names_are_distinct_locks(self, backend, unique) -> None:
+        base = unique("long") + "x" * 300
+        first, second = backend.lock(base + "1"), backend.lock(base + "2")
+        assert first.acquire(blocking=False) and second.acquire(blocking=False)
+        assert in_thread(lambda: backend.lock(base + "1").acquire(blocking=False)) is False
+        second.release()
+        first.release()
+        huge = backend.lock(unique("y" * 10_240))  # any length
+        assert huge.acquire(blocking=False)
+        huge.release()
+
+    def test_self_deadlock_raises_at_once(self, backend, unique) -> None:
+        name = unique()
+        with backend.lock(name):
+            started = time.monotonic()
+            with pytest.raises(SelfDeadlock):
+                backend.lock(name).acquire(timeout=5)
+            assert time.monotonic() - started < 2
+            assert backend.lock(name).acquire(blocking=False) is False
+
+    # -- signals, loss, health ----------------------------------------------------
+
+    def test_signals(self, backend, unique, events) -> None:
+        name = unique()
+        with backend.lock(name):
+            pass
+        assert events == [("lock_acquired", name), ("lock_released", name)]
+        if backend.supports_force_release:
+            events.clear()
+            handle = backend.lock(name)
+            handle.acquire()
+            assert backend.force_release(name)
+            with pytest.raises(LockLost):
+                handle.release()
+            assert events == [
+                ("lock_acquired", name), ("lock_force_released", name), ("lock_lost", name)
+            ]
+
+    def test_mark_lost_makes_the_exit_raise(self, backend, unique, events) -> None:
+        name = unique()
+        with pytest.raises(LockLost), backend.lock(name) as handle:
+            handle.mark_lost()
+            handle.mark_lost()  # once is enough
+            assert handle.lost and not handle.held
+        assert events.count(("lock_lost", name)) == 1
+        assert in_thread(lambda: _acquire_release(backend, name)) is True  # released anyway
+
+    def test_health_and_close(self, backend, unique) -> None:
+        assert backend.health() >= 0
+        backend.close()
+        assert in_thread(lambda: _acquire_release(backend, unique())) is True
+        assert _acquire_release(backend, unique()) is True
+
+    def test_capability_flags_are_declared(self, backend) -> None:
+        for flag in ("supports_fencing", "supports_expiry", "supports_listing",
+                     "supports_force_release", "distributed"):
+            assert isinstance(getattr(type(backend), flag), bool), flag
+
+    def test_bad_cursor_refused_before_any_call(self, backend) -> None:
+        if not backend.supports_listing:
+            return
+        for cursor in ("a\x00", "\ud800"):
+            with pytest.raises(ValueError):
+                backend.held_locks(cursor=cursor)
+
+    # -- async ----------------------------------------------------------------------
+
+    def test_async_waiters_get_the_lock_when_released(self, backend, unique) -> None:
+        """Tasks wait (none is granted while a thread holds), then each gets it in turn."""
+        name = unique()
+        held, release = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            with backend.lock(name):
+                held.set()
+                release.wait(10)
+
+        holder = threading.Thread(target=lambda: in_thread(hold))
+        holder.start()
+        assert held.wait(10)
+
+        async def main() -> list[bool]:
+            async def wait() -> bool:
+                async with backend.lock(name, timeout=10) as handle:
+                    await asyncio.sleep(0.01)
+                    return handle.held
+
+            waiters = [asyncio.ensure_future(wait()) for _ in range(3)]
+            await asyncio.sleep(0.3)
+            assert not any(w.done() for w in waiters)
+            release.set()
+            return list(await asyncio.gather(*waiters))
+
+        try:
+            assert asyncio.run(main()) == [True, True, True]
+        finally:
+            release.set()
+            holder.join(10)
+            _close_async_connections()
+
     def test_async_acquire_release(self, backend, unique) -> None:
         name = unique()
 
@@ -297,10 +452,17 @@ class LockContract:
             got = await handle.aacquire(timeout=2)
             await handle.aextend(10)
             await handle.arelease()
-            await sync_to_async(connections.close_all)()  # the worker thread's connections
             return [got_other, got]
 
         assert asyncio.run(main()) == [False, True]
+        _close_async_connections()
+
+
+def _close_async_connections() -> None:
+    """Close the connections the event loop's worker thread opened (asgiref's)."""
+    from asgiref.sync import async_to_sync, sync_to_async
+
+    async_to_sync(sync_to_async(connections.close_all))()
 
 
 def _acquire_release(backend: BaseLockBackend, name: str) -> bool:

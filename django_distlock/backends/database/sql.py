@@ -13,10 +13,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 TABLE = "django_distlock_lock"
-CHANNEL = "django_distlock"  # also in migration 0002's release procedure
 _COLUMNS = "name, owner, fencing, acquired_at, expires_at, host, pid, thread"
 #: PostgreSQL: until when a waiter's reservation keeps the lock (NULL: none); see
-#: migration 0002.
+#: docs/database.md.
 _RESERVED_UNTIL = (
     "CASE WHEN next_owner IS NOT NULL THEN expires_at + next_ttl * interval '1 second' END"
 )
@@ -24,12 +23,14 @@ _RESERVED_UNTIL = (
 
 @dataclass(frozen=True)
 class Dialect:
-    """The statements of one vendor; placeholders are ``%s`` (Django's cursor)."""
+    """The statements of one vendor; placeholders are ``%s`` (``%(name)s`` where a
+    statement uses a value more than once)."""
 
-    #: Grant if free or expired. Params: see ``acquire_params``. Rows: (granted, fencing,
+    #: Grant if free or expired. Params: see ``pg_acquire_params`` (PostgreSQL) and
+    #: ``LeaseAcquisition`` (SQLite). Rows: (granted, fencing,
     #: acquired_at, expires_at, retry_after, generation) where generation, on PostgreSQL,
     #: is the fencing token when the session took the grant's generation lock (see
-    #: migration 0002), else None.
+    #: docs/database.md), else None.
     acquire: str
     #: Only when ``acquire`` returns no row on a miss. Params: key. Row: (retry_after,).
     retry_after: str | None
@@ -42,7 +43,7 @@ class Dialect:
     is_locked: str
     #: Params: lower bound (exclusive), prefix, upper bound, limit.
     held: str
-    #: Params: key (+ key on PostgreSQL). Row when a held lock was freed.
+    #: Params: key. Row when a held lock was freed.
     force_release: str
     #: Transaction mode: bump fencing, holding the row lock until the transaction ends.
     #: Params: host, pid, thread, key. Row: (fencing, acquired_at); none if no row yet.
@@ -54,7 +55,7 @@ POSTGRESQL = Dialect(
     # grant makes it re-check, READ COMMITTED's EvalPlanQual), so a miss is a
     # read: it writes nothing and never delays the holder. A first attempt
     # also defers to a queued waiter (the advisory lock of the key's queue,
-    # held by its head, see migration 0002), and every attempt to a waiter's
+    # held by its head, see docs/database.md), and every attempt to a waiter's
     # reservation until it ends (granting over one skips a fencing number):
     # no barging past the queue. The INSERT runs for a name's first use only;
     # ON CONFLICT DO NOTHING settles racing creators. A grant takes its
@@ -62,29 +63,31 @@ POSTGRESQL = Dialect(
     # the queue inside the server.
     acquire=f"""
 WITH u AS (
-    UPDATE {TABLE} SET owner = %s, fencing = fencing + 1 + (next_owner IS NOT NULL)::int,
-        acquired_at = now(), expires_at = now() + %s * interval '1 second', host = %s, pid = %s,
-        thread = %s, next_owner = NULL
-    WHERE name = %s AND (owner IS NULL OR expires_at <= now())
+    UPDATE {TABLE} SET owner = %(owner)s,
+        fencing = fencing + 1 + (next_owner IS NOT NULL)::int, acquired_at = now(),
+        expires_at = now() + %(ttl)s * interval '1 second', host = %(host)s, pid = %(pid)s,
+        thread = %(thread)s, next_owner = NULL
+    WHERE name = %(key)s AND (owner IS NULL OR expires_at <= now())
         AND (next_owner IS NULL OR {_RESERVED_UNTIL} <= now())
-        AND (%s OR pg_try_advisory_xact_lock(hashtextextended(%s, 0)))
+        AND (%(retry)s OR pg_try_advisory_xact_lock(hashtextextended(%(key)s, 0)))
     RETURNING fencing, acquired_at, expires_at
 ), i AS (
     INSERT INTO {TABLE} ({_COLUMNS})
-    SELECT %s, %s, 1, now(), now() + %s * interval '1 second', %s, %s, %s
-    WHERE NOT EXISTS (SELECT 1 FROM {TABLE} WHERE name = %s)
+    SELECT %(key)s, %(owner)s, 1, now(), now() + %(ttl)s * interval '1 second', %(host)s,
+        %(pid)s, %(thread)s
+    WHERE NOT EXISTS (SELECT 1 FROM {TABLE} WHERE name = %(key)s)
     ON CONFLICT (name) DO NOTHING
     RETURNING fencing, acquired_at, expires_at
 )
 SELECT true, fencing, acquired_at, expires_at, NULL::float8,
-    CASE WHEN pg_try_advisory_lock(hashtextextended(%s, fencing)) THEN fencing END
+    CASE WHEN pg_try_advisory_lock(hashtextextended(%(key)s, fencing)) THEN fencing END
 FROM (SELECT * FROM u UNION ALL SELECT * FROM i) g
 UNION ALL
 SELECT false, NULL, NULL, NULL,
     EXTRACT(EPOCH FROM greatest(l.expires_at, {_RESERVED_UNTIL}) - now())::float8, NULL
-FROM {TABLE} l WHERE l.name = %s AND NOT EXISTS (SELECT 1 FROM u)""",
+FROM {TABLE} l WHERE l.name = %(key)s AND NOT EXISTS (SELECT 1 FROM u)""",
     retry_after=None,
-    # A procedure (migration 0002): it hands the lock over to the reserved
+    # A procedure (docs/database.md): it hands the lock over to the reserved
     # head, commits without waiting for the WAL flush, then gives the grant's
     # generation lock back, which wakes the head.
     release="CALL django_distlock_release(%s, %s, %s, NULL)",
@@ -101,11 +104,8 @@ WHERE owner IS NOT NULL AND (name COLLATE "C") > %s AND (name COLLATE "C") >= %s
   AND (name COLLATE "C") < %s AND expires_at > now()
 ORDER BY (name COLLATE "C") LIMIT %s""",
     force_release=f"""
-WITH r AS (
-    UPDATE {TABLE} SET owner = NULL, next_owner = NULL
-    WHERE name = %s AND owner IS NOT NULL AND expires_at > now() RETURNING name
-)
-SELECT pg_notify('{CHANNEL}', %s) FROM r""",
+UPDATE {TABLE} SET owner = NULL, next_owner = NULL
+WHERE name = %s AND owner IS NOT NULL AND expires_at > now() RETURNING 1""",
     tx_grant=f"""
 UPDATE {TABLE} SET fencing = fencing + 1, acquired_at = clock_timestamp(), host = %s, pid = %s,
     thread = %s
@@ -127,8 +127,12 @@ PG_SESSION_SETUP = (
     "SELECT set_config('lock_timeout', %s, false),"
     " set_config('client_connection_check_interval', %s, false)"
 )
-#: PostgreSQL transaction mode: bound the row-lock wait of this transaction.
-PG_LOCK_TIMEOUT = "SELECT set_config('lock_timeout', %s, true)"
+#: PostgreSQL transaction mode: bound every lock wait, and each statement as a whole, of
+#: this transaction (a statement may wait for several locks in turn). Params: both
+#: limits (the same value).
+PG_TX_TIMEOUTS = (
+    "SELECT set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true)"
+)
 #: PostgreSQL transaction mode: one page of names with the held ones marked. A
 #: transaction-mode holder keeps its row locked (FOR [NO KEY] UPDATE), so ``FOR SHARE
 #: SKIP LOCKED`` returns exactly the rows nobody holds. Params: lower, prefix, upper, limit.
@@ -148,8 +152,9 @@ WITH free AS (SELECT name FROM {TABLE} WHERE name = %s FOR SHARE SKIP LOCKED)
 SELECT EXISTS (SELECT 1 FROM {TABLE} WHERE name = %s) AND NOT EXISTS (SELECT 1 FROM free)"""
 
 #: PostgreSQL lease mode, blocking: queue in the server and take the lock when it comes
-#: (the procedure is installed by migration 0002, which explains it). Params: key, owner,
-#: ttl, host, pid, thread, seconds to wait (None: no limit). Row: as ``acquire``'s.
+#: (the procedure comes with migrations 0002 and 0003, docs/database.md explains it).
+#: Params: key, owner, ttl, host, pid, thread, seconds to wait. Row: as ``acquire``'s,
+#: except that on a grant its fifth column is the seconds the server waited before granting.
 PG_WAIT = (
     "CALL django_distlock_wait(%s, %s, %s, %s, %s, %s, %s, NULL, NULL, NULL, NULL, NULL, NULL)"
 )
@@ -211,14 +216,14 @@ def pg_acquire_params(
     thread: str,
     *,
     retry: bool = False,
-) -> list[object]:
-    """The parameters of ``POSTGRESQL.acquire``: the UPDATE's, the INSERT's, the miss'.
+) -> dict[str, object]:
+    """The parameters of ``POSTGRESQL.acquire``.
 
     :param retry: a waiter's retry, which may pass a queued waiter (it is the
-        queue's head, or an asyncio waiter that cannot queue).
+        queue's head).
     """
-    holder = [host, pid, thread]
-    return [token, ttl, *holder, key, retry, key, key, token, ttl, *holder, key, key, key]
+    return {"key": key, "owner": token, "ttl": ttl, "host": host, "pid": pid,
+            "thread": thread, "retry": retry}
 
 
 def sqlite_ttl(seconds: float) -> str:

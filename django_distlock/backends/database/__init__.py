@@ -1,0 +1,12 @@
+"""The database backend: a lock row per key, on PostgreSQL or SQLite.
+
+``BACKEND: "django_distlock.backends.database.DatabaseBackend"``; ``OPTIONS["MODE"]``
+picks lease mode (``lease.py``, the default) or transaction mode
+(``transaction.py``). See docs/database.md.
+"""
+
+from .common import DatabaseBackend
+from .lease import LeaseBackend
+from .transaction import SqliteTransactionBackend, TransactionBackend
+
+__all__ = ["DatabaseBackend", "LeaseBackend", "SqliteTransactionBackend", "TransactionBackend"]

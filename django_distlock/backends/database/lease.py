@@ -1,0 +1,360 @@
+"""Lease mode: the row records the owner and an expiry from the database's clock.
+
+Each operation is one autocommit statement. On PostgreSQL they run on
+sessions of the backend's own (see ``sessions.py``), so a lease never joins,
+and is never rolled back with, the caller's transaction; a waiter queues in
+the server and a release hands the lock over to it (docs/database.md). On
+SQLite waiters back off with jitter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from django.db import connections
+
+from ... import signals
+from ...backoff import remaining
+from ...handle import Lock
+from ...values import short_owner
+from ..base import Acquisition, ExcInfo, Grant, LockInfo, LockPage, Miss, validate_page_args
+from .common import DatabaseBackend, is_busy, server_wait
+from .sessions import ERRORS, AsyncSessions, Session
+from .sql import (
+    PG_WAIT,
+    POSTGRESQL,
+    as_datetime,
+    pg_acquire_params,
+    pg_release_params,
+    sqlite_ttl,
+    upper_bound,
+)
+
+T = TypeVar("T")
+
+
+class LeaseBackend(DatabaseBackend, mode="lease"):
+    """The database backend's lease mode (``OPTIONS["MODE"] = "lease"``, the default)."""
+
+    def __init__(self, alias: str, params: Mapping[str, Any]) -> None:
+        super().__init__(alias, params)
+        self.async_pool = AsyncSessions(self.session_factory, self.async_sessions)
+
+    def acquisition(
+        self, lock: Lock, token: str, blocking: bool, deadline: float | None
+    ) -> Acquisition:
+        if self.vendor == "postgresql":
+            return PgLeaseAcquisition(self, lock, token, blocking, deadline)
+        return SqliteLeaseAcquisition(self, lock, token, blocking, deadline)
+
+    def is_locked(self, name: str) -> bool:
+        return bool(self.run(self.dialect.is_locked, [self.make_key(name)], "checking a lock"))
+
+    def held_locks(
+        self, prefix: str = "", limit: int = 50, cursor: str | None = None
+    ) -> LockPage:
+        prefix, limit, cursor = validate_page_args(prefix, limit, cursor)
+        low = self.key_prefix + prefix
+        params = [cursor or "", low, upper_bound(low), limit]
+        rows = self.run(self.dialect.held, params, "listing locks")
+        infos = [self._info(row) for row in rows]
+        return LockPage(infos, rows[-1][0] if len(rows) == limit else None)
+
+    def _info(self, row: tuple[Any, ...]) -> LockInfo:
+        key, owner, fencing, acquired_at, expires_at, host, pid, thread = row[:8]
+        return LockInfo(
+            alias=self.alias,
+            name=self.name_of(key),
+            owner=short_owner(owner),
+            fencing_token=fencing,
+            acquired_at=as_datetime(acquired_at),
+            expires_at=as_datetime(expires_at),
+            host=host,
+            pid=pid,
+            thread=thread,
+        )
+
+    def force_release(self, name: str) -> bool:
+        key = self.make_key(name)
+        freed = bool(self.run(self.dialect.force_release, [key], "force-releasing a lock"))
+        if freed:
+            signals.lock_force_released.send(
+                sender=type(self), backend=self, alias=self.alias, name=name, fencing_token=None
+            )
+        return freed
+
+    def close(self) -> None:
+        self.async_pool.close()
+        super().close()
+
+
+class SqliteLeaseAcquisition(Acquisition):
+    """SQLite: one statement per attempt on Django's connection; waits back off."""
+
+    backend: LeaseBackend
+
+    def attempt(self) -> Grant | Miss:
+        lock, dialect = self.lock, self.backend.dialect
+        ttl = sqlite_ttl(lock.ttl)
+        params = [lock.key, self.token, ttl, lock.host, lock.pid, lock.thread]
+        assert dialect.retry_after is not None  # SQLite's
+        try:
+            with connections[self.backend.database].cursor() as cursor:
+                cursor.execute(dialect.acquire, params)
+                row = cursor.fetchone()
+                if row is None:
+                    # The miss path's second statement (local, cheap).
+                    cursor.execute(dialect.retry_after, [lock.key])
+                    found = cursor.fetchone()
+                    return Miss(found[0] if found else None)
+        except ERRORS as exc:
+            if is_busy(exc):
+                return Miss()
+            raise self.backend.unavailable(exc, "acquiring a lock") from exc
+        _, fencing, acquired_at, expires_at, _, _ = row
+        return Grant(fencing, as_datetime(acquired_at), as_datetime(expires_at))
+
+    def release(self, exc_info: ExcInfo) -> bool:
+        params = [self.lock.key, self.token]
+        rows = self.backend.run(self.backend.dialect.release, params, "releasing a lock")
+        return bool(rows and rows[0][0])
+
+    def extend(self, ttl: float) -> Grant | None:
+        params = [sqlite_ttl(ttl), self.lock.key, self.token]
+        return _extended(self.backend.run(self.backend.dialect.extend, params, "extending a lock"))
+
+
+class PgLeaseAcquisition(Acquisition):
+    """PostgreSQL: an attempt is one statement; a wait is one call of the wait procedure
+    (queue in the server, be handed the lock by the release).
+
+    A thread uses its own session; an asyncio task takes one from the backend's
+    pool for the whole acquisition and runs its calls in the pool's threads.
+    The session that was granted the lock holds the grant's generation lock,
+    which the release gives back (that wakes the next waiter).
+    """
+
+    backend: LeaseBackend
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        #: The session that holds the grant's generation lock (after a grant).
+        self.granted_on: Session | None = None
+        self.generation: int | None = None
+        self.queued = False
+        #: An asyncio task's session, and the loop it was taken on.
+        self.taken: Session | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    # -- sync: this thread's session ---------------------------------------------
+
+    def attempt(self) -> Grant | Miss:
+        return self._attempt_on(self._thread_session())
+
+    def wait(self, miss: Miss) -> Grant | None:
+        return self._wait_on(self._thread_session())
+
+    def release(self, exc_info: ExcInfo) -> bool:
+        if self.taken is not None:
+            try:
+                return self._release_on(self.taken)
+            finally:
+                self._give_back()
+        return self._release_on(self._thread_session())
+
+    def extend(self, ttl: float) -> Grant | None:
+        session = self.taken or self._thread_session()
+        return self._call(session, "extending a lock", lambda: _extended(
+            session.execute(POSTGRESQL.extend, [ttl, self.lock.key, self.token]).fetchall()
+        ))
+
+    def _thread_session(self) -> Session:
+        try:
+            return self.backend.sessions.get()
+        except ERRORS as exc:
+            raise self.backend.unavailable(exc, "connecting") from exc
+
+    # -- async: a session of the pool, calls in its threads ----------------------
+
+    async def aattempt(self) -> Grant | Miss:
+        if self.taken is None:
+            pool = self.backend.async_pool
+            timeout = remaining(self.deadline) if self.blocking else 0.0
+            session = await pool.take(None if timeout is None else max(timeout, 0.0))
+            if session is None:
+                return Miss()  # every session of this event loop is busy
+            self.taken, self.loop = session, asyncio.get_running_loop()
+        taken = self.taken
+        return await self.backend.async_pool.run(lambda: self._attempt_on(taken))
+
+    async def async_wait(self, miss: Miss) -> Grant | None:
+        taken = self.taken
+        if taken is None:  # no session came: wait for one in the next attempt
+            return await super().async_wait(miss)
+        future = asyncio.ensure_future(self.backend.async_pool.run(lambda: self._wait_on(taken)))
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            # The call goes on in the server: stop it there, and give back a grant
+            # that may come all the same.
+            threading.Thread(target=taken.cancel, daemon=True).start()
+            future.add_done_callback(self._abandoned)
+            raise
+
+    async def aclose(self) -> None:
+        self._give_back()
+
+    async def arelease(self, exc_info: ExcInfo) -> bool:
+        if self.taken is None:
+            return await super().arelease(exc_info)
+        taken = self.taken
+        try:
+            return await self.backend.async_pool.run(lambda: self._release_on(taken))
+        finally:
+            self._give_back()
+
+    async def aextend(self, ttl: float) -> Grant | None:
+        if self.taken is None:
+            return await super().aextend(ttl)
+        return await self.backend.async_pool.run(lambda: self.extend(ttl))
+
+    def _give_back(self) -> None:
+        taken, self.taken = self.taken, None
+        if taken is not None and self.loop is not None:
+            self.backend.async_pool.give_back(taken, self.loop)
+
+    def _abandoned(self, future: asyncio.Future[Grant | None]) -> None:
+        """A cancelled task's wait ended: release what it was granted, free its session."""
+        taken = self.taken
+        if taken is None:
+            return
+        if not future.cancelled() and future.exception() is None and future.result() is not None:
+            self.backend.async_pool.submit(lambda: self._release_quietly(taken))
+        else:
+            self._give_back()
+
+    def _release_quietly(self, session: Session) -> None:
+        try:
+            self._release_on(session)
+        except Exception:
+            session.close()
+        finally:
+            self._give_back()
+
+    # -- the statements ----------------------------------------------------------
+
+    def _call(self, session: Session, doing: str, func: Callable[[], T]) -> T:
+        """Run ``func`` holding the session; a failure closes the session (the server
+        frees its advisory locks) and is BackendUnavailable."""
+        try:
+            with session.mutex:
+                return func()
+        except ERRORS as exc:
+            self._drop(session)
+            raise self.backend.unavailable(exc, doing) from exc
+
+    def _drop(self, session: Session) -> None:
+        if session is self.taken:
+            session.close()
+        else:
+            self.backend.sessions.forget(session)
+
+    def _attempt_on(self, session: Session) -> Grant | Miss:
+        lock = self.lock
+        if self.queued or (self.blocking and session.contended(lock.key)):
+            return Miss()  # known contended: the wait queues (and grants if free)
+        params = pg_acquire_params(lock.key, self.token, lock.ttl, lock.host, lock.pid,
+                                       lock.thread)
+        try:
+            with session.mutex:
+                row = session.execute(POSTGRESQL.acquire, params).fetchone()
+        except ERRORS as exc:
+            if is_busy(exc):
+                return Miss()
+            self._drop(session)
+            raise self.backend.unavailable(exc, "acquiring a lock") from exc
+        if row is None:
+            return Miss()
+        granted, fencing, acquired_at, expires_at, retry_after, generation = row
+        if not granted:
+            return Miss(retry_after)
+        return self._grant(session, fencing, acquired_at, expires_at, generation, 0.0)
+
+    def _wait_on(self, session: Session) -> Grant | None:
+        lock = self.lock
+        self.queued = True
+        session.note_contended(lock.key)
+        params = [lock.key, self.token, lock.ttl, lock.host, lock.pid, lock.thread,
+                  server_wait(self.deadline)]
+        try:
+            with session.mutex:
+                row = session.execute(PG_WAIT, params).fetchone()
+        except ERRORS as exc:
+            # The session may still hold the queue's advisory lock: closing it frees that.
+            self._drop(session)
+            if is_busy(exc):  # its grant waited too long for a row lock
+                return None
+            raise self.backend.unavailable(exc, "waiting for a lock") from exc
+        except BaseException:
+            # Interrupted (KeyboardInterrupt, say): stop the call in the server (it
+            # would wait on, and may be handed the lock), and close the session, which
+            # frees the queue and the head's advisory locks.
+            session.cancel()
+            self._drop(session)
+            raise
+        granted, fencing, acquired_at, expires_at, granted_after, generation = row
+        if not granted:
+            return None
+        return self._grant(session, fencing, acquired_at, expires_at, generation, granted_after)
+
+    def _grant(
+        self, session: Session, fencing: int, acquired_at: Any, expires_at: Any,
+        generation: int | None, granted_after: float | None,
+    ) -> Grant:
+        if generation is not None:
+            self.granted_on, self.generation = session, generation
+        return Grant(
+            fencing, as_datetime(acquired_at), as_datetime(expires_at),
+            granted_after or 0.0,
+        )
+
+    def _release_on(self, session: Session) -> bool:
+        """Release through ``session``; the generation lock lives on the granting session,
+        so go through that one when it is idle (else leave the lock to be given back
+        before its next statement)."""
+        held_on = self.granted_on
+        if held_on is not None and held_on is not session:
+            released = self._release_through(held_on)
+            if released is not None:
+                return released
+        generation = self.generation if held_on is session else None
+        params = pg_release_params(self.lock.key, self.token, generation)
+        rows = self._call(session, "releasing a lock",
+                          lambda: session.execute(POSTGRESQL.release, params).fetchall())
+        return bool(rows and rows[0][0])
+
+    def _release_through(self, session: Session) -> bool | None:
+        assert self.generation is not None
+        if not session.usable:
+            return None  # its connection is gone, and its locks with it
+        if not session.mutex.acquire(blocking=False):
+            session.orphans.append((self.lock.key, self.generation))
+            return None
+        try:
+            params = pg_release_params(self.lock.key, self.token, self.generation)
+            row = session.execute(POSTGRESQL.release, params).fetchone()
+            return bool(row and row[0])
+        except ERRORS:
+            return None  # that connection broke (and its locks went with it): use ours
+        finally:
+            session.mutex.release()
+
+
+def _extended(rows: list[Any]) -> Grant | None:
+    if not rows:
+        return None
+    fencing, acquired_at, expires_at = rows[0]
+    return Grant(fencing, as_datetime(acquired_at), as_datetime(expires_at))

@@ -1,0 +1,290 @@
+"""PostgreSQL connections of the database backend's own, apart from Django's.
+
+Lease statements run on autocommit connections of their own, so a lease
+never joins, and is never rolled back with, the caller's transaction:
+
+- one per thread (:class:`ThreadSessions`), for threads;
+- a bounded pool per event loop (:class:`AsyncSessions`), for asyncio tasks:
+  a task keeps one session from its first attempt to its release, and its
+  calls run in a thread pool, so its waits in the server never block the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from django.db import Error, connections
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from .sql import PG_SESSION_SETUP, PG_UNLOCK_GENERATION
+
+T = TypeVar("T")
+
+#: Longest a lease statement waits for a row lock held by someone else's
+#: transaction before the attempt counts as a miss (lease rows are locked
+#: only for the duration of one statement).
+ROW_LOCK_WAIT = "200ms"
+#: How often a lease connection's server process checks, while it waits in a
+#: statement, that its client is still connected.
+CLIENT_CHECK = "1s"
+#: A blocking acquire of a key its session waited for in the last this many seconds
+#: goes straight to the server's queue (one round trip instead of a miss and then
+#: the wait); remembered per session for this many keys at most.
+CONTENDED_FOR = 10.0
+CONTENDED_KEYS = 256
+
+
+def _client_errors() -> tuple[type[BaseException], ...]:
+    """Django's database errors and the raw drivers' (lease statements on PostgreSQL)."""
+    errors: list[type[BaseException]] = [Error]
+    for module in ("psycopg", "psycopg2"):
+        with contextlib.suppress(ImportError):
+            errors.append(__import__(module).Error)
+    return tuple(errors)
+
+
+#: What a database call may raise that means "the server or the connection failed".
+ERRORS = _client_errors()
+
+
+def sqlstate(exc: BaseException) -> str | None:
+    """The SQLSTATE of a database error (psycopg 3 or 2), looking through Django's wrapper."""
+    for err in (exc, exc.__cause__):
+        code = getattr(err, "sqlstate", None) or getattr(err, "pgcode", None)
+        if code:
+            return str(code)
+    return None
+
+
+class Session:
+    """One autocommit connection for lease statements.
+
+    Statements run holding ``mutex``. ``orphans``: generation locks of leases
+    granted here but released through another session while this one was
+    busy, given back here before the next statement.
+    """
+
+    def __init__(self, wrapper: BaseDatabaseWrapper, cursor: Any, prepare: bool) -> None:
+        self.wrapper = wrapper
+        self.cursor = cursor
+        #: psycopg's ``prepare`` argument (the backend's ``OPTIONS["PREPARE"]``).
+        self.prepare = prepare
+        self.pid = os.getpid()
+        self.mutex = threading.Lock()
+        self.orphans: list[tuple[str, int]] = []
+        self.closed = False
+        #: Keys this session recently had to wait for, and when (monotonic), oldest first.
+        self._contended: dict[str, float] = {}
+
+    def contended(self, key: str) -> bool:
+        """Whether this session waited for ``key`` in the last :data:`CONTENDED_FOR` s."""
+        seen = self._contended.get(key)
+        return seen is not None and time.monotonic() - seen < CONTENDED_FOR
+
+    def note_contended(self, key: str) -> None:
+        """Remember that this session waits for ``key`` (at most :data:`CONTENDED_KEYS`)."""
+        self._contended.pop(key, None)
+        self._contended[key] = time.monotonic()
+        if len(self._contended) > CONTENDED_KEYS:
+            del self._contended[next(iter(self._contended))]
+
+    @property
+    def usable(self) -> bool:
+        return not self.closed and self.pid == os.getpid()
+
+    def execute(self, statement: str, params: Any) -> Any:
+        """Run one statement (``mutex`` held); return the cursor."""
+        while self.orphans:
+            key, generation = self.orphans.pop()
+            self.cursor.execute(PG_UNLOCK_GENERATION, [key, generation], prepare=False)
+        self.cursor.execute(statement, params, prepare=self.prepare)
+        return self.cursor
+
+    def cancel(self) -> None:
+        """Ask the server to stop this session's running statement, if any."""
+        raw = self.wrapper.connection
+        with contextlib.suppress(Exception):
+            if hasattr(raw, "cancel_safe"):  # psycopg >= 3.2: waits for the answer
+                raw.cancel_safe(timeout=5.0)
+            else:
+                raw.cancel()
+
+    def close(self) -> None:
+        """Close the connection; the server frees the advisory locks it held."""
+        self.closed = True
+        if self.pid == os.getpid():
+            with contextlib.suppress(Error):
+                self.wrapper.close()
+
+
+class SessionFactory:
+    """Opens sessions on one database alias, and closes them all on :meth:`close_all`."""
+
+    def __init__(self, database: str, prepare: bool) -> None:
+        self.database = database
+        self.prepare = prepare
+        self._mutex = threading.Lock()
+        # Weak: a finished thread's session is closed when collected.
+        self._open: weakref.WeakSet[Session] = weakref.WeakSet()
+
+    def open(self) -> Session:
+        """Connect and set the session up (one round trip after the connect)."""
+        wrapper = connections.create_connection(self.database)
+        wrapper.inc_thread_sharing()  # used, and closed, from other threads too
+        wrapper.ensure_connection()
+        raw = wrapper.connection
+        if self.prepare and hasattr(raw, "prepare_threshold"):
+            # Django turns preparing off for every connection; this one is ours.
+            raw.prepare_threshold = 0
+        cursor = _pg_cursor(raw)
+        try:
+            cursor.execute(PG_SESSION_SETUP, [ROW_LOCK_WAIT, CLIENT_CHECK])
+        except BaseException:
+            wrapper.close()
+            raise
+        session = Session(wrapper, cursor, self.prepare)
+        with self._mutex:
+            self._open.add(session)
+        return session
+
+    def close_all(self) -> None:
+        with self._mutex:
+            sessions, self._open = list(self._open), weakref.WeakSet()
+        for session in sessions:
+            session.close()
+
+
+class _Local(threading.local):
+    session: Session | None = None
+
+
+class ThreadSessions:
+    """One session per thread, opened on first use and after a fork or a failure."""
+
+    def __init__(self, factory: SessionFactory) -> None:
+        self.factory = factory
+        self._local = _Local()
+
+    def get(self) -> Session:
+        session = self._local.session
+        if session is None or not session.usable:
+            self._local.session = None
+            session = self._local.session = self.factory.open()
+        return session
+
+    def current(self) -> Session | None:
+        """This thread's session, if it has one (no I/O)."""
+        return self._local.session
+
+    def forget(self, session: Session | None = None) -> None:
+        """Close this thread's session (or ``session`` if it is this thread's)."""
+        current = self._local.session
+        if current is not None and (session is None or session is current):
+            self._local.session = None
+            current.close()
+
+    def reset(self) -> None:
+        self._local = _Local()
+
+
+class AsyncSessions:
+    """Sessions for asyncio tasks: at most ``size`` taken per event loop at a time
+    (a task waits, in order, for one to come back); calls run in a thread pool."""
+
+    def __init__(self, factory: SessionFactory, size: int) -> None:
+        self.factory = factory
+        self.size = size
+        self._idle: list[Session] = []
+        self._mutex = threading.Lock()
+        self._slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._executor: ThreadPoolExecutor | None = None
+        self._pid = os.getpid()
+
+    async def take(self, timeout: float | None) -> Session | None:
+        """A session for this task, or None if none came back within ``timeout``."""
+        slots = self._slots_of_this_loop()
+        try:
+            await asyncio.wait_for(slots.acquire(), timeout)
+        except TimeoutError:
+            return None
+        try:
+            with self._mutex:
+                while self._idle:
+                    session = self._idle.pop()
+                    if session.usable:
+                        return session
+            return await self.run(self.factory.open)
+        except BaseException:
+            slots.release()
+            raise
+
+    def give_back(self, session: Session, loop: asyncio.AbstractEventLoop) -> None:
+        """Return a session taken on ``loop`` (closed ones are dropped)."""
+        if session.usable:
+            with self._mutex:
+                self._idle.append(session)
+        slots = self._slots.get(loop)
+        if slots is not None:
+            loop.call_soon_threadsafe(slots.release)
+
+    def submit(self, func: Callable[[], object]) -> None:
+        """Run ``func`` in the pool's threads, not waiting for it."""
+        self._pool().submit(func)
+
+    async def run(self, func: Callable[[], T]) -> T:
+        """Run ``func`` in the pool's threads."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool(), func)
+
+    def _slots_of_this_loop(self) -> asyncio.Semaphore:
+        loop = asyncio.get_running_loop()
+        slots = self._slots.get(loop)
+        if slots is None:
+            slots = self._slots[loop] = asyncio.Semaphore(self.size)
+        return slots
+
+    def _pool(self) -> ThreadPoolExecutor:
+        if self._executor is None or self._pid != os.getpid():
+            with self._mutex:
+                if self._executor is None or self._pid != os.getpid():
+                    self._pid = os.getpid()
+                    self._idle = []
+                    self._executor = ThreadPoolExecutor(
+                        max_workers=self.size, thread_name_prefix="django-distlock-async"
+                    )
+        return self._executor
+
+    def close(self) -> None:
+        with self._mutex:
+            idle, self._idle = self._idle, []
+            executor, self._executor = self._executor, None
+        for session in idle:
+            session.close()
+        if executor is not None and self._pid == os.getpid():
+            executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _pg_cursor(raw: Any) -> Any:
+    """A server-side binding cursor on a raw psycopg 3 (or psycopg2) connection."""
+    try:
+        import psycopg
+    except ImportError:
+        return raw.cursor()  # psycopg2 binds client-side; it cannot prepare
+    if isinstance(raw, psycopg.Connection):
+        from psycopg.types.datetime import TimestamptzLoader
+
+        cursor = psycopg.Cursor(raw)
+        # Django's timestamptz loader is a Python subclass of psycopg's (some 10 µs a
+        # value, on the path of every grant); psycopg's own gives the same instants.
+        cursor.adapters.register_loader("timestamptz", TimestamptzLoader)
+        return cursor
+    return raw.cursor()

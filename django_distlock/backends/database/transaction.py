@@ -1,0 +1,333 @@
+"""Transaction mode: the lock is the row lock of the holder's open transaction.
+
+``acquire()`` opens ``transaction.atomic()`` on the caller's connection and
+takes the row lock (``UPDATE``, after ``SELECT ... FOR UPDATE NOWAIT`` when
+not blocking); the lock is held until ``release()`` commits, or the ``with``
+block rolls back on an exception. The critical section's writes commit or
+roll back with the lock, and a crashed holder frees it at once. No TTL. On
+SQLite, which has no row locks, the lock is the database's write lock: one
+holder at a time for every name.
+"""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+import threading
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.db import connections, transaction
+
+from ...backoff import remaining
+from ...exceptions import BackendUnavailable, LockLost, UnsupportedOperation
+from ...handle import Lock
+from ..base import Acquisition, ExcInfo, Grant, LockInfo, LockPage, Miss, validate_page_args
+from .common import DatabaseBackend, is_busy, server_wait
+from .sessions import ERRORS
+from .sql import (
+    ENSURE_ROW,
+    PG_TX_HELD,
+    PG_TX_IS_LOCKED,
+    PG_TX_NOWAIT,
+    PG_TX_TIMEOUTS,
+    POSTGRESQL,
+    SQLITE,
+    as_datetime,
+    upper_bound,
+)
+
+#: Longest an asyncio task's attempt waits in the server (see ``async_wait``).
+_ASYNC_SLICE = 0.05
+
+
+class _Stack(threading.local):
+    """This thread's transaction-mode acquisitions, innermost last."""
+
+    def __init__(self) -> None:
+        self.keys: list[str] = []
+
+
+class TransactionBackend(DatabaseBackend, mode="transaction"):
+    """The database backend's transaction mode (``OPTIONS["MODE"] = "transaction"``)."""
+
+    supports_expiry = False
+    supports_force_release = False
+
+    @classmethod
+    def for_vendor(cls, vendor: str) -> type[DatabaseBackend]:
+        return SqliteTransactionBackend if vendor == "sqlite" else cls
+
+    def __init__(self, alias: str, params: Any) -> None:
+        super().__init__(alias, params)
+        self.stack = _Stack()
+
+    def acquisition(
+        self, lock: Lock, token: str, blocking: bool, deadline: float | None
+    ) -> Acquisition:
+        if self.vendor == "sqlite":
+            return SqliteTxAcquisition(self, lock, token, blocking, deadline)
+        return PgTxAcquisition(self, lock, token, blocking, deadline)
+
+    def is_locked(self, name: str) -> bool:
+        key = self.make_key(name)
+        if self.vendor == "postgresql":
+            return bool(self.run(PG_TX_IS_LOCKED, [key, key], "checking a lock")[0][0])
+        return self._sqlite_write_locked()
+
+    def held_locks(
+        self, prefix: str = "", limit: int = 50, cursor: str | None = None
+    ) -> LockPage:
+        prefix, limit, cursor = validate_page_args(prefix, limit, cursor)
+        low = self.key_prefix + prefix
+        params = [cursor or "", low, upper_bound(low), limit]
+        rows = self.run(PG_TX_HELD, params, "listing locks")
+        # The holder's own writes are not committed: only the name is known.
+        infos = [
+            LockInfo(self.alias, self.name_of(row[0]), "", None, None, None, "", None, "")
+            for row in rows
+            if not row[-1]
+        ]
+        return LockPage(infos, rows[-1][0] if len(rows) == limit else None)
+
+    def force_release(self, name: str) -> bool:
+        self.make_key(name)
+        raise UnsupportedOperation(
+            "A transaction-mode lock is held by its holder's open transaction; "
+            "it ends when that transaction does."
+        )
+
+    def _sqlite_write_locked(self) -> bool:
+        """Whether some connection holds the SQLite database's write lock."""
+        path = connections[self.database].settings_dict["NAME"]
+        try:
+            probe = sqlite3.connect(str(path), timeout=0, isolation_level=None)
+        except sqlite3.Error as exc:
+            raise BackendUnavailable(f"Could not open SQLite database {path!r}: {exc}") from exc
+        try:
+            probe.execute("BEGIN IMMEDIATE")
+            probe.execute("ROLLBACK")
+            return False
+        except sqlite3.OperationalError as exc:
+            if "locked" in str(exc) or "busy" in str(exc):
+                return True
+            raise BackendUnavailable(f"SQLite database {path!r} failed: {exc}") from exc
+        finally:
+            probe.close()
+
+
+class SqliteTransactionBackend(TransactionBackend):
+    """Transaction mode on SQLite: the lock is the database's write lock."""
+
+    supports_listing = False
+
+    def held_locks(
+        self, prefix: str = "", limit: int = 50, cursor: str | None = None
+    ) -> LockPage:
+        validate_page_args(prefix, limit, cursor)
+        raise UnsupportedOperation(
+            "Transaction-mode locks on SQLite are the database's write lock; "
+            "they cannot be listed by name."
+        )
+
+
+class _TxAcquisition(Acquisition):
+    """An open ``atomic()`` block on this thread's connection, from grant to release."""
+
+    backend: TransactionBackend
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.atomic: transaction.Atomic | None = None
+        self.thread = 0  # the thread whose connection holds the transaction
+
+    @property
+    def connection(self) -> Any:
+        return connections[self.backend.database]
+
+    def attempt(self) -> Grant | Miss:
+        if self.lock.key in self.backend.stack.keys:
+            # Held by another handle on this thread's connection (another task of the
+            # same thread, say): the row lock would let us in; we don't.
+            return Miss()
+        if self.blocking:
+            return Miss()  # the wait takes the lock, bounded by the deadline
+        return self._take(None) or Miss()
+
+    def wait(self, miss: Miss) -> Grant | None:
+        if self.lock.key in self.backend.stack.keys:
+            return super().wait(miss)
+        return self._take(server_wait(self.deadline))
+
+    async def async_wait(self, miss: Miss) -> Grant | None:
+        """Tasks of one event loop share one thread's connection (``sync_to_async``): a
+        wait there would hold up the other tasks, so take the lock in short slices."""
+        if self.lock.key not in self.backend.stack.keys:
+            wait = server_wait(self.deadline)
+            grant = await sync_to_async(self._take)(min(wait, _ASYNC_SLICE))
+            if grant is not None or wait <= _ASYNC_SLICE:
+                return grant
+        return await super().async_wait(miss)
+
+    def _take(self, wait: float | None) -> Grant | None:
+        """Open the atomic block and take the row lock (waiting ``wait`` s; None: not)."""
+        raise NotImplementedError
+
+    def _enter(self) -> transaction.Atomic:
+        atomic = transaction.atomic(using=self.backend.database)
+        try:
+            atomic.__enter__()
+        except ERRORS as exc:
+            raise self.backend.unavailable(exc, "opening the transaction") from exc
+        return atomic
+
+    def _abort(self, atomic: transaction.Atomic, exc: BaseException, doing: str) -> None:
+        """Roll the block back after ``exc``; raise unless it means "held elsewhere"."""
+        try:
+            atomic.__exit__(type(exc), exc, exc.__traceback__)
+        except ERRORS as error:
+            raise self.backend.unavailable(error, doing) from error
+        if not is_busy(exc):
+            raise self.backend.unavailable(exc, doing) from exc
+
+    def _granted(self, atomic: transaction.Atomic, fencing: int, acquired_at: Any) -> Grant:
+        self.atomic = atomic
+        self.thread = threading.get_ident()
+        self.backend.stack.keys.append(self.lock.key)
+        return Grant(fencing, as_datetime(acquired_at), None)
+
+    def _check_thread(self, doing: str) -> transaction.Atomic:
+        if self.atomic is None:
+            raise UnsupportedOperation(f"{self.lock!r} has no open transaction.")
+        if self.thread != threading.get_ident():
+            raise UnsupportedOperation(
+                f"A transaction-mode lock is its thread's open transaction; it must be {doing} "
+                "by the thread that acquired it."
+            )
+        return self.atomic
+
+    def release(self, exc_info: ExcInfo) -> bool:
+        atomic = self._check_thread("released")
+        stack = self.backend.stack.keys
+        if stack[-1] != self.lock.key:
+            raise UnsupportedOperation(
+                "Transaction-mode locks are nested atomic blocks: release them in the "
+                f"reverse order of acquisition ({stack[-1]!r} first)."
+            )
+        stack.pop()
+        self.atomic = None
+        try:
+            atomic.__exit__(*exc_info)  # commit, or roll back on an exception
+        except ERRORS as exc:
+            if self._session_ended():
+                raise LockLost(
+                    f"{self.lock!r}: the database session holding the lock ended; its "
+                    f"transaction did not commit: {exc}"
+                ) from exc
+            raise self.backend.unavailable(exc, "committing the lock's transaction") from exc
+        return True
+
+    def extend(self, ttl: float) -> Grant | None:
+        """No expiry to move: check that the session holding the lock is still there."""
+        self._check_thread("extended")
+        try:
+            with self.connection.cursor() as cursor:
+                cursor.execute("SELECT 1")
+        except ERRORS as exc:
+            if self._session_ended():
+                raise LockLost(
+                    f"{self.lock!r}: the database session holding the lock ended: {exc}"
+                ) from exc
+            raise self.backend.unavailable(exc, "checking the lock's session") from exc
+        return Grant(self.lock.fencing_token, self.lock.acquired_at, None)
+
+    def _session_ended(self) -> bool:
+        raw = self.connection.connection
+        return raw is None or bool(getattr(raw, "closed", False)) or bool(
+            getattr(raw, "broken", False)
+        )
+
+
+class PgTxAcquisition(_TxAcquisition):
+    def _take(self, wait: float | None) -> Grant | None:
+        lock = self.lock
+        while True:
+            atomic = self._enter()
+            try:
+                with self.connection.cursor() as cursor:
+                    if wait is None:
+                        cursor.execute(PG_TX_NOWAIT, [lock.key])
+                        found = cursor.fetchone() is not None
+                    else:
+                        limit = f"{max(1, math.ceil(wait * 1000))}ms"
+                        cursor.execute(PG_TX_TIMEOUTS, [limit, limit])
+                        found = True
+                    # The UPDATE takes (or, after NOWAIT, keeps) the row lock.
+                    row = self._grant_row(cursor) if found else None
+            except ERRORS as exc:
+                self._abort(atomic, exc, "acquiring a lock")
+                return None
+            if row is not None:
+                return self._granted(atomic, *row)
+            try:
+                atomic.__exit__(None, None, None)
+            except ERRORS as exc:
+                raise self.backend.unavailable(exc, "acquiring a lock") from exc
+            # First use of the name: commit its row where everyone sees it, then lock it.
+            if not self._create_row():
+                return None
+            left = remaining(self.deadline)
+            if wait is not None:
+                wait = max(min(wait, left if left is not None else wait), 0.001)
+
+    def _grant_row(self, cursor: Any) -> tuple[int, Any] | None:
+        lock = self.lock
+        cursor.execute(POSTGRESQL.tx_grant, [lock.host, lock.pid, lock.thread, lock.key])
+        row: tuple[int, Any] | None = cursor.fetchone()
+        return row
+
+    def _create_row(self) -> bool:
+        """Create the name's row (committed, apart from the caller's transaction);
+        False if another creator held it up past the row-lock wait (a miss)."""
+        try:
+            self.backend.run(ENSURE_ROW, [self.lock.key], "creating a lock row", fetch=False)
+        except BackendUnavailable as exc:
+            if exc.__cause__ is not None and is_busy(exc.__cause__):
+                return False
+            raise
+        return True
+
+
+class SqliteTxAcquisition(_TxAcquisition):
+    def _take(self, wait: float | None) -> Grant | None:
+        busy_ms = 0 if wait is None else min(math.ceil(wait * 1000), 2**31 - 1)
+        lock = self.lock
+        try:
+            with self.connection.cursor() as cursor:
+                cursor.execute("PRAGMA busy_timeout")
+                previous = cursor.fetchone()[0]
+                cursor.execute(f"PRAGMA busy_timeout = {int(busy_ms)}")
+                try:
+                    atomic = transaction.atomic(using=self.backend.database)
+                    try:
+                        atomic.__enter__()
+                    except ERRORS as exc:
+                        if is_busy(exc):
+                            return None
+                        raise self.backend.unavailable(exc, "opening the transaction") from exc
+                    try:
+                        params = [lock.host, lock.pid, lock.thread, lock.key]
+                        cursor.execute(SQLITE.tx_grant, params)
+                        row = cursor.fetchone()
+                        if row is None:  # first use of the name; the write lock is ours
+                            cursor.execute(ENSURE_ROW, [lock.key])
+                            cursor.execute(SQLITE.tx_grant, params)
+                            row = cursor.fetchone()
+                    except ERRORS as exc:
+                        self._abort(atomic, exc, "acquiring a lock")
+                        return None
+                finally:
+                    cursor.execute(f"PRAGMA busy_timeout = {int(previous)}")
+        except ERRORS as exc:
+            raise self.backend.unavailable(exc, "acquiring a lock") from exc
+        return self._granted(atomic, *row)

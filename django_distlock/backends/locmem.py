@@ -1,0 +1,207 @@
+"""A process-local lock backend, for tests and development (like Django's ``LocMemCache``).
+
+Its locks exclude the threads and asyncio tasks of ONE process only: two web
+workers or two task workers do not see each other's locks. Never use it in
+production; ``manage.py check --deploy`` warns when an alias uses it.
+Aliases with the same ``LOCATION`` share their locks.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.core import checks
+
+from .. import signals
+from ..backoff import remaining
+from ..exceptions import UnsupportedOperation
+from ..handle import Lock
+from ..values import short_owner
+from .base import (
+    Acquisition,
+    BaseLockBackend,
+    ExcInfo,
+    Grant,
+    LockInfo,
+    LockPage,
+    Miss,
+    validate_page_args,
+)
+
+
+@dataclass
+class _Held:
+    owner: str
+    fencing: int
+    acquired_at: datetime
+    expires: float  # monotonic
+    host: str
+    pid: int | None
+    thread: str
+
+
+class _Store:
+    """The locks of one ``LOCATION``: held entries, fencing counters, one condition."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.held: dict[str, _Held] = {}
+        self.fencing: dict[str, int] = {}
+        self.waiting: dict[str, int] = {}
+
+    def current(self, key: str) -> _Held | None:
+        """The live entry of ``key`` (expired entries dropped); call with ``cond`` held."""
+        entry = self.held.get(key)
+        if entry is not None and entry.expires <= time.monotonic():
+            del self.held[key]
+            self.cond.notify_all()
+            return None
+        return entry
+
+
+_stores: dict[str, _Store] = {}
+_stores_mutex = threading.Lock()
+
+
+class LocMemAcquisition(Acquisition):
+    backend: LocMemBackend
+
+    def attempt(self) -> Grant | Miss:
+        store, lock = self.backend.store, self.lock
+        with store.cond:
+            entry = store.current(lock.key)
+            if entry is not None:
+                return Miss(entry.expires - time.monotonic())
+            fencing = store.fencing.get(lock.key, 0) + 1
+            store.fencing[lock.key] = fencing
+            now = datetime.now(UTC)
+            store.held[lock.key] = _Held(
+                self.token, fencing, now, time.monotonic() + lock.ttl,
+                lock.host, lock.pid, lock.thread,
+            )
+        return Grant(fencing, now, now + timedelta(seconds=lock.ttl))
+
+    def wait(self, miss: Miss) -> Grant | None:
+        """Sleep until a release notifies, the holder's lease ends, or the deadline."""
+        store, key = self.backend.store, self.lock.key
+        with store.cond:
+            store.waiting[key] = store.waiting.get(key, 0) + 1
+            try:
+                if store.current(key) is not None:
+                    left = remaining(self.deadline)
+                    bound = miss.retry_after
+                    if left is not None:
+                        bound = left if bound is None else min(bound, left)
+                    store.cond.wait(None if bound is None else max(bound, 0.0))
+            finally:
+                store.waiting[key] -= 1
+                if not store.waiting[key]:
+                    del store.waiting[key]
+        return None
+
+    def release(self, exc_info: ExcInfo) -> bool:
+        store = self.backend.store
+        with store.cond:
+            entry = store.current(self.lock.key)
+            if entry is None or entry.owner != self.token:
+                return False
+            del store.held[self.lock.key]
+            store.cond.notify_all()
+        return True
+
+    def extend(self, ttl: float) -> Grant | None:
+        store = self.backend.store
+        with store.cond:
+            entry = store.current(self.lock.key)
+            if entry is None or entry.owner != self.token:
+                return None
+            entry.expires = time.monotonic() + ttl
+            expires_at = datetime.now(UTC) + timedelta(seconds=ttl)
+            return Grant(entry.fencing, entry.acquired_at, expires_at)
+
+
+class LocMemBackend(BaseLockBackend):
+    """Locks in this process' memory; see the module docstring (not for production)."""
+
+    distributed = False
+
+    def __init__(self, alias: str, params: Mapping[str, Any]) -> None:
+        super().__init__(alias, params)
+        location = self.location or ""
+        if not isinstance(location, str):
+            raise UnsupportedOperation(f"DISTLOCK[{alias!r}]['LOCATION'] must be a str.")
+        with _stores_mutex:
+            self.store = _stores.setdefault(location, _Store())
+
+    def acquisition(
+        self, lock: Lock, token: str, blocking: bool, deadline: float | None
+    ) -> LocMemAcquisition:
+        return LocMemAcquisition(self, lock, token, blocking, deadline)
+
+    def is_locked(self, name: str) -> bool:
+        key = self.make_key(name)
+        with self.store.cond:
+            return self.store.current(key) is not None
+
+    def held_locks(
+        self, prefix: str = "", limit: int = 50, cursor: str | None = None
+    ) -> LockPage:
+        prefix, limit, cursor = validate_page_args(prefix, limit, cursor)
+        low = self.key_prefix + prefix
+        with self.store.cond:
+            # Process-local and small: sorting what is held is the whole cost.
+            keys = sorted(
+                k for k in list(self.store.held)
+                if k.startswith(low) and k > (cursor or "") and self.store.current(k)
+            )[:limit]
+            infos = [self._info(k, self.store.held[k]) for k in keys]
+        return LockPage(infos, keys[-1] if len(keys) == limit else None)
+
+    def _info(self, key: str, entry: _Held) -> LockInfo:
+        left = entry.expires - time.monotonic()
+        return LockInfo(
+            alias=self.alias,
+            name=self.name_of(key),
+            owner=short_owner(entry.owner),
+            fencing_token=entry.fencing,
+            acquired_at=entry.acquired_at,
+            expires_at=datetime.now(UTC) + timedelta(seconds=left),
+            host=entry.host,
+            pid=entry.pid,
+            thread=entry.thread,
+            waiters=self.store.waiting.get(key, 0),
+        )
+
+    def force_release(self, name: str) -> bool:
+        key = self.make_key(name)
+        with self.store.cond:
+            freed = self.store.current(key) is not None
+            if freed:
+                del self.store.held[key]
+                self.store.cond.notify_all()
+        if freed:
+            signals.lock_force_released.send(
+                sender=type(self), backend=self, alias=self.alias, name=name, fencing_token=None
+            )
+        return freed
+
+    def health(self) -> float:
+        return 0.0
+
+    def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
+        if not kwargs.get("deploy"):
+            return []
+        return [
+            checks.Warning(
+                f"DISTLOCK[{self.alias!r}] uses the process-local locmem backend: its locks "
+                "do not exclude other processes or machines.",
+                hint="Use the database, Redis or ZooKeeper backend in production.",
+                obj=self.alias,
+                id="distlock.W002",
+            )
+        ]

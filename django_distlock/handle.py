@@ -1,0 +1,540 @@
+"""The lock handle: what ``locks[alias].lock(name)`` builds and ``acquire()`` fills."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+from datetime import datetime
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from . import signals
+from .exceptions import DistLockError, LockLost, LockNotAcquired, LockNotHeld, LockTimeout
+from .values import DEFAULT, Grant, _Default, short_owner, validate_timeout, validate_ttl
+
+if TYPE_CHECKING:
+    from .backends.base import Acquisition, BaseLockBackend
+
+logger = logging.getLogger("django_distlock")
+
+_HOST = socket.gethostname()
+_NO_EXC: tuple[None, None, None] = (None, None, None)
+
+#: Who is acquiring: (thread ident, id of the asyncio task or 0).
+_Holder = tuple[int, int]
+#: The locks this process holds, per (alias, key): the holder of each handle. Lets a
+#: thread or task that waits for a lock it already holds fail at once instead of
+#: waiting out its timeout against itself.
+_held: dict[tuple[str, str], dict[int, _Holder]] = {}
+_held_mutex = threading.Lock()
+
+
+def _forget_held_after_fork() -> None:
+    """A forked child holds none of its parent's locks (and its threads are new)."""
+    global _held_mutex
+    _held_mutex = threading.Lock()
+    _held.clear()
+
+
+os.register_at_fork(after_in_child=_forget_held_after_fork)
+
+
+def current_holder() -> _Holder:
+    """This thread and asyncio task."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:
+        task = None
+    return threading.get_ident(), id(task) if task is not None else 0
+
+
+def holder_label() -> str:
+    """Name the thread, and the asyncio task if any, that is acquiring."""
+    label = threading.current_thread().name
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:
+        task = None
+    return f"{label}/{task.get_name()}" if task is not None else label
+
+
+class SelfDeadlock(LockNotAcquired):
+    """The thread (or asyncio task) would wait for a lock it already holds through
+    another handle: the wait could only end at the timeout, so it ends at once.
+
+    A :class:`~django_distlock.exceptions.LockNotAcquired`, so ``on_fail`` policies
+    and ``except LockNotAcquired`` see it as they would the timeout."""
+
+
+class Lock:
+    """A handle on one named lock; one acquisition at a time.
+
+    Ownership lives here, not in a thread-local: a handle acquired in one
+    thread or task may be released from another, and two handles never see
+    each other's owner token. A thread (or task) that holds a lock does not
+    wait for it through another handle: that raises :class:`SelfDeadlock` at
+    once, even when another thread is meant to release the first handle. The
+    token (128 bits from :mod:`secrets`) is never shown; :attr:`owner_id` is a
+    short non-secret id of it.
+    """
+
+    def __init__(
+        self,
+        backend: BaseLockBackend,
+        name: str,
+        key: str,
+        *,
+        ttl: float,
+        timeout: float | None,
+        blocking: bool,
+    ) -> None:
+        self.backend = backend
+        self.name = name
+        self.key = key
+        self.ttl = ttl
+        self.timeout = timeout
+        self.blocking = blocking
+        #: Holder metadata of the current acquisition: host, pid, thread/task.
+        self.host = _HOST
+        self.pid: int | None = None
+        self.thread = ""
+        self._mutex = threading.Lock()
+        self._acquisition: Acquisition | None = None
+        self._token: str | None = None
+        self._grant: Grant | None = None
+        self._lost = False
+        self._busy = False
+        self._valid_until: float | None = None  # monotonic, conservative
+        self._lost_at_release = False
+        self._started = 0.0
+
+    # -- state ----------------------------------------------------------
+
+    @property
+    def fencing_token(self) -> int | None:
+        """The fencing token of the current (or last) grant, None before any."""
+        return self._grant.fencing_token if self._grant else None
+
+    @property
+    def acquired_at(self) -> datetime | None:
+        """Server time of the current (or last) grant."""
+        return self._grant.acquired_at if self._grant else None
+
+    @property
+    def expires_at(self) -> datetime | None:
+        """Server time the current lease ends; None when it does not expire."""
+        return self._grant.expires_at if self._grant else None
+
+    @property
+    def held(self) -> bool:
+        """Whether this handle believes it holds the lock (no I/O)."""
+        return self._token is not None and not self.lost
+
+    @property
+    def lost(self) -> bool:
+        """Whether the lock this handle held is known, or must be assumed, gone.
+
+        True after the backend reported the loss, and also once the TTL has
+        run out on this process' monotonic clock, counted from the sending of
+        the request that was granted (plus the time the server says it waited
+        before granting): past that point the server may have given the lock
+        to someone else, so the holder must not assume it still has it.
+        """
+        if self._lost:
+            return True
+        until = self._valid_until
+        return self._token is not None and until is not None and time.monotonic() >= until
+
+    @property
+    def owner_id(self) -> str | None:
+        """A short, non-secret id of the owner token, as listings show it."""
+        return short_owner(self._token) if self._token else None
+
+    def locked(self) -> bool:
+        """Return whether anyone holds this lock now (asks the backend).
+
+        :raises BackendUnavailable: when the server fails.
+        """
+        return self.backend.is_locked(self.name)
+
+    def mark_lost(self) -> None:
+        """Record that the lock is gone (for backends and watchdogs; any thread).
+
+        Sends :data:`~django_distlock.signals.lock_lost` once; the ``with`` or
+        decorator exit then raises :class:`~django_distlock.exceptions.LockLost`.
+        Does nothing on a handle that holds nothing.
+        """
+        with self._mutex:
+            if self._token is None or self._lost:
+                return
+            self._lost = True
+        signals.lock_lost.send(
+            sender=type(self.backend),
+            backend=self.backend,
+            alias=self.backend.alias,
+            name=self.name,
+            fencing_token=self.fencing_token,
+        )
+
+    def __repr__(self) -> str:
+        state = "lost" if self._lost else "held" if self._token else "free"
+        return (
+            f"<Lock alias={self.backend.alias!r} name={self.name!r} {state} "
+            f"owner={self.owner_id} fencing_token={self.fencing_token}>"
+        )
+
+    # -- acquire ----------------------------------------------------------
+
+    def acquire(
+        self, blocking: bool | None = None, timeout: float | _Default | None = DEFAULT
+    ) -> bool:
+        """Acquire the lock; return True when had, False on timeout or non-blocking miss.
+
+        :param blocking: wait for the lock (default: the handle's ``blocking``).
+        :param timeout: seconds to wait; None waits forever (default: the
+            handle's ``timeout``). How a backend waits (woken by the server, or
+            retries with exponential backoff and jitter) is its own.
+        :raises DistLockError: if this handle already holds the lock.
+        :raises SelfDeadlock: if, blocking, this thread already holds the lock
+            through another handle.
+        :raises BackendUnavailable: when the server fails.
+        """
+        blocking, deadline = self._begin(blocking, timeout)
+        try:
+            while True:
+                acquisition = self.backend.acquisition(
+                    self, secrets.token_hex(16), blocking, deadline
+                )
+                granted = False
+                try:
+                    sent = time.monotonic()
+                    result = acquisition.attempt()
+                    while not isinstance(result, Grant):
+                        if not blocking or _past(deadline):
+                            return False
+                        sent = time.monotonic()
+                        grant = acquisition.wait(result)
+                        if grant is None:
+                            if _past(deadline):
+                                return False
+                            sent = time.monotonic()
+                            result = acquisition.attempt()
+                        else:
+                            result = grant
+                    granted = True
+                finally:
+                    if not granted:
+                        acquisition.close()
+                if self._granted(acquisition, result, sent):
+                    return True
+                self._drop_late_grant(acquisition)
+                if not blocking or _past(deadline):
+                    return False
+        finally:
+            self._busy = False
+
+    async def aacquire(
+        self, blocking: bool | None = None, timeout: float | _Default | None = DEFAULT
+    ) -> bool:
+        """Async :meth:`acquire`: waits never block the event loop."""
+        blocking, deadline = self._begin(blocking, timeout)
+        try:
+            while True:
+                acquisition = self.backend.acquisition(
+                    self, secrets.token_hex(16), blocking, deadline
+                )
+                granted = False
+                try:
+                    sent = time.monotonic()
+                    result = await acquisition.aattempt()
+                    while not isinstance(result, Grant):
+                        if not blocking or _past(deadline):
+                            return False
+                        sent = time.monotonic()
+                        grant = await acquisition.async_wait(result)
+                        if grant is None:
+                            if _past(deadline):
+                                return False
+                            sent = time.monotonic()
+                            result = await acquisition.aattempt()
+                        else:
+                            result = grant
+                    granted = True
+                finally:
+                    if not granted:
+                        await asyncio.shield(acquisition.aclose())
+                if self._granted(acquisition, result, sent):
+                    return True
+                await acquisition.arelease(_NO_EXC)
+                if not blocking or _past(deadline):
+                    return False
+        finally:
+            self._busy = False
+
+    def _begin(
+        self, blocking: bool | None, timeout: float | _Default | None
+    ) -> tuple[bool, float | None]:
+        blocking = self.blocking if blocking is None else blocking
+        if not isinstance(blocking, bool):
+            raise TypeError("blocking must be True or False.")
+        timeout = self.timeout if isinstance(timeout, _Default) else validate_timeout(timeout)
+        holder = current_holder()
+        with self._mutex:
+            if self._token is not None or self._busy:
+                raise DistLockError(
+                    f"{self!r} is already acquired or being acquired; a handle holds one "
+                    "acquisition at a time (build another handle with .lock())."
+                )
+            if blocking:
+                with _held_mutex:
+                    holders = _held.get((self.backend.alias, self.key), {})
+                    if holder in holders.values():
+                        raise SelfDeadlock(
+                            f"This thread (or task) already holds lock {self.name!r} on "
+                            f"{self.backend.alias!r} through another handle; waiting for it "
+                            "would only end at the timeout. Release that handle first.",
+                            name=self.name,
+                            alias=self.backend.alias,
+                        )
+            self._busy = True
+        self.pid = os.getpid()
+        self.thread = holder_label()
+        self._started = time.monotonic()
+        deadline = None if timeout is None or not blocking else self._started + timeout
+        return blocking, deadline
+
+    def _granted(self, acquisition: Acquisition, grant: Grant, sent: float) -> bool:
+        """Record a grant; False if its lease already ran out on this process' clock."""
+        valid_until = None
+        if grant.expires_at is not None:
+            valid_until = sent + grant.granted_after + self.ttl
+            if time.monotonic() >= valid_until:
+                return False
+        with self._mutex:
+            self._acquisition = acquisition
+            self._token = acquisition.token
+            self._grant = grant
+            self._lost = False
+            self._valid_until = valid_until
+        with _held_mutex:
+            _held.setdefault((self.backend.alias, self.key), {})[id(self)] = current_holder()
+        signals.lock_acquired.send(
+            sender=type(self.backend),
+            backend=self.backend,
+            alias=self.backend.alias,
+            name=self.name,
+            fencing_token=grant.fencing_token,
+            waited=time.monotonic() - self._started,
+        )
+        return True
+
+    def _drop_late_grant(self, acquisition: Acquisition) -> None:
+        """Give back a grant whose lease ended before it reached us."""
+        try:
+            acquisition.release(_NO_EXC)
+        except DistLockError:
+            logger.warning("Giving back an expired grant of %r failed", self, exc_info=True)
+
+    # -- release and extend -------------------------------------------------
+
+    def release(self) -> None:
+        """Release the lock.
+
+        :raises LockNotHeld: if this handle does not hold it.
+        :raises LockLost: if it held it but the lease ended or was taken away;
+            the handle is free afterwards either way.
+        :raises BackendUnavailable: when the server fails; the handle still
+            holds the lock and ``release()`` may be called again.
+        """
+        acquisition = self._take()
+        try:
+            released = acquisition.release(_NO_EXC)
+        except BaseException as exc:
+            self._after_release_error(acquisition, exc)
+            raise
+        self._released(released)
+
+    async def arelease(self) -> None:
+        """Async :meth:`release`."""
+        await self._arelease(_NO_EXC)
+
+    async def _arelease(self, exc_info: Any) -> None:
+        acquisition = self._take()
+        try:
+            released = await acquisition.arelease(exc_info)
+        except BaseException as exc:
+            self._after_release_error(acquisition, exc)
+            raise
+        self._released(released)
+
+    def _take(self) -> Acquisition:
+        with self._mutex:
+            acquisition = self._acquisition
+            if self._token is None or acquisition is None:
+                raise LockNotHeld(f"{self!r} is not held by this handle.")
+            self._token = None
+            self._acquisition = None
+            # Seen as lost during the release: keep it, so the release raises.
+            self._lost_at_release = self._lost or self._expired_locally()
+        return acquisition
+
+    def _expired_locally(self) -> bool:
+        return self._valid_until is not None and time.monotonic() >= self._valid_until
+
+    def _after_release_error(self, acquisition: Acquisition, exc: BaseException) -> None:
+        if isinstance(exc, LockLost):
+            self._forget()
+            self._send_lost()
+            return
+        with self._mutex:  # still held: the caller may release again
+            self._token = acquisition.token
+            self._acquisition = acquisition
+
+    def _released(self, released: bool) -> None:
+        lost = not released or self._lost_at_release
+        self._forget()
+        if lost:
+            if not self._lost:
+                self._send_lost()
+            raise LockLost(f"{self!r} was no longer held when released: its lease ended.")
+        signals.lock_released.send(
+            sender=type(self.backend),
+            backend=self.backend,
+            alias=self.backend.alias,
+            name=self.name,
+            fencing_token=self.fencing_token,
+        )
+
+    def _forget(self) -> None:
+        with _held_mutex:
+            holders = _held.get((self.backend.alias, self.key))
+            if holders is not None:
+                holders.pop(id(self), None)
+                if not holders:
+                    del _held[(self.backend.alias, self.key)]
+
+    def _send_lost(self) -> None:
+        self._lost = True
+        signals.lock_lost.send(
+            sender=type(self.backend),
+            backend=self.backend,
+            alias=self.backend.alias,
+            name=self.name,
+            fencing_token=self.fencing_token,
+        )
+
+    def extend(self, ttl: float | _Default = DEFAULT) -> None:
+        """Make the lease end ``ttl`` seconds from now (default: the handle's ``ttl``).
+
+        :raises LockNotHeld: if this handle does not hold the lock.
+        :raises LockLost: if the lease already ended or was taken away.
+        :raises BackendUnavailable: when the server fails.
+        """
+        ttl, acquisition = self._extending(ttl)
+        sent = time.monotonic()
+        try:
+            grant = acquisition.extend(ttl)
+        except LockLost:
+            self.mark_lost()
+            raise
+        self._extended(acquisition, grant, ttl, sent)
+
+    async def aextend(self, ttl: float | _Default = DEFAULT) -> None:
+        """Async :meth:`extend`."""
+        ttl, acquisition = self._extending(ttl)
+        sent = time.monotonic()
+        try:
+            grant = await acquisition.aextend(ttl)
+        except LockLost:
+            self.mark_lost()
+            raise
+        self._extended(acquisition, grant, ttl, sent)
+
+    def _extending(self, ttl: float | _Default) -> tuple[float, Acquisition]:
+        ttl = self.ttl if isinstance(ttl, _Default) else validate_ttl(ttl)
+        acquisition = self._acquisition
+        if self._token is None or acquisition is None:
+            raise LockNotHeld(f"{self!r} is not held by this handle.")
+        if self.lost:
+            self.mark_lost()
+            raise LockLost(f"{self!r} was lost.")
+        return ttl, acquisition
+
+    def _extended(
+        self, acquisition: Acquisition, grant: Grant | None, ttl: float, sent: float
+    ) -> None:
+        if grant is None:
+            self.mark_lost()
+            raise LockLost(f"{self!r} could not be extended: its lease already ended.")
+        with self._mutex:
+            if self._acquisition is acquisition:
+                self._grant = grant
+                expires = grant.expires_at is not None
+                self._valid_until = sent + grant.granted_after + ttl if expires else None
+
+    # -- context managers ---------------------------------------------------
+
+    def __enter__(self) -> Lock:
+        if not self.acquire():
+            raise self._not_acquired()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            acquisition = self._take()
+            try:
+                released = acquisition.release((exc_type, exc, tb))
+            except BaseException as error:
+                self._after_release_error(acquisition, error)
+                raise
+            self._released(released)
+        except DistLockError:
+            self._exit_failed(exc_type)
+
+    async def __aenter__(self) -> Lock:
+        if not await self.aacquire():
+            raise self._not_acquired()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            await self._arelease((exc_type, exc, tb))
+        except DistLockError:
+            self._exit_failed(exc_type)
+
+    def _exit_failed(self, exc_type: type[BaseException] | None) -> None:
+        """Called inside ``except``: re-raise our error, unless the block's own matters more."""
+        if exc_type is None:
+            raise
+        logger.warning("Releasing %r after an exception failed", self, exc_info=True)
+
+    def _not_acquired(self) -> LockNotAcquired:
+        alias = self.backend.alias
+        if self.blocking:
+            return LockTimeout(
+                f"Lock {self.name!r} on {alias!r} was not acquired within {self.timeout} s.",
+                name=self.name,
+                alias=alias,
+            )
+        return LockNotAcquired(
+            f"Lock {self.name!r} on {alias!r} is held by someone else.", name=self.name, alias=alias
+        )
+
+
+def _past(deadline: float | None) -> bool:
+    return deadline is not None and time.monotonic() >= deadline

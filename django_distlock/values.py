@@ -1,0 +1,144 @@
+"""The values that lock handles and backends pass each other, and the checks of arguments."""
+
+from __future__ import annotations
+
+import math
+import unicodedata
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from types import TracebackType
+from typing import Final
+
+from .names import validate_name
+
+#: ``sys.exc_info()``-shaped: the exception leaving a ``with`` block, or Nones.
+ExcInfo = tuple[type[BaseException] | None, BaseException | None, TracebackType | None]
+
+
+class _Default:
+    """Sentinel type: "use the alias' configured value"."""
+
+    def __repr__(self) -> str:
+        return "DEFAULT"
+
+
+#: Pass for ``ttl``/``timeout`` to use the alias' ``TTL``/``TIMEOUT`` setting.
+DEFAULT: Final = _Default()
+
+#: Longest accepted lease, in seconds (30 days).
+MAX_TTL = 30 * 24 * 3600.0
+#: Shortest accepted lease, in seconds (the database clocks keep milliseconds).
+MIN_TTL = 0.001
+#: Largest page :meth:`~django_distlock.backends.base.BaseLockBackend.held_locks` returns.
+MAX_PAGE = 1000
+
+
+def validate_ttl(ttl: object) -> float:
+    """Return ``ttl`` as float seconds, or raise ValueError/TypeError saying why not."""
+    if isinstance(ttl, bool) or not isinstance(ttl, int | float):
+        raise TypeError(f"ttl must be a number of seconds, not {type(ttl).__name__}.")
+    if not math.isfinite(ttl) or not MIN_TTL <= ttl <= MAX_TTL:
+        raise ValueError(f"ttl must be between {MIN_TTL} and {MAX_TTL:.0f} seconds, got {ttl!r}.")
+    return float(ttl)
+
+
+def validate_timeout(timeout: object) -> float | None:
+    """Return ``timeout`` as float seconds or None (wait forever), or raise saying why not.
+
+    Any finite number of seconds is accepted; backends cap what they send to a
+    server at what it takes and keep waiting until the deadline.
+    """
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+        raise TypeError(
+            f"timeout must be a number of seconds or None, not {type(timeout).__name__}."
+        )
+    if math.isnan(timeout) or timeout < 0:
+        raise ValueError(f"timeout must be >= 0 seconds or None, got {timeout!r}.")
+    return None if math.isinf(timeout) else float(timeout)
+
+
+def validate_page_args(
+    prefix: object, limit: object, cursor: object
+) -> tuple[str, int, str | None]:
+    """Check the arguments of ``held_locks()`` before any I/O; raise TypeError/ValueError
+    (:class:`~django_distlock.exceptions.InvalidLockName` for a bad prefix)."""
+    if not isinstance(prefix, str):
+        raise TypeError("prefix must be a str.")
+    if prefix:
+        validate_name(prefix)
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise TypeError("limit must be an int.")
+    if not 1 <= limit <= MAX_PAGE:
+        raise ValueError(f"limit must be between 1 and {MAX_PAGE}, got {limit}.")
+    if cursor is not None:
+        if not isinstance(cursor, str):
+            raise TypeError("cursor must be a str returned as next_cursor, or None.")
+        if any(unicodedata.category(char) in ("Cc", "Cs") for char in cursor):
+            raise ValueError("cursor must be a next_cursor value returned by held_locks().")
+    return prefix, limit, cursor
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """What a backend returns when it grants a lock."""
+
+    #: Grows with every grant of the key; None when the backend issues none.
+    fencing_token: int | None
+    #: Server time of the grant, when the backend records it.
+    acquired_at: datetime | None
+    #: Server time the lease ends; None when the lock does not expire.
+    expires_at: datetime | None
+    #: Seconds the server spent, after it received the request, before it granted (a
+    #: wait in the server). The handle counts the lease's local validity from the
+    #: request's sending plus this, never from the start of the whole ``acquire()``.
+    granted_after: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Miss:
+    """What a backend returns when the lock is held by someone else."""
+
+    #: Seconds until the holder's lease ends on the server's clock, if known.
+    retry_after: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LockInfo:
+    """One lock held right now, as listed by ``held_locks()``."""
+
+    alias: str
+    #: The lock's name as given to ``lock()``; a name too long to store whole is shown
+    #: shortened (see :func:`django_distlock.names.display_name`).
+    name: str
+    #: A short, non-secret id of the owner token (never the token itself).
+    owner: str
+    fencing_token: int | None
+    acquired_at: datetime | None
+    expires_at: datetime | None
+    host: str
+    pid: int | None
+    thread: str
+    #: Clients waiting for it, when the backend can tell; else None.
+    waiters: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LockPage:
+    """One page of held locks and the cursor of the next page (None on the last)."""
+
+    locks: list[LockInfo]
+    next_cursor: str | None
+
+    def __iter__(self) -> Iterator[LockInfo]:
+        return iter(self.locks)
+
+    def __len__(self) -> int:
+        return len(self.locks)
+
+
+def short_owner(token: str) -> str:
+    """Return the non-secret id listings show for an owner token (32 of its 128 bits)."""
+    return token[:8]
