@@ -399,8 +399,7 @@ class Lock:
         lost = not released or self._lost_at_release
         self._forget()
         if lost:
-            if not self._lost:
-                self._send_lost()
+            self._send_lost()
             raise LockLost(f"{self!r} was no longer held when released: its lease ended.")
         signals.lock_released.send(
             sender=type(self.backend),
@@ -419,6 +418,9 @@ class Lock:
                     del _held[(self.backend.alias, self.key)]
 
     def _send_lost(self) -> None:
+        """Record the loss found by a release; signal it unless it was known already."""
+        if self._lost:
+            return
         self._lost = True
         signals.lock_lost.send(
             sender=type(self.backend),

@@ -24,7 +24,7 @@ from ...exceptions import BackendUnavailable, LockLost, UnsupportedOperation
 from ...handle import Lock
 from ..base import Acquisition, ExcInfo, Grant, LockInfo, LockPage, Miss, validate_page_args
 from .common import DatabaseBackend, is_busy, server_wait
-from .sessions import ERRORS
+from .sessions import ERRORS, sqlstate
 from .sql import (
     ENSURE_ROW,
     PG_TX_HELD,
@@ -37,6 +37,8 @@ from .sql import (
     upper_bound,
 )
 
+#: SQLSTATEs of a session the server ended (admin_shutdown, crash_shutdown, ...).
+_SESSION_ENDED = frozenset({"57P01", "57P02", "57P03", "57P05"})
 #: Longest an asyncio task's attempt waits in the server (see ``async_wait``).
 _ASYNC_SLICE = 0.05
 
@@ -219,7 +221,7 @@ class _TxAcquisition(Acquisition):
         try:
             atomic.__exit__(*exc_info)  # commit, or roll back on an exception
         except ERRORS as exc:
-            if self._session_ended():
+            if self._session_ended(exc):
                 raise LockLost(
                     f"{self.lock!r}: the database session holding the lock ended; its "
                     f"transaction did not commit: {exc}"
@@ -234,18 +236,20 @@ class _TxAcquisition(Acquisition):
             with self.connection.cursor() as cursor:
                 cursor.execute("SELECT 1")
         except ERRORS as exc:
-            if self._session_ended():
+            if self._session_ended(exc):
                 raise LockLost(
                     f"{self.lock!r}: the database session holding the lock ended: {exc}"
                 ) from exc
             raise self.backend.unavailable(exc, "checking the lock's session") from exc
         return Grant(self.lock.fencing_token, self.lock.acquired_at, None)
 
-    def _session_ended(self) -> bool:
-        raw = self.connection.connection
-        return raw is None or bool(getattr(raw, "closed", False)) or bool(
-            getattr(raw, "broken", False)
-        )
+    def _session_ended(self, exc: BaseException) -> bool:
+        """Whether ``exc`` says the session that held the transaction is gone (the
+        server then rolled the transaction back and freed the lock)."""
+        if isinstance(exc, sqlite3.Error) or isinstance(exc.__cause__, sqlite3.Error):
+            return False
+        code = sqlstate(exc)
+        return code is None or code.startswith("08") or code in _SESSION_ENDED
 
 
 class PgTxAcquisition(_TxAcquisition):
