@@ -24,12 +24,14 @@ class LockRecord(models.Model):
     pid = models.IntegerField(null=True, blank=True)
     thread = models.CharField(max_length=255, blank=True, default="")
     # PostgreSQL lease mode: the waiter a release hands the lock over to (see
-    # migration 0002); the row's holder columns take these values then.
+    # docs/database.md); the row's holder columns take these values then.
     next_owner = models.CharField(max_length=64, null=True, blank=True)
     next_ttl = models.FloatField(null=True, blank=True)
     next_host = models.CharField(max_length=255, null=True, blank=True)
     next_pid = models.IntegerField(null=True, blank=True)
     next_thread = models.CharField(max_length=255, null=True, blank=True)
+    # The server's epoch when the reservation was made (see docs/database.md).
+    next_epoch = models.BigIntegerField(null=True, blank=True)
 
     class Meta:
         db_table = "django_distlock_lock"

@@ -275,11 +275,15 @@ def test_postgres_a_reservation_outlives_a_lost_handover(unique) -> None:
     holder = backend.lock(unique(), ttl=0.5)
     assert holder.acquire()
     with psycopg.connect(**psycopg_params("pg"), autocommit=True) as side:
-        # What survives such a crash: the durable reservation of a waiter now gone.
+        # What survives such a crash: the durable reservation of a waiter now gone,
+        # stamped with the server's epoch of before the crash; crash recovery empties
+        # the UNLOGGED epoch table (the TRUNCATE stands for it).
         side.execute(
-            "UPDATE django_distlock_lock SET next_owner = %s, next_ttl = 1.5 WHERE name = %s",
+            "UPDATE django_distlock_lock SET next_owner = %s, next_ttl = 1.5,"
+            " next_epoch = django_distlock_epoch() WHERE name = %s",
             ["f" * 32, holder.key],
         )
+        side.execute("TRUNCATE django_distlock_epoch")
     time.sleep(0.6)  # the old lease is over; the reserved one would run 1.5 s after it
     assert backend.is_locked(holder.name)
     assert not in_thread(lambda: backend.lock(holder.name, ttl=30).acquire(blocking=False))

@@ -155,6 +155,45 @@ def test_sigkilled_waiter_is_not_handed_the_lock(unique) -> None:
     newcomer.release()
 
 
+def _hold_for(alias: str, name: str, ttl: float, ready: Any) -> None:
+    locks[alias].lock(name, ttl=ttl).acquire()
+    ready.set()
+    time.sleep(3600)  # until killed; never released
+
+
+def test_dead_head_and_dead_holder_free_the_name_at_the_holders_expiry(unique) -> None:
+    """PostgreSQL lease mode: the head waiter reserves the lock and dies, then the holder
+    dies too: a live waiter gets the lock when the holder's lease ends, not when the dead
+    head's reservation would have (it waited the holder's TTL plus the head's)."""
+    require_pg()
+    backend, name = locks["pg-lease"], unique("dead-head")
+    _fork_ready()
+    ready = FORK.Event()
+    holder = FORK.Process(target=_hold_for, args=("pg-lease", name, 3.0, ready))
+    holder.start()
+    assert ready.wait(30)
+    expires = time.monotonic() + 3.0
+    head = FORK.Process(target=_wait_for, args=("pg-lease", name))  # ttl 30
+    head.start()
+    cursor = backend.sessions.get().cursor
+    key = backend.make_key(name)
+
+    def reserved() -> bool:
+        cursor.execute("SELECT next_pid FROM django_distlock_lock WHERE name = %s", [key])
+        return cursor.fetchone()[0] == head.pid
+
+    assert eventually(reserved, timeout=30)
+    for proc in (head, holder):
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join(10)
+    handle = backend.lock(name, ttl=30)
+    assert handle.acquire(timeout=20)
+    # The server notices a dead client within a second, and a waiter looks again every
+    # second: allow for both.
+    assert time.monotonic() < expires + 3.0
+    handle.release()
+
+
 def _short_waits(alias: str, name: str, seconds: float, out: Any) -> None:
     backend = locks[alias]
     rng = random.Random(os.getpid())

@@ -19,6 +19,11 @@ _COLUMNS = "name, owner, fencing, acquired_at, expires_at, host, pid, thread"
 _RESERVED_UNTIL = (
     "CASE WHEN next_owner IS NOT NULL THEN expires_at + next_ttl * interval '1 second' END"
 )
+#: PostgreSQL: whether the row's reservation keeps others out now: it has not ended, and
+#: its head is alive or the server crashed since it was made (see docs/database.md).
+_RESERVED = (
+    f"({_RESERVED_UNTIL} > now() AND NOT django_distlock_orphaned(next_owner, next_epoch))"
+)
 
 
 @dataclass(frozen=True)
@@ -68,7 +73,7 @@ WITH u AS (
         expires_at = now() + %(ttl)s * interval '1 second', host = %(host)s, pid = %(pid)s,
         thread = %(thread)s, next_owner = NULL
     WHERE name = %(key)s AND (owner IS NULL OR expires_at <= now())
-        AND (next_owner IS NULL OR {_RESERVED_UNTIL} <= now())
+        AND (next_owner IS NULL OR NOT {_RESERVED})
         AND (%(retry)s OR pg_try_advisory_xact_lock(hashtextextended(%(key)s, 0)))
     RETURNING fencing, acquired_at, expires_at
 ), i AS (
@@ -97,7 +102,7 @@ WHERE name = %s AND owner = %s AND expires_at > now()
 RETURNING fencing, acquired_at, expires_at""",
     is_locked=f"""
 SELECT 1 FROM {TABLE} WHERE name = %s
-    AND ((owner IS NOT NULL AND expires_at > now()) OR {_RESERVED_UNTIL} > now())""",
+    AND ((owner IS NOT NULL AND expires_at > now()) OR {_RESERVED})""",
     held=f"""
 SELECT {_COLUMNS} FROM {TABLE}
 WHERE owner IS NOT NULL AND (name COLLATE "C") > %s AND (name COLLATE "C") >= %s
