@@ -395,6 +395,7 @@ def cmd_start(dir_: Path, kinds: list[str]) -> int:
             env["DISTLOCK_PG_PORT"] = str(pg["port"])
             env["DISTLOCK_PG_USER"] = "postgres"
             env["DISTLOCK_PG_NAME"] = "distlock"
+            env["DISTLOCK_PG_LOG"] = str(dir_ / "postgres" / "postgres.log")
             save()
         if "memcached" in kinds:
             mc = start_memcached(dir_, next(ports))

@@ -1,5 +1,6 @@
 """PostgreSQL: a reservation whose head's session is gone is not honoured unless the
-server crashed since it was made (sql/0004_orphaned_reservations.sql)."""
+server crashed since it was made; a wait that timed out unlocks only what it holds
+(sql/0004_orphaned_reservations.sql)."""
 
 from pathlib import Path
 
@@ -9,6 +10,7 @@ SQL = Path(__file__).with_name("sql") / "0004_orphaned_reservations.sql"
 PREVIOUS = Path(__file__).with_name("sql") / "0003_granted_after.sql"
 DROP = (
     "DROP FUNCTION IF EXISTS django_distlock_orphaned(text, bigint);"
+    " DROP FUNCTION IF EXISTS django_distlock_unlock_if_held(bigint);"
     " DROP FUNCTION IF EXISTS django_distlock_epoch();"
     " DROP TABLE IF EXISTS django_distlock_epoch;"
 )

@@ -3,7 +3,8 @@
 -- have been lost with the crash). An UNLOGGED table holds the server's epoch: the
 -- server empties it in crash recovery (not at a clean shutdown), so a reservation
 -- stamped with the current epoch was made since the last crash. A fixed copy; see
--- docs/database.md.
+-- docs/database.md. Also: a wait that timed out gives back only the advisory locks its
+-- session holds (it used to log "you don't own a lock" warnings).
 
 CREATE UNLOGGED TABLE IF NOT EXISTS django_distlock_epoch (
     id integer PRIMARY KEY, epoch bigint NOT NULL
@@ -42,6 +43,20 @@ BEGIN
 END
 $fn$;
 
+-- Give back a session-level advisory lock if this session holds it (an unlock of a
+-- lock not held would log a warning).
+CREATE OR REPLACE FUNCTION django_distlock_unlock_if_held(p_key bigint)
+RETURNS void LANGUAGE plpgsql AS $fn$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1
+            AND pid = pg_backend_pid() AND granted
+            AND classid::bigint = (p_key >> 32) & 4294967295
+            AND objid::bigint = p_key & 4294967295) THEN
+        PERFORM pg_advisory_unlock(p_key);
+    END IF;
+END
+$fn$;
+
 CREATE OR REPLACE PROCEDURE django_distlock_wait(
     p_name text, p_owner text, p_ttl float8, p_host text, p_pid integer, p_thread text,
     p_wait float8,
@@ -71,8 +86,8 @@ BEGIN
         PERFORM pg_advisory_lock(queue);
     EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
         -- A lock granted just as its wait times out is kept by the server (and a
-        -- session-level one outlives the error): give it back, quietly if not ours.
-        PERFORM set_config('client_min_messages', 'error', true), pg_advisory_unlock(queue);
+        -- session-level one outlives the error): give it back if so.
+        PERFORM django_distlock_unlock_if_held(queue);
         RETURN;
     END;
     PERFORM pg_advisory_lock(alive);
@@ -178,8 +193,7 @@ BEGIN
         EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
             -- The lease ended, or a second passed: look again (giving back the lock
             -- if it was granted as the wait timed out, as above).
-            PERFORM set_config('client_min_messages', 'error', true),
-                pg_advisory_unlock(hashtextextended(p_name, cur.fencing));
+            PERFORM django_distlock_unlock_if_held(hashtextextended(p_name, cur.fencing));
         END;
     END LOOP;
     IF granted THEN
