@@ -18,11 +18,12 @@ from django.db import connections
 
 from ... import signals
 from ...backoff import remaining
+from ...exceptions import BackendUnavailable
 from ...handle import Lock
 from ...values import short_owner
 from ..base import Acquisition, ExcInfo, Grant, LockInfo, LockPage, Miss, validate_page_args
 from .common import DatabaseBackend, is_busy, server_wait
-from .sessions import ERRORS, AsyncSessions, Session
+from .sessions import ERRORS, AsyncSessions, Session, connection_lost
 from .sql import (
     PG_WAIT,
     POSTGRESQL,
@@ -152,28 +153,41 @@ class PgLeaseAcquisition(Acquisition):
     # -- sync: this thread's session ---------------------------------------------
 
     def attempt(self) -> Grant | Miss:
-        return self._attempt_on(self._thread_session())
+        return self._retried(self._attempt_on)
 
     def wait(self, miss: Miss) -> Grant | None:
-        return self._wait_on(self._thread_session())
+        return self._retried(self._wait_on)
 
     def release(self, exc_info: ExcInfo) -> bool:
-        if self.taken is not None:
-            try:
-                return self._release_on(self.taken)
-            finally:
-                self._give_back()
-        return self._release_on(self._thread_session())
+        try:
+            return self._retried(self._release_on)
+        finally:
+            self._give_back()
 
     def extend(self, ttl: float) -> Grant | None:
-        session = self.taken or self._thread_session()
-        return self._call(session, "extending a lock", lambda: _extended(
-            session.execute(POSTGRESQL.extend, [ttl, self.lock.key, self.token]).fetchall()
-        ))
+        return self._retried(lambda session: self._call(session, "extending a lock", lambda: (
+            _extended(session.execute(POSTGRESQL.extend, [ttl, self.lock.key, self.token])
+                      .fetchall())
+        )))
 
-    def _thread_session(self) -> Session:
+    def _retried(self, op: Callable[[Session], T]) -> T:
+        """Run ``op`` on this acquisition's session; if the connection turns out lost
+        (the server restarted, the session was terminated), once more on a new one."""
         try:
-            return self.backend.sessions.get()
+            return op(self._session())
+        except BackendUnavailable as exc:
+            if not connection_lost(exc.__cause__):
+                raise
+        return op(self._session())  # the lost session was closed by op's error handling
+
+    def _session(self) -> Session:
+        """The task's pooled session (reopened if it was closed), or this thread's."""
+        try:
+            if self.taken is None:
+                return self.backend.sessions.get()
+            if not self.taken.usable:
+                self.taken = self.backend.session_factory.open()
+            return self.taken
         except ERRORS as exc:
             raise self.backend.unavailable(exc, "connecting") from exc
 
@@ -187,14 +201,15 @@ class PgLeaseAcquisition(Acquisition):
             if session is None:
                 return Miss()  # every session of this event loop is busy
             self.taken, self.loop = session, asyncio.get_running_loop()
-        taken = self.taken
-        return await self.backend.async_pool.run(lambda: self._attempt_on(taken))
+        return await self.backend.async_pool.run(lambda: self._retried(self._attempt_on))
 
     async def async_wait(self, miss: Miss) -> Grant | None:
         taken = self.taken
         if taken is None:  # no session came: wait for one in the next attempt
             return await super().async_wait(miss)
-        future = asyncio.ensure_future(self.backend.async_pool.run(lambda: self._wait_on(taken)))
+        future = asyncio.ensure_future(
+            self.backend.async_pool.run(lambda: self._retried(self._wait_on))
+        )
         try:
             return await asyncio.shield(future)
         except asyncio.CancelledError:
@@ -210,11 +225,7 @@ class PgLeaseAcquisition(Acquisition):
     async def arelease(self, exc_info: ExcInfo) -> bool:
         if self.taken is None:
             return await super().arelease(exc_info)
-        taken = self.taken
-        try:
-            return await self.backend.async_pool.run(lambda: self._release_on(taken))
-        finally:
-            self._give_back()
+        return await self.backend.async_pool.run(lambda: self.release(exc_info))
 
     async def aextend(self, ttl: float) -> Grant | None:
         if self.taken is None:

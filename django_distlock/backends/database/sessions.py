@@ -64,6 +64,25 @@ def sqlstate(exc: BaseException) -> str | None:
     return None
 
 
+#: SQLSTATEs of a session the server ended (admin_shutdown, crash_shutdown, ...).
+_SESSION_ENDED = frozenset({"57P01", "57P02", "57P03", "57P05"})
+
+
+def connection_lost(exc: BaseException | None) -> bool:
+    """Whether a database error says the connection is gone (its session ended, the
+    server restarted): its locks went with it, and a new connection may succeed."""
+    if exc is None:
+        return False
+    code = sqlstate(exc)
+    if code is not None:
+        return code.startswith("08") or code in _SESSION_ENDED
+    return any(
+        type(err).__name__ in ("OperationalError", "InterfaceError")
+        and type(err).__module__.split(".")[0] in ("psycopg", "psycopg2", "django")
+        for err in (exc, exc.__cause__)
+    )
+
+
 class Session:
     """One autocommit connection for lease statements.
 

@@ -62,7 +62,8 @@ POSTGRESQL = Dialect(
     # also defers to a queued waiter (the advisory lock of the key's queue,
     # held by its head, see docs/database.md), and every attempt to a waiter's
     # reservation until it ends (granting over one skips a fencing number):
-    # no barging past the queue. The INSERT runs for a name's first use only;
+    # no barging past the queue. An attempt retried after a lost connection finds
+    # its own grant (same owner) and takes it again. The INSERT runs for a name's first use only;
     # ON CONFLICT DO NOTHING settles racing creators. A grant takes its
     # generation lock, which its release gives back: that wakes the head of
     # the queue inside the server.
@@ -72,7 +73,7 @@ WITH u AS (
         fencing = fencing + 1 + (next_owner IS NOT NULL)::int, acquired_at = now(),
         expires_at = now() + %(ttl)s * interval '1 second', host = %(host)s, pid = %(pid)s,
         thread = %(thread)s, next_owner = NULL
-    WHERE name = %(key)s AND (owner IS NULL OR expires_at <= now())
+    WHERE name = %(key)s AND (owner IS NULL OR expires_at <= now() OR owner = %(owner)s)
         AND (next_owner IS NULL OR NOT {_RESERVED})
         AND (%(retry)s OR pg_try_advisory_xact_lock(hashtextextended(%(key)s, 0)))
     RETURNING fencing, acquired_at, expires_at

@@ -24,7 +24,7 @@ from ...exceptions import BackendUnavailable, LockLost, UnsupportedOperation
 from ...handle import Lock
 from ..base import Acquisition, ExcInfo, Grant, LockInfo, LockPage, Miss, validate_page_args
 from .common import DatabaseBackend, is_busy, server_wait
-from .sessions import ERRORS, sqlstate
+from .sessions import ERRORS, connection_lost
 from .sql import (
     ENSURE_ROW,
     PG_TX_HELD,
@@ -37,8 +37,6 @@ from .sql import (
     upper_bound,
 )
 
-#: SQLSTATEs of a session the server ended (admin_shutdown, crash_shutdown, ...).
-_SESSION_ENDED = frozenset({"57P01", "57P02", "57P03", "57P05"})
 #: Longest an asyncio task's attempt waits in the server (see ``async_wait``).
 _ASYNC_SLICE = 0.05
 
@@ -243,13 +241,13 @@ class _TxAcquisition(Acquisition):
             raise self.backend.unavailable(exc, "checking the lock's session") from exc
         return Grant(self.lock.fencing_token, self.lock.acquired_at, None)
 
-    def _session_ended(self, exc: BaseException) -> bool:
+    @staticmethod
+    def _session_ended(exc: BaseException) -> bool:
         """Whether ``exc`` says the session that held the transaction is gone (the
         server then rolled the transaction back and freed the lock)."""
         if isinstance(exc, sqlite3.Error) or isinstance(exc.__cause__, sqlite3.Error):
             return False
-        code = sqlstate(exc)
-        return code is None or code.startswith("08") or code in _SESSION_ENDED
+        return connection_lost(exc)
 
 
 class PgTxAcquisition(_TxAcquisition):
