@@ -87,6 +87,7 @@ def test_postgres_contended_async_waiters_are_served_beside_thread_processes(uni
         thread_grants = [out.get(timeout=60) for _ in procs]
         for proc in procs:
             proc.join(30)
+    print(f"async tasks' grants: {sorted(per_task)}; thread processes: {thread_grants}")
     assert all(proc.exitcode == 0 for proc in procs)
     assert all(per_task), per_task  # every task was served
     assert min(thread_grants) > 0
@@ -119,6 +120,7 @@ def test_postgres_transaction_mode_acquire_returns_at_its_deadline(unique) -> No
         thread.start()
     for thread in threads:
         thread.join(60)
+    print(f"transaction mode, timeout 1.0 s: worst wait {max(waits):.3f} s")
     assert len(waits) == 30
     assert max(waits) < 1.6, sorted(waits)[-5:]
 
