@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import signal
 import threading
@@ -388,3 +390,33 @@ def test_postgres_timed_out_waits_unlock_only_what_they_hold(unique) -> None:
 def _warnings(log: str) -> int:
     with open(log, encoding="utf-8", errors="replace") as lines:
         return sum("you don't own a lock" in line for line in lines)
+
+
+def test_postgres_a_cancelled_async_waiter_leaves_nothing_behind(settings, unique) -> None:
+    """A task cancelled while it waits in the server: its call is stopped there, its
+    session comes back to the pool (one session here: the next task needs it), and the
+    lock goes to the next waiter."""
+    require_pg()
+    settings.DISTLOCK = {
+        **settings.DISTLOCK,
+        "pg-one": {"BACKEND": settings.DISTLOCK["pg-lease"]["BACKEND"],
+                   "OPTIONS": {"DATABASE": "pg", "ASYNC_SESSIONS": 1}},
+    }
+    backend, name = locks["pg-one"], unique()
+    holder = backend.lock(name, ttl=30)
+    assert in_thread(holder.acquire)
+
+    async def main() -> bool:
+        waiter = asyncio.ensure_future(backend.lock(name, ttl=30).aacquire(timeout=20))
+        await asyncio.sleep(0.5)  # waiting in the server now
+        waiter.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiter
+        await asyncio.to_thread(in_thread, holder.release)
+        async with backend.lock(name, ttl=30, timeout=5) as handle:
+            return handle.held
+
+    try:
+        assert asyncio.run(main())
+    finally:
+        backend.close()

@@ -10,6 +10,7 @@ SQLite waiters back off with jitter.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
@@ -35,6 +36,7 @@ from .sql import (
 )
 
 T = TypeVar("T")
+logger = logging.getLogger("django_distlock")
 
 
 class LeaseBackend(DatabaseBackend, mode="lease"):
@@ -149,6 +151,9 @@ class PgLeaseAcquisition(Acquisition):
         #: An asyncio task's session, and the loop it was taken on.
         self.taken: Session | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
+        #: A cancelled task left its wait running in the server: the wait's end gives
+        #: the session back (and releases a grant that came all the same).
+        self.abandoned = False
 
     # -- sync: this thread's session ---------------------------------------------
 
@@ -215,12 +220,14 @@ class PgLeaseAcquisition(Acquisition):
         except asyncio.CancelledError:
             # The call goes on in the server: stop it there, and give back a grant
             # that may come all the same.
+            self.abandoned = True
             threading.Thread(target=taken.cancel, daemon=True).start()
             future.add_done_callback(self._abandoned)
             raise
 
     async def aclose(self) -> None:
-        self._give_back()
+        if not self.abandoned:
+            self._give_back()
 
     async def arelease(self, exc_info: ExcInfo) -> bool:
         if self.taken is None:
@@ -239,21 +246,17 @@ class PgLeaseAcquisition(Acquisition):
 
     def _abandoned(self, future: asyncio.Future[Grant | None]) -> None:
         """A cancelled task's wait ended: release what it was granted, free its session."""
-        taken = self.taken
-        if taken is None:
-            return
         if not future.cancelled() and future.exception() is None and future.result() is not None:
-            self.backend.async_pool.submit(lambda: self._release_quietly(taken))
+            self.backend.async_pool.submit(self._release_quietly)
         else:
             self._give_back()
 
-    def _release_quietly(self, session: Session) -> None:
+    def _release_quietly(self) -> None:
         try:
-            self._release_on(session)
+            self.release((None, None, None))
         except Exception:
-            session.close()
-        finally:
-            self._give_back()
+            logger.warning("Releasing %r after its task was cancelled failed", self.lock,
+                           exc_info=True)
 
     # -- the statements ----------------------------------------------------------
 
