@@ -351,9 +351,12 @@ class Lock:
         :raises BackendUnavailable: when the server fails; the handle still
             holds the lock and ``release()`` may be called again.
         """
+        self._release(_NO_EXC)
+
+    def _release(self, exc_info: Any) -> None:
         acquisition = self._take()
         try:
-            released = acquisition.release(_NO_EXC)
+            released = acquisition.release(exc_info)
         except BaseException as exc:
             self._after_release_error(acquisition, exc)
             raise
@@ -493,13 +496,7 @@ class Lock:
         tb: TracebackType | None,
     ) -> None:
         try:
-            acquisition = self._take()
-            try:
-                released = acquisition.release((exc_type, exc, tb))
-            except BaseException as error:
-                self._after_release_error(acquisition, error)
-                raise
-            self._released(released)
+            self._release((exc_type, exc, tb))
         except DistLockError:
             self._exit_failed(exc_type)
 
