@@ -173,12 +173,16 @@ class Lock:
             if self._token is None or self._lost:
                 return
             self._lost = True
-        signals.lock_lost.send(
+        self._send(signals.lock_lost)
+
+    def _send(self, signal: Any, **extra: Any) -> None:
+        signal.send(
             sender=type(self.backend),
             backend=self.backend,
             alias=self.backend.alias,
             name=self.name,
             fencing_token=self.fencing_token,
+            **extra,
         )
 
     def __repr__(self) -> str:
@@ -323,14 +327,7 @@ class Lock:
             self._valid_until = valid_until
         with _held_mutex:
             _held.setdefault((self.backend.alias, self.key), {})[id(self)] = current_holder()
-        signals.lock_acquired.send(
-            sender=type(self.backend),
-            backend=self.backend,
-            alias=self.backend.alias,
-            name=self.name,
-            fencing_token=grant.fencing_token,
-            waited=time.monotonic() - self._started,
-        )
+        self._send(signals.lock_acquired, waited=time.monotonic() - self._started)
         return True
 
     def _drop_late_grant(self, acquisition: Acquisition) -> None:
@@ -404,13 +401,7 @@ class Lock:
         if lost:
             self._send_lost()
             raise LockLost(f"{self!r} was no longer held when released: its lease ended.")
-        signals.lock_released.send(
-            sender=type(self.backend),
-            backend=self.backend,
-            alias=self.backend.alias,
-            name=self.name,
-            fencing_token=self.fencing_token,
-        )
+        self._send(signals.lock_released)
 
     def _forget(self) -> None:
         with _held_mutex:
@@ -425,13 +416,7 @@ class Lock:
         if self._lost:
             return
         self._lost = True
-        signals.lock_lost.send(
-            sender=type(self.backend),
-            backend=self.backend,
-            alias=self.backend.alias,
-            name=self.name,
-            fencing_token=self.fencing_token,
-        )
+        self._send(signals.lock_lost)
 
     def extend(self, ttl: float | _Default = DEFAULT) -> None:
         """Make the lease end ``ttl`` seconds from now (default: the handle's ``ttl``).

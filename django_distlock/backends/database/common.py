@@ -14,7 +14,8 @@ from django.core import checks
 from django.db import DatabaseError, connections
 
 from ...exceptions import BackendUnavailable, InvalidBackendOptions, UnsupportedOperation
-from ..base import BaseLockBackend
+from ...handle import Lock
+from ..base import Acquisition, BaseLockBackend
 from .sessions import ERRORS, SessionFactory, ThreadSessions, sqlstate
 from .sql import POSTGRESQL, SQLITE, Dialect
 
@@ -41,6 +42,8 @@ class DatabaseBackend(BaseLockBackend):
     #: ``OPTIONS["MODE"]`` → the class that serves it (filled by the subclasses).
     modes: ClassVar[dict[str, type[DatabaseBackend]]] = {}
     mode: ClassVar[str]
+    #: Vendor → the :class:`Acquisition` class of this mode on it.
+    acquisitions: ClassVar[dict[str, type[Acquisition]]]
 
     def __init_subclass__(cls, mode: str = "", **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -113,6 +116,11 @@ class DatabaseBackend(BaseLockBackend):
             f"The database backend serves PostgreSQL and SQLite, not {self.vendor!r} "
             f"(DATABASES[{self.database!r}])."
         )
+
+    def acquisition(
+        self, lock: Lock, token: str, blocking: bool, deadline: float | None
+    ) -> Acquisition:
+        return self.acquisitions[self.dialect.vendor](self, lock, token, blocking, deadline)
 
     # -- running statements -------------------------------------------------------
 

@@ -20,7 +20,6 @@ from django.db import connections
 from ... import signals
 from ...backoff import remaining
 from ...exceptions import BackendUnavailable
-from ...handle import Lock
 from ...values import short_owner
 from ..base import Acquisition, ExcInfo, Grant, LockInfo, LockPage, Miss, validate_page_args
 from .common import DatabaseBackend, is_busy, server_wait
@@ -45,13 +44,6 @@ class LeaseBackend(DatabaseBackend, mode="lease"):
     def __init__(self, alias: str, params: Mapping[str, Any]) -> None:
         super().__init__(alias, params)
         self.async_pool = AsyncSessions(self.session_factory, self.async_sessions)
-
-    def acquisition(
-        self, lock: Lock, token: str, blocking: bool, deadline: float | None
-    ) -> Acquisition:
-        if self.vendor == "postgresql":
-            return PgLeaseAcquisition(self, lock, token, blocking, deadline)
-        return SqliteLeaseAcquisition(self, lock, token, blocking, deadline)
 
     def is_locked(self, name: str) -> bool:
         return bool(self.run(self.dialect.is_locked, [self.make_key(name)], "checking a lock"))
@@ -372,3 +364,6 @@ def _extended(rows: list[Any]) -> Grant | None:
         return None
     fencing, acquired_at, expires_at = rows[0]
     return Grant(fencing, as_datetime(acquired_at), as_datetime(expires_at))
+
+
+LeaseBackend.acquisitions = {"postgresql": PgLeaseAcquisition, "sqlite": SqliteLeaseAcquisition}

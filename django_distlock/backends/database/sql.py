@@ -31,6 +31,9 @@ class Dialect:
     """The statements of one vendor; placeholders are ``%s`` (``%(name)s`` where a
     statement uses a value more than once)."""
 
+    #: Django's name of the vendor.
+    vendor: str
+
     #: Grant if free or expired. Params: see ``pg_acquire_params`` (PostgreSQL) and
     #: ``LeaseAcquisition`` (SQLite). Rows: (granted, fencing,
     #: acquired_at, expires_at, retry_after, generation) where generation, on PostgreSQL,
@@ -56,6 +59,7 @@ class Dialect:
 
 
 POSTGRESQL = Dialect(
+    vendor="postgresql",
     # The UPDATE locks the row only when it is free or expired (a concurrent
     # grant makes it re-check, READ COMMITTED's EvalPlanQual), so a miss is a
     # read: it writes nothing and never delays the holder. A first attempt
@@ -175,6 +179,7 @@ _NOW = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')"
 _LATER = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s)"
 
 SQLITE = Dialect(
+    vendor="sqlite",
     acquire=f"""
 INSERT INTO {TABLE} ({_COLUMNS}) VALUES (%s, %s, 1, {_NOW}, {_LATER}, %s, %s, %s)
 ON CONFLICT (name) DO UPDATE SET

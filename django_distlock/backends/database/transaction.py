@@ -21,7 +21,6 @@ from django.db import connections, transaction
 
 from ...backoff import remaining
 from ...exceptions import BackendUnavailable, LockLost, UnsupportedOperation
-from ...handle import Lock
 from ..base import Acquisition, ExcInfo, Grant, LockInfo, LockPage, Miss, validate_page_args
 from .common import DatabaseBackend, is_busy, server_wait
 from .sessions import ERRORS, connection_lost
@@ -61,13 +60,6 @@ class TransactionBackend(DatabaseBackend, mode="transaction"):
     def __init__(self, alias: str, params: Any) -> None:
         super().__init__(alias, params)
         self.stack = _Stack()
-
-    def acquisition(
-        self, lock: Lock, token: str, blocking: bool, deadline: float | None
-    ) -> Acquisition:
-        if self.vendor == "sqlite":
-            return SqliteTxAcquisition(self, lock, token, blocking, deadline)
-        return PgTxAcquisition(self, lock, token, blocking, deadline)
 
     def is_locked(self, name: str) -> bool:
         key = self.make_key(name)
@@ -333,3 +325,6 @@ class SqliteTxAcquisition(_TxAcquisition):
         except ERRORS as exc:
             raise self.backend.unavailable(exc, "acquiring a lock") from exc
         return self._granted(atomic, *row)
+
+
+TransactionBackend.acquisitions = {"postgresql": PgTxAcquisition, "sqlite": SqliteTxAcquisition}
