@@ -41,7 +41,6 @@ class SavePlan:
     owner: type[models.Model]  # the model whose table holds the version column
     owner_pk: str  # attname of the owner's primary key
     has_parents: bool  # multi-table inheritance: Django's save writes the parents
-    relations: tuple[models.Field[Any, Any], ...]  # concrete relation fields
     #: (name, attname, field, own pre_save) of each column a save writes, but the
     #: pk, generated columns and the version.
     columns: tuple[tuple[str, str, models.Field[Any, Any], bool], ...]

@@ -187,6 +187,8 @@ class OptimisticLockMixin(models.Model):
         if self._state.adding and not force_update and update_fields is None:
             super().save(force_insert=True, using=using)
             return
+        # Django's own first step (unsaved objects in foreign keys and generic foreign keys).
+        self._prepare_related_fields_for_save(operation_name="save")  # type: ignore[attr-defined]
         plan = _plan(type(self))
         if update_fields is not None:
             update_fields = frozenset(update_fields)
@@ -227,8 +229,6 @@ class OptimisticLockMixin(models.Model):
         update_fields: frozenset[str] | None,
     ) -> None:
         """The checked save as ONE query: write the fields and the next version if unchanged."""
-        if plan.relations:
-            _prepare_related_fields(self, plan.relations)
         origin = type(self)
         pre_save.send(
             sender=origin, instance=self, raw=False, using=using, update_fields=update_fields
@@ -338,7 +338,6 @@ def _plan(model: type[models.Model]) -> SavePlan:
         owner=owner,
         owner_pk=owner._meta.pk.attname,
         has_parents=bool(concrete._meta.parents),
-        relations=tuple(f for f in source if f.is_relation),
         columns=columns,
         allowed=frozenset(
             name for f in source if not f.primary_key for name in (f.name, f.attname)
@@ -394,27 +393,6 @@ def _refuse_unknown(update_fields: frozenset[str], allowed: frozenset[str] | set
             "The following fields do not exist in this model, are m2m fields, primary keys, "
             "or are non-concrete fields: " + ", ".join(sorted(unknown))
         )
-
-
-def _prepare_related_fields(
-    instance: models.Model, relations: Iterable[models.Field[Any, Any]]
-) -> None:
-    """What Django's save does first: refuse unsaved related objects, sync FK ids."""
-    for f in relations:
-        if not f.is_cached(instance):  # type: ignore[attr-defined]
-            continue
-        obj = getattr(instance, f.name, None)
-        if obj is None:
-            continue
-        if obj.pk is None:
-            raise ValueError(
-                f"save() prohibited to prevent data loss due to unsaved related object '{f.name}'."
-            )
-        if getattr(instance, f.attname) in f.empty_values:
-            setattr(instance, f.name, obj)  # the related object was saved after assignment
-        target = f.target_field.attname  # type: ignore[attr-defined]
-        if getattr(obj, target) != getattr(instance, f.attname):
-            f.delete_cached_value(instance)  # type: ignore[attr-defined]
 
 
 def _check_retry_arguments(attempts: Any, base: Any, cap: Any) -> None:

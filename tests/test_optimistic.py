@@ -42,6 +42,7 @@ from tests.testapp.models import (
     Shelf,
     Shop,
     StampedItem,
+    Tagged,
 )
 
 from .conftest import DATABASES, require_pg
@@ -272,6 +273,23 @@ def test_unsaved_related_object_is_refused_and_a_later_saved_one_is_linked(alias
     shelf.save(using=alias)
     item.save()
     assert _row(Item, alias, item.pk)["shelf_id"] == shelf.pk
+
+
+def test_unsaved_object_in_a_generic_foreign_key_is_refused_like_djangos_save(alias: str) -> None:
+    shelf = Shelf.objects.using(alias).create(label="kept")
+    tagged = Tagged.objects.using(alias).create(target=shelf)
+    unsaved = Shelf(label="never saved")
+    unsaved._state.db = alias  # its content type is then read from this database
+    tagged.target = unsaved  # sets object_id to None
+    with pytest.raises(ValueError, match="unsaved related object 'target'"):
+        tagged.save()
+    row = _row(Tagged, alias, tagged.pk)
+    assert (row["object_id"], row["version"]) == (shelf.pk, 1)  # not wiped
+    assert tagged.version == 1
+    other = Shelf.objects.using(alias).create(label="other")
+    tagged.target = other
+    tagged.save()
+    assert (_row(Tagged, alias, tagged.pk)["object_id"], tagged.version) == (other.pk, 2)
 
 
 def test_expression_values_are_written_and_still_version_checked(alias: str) -> None:

@@ -1,5 +1,7 @@
 """Models for the optimistic-locking tests."""
 
+from django.contrib.contenttypes.fields import GenericForeignKey
+from django.contrib.contenttypes.models import ContentType
 from django.db import models
 
 from django_distlock.optimistic import OptimisticLockMixin, VersionField
@@ -15,6 +17,7 @@ __all__ = [
     "Shelf",
     "Shop",
     "StampedItem",
+    "Tagged",
 ]
 
 
@@ -80,3 +83,14 @@ class PlainPlace(models.Model):
 
 class PlainShop(PlainPlace):
     stock = models.IntegerField(default=0)
+
+
+class Tagged(OptimisticLockMixin, models.Model):
+    """A generic foreign key (a private field), which a checked save must check too."""
+
+    # No constraint: this unmigrated app's tables are made before contenttypes' migration runs.
+    content_type = models.ForeignKey(
+        ContentType, null=True, on_delete=models.CASCADE, db_constraint=False
+    )
+    object_id = models.PositiveBigIntegerField(null=True)
+    target = GenericForeignKey("content_type", "object_id")
