@@ -448,6 +448,9 @@ class LockContract:
                 assert held.held
                 other = backend.lock(name)
                 got_other = await other.aacquire(blocking=False)
+            free = backend.lock(name + "/free")
+            assert await free.aacquire(blocking=False)  # a free lock, not waiting
+            await free.arelease()
             handle = backend.lock(name)
             got = await handle.aacquire(timeout=2)
             await handle.aextend(10)

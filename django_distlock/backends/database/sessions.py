@@ -232,10 +232,15 @@ class AsyncSessions:
     async def take(self, timeout: float | None) -> Session | None:
         """A session for this task, or None if none came back within ``timeout``."""
         slots = self._slots_of_this_loop()
-        try:
-            await asyncio.wait_for(slots.acquire(), timeout)
-        except TimeoutError:
-            return None
+        if slots.locked():
+            if timeout is not None and timeout <= 0:
+                return None
+            try:
+                await asyncio.wait_for(slots.acquire(), timeout)
+            except TimeoutError:
+                return None
+        else:
+            await slots.acquire()  # free: does not wait (wait_for(..., 0) would refuse)
         try:
             with self._mutex:
                 while self._idle:
