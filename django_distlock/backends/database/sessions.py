@@ -258,7 +258,7 @@ class AsyncSessions:
             with self._mutex:
                 self._idle.append(session)
         slots = self._slots.get(loop)
-        if slots is not None:
+        if slots is not None and not loop.is_closed():
             loop.call_soon_threadsafe(slots.release)
 
     def submit(self, func: Callable[[], object]) -> None:
