@@ -17,7 +17,7 @@ from types import ModuleType
 #: Modules that register cases; each has ``setup()`` (raises Unavailable) and ``describe()``.
 CASE_MODULES = ("benchmarks.pg", "benchmarks.orm")
 #: Suites run in this order by default; suites registered elsewhere follow.
-SUITE_ORDER = ("uncontended", "contended")
+SUITE_ORDER = ("uncontended", "contended", "asyncio")
 RESULTS = Path(__file__).resolve().parent / "results" / "latest.md"
 
 DEFAULTS = {  # (normal, --quick)
@@ -44,6 +44,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--hold-ms", type=float, default=1.0, help="hold time when contended")
     parser.add_argument("--duration", type=float, help="seconds per contended round (5, quick 2)")
     parser.add_argument("--list", action="store_true", help="list suites and cases, run nothing")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="build every case's client once and use it once (what the tests run), time nothing",
+    )
     args = parser.parse_args(argv)
     for name, (normal, quick) in DEFAULTS.items():
         if getattr(args, name) is None:
@@ -88,7 +93,13 @@ def main(argv: list[str] | None = None) -> int:
     import django
 
     django.setup()
-    from . import contention, harness, orm, uncontended  # noqa: F401  (they register the suites)
+    from . import (  # noqa: F401  (they register the suites)
+        asyncio_contended,
+        contention,
+        harness,
+        orm,
+        uncontended,
+    )
 
     if args.list:
         for name in CASE_MODULES:
@@ -121,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
         print("[benchmarks] no server to measure: nothing run", file=sys.stderr)
         return 1
     names = {m.__name__ for m in modules}
+    if args.smoke:
+        smoke(wanted, names)
+        return 1 if missing else 0
     parts = [harness.machine_line([m.describe() for m in modules]), ""]
     print(parts[0] + "\n", flush=True)
     for suite_name in wanted:
@@ -137,6 +151,21 @@ def main(argv: list[str] | None = None) -> int:
     RESULTS.write_text("\n".join(parts))
     harness.progress(f"written to {RESULTS}")
     return 1 if missing else 0
+
+
+def smoke(suites: list[str], modules: set[str]) -> None:
+    """Build every case's client of ``suites`` once and use it once; print a line each.
+
+    :raises Exception: what the first failing case raised.
+    """
+    from . import harness
+
+    for suite_name in suites:
+        suite = harness.SUITES[suite_name]
+        for case in harness.CASES:
+            if case.suite == suite_name and case.module in modules:
+                (suite.smoke or harness.smoke_locker)(case)
+                print(f"smoke ok: {suite_name} {case.name}", flush=True)
 
 
 if __name__ == "__main__":

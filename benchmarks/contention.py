@@ -16,7 +16,7 @@ From that history (see :func:`analyse`): grants per second, handoff latency
 (from one holder's just-before-release to the next grant's acquire-return),
 grants per process, and overlapping holds (must be 0). Only grants inside the
 steady-state window count for the rates: from the last process' start plus a
-warm-up (the first wait opens LISTEN connections and the like) to the first
+warm-up (first waits open connections and the like) to the first
 process' deadline, after which fewer processes contend. Overlaps are checked
 over every grant.
 """

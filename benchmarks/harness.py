@@ -38,6 +38,16 @@ class Locker(Protocol):
         """Close the connections this client opened."""
 
 
+class AsyncLocker(Locker, Protocol):
+    """A Locker that asyncio tasks can use too (suite ``asyncio``)."""
+
+    async def aacquire(self) -> bool:
+        """:meth:`acquire` for a task: waits never block the event loop."""
+
+    async def arelease(self) -> None:
+        """:meth:`release` for a task."""
+
+
 #: Builds a Locker for a key. Must be picklable (a module-level callable or a
 #: functools.partial of one) so the contended suite can send it to its processes.
 LockerFactory = Callable[[str], Locker]
@@ -110,6 +120,9 @@ class Suite:
     columns: tuple[Column, ...]
     ratio_metric: str  # what the ``x reference`` columns divide
     notes: Callable[[Options], str]  # how it was measured, printed under the title
+    #: ``--smoke``: build a case's client and use it once, raising when that fails
+    #: (None: :func:`smoke_locker`, one acquire+release of a Locker).
+    smoke: Callable[[Case], None] | None = None
 
 
 SUITES: dict[str, Suite] = {}
@@ -144,6 +157,20 @@ def add_bar(
     BARS.append(Bar(suite, numerator, denominator, limit, metric or SUITES[suite].ratio_metric))
 
 
+def smoke_locker(case: Case) -> None:
+    """Build ``case``'s Locker on a key of its own, acquire and release it once, close it.
+
+    :raises NotAcquired: when the free key is not acquired.
+    """
+    locker = case.factory(f"bench:smoke:{case.suite}:{case.name}")
+    try:
+        if not locker.acquire():
+            raise NotAcquired(f"{case.suite} {case.name}: a free key was not acquired")
+        locker.release()
+    finally:
+        locker.close()
+
+
 # --------------------------------------------------------------------------- statistics
 
 
@@ -160,6 +187,11 @@ def percentile(ordered: Sequence[float], q: float) -> float:
 def us(ns: float) -> str:
     """Format nanoseconds as microseconds."""
     return "n/a" if math.isnan(ns) else f"{ns / 1000:,.1f}"
+
+
+def ms(ns: float) -> str:
+    """Format nanoseconds as milliseconds."""
+    return "n/a" if math.isnan(ns) else f"{ns / 1e6:,.2f}"
 
 
 def ratio(value: float) -> str:

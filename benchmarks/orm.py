@@ -462,6 +462,42 @@ def _summarise(sales: Sequence[Sale]) -> dict[str, Any]:
     }
 
 
+# --------------------------------------------------------------------------- --smoke
+
+
+def smoke_save(case: Case) -> None:
+    """``--smoke``: one save of the case's row, checked.
+
+    :raises RuntimeError: when the row does not hold the save.
+    """
+    saver: Saver = case.factory(f"bench:smoke:{case.suite}:{case.name}")  # type: ignore[assignment]
+    try:
+        saver.step()
+        saver.check()
+    finally:
+        saver.close()
+
+
+def smoke_sale(case: Case) -> None:
+    """``--smoke``: a product of one unit; one purchase takes it, the next finds it sold out.
+
+    :raises RuntimeError: when the purchases do not go so.
+    """
+    product, order = _model("OptimisticProduct"), _model("SaleOrder")
+    key = f"bench:smoke:{case.suite}:{case.name}"
+    product._base_manager.filter(name=key).delete()  # cascades to its orders
+    pk = product.objects.create(name=key, price="9.99", stock=1).pk
+    buyer: Buyer = case.factory(key)  # type: ignore[assignment]
+    try:
+        bought, then = buyer.buy(), buyer.buy()
+        sold = order.objects.filter(product_id=pk).count()
+        if (bought, then, sold) != (True, False, 1):
+            raise RuntimeError(f"{case.name}: bought {bought}, then {then}, {sold} order rows")
+    finally:
+        buyer.close()
+        product._base_manager.filter(pk=pk).delete()
+
+
 # --------------------------------------------------------------------------- registration
 
 
@@ -506,6 +542,7 @@ add_suite(
         ),
         ratio_metric="p50",
         notes=_save_notes,
+        smoke=smoke_save,
     )
 )
 add_suite(
@@ -528,6 +565,7 @@ add_suite(
         ),
         ratio_metric="rate",
         notes=_sale_notes,
+        smoke=smoke_sale,
     )
 )
 

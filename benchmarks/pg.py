@@ -20,7 +20,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from . import contention, uncontended
+from . import asyncio_contended, contention, uncontended
 from .harness import Unavailable, add_bar, add_case
 
 GROUP = "postgres"
@@ -128,7 +128,7 @@ class HandLease:
 
     Per pair: ``sql.POSTGRESQL.acquire`` with a fresh ``secrets.token_hex(16)``
     owner, then ``.release``, params shaped as the backend's; ``lock_timeout``
-    set once per connection as the backend's ``_cursor()`` does.
+    set once per connection as the backend's sessions do (``sessions.ROW_LOCK_WAIT``).
     ``django_binding=True`` sends them as Django's cursor does.
     """
 
@@ -207,23 +207,32 @@ class DistLock:
     """(d, e) django-distlock through its public API, a new handle per acquisition.
 
     ``locks[alias].lock(key, ttl=..., timeout=...)`` then ``acquire()``
-    (blocking, with the timeout) and ``release()``: what a user's code does.
+    (blocking, with the timeout) and ``release()``: what a user's code does;
+    ``aacquire()`` and ``arelease()`` are what a user's asyncio task does.
     """
 
-    def __init__(self, key: str, *, alias: str) -> None:
+    def __init__(self, key: str, *, alias: str, timeout: float = ACQUIRE_TIMEOUT) -> None:
         _django()
         from django_distlock import Lock, locks
 
-        self.locks, self.alias, self.key = locks, alias, key
+        self.locks, self.alias, self.key, self.timeout = locks, alias, key, timeout
         self.handle: Lock | None = None
 
     def acquire(self) -> bool:
-        self.handle = self.locks[self.alias].lock(self.key, ttl=TTL, timeout=ACQUIRE_TIMEOUT)
+        self.handle = self.locks[self.alias].lock(self.key, ttl=TTL, timeout=self.timeout)
         return self.handle.acquire()
 
     def release(self) -> None:
         assert self.handle is not None
         self.handle.release()
+
+    async def aacquire(self) -> bool:
+        self.handle = self.locks[self.alias].lock(self.key, ttl=TTL, timeout=self.timeout)
+        return await self.handle.aacquire()
+
+    async def arelease(self) -> None:
+        assert self.handle is not None
+        await self.handle.arelease()
 
     def close(self) -> None:
         from django.db import connections
@@ -234,6 +243,11 @@ class DistLock:
 
 lease = functools.partial(DistLock, alias="pg")
 transaction_mode = functools.partial(DistLock, alias="pg-tx")
+#: The ``asyncio`` suite's: tasks and threads alike wait up to its TASK_TIMEOUT.
+lease_tasks = functools.partial(DistLock, alias="pg", timeout=asyncio_contended.TASK_TIMEOUT)
+lease_tasks_64 = functools.partial(
+    DistLock, alias="pg-async64", timeout=asyncio_contended.TASK_TIMEOUT
+)
 
 # --------------------------------------------------------------------------- cases
 
@@ -278,3 +292,18 @@ add_case(_C, "pg.lease", lease, "django-distlock lease mode (queue in the server
 add_case(_C, "pg.tx", transaction_mode, "django-distlock transaction mode (row lock)", group=GROUP)
 add_bar(_C, "pg.lease", "pg.advisory", 3.0)
 add_bar(_C, "pg.tx", "pg.advisory", None)
+
+add_case(
+    asyncio_contended.NAME,
+    "pg.lease",
+    lease_tasks,
+    "django-distlock lease mode, `ASYNC_SESSIONS` default (16)",
+    group=GROUP,
+)
+add_case(
+    asyncio_contended.NAME,
+    "pg.lease-64",
+    lease_tasks_64,
+    "the same, `ASYNC_SESSIONS: 64`",
+    group=GROUP,
+)

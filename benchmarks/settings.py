@@ -31,4 +31,6 @@ _DB = "django_distlock.backends.database.DatabaseBackend"
 DISTLOCK = {
     "pg": {"BACKEND": _DB, "OPTIONS": {"DATABASE": "default"}},
     "pg-tx": {"BACKEND": _DB, "OPTIONS": {"DATABASE": "default", "MODE": "transaction"}},
+    # Suite ``asyncio``: lease mode with more pooled sessions for asyncio tasks (default 16).
+    "pg-async64": {"BACKEND": _DB, "OPTIONS": {"DATABASE": "default", "ASYNC_SESSIONS": 64}},
 }
