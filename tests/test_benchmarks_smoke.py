@@ -1,0 +1,71 @@
+"""The benchmarks still run: every case of every suite builds its client once and uses it
+once (``python -m benchmarks --smoke``: one acquire+release, one save, one purchase), on
+the PostgreSQL of this test run, so a change that breaks a benchmark fails here and not
+in the next ``scripts/bench``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from django.conf import settings
+
+from .conftest import require_pg
+
+ROOT = Path(__file__).resolve().parent.parent
+#: The benchmarks' own database on the tests' server (created and migrated on first use).
+SMOKE_DB = "distlock_bench_smoke"
+
+
+def _benchmarks(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "benchmarks", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def _listed(stdout: str) -> set[tuple[str, str]]:
+    """(suite, case) pairs of ``--list``'s output."""
+    cases, suite = set(), ""
+    for line in stdout.splitlines():
+        if line.startswith("  "):
+            cases.add((suite, line.split()[0]))
+        elif line.strip():
+            suite = line.split(":", 1)[0]
+    return cases
+
+
+def test_every_benchmark_case_builds_its_client_and_uses_it_once() -> None:
+    require_pg()
+    db = settings.DATABASES["pg"]
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "benchmarks.settings",  # not the tests' (pytest exports it)
+        "DISTLOCK_PG_HOST": str(db["HOST"]),
+        "DISTLOCK_PG_PORT": str(db["PORT"]),
+        "DISTLOCK_PG_USER": str(db["USER"]),
+        "DISTLOCK_PG_NAME": "postgres",  # connected to while creating SMOKE_DB
+        "DISTLOCK_BENCH_DB": SMOKE_DB,
+    }
+    listed = _benchmarks("--list", env=env)
+    assert listed.returncode == 0, listed.stderr
+    cases = _listed(listed.stdout)
+    assert {"uncontended", "contended", "asyncio", "orm.save", "orm.sale"} <= {
+        suite for suite, _ in cases
+    }
+
+    smoked = _benchmarks("--smoke", env=env)
+
+    assert smoked.returncode == 0, smoked.stdout + smoked.stderr
+    done = {
+        (line.split()[2], line.split()[3])
+        for line in smoked.stdout.splitlines()
+        if line.startswith("smoke ok: ")
+    }
+    assert done == cases, smoked.stdout + smoked.stderr
