@@ -12,7 +12,8 @@ came after it. See ``docs/fencing.md``.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, TypeVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from django.core.exceptions import ImproperlyConfigured, ObjectDoesNotExist
 from django.db import connections, models, router, transaction
@@ -185,7 +186,9 @@ def fenced_save(
     An existing row (``instance._state.adding`` is False) is written with one
     ``UPDATE ... SET <fields>, <token> = t WHERE pk = %s AND (<token> IS NULL
     OR <token> <= t)``; equal tokens pass (the same holder writing twice). A
-    new object is inserted with the token, through ``save(force_insert=True)``.
+    multi-table-inheritance model gets one UPDATE per table in one
+    transaction, the guarded one first (see :class:`_Tables`). A new object
+    is inserted with the token, through ``save(force_insert=True)``.
     ``pre_save`` and ``post_save`` are sent as ``save()`` sends them; on
     success the instance's token attribute is ``t``.
 
@@ -238,37 +241,22 @@ def fenced_save(
     values = {f.attname: f.pre_save(instance, False) for f in fields if f is not version}
     values[name] = token
     allowed = Q(**{f"{name}__isnull": True}) | Q(**{f"{name}__lte": token})
+    expected = 0
     if version is not None:  # optimistic locking too: check the version read and bump it
         expected = getattr(instance, version.attname)
-        allowed &= Q(**{version.attname: expected})
         values[version.attname] = expected + 1
-    # The token check and the write are one statement: on PostgreSQL a
-    # concurrent writer's row lock makes this UPDATE re-check the token on the
-    # newest row version (READ COMMITTED re-evaluation); SQLite serialises writes.
     base = model._base_manager.using(using)
-    if base.filter(Q(pk=pk) & allowed).update(**values) == 0:
-        # The one extra round trip, on refusal only: stale token or missing row?
-        current = list(base.filter(pk=pk).values_list(name, flat=True)[:1])
-        if current and version is not None and (current[0] is None or current[0] <= token):
-            raise VersionConflict(
-                f"{model._meta.label} pk={pk!r} was changed or deleted since it was read at "
-                f"version {expected}: the fenced write was refused. Reload it and try again.",
-                instance=instance,
-                expected_version=expected,
-            )
-        if not current:
-            missing: type[ObjectDoesNotExist] = getattr(model, "DoesNotExist", ObjectDoesNotExist)
-            raise missing(
-                f"{model._meta.label} pk={pk!r} does not exist in {using!r}; the fenced "
-                "save wrote nothing (a fenced save never re-creates a deleted row)."
-            )
-        raise StaleFencingToken(
-            f"{model._meta.label} pk={pk!r}: fenced write with token {token} refused, the row "
-            f"carries token {current[0]}: a newer lock holder has written it. Nothing was "
-            "written; this holder's lease is stale (re-acquire the lock and re-read the row).",
-            instance=instance,
-            token=token,
-        )
+    if not model._meta.parents:
+        if version is not None:
+            allowed &= Q(**{version.attname: expected})
+        # The token check and the write are one statement: on PostgreSQL a
+        # concurrent writer's row lock makes this UPDATE re-check the token on the
+        # newest row version (READ COMMITTED re-evaluation); SQLite serialises writes.
+        if base.filter(Q(pk=pk) & allowed).update(**values) == 0:
+            raise _refusal(instance, base, token_field, token, version, expected, using)
+    else:
+        tables = _Tables(instance, token_field, token, version, expected, using)
+        tables.write(base, allowed, values)
     setattr(instance, name, token)
     if version is not None:
         setattr(instance, version.attname, expected + 1)
@@ -282,6 +270,97 @@ def fenced_save(
             raw=False,
             using=using,
         )
+
+
+@dataclass(frozen=True)
+class _Tables:
+    """A fenced save of a multi-table-inheritance model: one UPDATE per table, in
+    one transaction, the guarded ones first.
+
+    The version's table (when the model has a version, in another table) is
+    written first, guarded by the version, as a checked save writes it; then
+    the token's table, guarded by the token. Each guarded UPDATE checks the
+    newest row version and keeps the row locked (PostgreSQL; SQLite's write
+    lock) until the commit, so no other fenced or checked writer gets between
+    the check and the writes of the other tables.
+    """
+
+    instance: models.Model
+    token_field: FencingTokenField
+    token: int
+    version: Field[Any, Any] | None
+    expected: int
+    using: str
+
+    def write(self, base: models.QuerySet[Any], allowed: Q, values: dict[str, Any]) -> None:
+        instance, version = self.instance, self.version
+        owner = cast(type[models.Model], self.token_field.model)
+        guarded: dict[type[models.Model], Q] = {}
+        if version is not None:
+            guarded[cast(type[models.Model], version.model)] = Q(**{version.attname: self.expected})
+        guarded[owner] = guarded[owner] & allowed if owner in guarded else allowed
+        by_table: dict[type[models.Model], dict[str, Any]] = {}
+        for f in instance._meta.concrete_fields:
+            if f.attname in values:
+                table = cast(type[models.Model], f.model)
+                by_table.setdefault(table, {})[f.attname] = values[f.attname]
+        with transaction.atomic(using=self.using):
+            for table, condition in guarded.items():
+                if self._rows(table).filter(condition).update(**by_table.pop(table)) == 0:
+                    raise self._refused(base)
+            for table, table_values in by_table.items():
+                self._rows(table).update(**table_values)
+
+    def _refused(self, base: models.QuerySet[Any]) -> Exception:
+        return _refusal(
+            self.instance,
+            base,
+            self.token_field,
+            self.token,
+            self.version,
+            self.expected,
+            self.using,
+        )
+
+    def _rows(self, table: type[models.Model]) -> models.QuerySet[Any]:
+        """The instance's row in ``table`` (its own table or a parent's)."""
+        pk = getattr(self.instance, table._meta.pk.attname)
+        return table._base_manager.using(self.using).filter(pk=pk)
+
+
+def _refusal(
+    instance: models.Model,
+    base: models.QuerySet[Any],
+    token_field: FencingTokenField,
+    token: int,
+    version: Field[Any, Any] | None,
+    expected: int,
+    using: str,
+) -> Exception:
+    """Why a guarded write matched no row: the one extra round trip, on refusal only."""
+    model = type(instance)
+    pk = instance.pk
+    current = list(base.filter(pk=pk).values_list(token_field.attname, flat=True)[:1])
+    if current and version is not None and (current[0] is None or current[0] <= token):
+        return VersionConflict(
+            f"{model._meta.label} pk={pk!r} was changed or deleted since it was read at "
+            f"version {expected}: the fenced write was refused. Reload it and try again.",
+            instance=instance,
+            expected_version=expected,
+        )
+    if not current:
+        missing: type[ObjectDoesNotExist] = getattr(model, "DoesNotExist", ObjectDoesNotExist)
+        return missing(
+            f"{model._meta.label} pk={pk!r} does not exist in {using!r}; the fenced "
+            "save wrote nothing (a fenced save never re-creates a deleted row)."
+        )
+    return StaleFencingToken(
+        f"{model._meta.label} pk={pk!r}: fenced write with token {token} refused, the row "
+        f"carries token {current[0]}: a newer lock holder has written it. Nothing was "
+        "written; this holder's lease is stale (re-acquire the lock and re-read the row).",
+        instance=instance,
+        token=token,
+    )
 
 
 def _fenced_insert(
@@ -304,12 +383,16 @@ class FencedQuerySet(models.QuerySet[_M]):
     def fenced_update(self, fence: Lock | int, /, **values: Any) -> int:
         """Update every row of this queryset, all or nothing, guarded by ``fence``.
 
-        In one transaction: ``UPDATE ... SET <values>, <token> = t WHERE
-        <filter> AND (<token> IS NULL OR <token> <= t)``, then one query for
-        rows of the filter that carry a higher token. If there is any, a newer
-        lock holder has written the data this queryset covers: the transaction
-        is rolled back (nothing written) and :class:`StaleFencingToken` raised.
-        No signals are sent (as for ``QuerySet.update()``).
+        In one transaction: ``UPDATE <table> SET <values>, <token> = t WHERE pk
+        IN (<the filter's pks>) AND (<token> IS NULL OR <token> <= t)``, then
+        one query for rows of the filter that carry a higher token. If there is
+        any, a newer lock holder has written the data this queryset covers: the
+        transaction is rolled back (nothing written) and
+        :class:`StaleFencingToken` raised. A multi-table-inheritance model
+        takes one guarded UPDATE of the token's table first (of the version's
+        table before it, when the version lives in another table), which
+        locks the rows, then the UPDATE of the values. No signals are sent (as
+        for ``QuerySet.update()``).
 
         :param fence: a held :class:`~django_distlock.handle.Lock` or its int token.
         :param values: the fields to set, as for ``update()`` (expressions allowed).
@@ -333,6 +416,8 @@ class FencedQuerySet(models.QuerySet[_M]):
                 f"fenced_update() cannot set {', '.join(unknown)}: not concrete fields of "
                 f"{self.model._meta.label}."
             )
+        if self.query.is_sliced:
+            raise TypeError("Cannot update a query once a slice has been taken.")
         # select_for_update() only marks a clone for writing (no query runs), so
         # .db names the write database, where the transaction must be opened.
         using = self.select_for_update().db
@@ -342,7 +427,10 @@ class FencedQuerySet(models.QuerySet[_M]):
         if version is not None and version.name not in values and version.attname not in values:
             values[version.attname] = F(version.attname) + 1  # optimistic readers must notice
         with transaction.atomic(using=using):
-            count = qs.filter(allowed).update(**values, **{name: token})
+            if not self.model._meta.parents:  # one table: values and token in one statement
+                count = self._guarded(self.model, qs, using, allowed, {**values, name: token})
+            else:
+                count = self._update_tables(qs, using, token_field, token, allowed, version, values)
             # Rows this update wrote now carry ``token``; a higher one on a row
             # of the filter was refused, or written by a newer holder meanwhile.
             newer = qs.filter(**{f"{name}__gt": token}).aggregate(n=Count("pk"), top=Max(name))
@@ -355,6 +443,56 @@ class FencedQuerySet(models.QuerySet[_M]):
                     token=token,
                 )
         return count
+
+    def _update_tables(
+        self,
+        qs: models.QuerySet[Any],
+        using: str,
+        token_field: FencingTokenField,
+        token: int,
+        allowed: Q,
+        version: Field[Any, Any] | None,
+        values: dict[str, Any],
+    ) -> int:
+        """A multi-table-inheritance model: lock and write in the order of a fenced
+        save (the version's table, the token's, then the others), so that the two
+        never wait for each other's locks in a cycle."""
+        name = token_field.attname
+        owner = cast(type[models.Model], token_field.model)
+        count = 0
+        if version is not None and version.model is not owner:
+            key = version.attname if version.attname in values else version.name
+            bump = {version.attname: values.pop(key)}
+            table = cast(type[models.Model], version.model)
+            count = self._guarded(table, qs, using, Q(), bump)
+        self._guarded(owner, qs, using, allowed, {name: token})
+        if values:
+            # Every row this writes was locked by the guarded UPDATE above.
+            count = qs.filter(**{name: token}).update(**values)
+        return count
+
+    @staticmethod
+    def _guarded(
+        table: type[models.Model],
+        qs: models.QuerySet[Any],
+        using: str,
+        condition: Q,
+        values: dict[str, Any],
+    ) -> int:
+        """UPDATE the rows of ``qs`` in ``table`` (the model's or a parent's) that
+        meet ``condition``, with the condition in the statement's own WHERE.
+
+        PostgreSQL re-checks that WHERE on the newest version of a row that a
+        concurrent writer changed; a condition inside a sub-select (where
+        Django's ``update()`` puts the filter of a multi-table model or one with
+        joins) is not re-checked. The rows written stay locked until the commit.
+        """
+        own = table._meta.concrete_model is qs.model._meta.concrete_model
+        key = "pk" if own else table._meta.pk.name
+        rows: models.QuerySet[Any] = models.QuerySet(table, using=using).filter(
+            Q(pk__in=qs.values(key)) & condition
+        )
+        return rows.update(**values)
 
 
 #: The manager of :class:`FencedQuerySet`: ``Model.objects.fenced_update(...)``.

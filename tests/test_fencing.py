@@ -9,9 +9,11 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, cast
 
 import pytest
 from django.contrib.auth.models import Group
@@ -37,10 +39,13 @@ from django_distlock.fencing import (
 )
 from tests.testapp.models import (
     DoublyFenced,
+    FencedDepot,
     FencedItem,
     FencedItemProxy,
+    FencedShop,
     RenamedFenceItem,
     VersionedFencedItem,
+    VersionedFencedShop,
 )
 
 from .conftest import DATABASES, require_pg
@@ -621,3 +626,113 @@ def test_a_paused_holder_cannot_overwrite_the_next_one(setup: tuple[str, str], u
     final = row(db, obj.pk)
     assert (final["label"], final["stock"]) == ("B", 9)
     assert final["fencing_token"] == newer.fencing_token
+
+
+# -- multi-table inheritance: a newer holder's write racing the fenced write ----------
+
+
+@contextmanager
+def newer_write_before(
+    db: str, write: Callable[[], None], *, nth: int, wait: bool
+) -> Iterator[list[int]]:
+    """Run ``write`` in another thread (its own connection) just before this
+    connection runs its ``nth`` UPDATE (or, for ``nth=1``, a BEGIN that would
+    take SQLite's write lock). ``wait``: join the thread before going on; else
+    give it half a second (it may be blocked by this connection's locks) and
+    join it when the block ends. Yields a list that holds 1 once fired."""
+    fired: list[int] = []
+    updates = [0]
+    threads: list[threading.Thread] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            write()
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    def wrapper(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        word = sql.lstrip().split(None, 1)[0].upper()
+        updates[0] += word == "UPDATE"
+        if not fired and ((updates[0], word) == (nth, "UPDATE") or (nth, word) == (1, "BEGIN")):
+            fired.append(1)
+            thread = threading.Thread(target=run)
+            threads.append(thread)
+            thread.start()
+            thread.join(None if wait else 0.5)
+        return execute(sql, params, many, context)
+
+    with connections[db].execute_wrapper(wrapper):
+        yield fired
+    for thread in threads:
+        thread.join(30)
+        assert not thread.is_alive()
+    assert errors == []
+
+
+MTI_MODELS = [FencedShop, FencedDepot, VersionedFencedShop]
+
+
+def _newer_holder(db: str, model: Any, pk: Any) -> Callable[[], None]:
+    def write() -> None:
+        for _ in range(3):  # re-read after a version conflict (a model with a version)
+            other = model.objects.using(db).get(pk=pk)
+            other.label, other.stock = "ten", 10
+            try:
+                fenced_save(other, 10)
+                return
+            except VersionConflict:
+                continue
+        raise AssertionError("the newer holder never got its write in")
+
+    return write
+
+
+def _mti_row(db: str, model: Any, pk: Any) -> tuple[str, int, int]:
+    found = model.objects.using(db).values_list("label", "stock", "fencing_token").get(pk=pk)
+    return cast(tuple[str, int, int], found)
+
+
+@pytest.mark.parametrize("model", MTI_MODELS, ids=lambda m: m.__name__)
+def test_multi_table_fenced_save_refuses_a_newer_write_landing_before_it(
+    db: str, model: Any
+) -> None:
+    obj = model.objects.using(db).create(label="start", stock=1)
+    fenced_save(obj, 3)
+    obj = model.objects.using(db).get(pk=obj.pk)
+    obj.label, obj.stock = "five", 5
+    newer = _newer_holder(db, model, obj.pk)
+    with newer_write_before(db, newer, nth=1, wait=True) as fired, pytest.raises(StaleFencingToken):
+        fenced_save(obj, 5)
+    assert fired
+    assert _mti_row(db, model, obj.pk) == ("ten", 10, 10)
+
+
+@pytest.mark.parametrize("model", MTI_MODELS, ids=lambda m: m.__name__)
+def test_multi_table_fenced_save_holds_the_row_until_all_tables_are_written(
+    db: str, model: Any
+) -> None:
+    obj = model.objects.using(db).create(label="start", stock=1)
+    obj.label, obj.stock = "five", 5
+    with newer_write_before(db, _newer_holder(db, model, obj.pk), nth=2, wait=False) as fired:
+        fenced_save(obj, 5)
+    assert fired
+    # The newer holder waited for this write to commit, then wrote over all of it.
+    assert _mti_row(db, model, obj.pk) == ("ten", 10, 10)
+
+
+@pytest.mark.parametrize("nth", [1, 2])
+@pytest.mark.parametrize("model", MTI_MODELS, ids=lambda m: m.__name__)
+def test_multi_table_fenced_update_is_not_check_then_write(db: str, model: Any, nth: int) -> None:
+    obj = model.objects.using(db).create(label="start", stock=1)
+    fenced_save(obj, 3)
+    qs = model.objects.using(db).filter(pk=obj.pk)
+    with newer_write_before(db, _newer_holder(db, model, obj.pk), nth=nth, wait=nth == 1):
+        if nth == 1:
+            with pytest.raises(StaleFencingToken):
+                qs.fenced_update(5, label="five", stock=5)
+        else:
+            assert qs.fenced_update(5, label="five", stock=5) == 1
+    assert _mti_row(db, model, obj.pk) == ("ten", 10, 10)

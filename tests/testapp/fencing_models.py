@@ -2,15 +2,20 @@
 
 from django.db import models
 
-from django_distlock.fencing import FencedModelMixin, FencingTokenField
+from django_distlock.fencing import FencedManager, FencedModelMixin, FencingTokenField
 from django_distlock.optimistic import OptimisticLockMixin
 
 __all__ = [
+    "Depot",
     "DoublyFenced",
+    "FencedDepot",
     "FencedItem",
     "FencedItemProxy",
+    "FencedPlace",
+    "FencedShop",
     "RenamedFenceItem",
     "VersionedFencedItem",
+    "VersionedFencedShop",
 ]
 
 
@@ -57,6 +62,53 @@ class DoublyFenced(models.Model):
 
 class VersionedFencedItem(OptimisticLockMixin, FencedModelMixin):
     """Both protections on one row (like the shop's Product)."""
+
+    stock = models.IntegerField(default=0)
+
+    class Meta:
+        app_label = "testapp"
+
+
+class FencedPlace(FencedModelMixin):
+    """Parent of a multi-table pair; the token lives in this (the parent's) table."""
+
+    label = models.CharField(max_length=50, default="")
+
+    class Meta:
+        app_label = "testapp"
+
+
+class FencedShop(FencedPlace):
+    """Child: a fenced write spans both tables."""
+
+    stock = models.IntegerField(default=0)
+
+    class Meta:
+        app_label = "testapp"
+
+
+class Depot(models.Model):
+    """A plain parent, for a child that holds the token itself."""
+
+    label = models.CharField(max_length=50, default="")
+
+    class Meta:
+        app_label = "testapp"
+
+
+class FencedDepot(Depot, FencedModelMixin):
+    """Child holding the token in its own table (its parent is a plain model)."""
+
+    stock = models.IntegerField(default=0)
+
+    objects = FencedManager()  # the parent's plain manager would come first
+
+    class Meta:
+        app_label = "testapp"
+
+
+class VersionedFencedShop(OptimisticLockMixin, FencedPlace):
+    """The token in the parent's table, the version in the child's."""
 
     stock = models.IntegerField(default=0)
 
