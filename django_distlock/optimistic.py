@@ -18,9 +18,10 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, ParamSpec, TypeVar, cast, overload
 
+from asgiref.sync import sync_to_async
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
-from django.db import connections, models, router, transaction
+from django.db import OperationalError, connections, models, router, transaction
 from django.db.models.base import ModelBase
 from django.db.models.signals import post_save, pre_save
 
@@ -34,6 +35,7 @@ __all__ = [
     "VersionField",
     "get_version",
     "retry_on_conflict",
+    "retryable",
     "update_with_retry",
     "version_field",
 ]
@@ -428,15 +430,18 @@ def retry_on_conflict(
     base: float = 0.005,
     cap: float = 0.25,
 ) -> Callable[P, R] | Callable[[Callable[P, R]], Callable[P, R]]:
-    """Re-call the decorated function when it raises :class:`VersionConflict`.
+    """Re-call the decorated function when it raises :class:`VersionConflict`,
+    or when the database refused its transaction (see :func:`retryable`).
 
     Usable bare (``@retry_on_conflict``) or with arguments. Waits between
     calls grow exponentially with full jitter. The function must re-read
     what it modifies on every call: a retry that saves the same stale
     instance conflicts again. Works on ``async def`` functions too (waits
-    with :func:`asyncio.sleep`). Do not run the retries inside one
-    ``transaction.atomic()`` block under REPEATABLE READ or SERIALIZABLE:
-    re-reads there see the same snapshot.
+    with :func:`asyncio.sleep`). Under REPEATABLE READ or SERIALIZABLE, open
+    the transaction inside the function: a stale save there is refused by
+    the database (a serialization failure, an ``OperationalError``) rather
+    than by the version check, and is retried too; called inside an outer
+    ``transaction.atomic()`` block, such a refusal is raised at once.
 
     :param func: the function, when used bare.
     :param attempts: calls in all (>= 1), the first included.
@@ -446,8 +451,8 @@ def retry_on_conflict(
     :raises TypeError, ValueError: bad arguments, at decoration time.
 
     The wrapped function returns what ``func`` returns and raises the last
-    :class:`VersionConflict` once ``attempts`` calls all conflicted; any
-    other exception propagates at once.
+    :class:`VersionConflict` (or refusal) once ``attempts`` calls all
+    conflicted; any other exception propagates at once.
     """
     _check_retry_arguments(attempts, base, cap)
 
@@ -466,8 +471,8 @@ def retry_on_conflict(
             for attempt in range(1, attempts + 1):
                 try:
                     return function(*args, **kwargs)
-                except VersionConflict as exc:
-                    if attempt == attempts:
+                except (VersionConflict, OperationalError) as exc:
+                    if attempt == attempts or not retryable(exc):
                         raise
                     _log_retry(function, attempt, attempts, exc)
                 time.sleep(backoff.next_delay())
@@ -487,8 +492,8 @@ def _async_retrying(
         for attempt in range(1, attempts + 1):
             try:
                 return await function(*args, **kwargs)
-            except VersionConflict as exc:
-                if attempt == attempts:
+            except (VersionConflict, OperationalError) as exc:
+                if attempt == attempts or not await sync_to_async(retryable)(exc):
                     raise
                 _log_retry(function, attempt, attempts, exc)
             await asyncio.sleep(backoff.next_delay())
@@ -497,9 +502,45 @@ def _async_retrying(
     return retrying
 
 
-def _log_retry(what: Any, attempt: int, attempts: int, exc: VersionConflict) -> None:
+#: SQLSTATEs of a transaction the database refused as a whole, which a retry may win:
+#: serialization_failure (REPEATABLE READ, SERIALIZABLE) and deadlock_detected.
+_RETRY_SQLSTATES = frozenset({"40001", "40P01"})
+#: SQLite's SQLITE_BUSY_SNAPSHOT: a DEFERRED transaction that read a snapshot
+#: older than a commit made since cannot write (SQLite's serialization failure).
+_SQLITE_BUSY_SNAPSHOT = 517
+
+
+def retryable(exc: BaseException) -> bool:
+    """Whether re-running the read-modify-write that raised ``exc`` can succeed.
+
+    True for a :class:`VersionConflict`, and for a database's refusal of the
+    whole transaction (a serialization failure under REPEATABLE READ or
+    SERIALIZABLE, a deadlock, SQLite's ``SQLITE_BUSY_SNAPSHOT``) when no
+    ``transaction.atomic()`` block is open on any connection of this thread:
+    inside one, the transaction is already doomed, and only a retry of the
+    whole block, outside it, can win.
+
+    :param exc: the exception a save (or the transaction around it) raised.
+    :returns: whether :func:`retry_on_conflict` and :func:`update_with_retry` retry it.
+    """
+    if isinstance(exc, VersionConflict):
+        return True
+    if not isinstance(exc, OperationalError):
+        return False
+    cause = exc.__cause__  # the driver's error (psycopg, psycopg2, sqlite3)
+    sqlstate = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
+    sqlite_code = getattr(cause, "sqlite_errorcode", None)
+    if sqlstate not in _RETRY_SQLSTATES and sqlite_code != _SQLITE_BUSY_SNAPSHOT:
+        return False
+    return not any(c.in_atomic_block for c in connections.all(initialized_only=True))
+
+
+def _log_retry(what: Any, attempt: int, attempts: int, exc: Exception) -> None:
     name = getattr(what, "__qualname__", repr(what))
-    logger.debug("%s: version conflict, retry %d of %d: %s", name, attempt, attempts - 1, exc)
+    what_happened = (
+        "version conflict" if isinstance(exc, VersionConflict) else "refused by the database"
+    )
+    logger.debug("%s: %s, retry %d of %d: %s", name, what_happened, attempt, attempts - 1, exc)
 
 
 def update_with_retry(
@@ -530,6 +571,9 @@ def update_with_retry(
     :param update_fields: passed to ``save()``; None saves every field.
     :returns: ``instance``, saved, its version bumped.
     :raises VersionConflict: the last conflict, after ``attempts`` rounds.
+    :raises OperationalError: the database refused the save's transaction (see
+        :func:`retryable`): after ``attempts`` rounds, or at once inside an
+        outer ``transaction.atomic()`` block.
     :raises ObjectDoesNotExist: the row was deleted meanwhile (from ``refresh_from_db``).
     :raises TypeError, ValueError: bad arguments; nothing is called or saved.
     """
@@ -552,8 +596,8 @@ def update_with_retry(
         try:
             instance.save(update_fields=update_fields)
             return instance
-        except VersionConflict as exc:
-            if attempt == attempts:
+        except (VersionConflict, OperationalError) as exc:
+            if attempt == attempts or not retryable(exc):
                 raise
             _log_retry(change, attempt, attempts, exc)
         time.sleep(backoff.next_delay())

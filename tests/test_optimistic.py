@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,7 +18,7 @@ import pytest
 from asgiref.sync import sync_to_async
 from django import forms
 from django.core.exceptions import ImproperlyConfigured
-from django.db import IntegrityError, connections, models
+from django.db import IntegrityError, OperationalError, connections, models, transaction
 from django.db.models import F, Value
 from django.db.models.functions import Upper
 from django.db.models.signals import post_save, pre_save
@@ -45,7 +46,7 @@ from tests.testapp.models import (
     Tagged,
 )
 
-from .conftest import DATABASES, require_pg
+from .conftest import DATABASES, in_thread, require_pg
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
 FORK = multiprocessing.get_context("fork")
@@ -519,6 +520,141 @@ def test_retry_on_conflict_retries_real_conflicts_then_returns(alias: str) -> No
     row = _row(Item, alias, pk)
     assert (row["stock"], row["version"]) == (3, 4)
     assert increment.__name__ == "increment"
+
+
+def _snapshot_transaction(alias: str) -> None:
+    """Start this transaction's snapshot the strictest way ``alias`` allows: REPEATABLE
+    READ on PostgreSQL; on SQLite the caller's connection is DEFERRED (see below)."""
+    if connections[alias].vendor == "postgresql":
+        with connections[alias].cursor() as cursor:
+            cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+
+
+def _with_deferred_sqlite(func: Any) -> Any:
+    """Run ``func`` in a thread whose "default" connection uses SQLite's DEFERRED
+    transactions, Django's default (the suite's settings say IMMEDIATE, which takes
+    the write lock at BEGIN: no other writer could commit inside the transaction)."""
+
+    def run() -> Any:
+        deferred = connections.create_connection("default")
+        options = {**deferred.settings_dict["OPTIONS"], "transaction_mode": "DEFERRED"}
+        deferred.settings_dict = {**deferred.settings_dict, "OPTIONS": options}
+        connections["default"] = deferred
+        return func()
+
+    return in_thread(run)
+
+
+def test_retry_on_conflict_retries_a_transaction_that_lost_its_snapshot(alias: str) -> None:
+    """REPEATABLE READ (PostgreSQL) or a DEFERRED transaction (SQLite): a stale save is
+    refused by the database (serialization failure / SQLITE_BUSY_SNAPSHOT), not by the
+    version check; retried like a conflict when the retried function opens the transaction."""
+    pk = Item.objects.using(alias).create(stock=5).pk
+    calls: list[int] = []
+
+    @retry_on_conflict(attempts=3, base=0.001, cap=0.01)
+    def buy() -> None:
+        with transaction.atomic(using=alias):
+            _snapshot_transaction(alias)
+            item = Item.objects.using(alias).get(pk=pk)
+            calls.append(item.version)
+            if len(calls) == 1:
+                in_thread(lambda: _bump(alias, pk))  # another connection commits meanwhile
+            item.stock -= 1
+            item.save()
+
+    if alias == "default":
+        _with_deferred_sqlite(buy)
+    else:
+        buy()
+    assert calls == [1, 2]
+    row = _row(Item, alias, pk)
+    assert (row["stock"], row["version"]) == (4, 3)
+
+
+def test_update_with_retry_retries_a_serialization_failure() -> None:
+    """Under REPEATABLE READ (the server's default, so autocommit statements too), a
+    save that waited for another transaction's row lock fails to serialize when
+    that one commits."""
+    require_pg()
+    pk = Item.objects.using("pg").create(stock=5).pk
+    locked, release = threading.Event(), threading.Event()
+
+    def hold_the_row() -> None:
+        with transaction.atomic(using="pg"):
+            Item.objects.using("pg").filter(pk=pk).update(note="other", version=F("version") + 1)
+            locked.set()
+            release.wait(10)
+            time.sleep(0.3)  # the save below is waiting for this row lock by now
+
+    def sell() -> Item:
+        repeatable = connections.create_connection("pg")
+        options = {
+            **repeatable.settings_dict["OPTIONS"],
+            "options": r"-c default_transaction_isolation=repeatable\ read",
+        }
+        repeatable.settings_dict = {**repeatable.settings_dict, "OPTIONS": options}
+        connections["pg"] = repeatable
+        item = Item.objects.using("pg").get(pk=pk)
+        holder = threading.Thread(target=lambda: in_thread(hold_the_row))
+        holder.start()
+        locked.wait(10)
+        rounds: list[int] = []
+
+        def take_one(item: Item) -> None:
+            rounds.append(item.version)
+            release.set()
+            item.stock -= 1
+
+        try:
+            return update_with_retry(item, take_one, attempts=3, base=0.001, cap=0.01)
+        finally:
+            holder.join(10)
+            assert rounds == [1, 2]
+
+    item = in_thread(sell)
+    row = _row(Item, "pg", pk)
+    assert (row["stock"], row["note"], row["version"]) == (4, "other", 3)
+    assert item.version == 3
+
+
+def test_retries_stop_at_once_inside_an_outer_transaction(alias: str) -> None:
+    pk = Item.objects.using(alias).create(stock=5).pk
+    calls: list[int] = []
+
+    @retry_on_conflict(attempts=5, base=0.001, cap=0.01)
+    def buy() -> None:
+        item = Item.objects.using(alias).get(pk=pk)
+        calls.append(item.version)
+        in_thread(lambda: _bump(alias, pk))
+        item.stock -= 1
+        item.save()
+
+    def outer() -> None:
+        with transaction.atomic(using=alias):
+            _snapshot_transaction(alias)
+            Item.objects.using(alias).get(pk=pk)  # the snapshot starts here
+            buy()
+
+    with pytest.raises(OperationalError):
+        _with_deferred_sqlite(outer) if alias == "default" else outer()
+    assert len(calls) == 1  # the database refused the whole transaction: no retry in it
+
+    rounds: list[int] = []
+
+    def take_one(item: Item) -> None:
+        rounds.append(item.version)
+        in_thread(lambda: _bump(alias, pk))
+        item.stock -= 1
+
+    def sell() -> None:
+        with transaction.atomic(using=alias):
+            _snapshot_transaction(alias)
+            update_with_retry(Item.objects.using(alias).get(pk=pk), take_one, attempts=5)
+
+    with pytest.raises(OperationalError):
+        _with_deferred_sqlite(sell) if alias == "default" else sell()
+    assert len(rounds) == 1
 
 
 def test_retry_on_conflict_bare_and_exhaustion_raise_the_last_conflict() -> None:
