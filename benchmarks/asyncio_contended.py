@@ -177,20 +177,21 @@ async def _once(locker: AsyncLocker) -> None:
 
 async def _round(
     lockers: list[AsyncLocker], duration: float, hold_s: float
-) -> tuple[int, int, list[TaskReport], list[int]]:
-    """One round: every task's grants, waits and timeouts, and the ticker's lags (ns)."""
+) -> tuple[int, int, list[TaskReport], list[tuple[int, int]]]:
+    """One round: every task's grants, waits and timeouts, and the ticker's ticks
+    (ns since the round's start, ns late)."""
     clock = time.monotonic_ns
     start = clock()
     deadline = start + int(duration * 1e9)
     tick_ns = int(TICK * 1e9)
-    lags: list[int] = []
+    lags: list[tuple[int, int]] = []
     done = asyncio.Event()
 
     async def ticker() -> None:
         while not done.is_set() and len(lags) < MAX_TICKS:
             t0 = clock()
             await asyncio.sleep(TICK)
-            lags.append(clock() - t0 - tick_ns)
+            lags.append((t0 - start, clock() - t0 - tick_ns))
 
     async def task(key: int, locker: AsyncLocker) -> TaskReport:
         grants: list[tuple[int, int]] = []
@@ -232,7 +233,7 @@ class RoundResult:
     start: int  # the tasks' round start, ns
     deadline: int  # no task starts an acquire after it
     per_task: list[TaskReport]
-    lags: list[int]  # ns late, per tick
+    lags: list[tuple[int, int]]  # per tick: ns since the start, ns late
     thread_starts: list[int]
     #: per thread process: (key, acquired, releasing)
     thread_grants: list[list[tuple[int, int, int]]]
@@ -332,7 +333,8 @@ class Analysis:
     thread_handoffs: list[int]  # ns, grants to threads in the window
     overlaps: int  # over every grant of the round
     seconds: float  # length of the window
-    lags: list[int]
+    lags: list[int]  # ns late, per tick
+    worst_lag: tuple[int, int]  # (ns late, ns since the round's start) of the latest tick
 
 
 def analyse(result: RoundResult, warmup: float) -> Analysis:
@@ -379,7 +381,8 @@ def analyse(result: RoundResult, warmup: float) -> Analysis:
         thread_handoffs=thread_handoffs,
         overlaps=overlaps,
         seconds=max(window_end - window_start, 1) / 1e9,
-        lags=result.lags,
+        lags=[late for _, late in result.lags],
+        worst_lag=max(((late, at) for at, late in result.lags), default=(0, 0)),
     )
 
 
@@ -412,6 +415,7 @@ def summarise(rounds: Sequence[Analysis]) -> dict[str, Any]:
         "thread_handoff": f"{us(percentile(thread_handoffs, 50))} / "
         f"{us(percentile(thread_handoffs, 99))}",
         "lag": _triple(lags, ms),
+        "worst_lag_at": f"+{max(a.worst_lag for a in rounds)[1] / 1e6:,.0f} ms",
         "lag_ok": "n/a"
         if math.isnan(lag_p99)
         else ("yes" if lag_p99 < LAG_BAR_MS * 1e6 else "**NO**"),
@@ -485,7 +489,8 @@ def _notes(options: Options) -> str:
         "a task's first grant; task acquire = `aacquire()` call → return, granted ones; "
         "handoff = previous holder's just-before-release on the key → this grant's "
         "acquire-return (`CLOCK_MONOTONIC`); loop lag = how late a coroutine sleeping "
-        f"{TICK * 1000:g} ms wakes, every tick of the round (bar: p99 < {LAG_BAR_MS:g} ms); "
+        f"{TICK * 1000:g} ms wakes, every tick of the round (bar: p99 < {LAG_BAR_MS:g} ms), "
+        "and when the worst tick began (since its round's start); "
         "overlaps per key over every grant."
     )
 
@@ -509,6 +514,7 @@ SUITE = add_suite(
             Column("handoff", "task handoff p50 / p99 µs"),
             Column("thread_handoff", "thread handoff p50 / p99 µs"),
             Column("lag", "loop lag p50 / p99 / max ms"),
+            Column("worst_lag_at", "max lag at"),
             Column("lag_ok", f"lag p99 < {LAG_BAR_MS:g} ms"),
             Column("overlaps", "overlaps", _overlaps),
         ),
