@@ -11,6 +11,7 @@ holder at a time for every name.
 
 from __future__ import annotations
 
+import abc
 import math
 import sqlite3
 import threading
@@ -161,9 +162,9 @@ class _TxAcquisition(Acquisition):
                 return grant
         return await super().async_wait(miss)
 
+    @abc.abstractmethod
     def _take(self, wait: float | None) -> Grant | None:
         """Open the atomic block and take the row lock (waiting ``wait`` s; None: not)."""
-        raise NotImplementedError
 
     def _enter(self) -> transaction.Atomic:
         atomic = transaction.atomic(using=self.backend.database)
