@@ -23,7 +23,7 @@ from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.db import OperationalError, connections, models, router, transaction
 from django.db.models.base import ModelBase
-from django.db.models.signals import post_save, pre_save
+from django.db.models.signals import class_prepared, post_save, pre_save
 
 from ._saveplan import SavePlan, direct_ok, direct_update
 from .backoff import Backoff
@@ -309,6 +309,48 @@ class OptimisticLockMixin(models.Model):
             return super().delete(using=using, keep_parents=keep_parents)
 
     delete.alters_data = True  # type: ignore[attr-defined]
+
+
+def _keep_the_version_newest(
+    sender: type[models.Model], instance: models.Model, raw: bool, using: str, **kwargs: Any
+) -> None:
+    """Before a raw save (``loaddata``, django-reversion's revert) of an existing
+    row: never lower its version.
+
+    A raw save writes the version the instance carries, read from a fixture or
+    a stored revision: often lower than the row's, which would let the readers
+    of an older version win again. It becomes the row's version plus one (the
+    raw save is a write: readers before it must conflict), or the instance's
+    when that is higher. A new row keeps the instance's version. One query, on
+    raw saves only; in a transaction (``loaddata`` and reversion's revert run in
+    one) it locks the row until the commit.
+    """
+    if not raw:
+        return
+    field = version_field(sender)
+    model = sender._meta.concrete_model
+    if field.model is not model:  # a raw save of a child does not write its parent's table
+        return
+    pk = getattr(instance, model._meta.pk.attname)
+    if pk is None:
+        return
+    rows = model._base_manager.using(using).filter(pk=pk)
+    if transaction.get_connection(using).in_atomic_block:
+        rows = rows.select_for_update()
+    stored = list(rows.values_list(field.attname, flat=True)[:1])
+    if stored:
+        loaded = getattr(instance, field.attname)
+        loaded = loaded if isinstance(loaded, int) and not isinstance(loaded, bool) else 0
+        setattr(instance, field.attname, max(stored[0] + 1, loaded))
+
+
+def _guard_raw_saves(sender: type[models.Model], **kwargs: Any) -> None:
+    """Connect :func:`_keep_the_version_newest` to each concrete optimistic model."""
+    if issubclass(sender, OptimisticLockMixin) and not sender._meta.abstract:
+        pre_save.connect(_keep_the_version_newest, sender=sender, weak=False)
+
+
+class_prepared.connect(_guard_raw_saves)
 
 
 _PLAN = "_distlock_save_plan"

@@ -213,7 +213,14 @@ class OptimisticFormMixin(forms.ModelForm):
                 code=_BAD_TOKEN_CODE,
             ) from exc
         self.distlock_read_version = read.version
-        if get_version(instance) == read.version:
+        current = get_version(instance)
+        if current == read.version:
+            return cleaned
+        if self._unchanged_on_form(read):
+            # Changed since the read, but none of this form's fields: the instance
+            # was loaded for this request, so saving the form's values on top of it
+            # loses nothing. Rebase: the save is guarded by the current version.
+            self.distlock_read_version = current
             return cleaned
         if self.distlock_stale_is_error:
             raise ValidationError(
@@ -226,6 +233,13 @@ class OptimisticFormMixin(forms.ModelForm):
         if self.distlock_conflicts is not None and self.changed_data:
             self.distlock_conflicts.append(str(instance))
         return cleaned
+
+    def _unchanged_on_form(self, read: SignedRead) -> bool:
+        """Whether every field of this form still has the value signed at the read."""
+        names = self.distlock_field_names()
+        if not names or any(name not in read.digests for name in names):
+            return False
+        return _digests(self.instance, names) == {name: read.digests[name] for name in names}
 
     def _changes(self, read: SignedRead) -> str:
         """Verbose names and current values of the fields that differ from the signed read."""
