@@ -15,8 +15,8 @@ import functools
 import inspect
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, ParamSpec, TypeVar, cast, overload
+from collections.abc import Awaitable, Callable, Collection, Iterable
+from typing import Any, ParamSpec, Self, TypeVar, cast, overload
 
 from asgiref.sync import sync_to_async
 from django.core import checks
@@ -156,9 +156,18 @@ class OptimisticLockMixin(models.Model):
             messages.append(checks.Error(_count_message(cls, found), obj=cls, id="distlock.E101"))
         return messages
 
+    @classmethod
+    def from_db(
+        cls, db: str | None, field_names: Collection[str], values: Collection[Any], **kwargs: Any
+    ) -> Self:
+        """Django's loading, noting the primary key the row was read with."""
+        instance = super().from_db(db, field_names, values, **kwargs)
+        setattr(instance._state, _READ_PK, instance.pk)  # see _pk_changed()
+        return instance
+
     def save(
         self,
-        *,
+        *args: Any,
         force_insert: bool | tuple[ModelBase, ...] = False,
         force_update: bool = False,
         using: str | None = None,
@@ -166,28 +175,37 @@ class OptimisticLockMixin(models.Model):
     ) -> None:
         """Insert a new row, or update a read row only if its version is unchanged.
 
-        New instances and ``force_insert`` go through Django's save with the
-        initial version. A new instance with an explicit primary key is
-        inserted (``force_insert``): it was never read, so it cannot vouch
-        for the version of a row with that key. Everything else is a checked
-        update; on success the instance's version is one higher.
+        Inserts, as in Django: a new instance, ``force_insert``, no primary
+        key (the copy idiom), a loaded instance whose primary key was changed.
+        A new row starts at the field's initial version (1). A new instance
+        with an explicit primary key, or a changed one, is inserted with
+        ``force_insert``: it was never read, so it cannot vouch for the
+        version of a row with that key (an existing row gives
+        ``IntegrityError``). A multi-table child built for an existing parent
+        row updates that row (as Django does) only if the child carries the
+        parent's version, and bumps it. Everything else is a checked update;
+        on success the instance's version is one higher.
 
         :raises VersionConflict: the row's version is not the instance's (it was
             changed or deleted since it was read); nothing was written and the
             instance's version is unchanged.
         :raises ValueError: unknown ``update_fields`` names, a deferred version
             field, an unsaved related object (as Django's save does).
+        :raises TypeError: positional arguments on a Django that refuses them (6.0+).
         """
-        if force_insert or self.pk is None:
-            super().save(
-                force_insert=force_insert,
-                force_update=force_update,
-                using=using,
-                update_fields=update_fields,
+        if args:
+            force_insert, force_update, using, update_fields = _positional(
+                self, args, force_insert, force_update, using, update_fields
             )
+        if force_insert or self.pk is None:
+            self._insert(force_insert, force_update, using, update_fields)
             return
-        if self._state.adding and not force_update and update_fields is None:
-            super().save(force_insert=True, using=using)
+        if (
+            (self._state.adding or self._pk_changed())
+            and not force_update
+            and update_fields is None
+        ):
+            self._insert(True, False, using, None)
             return
         # Django's own first step (unsaved objects in foreign keys and generic foreign keys).
         self._prepare_related_fields_for_save(operation_name="save")  # type: ignore[attr-defined]
@@ -223,6 +241,79 @@ class OptimisticLockMixin(models.Model):
 
     save.alters_data = True  # type: ignore[attr-defined]
 
+    def _pk_changed(self) -> bool:
+        """Whether the primary key differs from the one the row was read (or saved) with."""
+        read = getattr(self._state, _READ_PK, _UNKNOWN)
+        return read is not _UNKNOWN and self.pk != read
+
+    def _insert(
+        self,
+        force_insert: bool | tuple[ModelBase, ...],
+        force_update: bool,
+        using: str | None,
+        update_fields: Iterable[str] | None,
+    ) -> None:
+        """Django's save of a new row, at the initial version; see :meth:`save`."""
+        plan = _plan(type(self))
+        field = plan.field
+        parent_pk = None
+        if plan.owner is not self._meta.concrete_model and not (
+            isinstance(force_insert, tuple) and plan.owner in force_insert
+        ):
+            parent_pk = _owner_pk(self, plan.owner)  # Django updates a parent row that exists
+        if parent_pk is not None:
+            self._insert_over_parent(plan, parent_pk, force_insert, using)
+            return
+        before = getattr(self, field.attname)
+        setattr(self, field.attname, field.get_default())
+        try:
+            super().save(
+                force_insert=force_insert,
+                force_update=force_update,
+                using=using,
+                update_fields=update_fields,
+            )
+        except BaseException:
+            setattr(self, field.attname, before)
+            raise
+        setattr(self._state, _READ_PK, self.pk)
+
+    def _insert_over_parent(
+        self,
+        plan: SavePlan,
+        parent_pk: Any,
+        force_insert: bool | tuple[ModelBase, ...],
+        using: str | None,
+    ) -> None:
+        """A new child whose parent row (holding the version) may exist: Django
+        updates that row with the child's values, so the child must carry its
+        version, as if it had been read; the row is then bumped, not reset."""
+        field = plan.field
+        using = using or router.db_for_write(type(self), instance=self)
+        expected = _expected_version(self, field)
+        parent = plan.owner._base_manager.using(using).filter(pk=parent_pk)
+        with transaction.atomic(using=using):
+            if parent.filter(**{field.attname: expected}).update(**{field.attname: expected + 1}):
+                setattr(self, field.attname, expected + 1)
+            elif parent.exists():
+                raise VersionConflict(
+                    f"{self._meta.label}: a new instance for the existing "
+                    f"{plan.owner._meta.label} row pk={parent_pk!r} carries version "
+                    f"{expected}, not the row's: saving it would overwrite that row with "
+                    "values nobody read there. Build it from the parent as read: copy the "
+                    "parent's fields and its version into it (version=parent.version).",
+                    instance=self,
+                    expected_version=expected,
+                )
+            else:
+                setattr(self, field.attname, field.get_default())
+            try:
+                super().save(force_insert=force_insert, using=using)
+            except BaseException:
+                setattr(self, field.attname, expected)
+                raise
+        setattr(self._state, _READ_PK, self.pk)
+
     def _save_one_table(
         self,
         plan: SavePlan,
@@ -254,10 +345,11 @@ class OptimisticLockMixin(models.Model):
                 .update(**orm_values)
             )
         if rows == 0:
-            raise _conflict(self, expected)
+            raise _conflict(self, expected, using)
         setattr(self, version, expected + 1)
         self._state.db = using
         self._state.adding = False
+        setattr(self._state, _READ_PK, pk)
         post_save.send(
             sender=origin,
             instance=self,
@@ -280,7 +372,7 @@ class OptimisticLockMixin(models.Model):
             # The bump takes the row's write lock: no other writer gets in before our commit.
             bumped = _guarded(self, field, expected, using).update(**{field.attname: expected + 1})
             if bumped == 0:
-                raise _conflict(self, expected)
+                raise _conflict(self, expected, using)
             setattr(self, field.attname, expected + 1)
             try:
                 super().save(force_update=force_update, using=using, update_fields=update_fields)
@@ -304,7 +396,9 @@ class OptimisticLockMixin(models.Model):
         with transaction.atomic(using=using):
             # A no-op guarded write: takes the row's write lock (PostgreSQL) or
             # the database's (SQLite) and proves the version, until the delete commits.
-            if _guarded(self, field, expected, using).update(**{field.attname: expected}) == 0:
+            # Unfiltered by the base manager: Django's delete() deletes a row it hides.
+            guarded = _guarded(self, field, expected, using, unfiltered=True)
+            if guarded.update(**{field.attname: expected}) == 0:
                 raise _conflict(self, expected)
             return super().delete(using=using, keep_parents=keep_parents)
 
@@ -354,6 +448,9 @@ class_prepared.connect(_guard_raw_saves)
 
 
 _PLAN = "_distlock_save_plan"
+#: Attribute of an instance's ``_state``: the primary key its row was read (or saved) with.
+_READ_PK = "distlock_read_pk"
+_UNKNOWN = object()  # no primary key was noted (not loaded by from_db, never saved by us)
 
 
 def _plan(model: type[models.Model]) -> SavePlan:
@@ -394,12 +491,59 @@ def _plan(model: type[models.Model]) -> SavePlan:
 
 
 def _guarded(
-    instance: models.Model, field: models.Field[Any, Any], expected: int, using: str
+    instance: models.Model,
+    field: models.Field[Any, Any],
+    expected: int,
+    using: str,
+    *,
+    unfiltered: bool = False,
 ) -> models.QuerySet[Any]:
-    """The row of ``instance`` in the table holding the version, if at ``expected``."""
+    """The row of ``instance`` in the table holding the version, if at ``expected``.
+
+    Through the base manager, as Django's save writes; ``unfiltered``: through
+    a plain queryset, as Django's delete deletes.
+    """
     owner = cast(type[models.Model], field.model)
     pk = getattr(instance, owner._meta.pk.attname)
-    return owner._base_manager.using(using).filter(pk=pk, **{field.attname: expected})
+    rows = models.QuerySet(owner, using=using) if unfiltered else owner._base_manager.using(using)
+    return rows.filter(pk=pk, **{field.attname: expected})
+
+
+def _owner_pk(instance: models.Model, owner: type[models.Model]) -> Any:
+    """The primary key of ``instance``'s row in its parent table ``owner``, if set."""
+    pk = getattr(instance, owner._meta.pk.attname)
+    if pk is None:  # set only through the link (Shop(place_ptr=place)): Django syncs it so
+        link = instance._meta.get_ancestor_link(owner)
+        pk = None if link is None else getattr(instance, link.attname)
+    return pk
+
+
+def _positional(
+    instance: models.Model,
+    args: tuple[Any, ...],
+    force_insert: Any,
+    force_update: Any,
+    using: Any,
+    update_fields: Any,
+) -> tuple[Any, Any, Any, Any]:
+    """``save(False, False, "db", [...])``: what Django's own save does with it."""
+    parse = getattr(instance, "_parse_save_params", None)
+    if parse is None:  # Django 6.0+: keyword arguments only, as for Model.save()
+        raise TypeError(
+            f"{type(instance).__name__}.save() takes 1 positional argument but "
+            f"{len(args) + 1} were given"
+        )
+    return cast(
+        tuple[Any, Any, Any, Any],
+        parse(  # Django 5.2: accepted, with its deprecation warning
+            *args,
+            method_name="save",
+            force_insert=force_insert,
+            force_update=force_update,
+            using=using,
+            update_fields=update_fields,
+        ),
+    )
 
 
 def _expected_version(instance: models.Model, field: models.Field[Any, Any]) -> int:
@@ -412,7 +556,26 @@ def _expected_version(instance: models.Model, field: models.Field[Any, Any]) -> 
     return value
 
 
-def _conflict(instance: models.Model, expected: int) -> VersionConflict:
+def _conflict(instance: models.Model, expected: int, using: str | None = None) -> VersionConflict:
+    """The error of a refused save or delete; ``using``: a save, whose row may be
+    hidden by a filtering base manager (asked on refusal only)."""
+    field = version_field(instance)
+    owner = cast(type[models.Model], field.model)
+    if using is not None and type(owner._base_manager) is not models.Manager:
+        pk = getattr(instance, owner._meta.pk.attname)
+        hidden: models.QuerySet[Any] = models.QuerySet(owner, using=using).filter(
+            pk=pk, **{field.attname: expected}
+        )
+        if hidden.exists():
+            return VersionConflict(
+                f"{instance._meta.label} pk={instance.pk!r} is at the version it was read at "
+                f"({expected}), but the model's base manager "
+                f"({type(owner._base_manager).__name__}) does not show it; Django's save() "
+                "writes through the base manager and would not update it either. Nothing "
+                "was written.",
+                instance=instance,
+                expected_version=expected,
+            )
     return VersionConflict(
         f"{instance._meta.label} pk={instance.pk!r} was changed or deleted since it was read "
         f"(expected version {expected}). Reload it, re-apply the change and save again.",

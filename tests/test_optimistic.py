@@ -11,6 +11,7 @@ import asyncio
 import multiprocessing
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,8 +29,8 @@ from django_distlock import locks
 from django_distlock.exceptions import VersionConflict
 from django_distlock.optimistic import (
     OptimisticLockMixin,
-    _keep_the_version_newest,
     VersionField,
+    _keep_the_version_newest,
     get_version,
     retry_on_conflict,
     update_with_retry,
@@ -38,6 +39,7 @@ from django_distlock.optimistic import (
 from tests.testapp.models import (
     Item,
     ItemProxy,
+    Place,
     PlainItem,
     PlainShop,
     RevisedItem,
@@ -337,10 +339,18 @@ def test_a_filtering_base_manager_is_honoured_like_djangos_save(alias: str) -> N
         hidden = Hideable.objects.using(alias).create(hidden=True)
         hidden.stock = 1
         # Django's save would not see the row either: its UPDATE goes through the base manager.
-        with pytest.raises(VersionConflict):
+        with pytest.raises(VersionConflict, match=r"base manager .*does not show it"):
             hidden.save()
         rows = dict(Hideable.objects.using(alias).values_list("pk", "stock"))
         assert rows == {visible.pk: 1, hidden.pk: 0}
+        # Django's delete() deletes a row its base manager hides; so does a checked one.
+        stale = Hideable.objects.using(alias).get(pk=hidden.pk)
+        Hideable.objects.using(alias).filter(pk=hidden.pk).update(version=F("version") + 1)
+        with pytest.raises(VersionConflict, match="changed or deleted since it was read"):
+            stale.delete()
+        fresh = Hideable.objects.using(alias).get(pk=hidden.pk)
+        assert fresh.delete()[0] == 1
+        assert not Hideable.objects.using(alias).filter(pk=hidden.pk).exists()
     finally:
         with connections[alias].schema_editor() as editor:
             editor.delete_model(Hideable)
@@ -414,6 +424,106 @@ def test_multi_table_failed_save_rolls_the_bump_back(alias: str) -> None:
     assert (fresh.stock, fresh.version) == (5, 1)
     shop.save()  # the instance is still usable at its version
     assert Shop.objects.using(alias).get(pk=shop.pk).version == 2
+
+
+# --- where Django's save() inserts ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("adding", [True, False])
+def test_the_copy_idiom_starts_a_new_row_at_version_1(alias: str, adding: bool) -> None:
+    original = Item.objects.using(alias).create(name="pen", stock=3)
+    original.save()
+    original.save()  # version 3
+    copy = Item.objects.using(alias).get(pk=original.pk)
+    copy.pk = None
+    copy._state.adding = adding  # Django's documented idiom sets it; a plain pk = None works too
+    copy.save()
+    assert copy.pk != original.pk and copy.version == 1
+    assert _row(Item, alias, copy.pk)["version"] == 1
+    assert _row(Item, alias, original.pk)["version"] == 3
+    copy.stock = 2
+    copy.save()
+    assert _row(Item, alias, copy.pk)["version"] == 2
+
+
+def test_copying_a_multi_table_child_starts_both_rows_at_version_1(alias: str) -> None:
+    original = Shop.objects.using(alias).create(name="s", stock=1)
+    original.save()  # version 2
+    copy = Shop.objects.using(alias).get(pk=original.pk)
+    copy.pk = copy.id = None
+    copy._state.adding = True
+    copy.save()
+    assert copy.pk != original.pk and copy.version == 1
+    assert Shop.objects.using(alias).get(pk=copy.pk).version == 1
+    assert Shop.objects.using(alias).get(pk=original.pk).version == 2
+
+
+def test_a_child_for_an_existing_parent_row_never_lowers_its_version(alias: str) -> None:
+    place = Place.objects.using(alias).create(name="corner")
+    place.save()
+    place.save()  # version 3
+    reader = Place.objects.using(alias).get(pk=place.pk)
+    # Built without the parent's version (a default 1): it cannot vouch for the row.
+    with pytest.raises(VersionConflict, match="copy the parent's fields and its version"):
+        Shop(place_ptr=place, stock=5).save(using=alias)
+    assert Place.objects.using(alias).get(pk=place.pk).version == 3
+    assert not Shop.objects.using(alias).exists()
+    # Built from the parent as read: the parent's row is checked and its version bumped.
+    shop = Shop(place_ptr=place, name=place.name, version=place.version, stock=5)
+    shop.save(using=alias)
+    assert shop.version == 4
+    row = Shop.objects.using(alias).get(pk=place.pk)
+    assert (row.name, row.stock, row.version) == ("corner", 5, 4)
+    reader.name = "stale"
+    with pytest.raises(VersionConflict):
+        reader.save()
+
+
+def test_a_new_child_of_a_new_parent_is_inserted_as_before(alias: str) -> None:
+    with _queries(alias) as ctx:
+        shop = Shop.objects.using(alias).create(name="new", stock=1)
+    statements = [q["sql"].split()[0] for q in ctx]
+    assert shop.version == 1
+    assert [word for word in statements if word in ("SELECT", "UPDATE", "INSERT")] == [
+        "INSERT",
+        "INSERT",
+    ]
+
+
+def test_changing_a_loaded_instances_pk_inserts_like_djangos_save(alias: str) -> None:
+    item = Item.objects.using(alias).create(name="pen", stock=3)
+    item.save()  # version 2
+    moved = Item.objects.using(alias).get(pk=item.pk)
+    moved.pk = item.pk + 1000
+    moved.save()  # Django: no row with the new pk, so an INSERT
+    assert _row(Item, alias, moved.pk)["name"] == "pen" and moved.version == 1
+    assert _row(Item, alias, item.pk)["version"] == 2  # the row it was read from is untouched
+    moved.stock = 1
+    moved.save()  # from now on it is that new row
+    assert _row(Item, alias, moved.pk)["version"] == 2
+    # Onto a row that exists: Django would overwrite it unchecked; refused instead.
+    onto = Item.objects.using(alias).get(pk=item.pk)
+    onto.pk = moved.pk
+    with pytest.raises(IntegrityError), transaction.atomic(using=alias):
+        onto.save()
+    assert _row(Item, alias, moved.pk)["stock"] == 1
+
+
+def test_positional_save_arguments_behave_as_djangos(alias: str) -> None:
+    outcomes = []
+    for model in (PlainItem, Item):
+        obj = model.objects.using(alias).create(name="pen")
+        obj.name = "positional"
+        try:
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                obj.save(False, False, alias, ["name"])
+        except TypeError as exc:
+            outcomes.append(("TypeError", str(exc).split(" takes ")[-1]))
+            continue
+        row = _row(model, alias, obj.pk)
+        outcomes.append((row["name"], [type(w.message).__name__ for w in seen]))
+    assert outcomes[0] == outcomes[1]
 
 
 # --- delete ---------------------------------------------------------------------------------
