@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import _string  # str.format's own field-name parser, as string.Formatter uses it
 import functools
 import inspect
+import re
 import string
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar, cast
@@ -11,10 +13,13 @@ from typing import Any, Literal, TypeVar, cast
 from .exceptions import LockNotAcquired
 from .handle import Lock
 from .handler import DEFAULT_LOCK_ALIAS, locks
-from .values import DEFAULT, _Default
+from .names import validate_name
+from .values import DEFAULT, _Default, validate_timeout, validate_ttl
 
 F = TypeVar("F", bound=Callable[..., Any])
 OnFail = Literal["raise", "skip"] | Callable[..., Any]
+#: ``(args, kwargs) -> str``: renders one call's lock name, or one field of it.
+_Render = Callable[[tuple[Any, ...], dict[str, Any]], str]
 
 
 def lock(
@@ -50,29 +55,38 @@ def distlock(
 ) -> Callable[[F], F]:
     """Run the decorated function (sync or async) while holding a lock.
 
+    The wrapper's ``lock_name(*args, **kwargs)`` returns the name a call with
+    those arguments locks (to share the lock with a ``lock()`` block).
+
     :param key: a ``str.format`` template filled from the call's bound
         arguments (``"stock:{product_id}"``, ``"user:{request.user.pk}"``),
-        or a callable taking the call's arguments and returning the name.
+        with some fixed text; each value is formatted as ``str.format`` does
+        (``str()`` for ordinary values), then its control characters, lone
+        surrogates and backslashes are escaped (``\\x00``, ``\\ud800``,
+        ``\\\\``), so any argument gives an accepted name and distinct values
+        distinct names. Or a callable taking the call's arguments and returning
+        the name as it is (checked at call time: a bad one raises
+        :class:`~django_distlock.exceptions.InvalidLockName`).
+    :param using: the ``DISTLOCK`` alias, looked up at each call (so
+        ``override_settings`` applies); an unknown one raises
+        :class:`~django_distlock.exceptions.InvalidLockAlias` at call time.
+    :param ttl: lease length in seconds (default: the alias' ``TTL``).
+    :param timeout: seconds to wait, None for ever (default: the alias' ``TIMEOUT``).
+    :param blocking: whether to wait at all.
     :param on_fail: when the lock is not had: ``"raise"`` re-raises
         :class:`~django_distlock.exceptions.LockNotAcquired`/``LockTimeout``;
         ``"skip"`` returns ``skip_value`` without calling the function; a
         callable is called as ``on_fail(exc, *args, **kwargs)`` and its result
         returned (see :mod:`django_distlock.http` for view responses).
-    :raises TypeError, ValueError: at decoration time, for a template naming
-        an argument the function does not have, or a bad ``on_fail``.
+    :raises TypeError, ValueError: when decorating, for a bad option or a
+        malformed template, or one naming an argument the function does not
+        have; the message names the template and the function.
     """
-    if not (on_fail in ("raise", "skip") or callable(on_fail)):
-        raise ValueError("on_fail must be 'raise', 'skip' or a callable.")
-    if not (isinstance(key, str) or callable(key)):
-        raise TypeError("key must be a str template or a callable returning the lock name.")
 
     def decorator(func: F) -> F:
-        signature = inspect.signature(func)
-        name_of = _key_function(key, func, signature)
-
-        def handle(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Lock:
-            return locks[using].lock(name_of(args, kwargs), ttl=ttl, timeout=timeout,
-                                     blocking=blocking)
+        where = _describe(key, func)
+        _check_options(where, using, ttl, timeout, blocking, on_fail)
+        name_of = _key_function(key, func, where)
 
         def failed(exc: LockNotAcquired, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             if on_fail == "raise":
@@ -85,7 +99,9 @@ def distlock(
 
             @functools.wraps(func)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                held = handle(args, kwargs)
+                held = locks[using].lock(
+                    name_of(args, kwargs), ttl=ttl, timeout=timeout, blocking=blocking
+                )
                 try:
                     await held.__aenter__()
                 except LockNotAcquired as exc:
@@ -94,18 +110,24 @@ def distlock(
                 async with _Release(held):
                     return await func(*args, **kwargs)
 
-            return cast(F, async_wrapper)
+            wrapper: Callable[..., Any] = async_wrapper
+        else:
 
-        @functools.wraps(func)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            held = handle(args, kwargs)
-            try:
-                held.__enter__()
-            except LockNotAcquired as exc:
-                return failed(exc, args, kwargs)
-            with _Release(held):
-                return func(*args, **kwargs)
+            @functools.wraps(func)
+            def sync_wrapper(*args: Any, **kwargs: Any) -> Any:
+                held = locks[using].lock(
+                    name_of(args, kwargs), ttl=ttl, timeout=timeout, blocking=blocking
+                )
+                try:
+                    held.__enter__()
+                except LockNotAcquired as exc:
+                    return failed(exc, args, kwargs)
+                with _Release(held):
+                    return func(*args, **kwargs)
 
+            wrapper = sync_wrapper
+
+        wrapper.lock_name = lambda *args, **kwargs: name_of(args, kwargs)  # type: ignore[attr-defined]
         return cast(F, wrapper)
 
     return decorator
@@ -130,30 +152,206 @@ class _Release:
         await self.held.__aexit__(*exc_info)
 
 
-def _key_function(
-    key: str | Callable[..., str], func: Callable[..., Any], signature: inspect.Signature
-) -> Callable[[tuple[Any, ...], dict[str, Any]], str]:
+# -- checks made when decorating ------------------------------------------------
+
+
+def _describe(key: object, func: Callable[..., Any]) -> str:
+    """Name the decoration in error messages: ``@distlock('order:{id}') on app.views.pay``."""
+    shown = repr(key) if isinstance(key, str) or not callable(key) else _qualname(key)
+    return f"@distlock({shown}) on {func.__module__}.{_qualname(func)}"
+
+
+def _qualname(obj: object) -> str:
+    return getattr(obj, "__qualname__", None) or repr(obj)
+
+
+def _check_options(
+    where: str, using: object, ttl: object, timeout: object, blocking: object, on_fail: object
+) -> None:
+    """Raise TypeError/ValueError, prefixed with ``where``, for an unusable option."""
+    try:
+        if not isinstance(ttl, _Default):
+            validate_ttl(ttl)
+        if not isinstance(timeout, _Default):
+            validate_timeout(timeout)
+    except TypeError as exc:
+        raise TypeError(f"{where}: {exc}") from exc
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from exc
+    if not isinstance(blocking, bool):
+        raise TypeError(f"{where}: blocking must be True or False, not {blocking!r}.")
+    if not isinstance(using, str):
+        raise TypeError(
+            f"{where}: using must be the str alias of a DISTLOCK entry, not {type(using).__name__}."
+        )
+    _check_policy(where, "on_fail", on_fail, ("raise", "skip"))
+
+
+def _check_policy(where: str, option: str, policy: object, names: tuple[str, ...]) -> None:
+    if (isinstance(policy, str) and policy in names) or callable(policy):
+        return
+    choices = ", ".join(repr(name) for name in names)
+    error = ValueError if isinstance(policy, str) else TypeError
+    raise error(f"{where}: {option} must be {choices} or a callable, not {policy!r}.")
+
+
+# -- lock names -------------------------------------------------------------------
+
+
+def _key_function(key: object, func: Callable[..., Any], where: str) -> _Render:
     """Return ``(args, kwargs) -> lock name`` for a template or a callable."""
+    if isinstance(key, str):
+        return _template_function(key, inspect.signature(func), where)
     if callable(key):
         key_callable = key
         return lambda args, kwargs: key_callable(*args, **kwargs)
-    for _, field, _, _ in string.Formatter().parse(key):
-        if field is None:
-            continue
-        head = field.split(".", 1)[0].split("[", 1)[0]
-        if not head or head.isdigit():
-            raise ValueError(
-                f"Lock key template {key!r} must name arguments ({{order_id}}), not positions."
-            )
-        if head not in signature.parameters:
-            raise ValueError(
-                f"Lock key template {key!r} names {head!r}, which "
-                f"{func.__qualname__}{signature} does not take."
-            )
+    raise TypeError(
+        f"{where}: key must be a str template or a callable returning the lock name, "
+        f"not {type(key).__name__}."
+    )
 
-    def render(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-        bound = signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        return key.format(**bound.arguments)
 
-    return render
+def _template_function(template: str, signature: inspect.Signature, where: str) -> _Render:
+    """Compile ``template`` once into a function of the call's arguments.
+
+    Each field's argument is read from ``args``/``kwargs`` by its position and
+    name (what ``Signature.bind`` would find, without its cost on every call).
+    """
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        raise ValueError(f"{where}: the lock key template is malformed: {exc}.") from exc
+    fields: list[tuple[str, _Render]] = []
+    text = ""
+    fixed = ""
+    for literal, field, spec, conversion in parsed:
+        text += literal
+        fixed += literal
+        if field is not None:
+            fields.append((text, _field_function(field, spec, conversion, signature, where)))
+            text = ""
+    if not fixed:
+        raise ValueError(
+            f"{where}: the lock key template needs some fixed text, like 'order:{{order_id}}' "
+            "(an empty value would make an empty name, and the text keeps the locks of "
+            "different functions apart)."
+        )
+    try:
+        validate_name(fixed)
+    except ValueError as exc:
+        raise ValueError(f"{where}: the lock key template's fixed text: {exc}") from exc
+    tail = text
+    if len(fields) == 1:
+        ((head, value_of),) = fields
+        return lambda args, kwargs: head + value_of(args, kwargs) + tail
+    return lambda args, kwargs: (
+        "".join([literal + value_of(args, kwargs) for literal, value_of in fields]) + tail
+    )
+
+
+def _field_function(
+    field: str,
+    spec: str | None,
+    conversion: str | None,
+    signature: inspect.Signature,
+    where: str,
+) -> _Render:
+    """Return ``(args, kwargs) -> the field's escaped text``."""
+    try:
+        head, rest = _string.formatter_field_name_split(field)
+        path: list[tuple[bool, Any]] = list(rest)
+    except ValueError as exc:
+        raise ValueError(f"{where}: the lock key template is malformed: {exc}.") from exc
+    if not head or isinstance(head, int):
+        raise ValueError(
+            f"{where}: the lock key template must name arguments ({{order_id}}), not positions."
+        )
+    if head not in signature.parameters:
+        raise ValueError(
+            f"{where}: the lock key template names {head!r}, which the function "
+            f"{signature} does not take."
+        )
+    if conversion not in (None, "r", "s", "a"):
+        raise ValueError(
+            f"{where}: the lock key template is malformed: unknown conversion "
+            f"!{conversion} (use !r, !s or !a)."
+        )
+    spec = spec or ""
+    if "{" in spec:
+        raise ValueError(
+            f"{where}: the lock key template is malformed: a field inside a format spec "
+            f"({{{field}:{spec}}}) is not supported."
+        )
+    argument = _argument_function(signature, head)
+    if not path and conversion is None:
+        return lambda args, kwargs: _escape(format(argument(args, kwargs), spec))
+    convert = {None: None, "r": repr, "s": str, "a": ascii}[conversion]
+
+    def value_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        value = argument(args, kwargs)
+        for is_attribute, name in path:
+            value = getattr(value, name) if is_attribute else value[name]
+        if convert is not None:
+            value = convert(value)
+        return _escape(format(value, spec))
+
+    return value_of
+
+
+def _argument_function(
+    signature: inspect.Signature, name: str
+) -> Callable[[tuple[Any, ...], dict[str, Any]], Any]:
+    """Return ``(args, kwargs) -> the argument bound to parameter name``, as bind() does;
+    a missing required argument raises bind()'s TypeError."""
+    parameters = list(signature.parameters.values())
+    parameter = signature.parameters[name]
+    index = parameters.index(parameter)
+    default = parameter.default
+    kind = parameter.kind
+    empty = inspect.Parameter.empty
+
+    def missing(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        signature.bind(*args, **kwargs)  # raises the TypeError a call would
+        raise TypeError(f"missing a required argument: {name!r}")
+
+    if kind is inspect.Parameter.VAR_POSITIONAL:
+        return lambda args, kwargs: args[index:]
+    if kind is inspect.Parameter.VAR_KEYWORD:
+        named = frozenset(
+            p.name
+            for p in parameters
+            if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        )
+        return lambda args, kwargs: {k: v for k, v in kwargs.items() if k not in named}
+    if kind is inspect.Parameter.KEYWORD_ONLY:
+        index = -1  # never positional
+    by_name = kind is not inspect.Parameter.POSITIONAL_ONLY
+
+    def argument(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if 0 <= index < len(args):
+            return args[index]
+        value = kwargs.get(name, default) if by_name else default
+        return missing(args, kwargs) if value is empty else value
+
+    return argument
+
+
+#: What an argument's text may not carry into a name: the backslash (the escape
+#: character itself, so escaping stays one-to-one), control characters and lone
+#: surrogates (refused by :func:`~django_distlock.names.validate_name`).
+_UNSAFE = re.compile("[\\\\\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def _escape(text: str) -> str:
+    """Escape ``text`` one-to-one into text :func:`validate_name` accepts."""
+    if "\\" not in text and text.isprintable():
+        return text  # the usual case, checked at C speed
+    return _UNSAFE.sub(_escape_character, text)
+
+
+def _escape_character(match: re.Match[str]) -> str:
+    char = match.group()
+    if char == "\\":
+        return "\\\\"
+    code = ord(char)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"

@@ -6,16 +6,23 @@ import asyncio
 from types import SimpleNamespace
 
 import pytest
-from django.test import RequestFactory
+from django.test import RequestFactory, override_settings
 
 from django_distlock import distlock, lock, locks
-from django_distlock.exceptions import InvalidLockAlias, LockNotAcquired, LockTimeout
+from django_distlock.exceptions import (
+    InvalidLockAlias,
+    InvalidLockName,
+    LockNotAcquired,
+    LockTimeout,
+)
 from django_distlock.http import conflict_response, locked_response
+from django_distlock.values import DEFAULT
 
 from .conftest import in_thread
 
 pytestmark = pytest.mark.django_db(transaction=True)
 ALIAS = "sqlite-lease"
+LOCMEM = "django_distlock.backends.locmem.LocMemBackend"
 
 
 def held_elsewhere(name: str) -> bool:
@@ -72,13 +79,6 @@ def test_bad_template_refused_at_decoration(template: str) -> None:
         @distlock(template, using=ALIAS)
         def pay(order_id):
             return order_id
-
-
-def test_bad_arguments_refused() -> None:
-    with pytest.raises(ValueError):
-        distlock("x", on_fail="ignore")  # type: ignore[arg-type]
-    with pytest.raises(TypeError):
-        distlock(42)  # type: ignore[arg-type]
 
 
 def test_unknown_alias_is_clear() -> None:
@@ -180,3 +180,170 @@ def test_lock_context_manager() -> None:
     with lock("ctx", using=ALIAS, ttl=5, timeout=1) as handle:
         assert handle.held and held_elsewhere("ctx")
     assert not handle.held
+
+
+# -- item 11: everything static is checked when decorating --------------------------
+
+
+def _decorate(key="order:{order_id}", **options):
+    """Decorate a function named ``pay`` taking ``order_id``; return the wrapper."""
+
+    @distlock(key, using=ALIAS, **options)
+    def pay(order_id):
+        return order_id
+
+    return pay
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "says"),
+    [
+        ({"ttl": -1}, ValueError, "ttl must be between"),
+        ({"ttl": 0}, ValueError, "ttl must be between"),
+        ({"ttl": float("nan")}, ValueError, "ttl must be between"),
+        ({"ttl": "30"}, TypeError, "ttl must be a number"),
+        ({"ttl": True}, TypeError, "ttl must be a number"),
+        ({"timeout": -1}, ValueError, "timeout must be >= 0"),
+        ({"timeout": "5"}, TypeError, "timeout must be a number"),
+        ({"blocking": "yes"}, TypeError, "blocking must be True or False"),
+        ({"blocking": None}, TypeError, "blocking must be True or False"),
+        ({"using": None}, TypeError, "using must be"),
+        ({"using": 42}, TypeError, "using must be"),
+        ({"on_fail": "ignore"}, ValueError, "on_fail must be"),
+        ({"on_fail": 42}, TypeError, "on_fail must be"),
+    ],
+)
+def test_bad_option_refused_at_decoration_naming_template_and_function(
+    options, error, says
+) -> None:
+    using = options.pop("using", ALIAS)
+    with pytest.raises(error, match=says) as info:
+
+        @distlock("order:{order_id}", using=using, **options)
+        def pay(order_id):
+            return order_id
+
+    message = str(info.value)
+    assert "'order:{order_id}'" in message
+    assert "test_bad_option_refused_at_decoration_naming_template_and_function.<locals>.pay" in (
+        message
+    )
+
+
+@pytest.mark.parametrize(
+    ("template", "says"),
+    [
+        ("order:{order_id", "expected '}'"),
+        ("order:order_id}", "Single '}'"),
+        ("order:{order_id[}", "expected '}'"),
+        ("order:{order_id.}", "Empty attribute"),
+        ("order:{order_id!z}", "conversion"),
+        ("order:{order_id:{width}}", "format spec"),
+    ],
+)
+def test_malformed_template_says_so(template: str, says: str) -> None:
+    with pytest.raises(ValueError, match="malformed") as info:
+        _decorate(template)
+    message = str(info.value)
+    assert repr(template) in message and "_decorate.<locals>.pay" in message
+    assert says in message
+
+
+def test_template_without_fixed_text_refused() -> None:
+    # "{order_id}" alone would make an empty name (a refused name) of an empty value.
+    with pytest.raises(ValueError, match="fixed text") as info:
+        _decorate("{order_id}")
+    assert "_decorate.<locals>.pay" in str(info.value)
+    assert _decorate("{order_id}:order")(1) == 1
+
+
+def test_bad_key_refused_naming_function() -> None:
+    with pytest.raises(TypeError, match=r"_decorate\.<locals>\.pay"):
+        _decorate(42)
+
+
+def test_defaults_and_none_timeout_accepted() -> None:
+    assert _decorate(ttl=DEFAULT, timeout=DEFAULT)(1) == 1
+    assert _decorate(ttl=0.5, timeout=None, blocking=False)(2) == 2
+
+
+def test_alias_looked_up_at_call_time() -> None:
+    @distlock("late:{n}", using="late")
+    def late(n):
+        return n
+
+    with override_settings(DISTLOCK={"late": {"BACKEND": LOCMEM}}):
+        assert late(1) == 1
+    with pytest.raises(InvalidLockAlias, match="late"):
+        late(2)
+
+
+# -- item 11: values from the call never make a refused name ------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "name"),
+    [
+        ("a\x00b", "v:a\\x00b"),
+        ("line\nbreak", "v:line\\x0abreak"),
+        ("del\x7f", "v:del\\x7f"),
+        ("c1\x85", "v:c1\\x85"),
+        ("lone\ud800", "v:lone\\ud800"),
+        ("back\\slash", "v:back\\\\slash"),
+        ("\\x00", "v:\\\\x00"),
+        ("plain / .. é 😀", "v:plain / .. é 😀"),
+        (7, "v:7"),
+    ],
+)
+def test_values_escaped_into_an_accepted_name(value, name) -> None:
+    @distlock("v:{value}", using=ALIAS)
+    def view(value):
+        return held_elsewhere(name)
+
+    assert view(value) is True
+    assert view.lock_name(value) == name
+
+
+def test_escaping_keeps_distinct_values_distinct() -> None:
+    @distlock("v:{value}", using=ALIAS)
+    def view(value):
+        return value
+
+    values = ["\x00", "\\x00", "\\\\x00", "\\", "\\\\", "\ud800", "\\ud800", "\n", "\\x0a", ""]
+    names = [view.lock_name(value) for value in values]
+    assert len(set(names)) == len(values)
+
+
+def test_escaping_applies_to_attributes_items_conversions_and_specs() -> None:
+    @distlock("k:{request.path}:{data[id]}:{data[tag]!r}:{n:>4}", using=ALIAS)
+    def view(request, data, n=5):
+        return n
+
+    request = SimpleNamespace(path="/a\tb/")
+    name = view.lock_name(request, {"id": "\x01", "tag": "t\\"})
+    assert name == "k:/a\\x09b/:\\x01:'t\\\\\\\\':   5"
+    assert view(request, {"id": "\x01", "tag": "t\\"}) == 5
+
+
+def test_lock_name_follows_bind_semantics() -> None:
+    @distlock("k:{a}:{b}:{c}:{rest}:{extra}", using=ALIAS)
+    def func(a, /, b=2, *rest, c, **extra):
+        return a
+
+    assert func.lock_name(1, c=3) == "k:1:2:3:():{}"
+    assert func.lock_name(1, 4, 5, c=3, a=6) == "k:1:4:3:(5,):{'a': 6}"
+    assert func.lock_name(1, b=4, c=3) == "k:1:4:3:():{}"
+    with pytest.raises(TypeError):
+        func.lock_name(1)
+    with pytest.raises(TypeError):
+        func(1)
+
+
+def test_key_callable_name_validated_at_call_time() -> None:
+    @distlock(lambda order_id: f"order:{order_id}", using=ALIAS)
+    def pay(order_id):
+        return order_id
+
+    with pytest.raises(InvalidLockName):
+        pay("a\x00b")
+    assert pay("a/b") == "a/b"
