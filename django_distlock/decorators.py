@@ -5,19 +5,23 @@ from __future__ import annotations
 import _string  # str.format's own field-name parser, as string.Formatter uses it
 import functools
 import inspect
+import logging
 import re
 import string
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar, cast
 
-from .exceptions import LockNotAcquired
+from .exceptions import LockLost, LockNotAcquired
 from .handle import Lock
 from .handler import DEFAULT_LOCK_ALIAS, locks
 from .names import validate_name
 from .values import DEFAULT, _Default, validate_timeout, validate_ttl
 
+logger = logging.getLogger("django_distlock")
+
 F = TypeVar("F", bound=Callable[..., Any])
 OnFail = Literal["raise", "skip"] | Callable[..., Any]
+OnLost = Literal["raise", "log"] | Callable[..., Any]
 #: ``(args, kwargs) -> str``: renders one call's lock name, or one field of it.
 _Render = Callable[[tuple[Any, ...], dict[str, Any]], str]
 
@@ -52,6 +56,7 @@ def distlock(
     blocking: bool = True,
     on_fail: OnFail = "raise",
     skip_value: Any = None,
+    on_lost: OnLost = "raise",
 ) -> Callable[[F], F]:
     """Run the decorated function (sync or async) while holding a lock.
 
@@ -78,6 +83,14 @@ def distlock(
         ``"skip"`` returns ``skip_value`` without calling the function; a
         callable is called as ``on_fail(exc, *args, **kwargs)`` and its result
         returned (see :mod:`django_distlock.http` for view responses).
+    :param on_lost: when the lock turns out lost (expired, force-released)
+        as the function returns, its work already done: ``"raise"`` raises
+        :class:`~django_distlock.exceptions.LockLost` (a view answers 500);
+        ``"log"`` logs a warning on the ``django_distlock`` logger and returns
+        the function's result; a callable is called as
+        ``on_lost(exc, result, *args, **kwargs)`` and its result returned.
+        Not consulted when the function raised (its exception propagates).
+        See ``docs/decorator.md`` for the trade-off.
     :raises TypeError, ValueError: when decorating, for a bad option or a
         malformed template, or one naming an argument the function does not
         have; the message names the template and the function.
@@ -86,7 +99,10 @@ def distlock(
     def decorator(func: F) -> F:
         where = _describe(key, func)
         _check_options(where, using, ttl, timeout, blocking, on_fail)
+        _check_policy(where, "on_lost", on_lost, ("raise", "log"))
         name_of = _key_function(key, func, where)
+        raise_lost = on_lost == "raise"
+        call_lost = None if isinstance(on_lost, str) else on_lost
 
         def failed(exc: LockNotAcquired, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             if on_fail == "raise":
@@ -107,8 +123,22 @@ def distlock(
                 except LockNotAcquired as exc:
                     result = failed(exc, args, kwargs)
                     return await result if inspect.isawaitable(result) else result
-                async with _Release(held):
-                    return await func(*args, **kwargs)
+                try:
+                    result = await func(*args, **kwargs)
+                except BaseException as exc:
+                    await held.__aexit__(type(exc), exc, exc.__traceback__)
+                    raise
+                try:
+                    await held.__aexit__(None, None, None)
+                except LockLost as exc:
+                    if raise_lost:
+                        raise
+                    if call_lost is None:
+                        _log_lost(exc, held, where)
+                        return result
+                    outcome = call_lost(exc, result, *args, **kwargs)
+                    return await outcome if inspect.isawaitable(outcome) else outcome
+                return result
 
             wrapper: Callable[..., Any] = async_wrapper
         else:
@@ -122,8 +152,21 @@ def distlock(
                     held.__enter__()
                 except LockNotAcquired as exc:
                     return failed(exc, args, kwargs)
-                with _Release(held):
-                    return func(*args, **kwargs)
+                try:
+                    result = func(*args, **kwargs)
+                except BaseException as exc:
+                    held.__exit__(type(exc), exc, exc.__traceback__)
+                    raise
+                try:
+                    held.__exit__(None, None, None)
+                except LockLost as exc:
+                    if raise_lost:
+                        raise
+                    if call_lost is None:
+                        _log_lost(exc, held, where)
+                        return result
+                    return call_lost(exc, result, *args, **kwargs)
+                return result
 
             wrapper = sync_wrapper
 
@@ -133,23 +176,18 @@ def distlock(
     return decorator
 
 
-class _Release:
-    """Release an already acquired handle on exit (sync or async)."""
-
-    def __init__(self, held: Lock) -> None:
-        self.held = held
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc_info: Any) -> None:
-        self.held.__exit__(*exc_info)
-
-    async def __aenter__(self) -> None:
-        return None
-
-    async def __aexit__(self, *exc_info: Any) -> None:
-        await self.held.__aexit__(*exc_info)
+def _log_lost(exc: LockLost, held: Lock, where: str) -> None:
+    """The ``on_lost="log"`` policy's warning."""
+    alias = held.backend.alias
+    logger.warning(
+        "Lock %r on %r was lost before %s returned: part of its run was not protected; "
+        "returning its result (on_lost='log').",
+        held.name,
+        alias,
+        where,
+        exc_info=exc,
+        extra={"lock_name": held.name, "lock_alias": alias},
+    )
 
 
 # -- checks made when decorating ------------------------------------------------

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from types import SimpleNamespace
 
 import pytest
-from django.test import RequestFactory, override_settings
+from django.contrib.auth.models import User
+from django.http import HttpResponse
+from django.test import AsyncClient, Client, RequestFactory, override_settings
+from django.urls import path
 
 from django_distlock import distlock, lock, locks
 from django_distlock.exceptions import (
     InvalidLockAlias,
     InvalidLockName,
+    LockLost,
     LockNotAcquired,
     LockTimeout,
 )
@@ -347,3 +352,185 @@ def test_key_callable_name_validated_at_call_time() -> None:
     with pytest.raises(InvalidLockName):
         pay("a\x00b")
     assert pay("a/b") == "a/b"
+
+
+# -- item 12: on_lost, when the lock was lost while the function ran ------------------
+
+
+def release_elsewhere(name: str) -> None:
+    """Force-release ``name`` from another thread (its own connection), as an operator would."""
+    assert in_thread(lambda: locks[ALIAS].force_release(name)) is True
+
+
+def test_lost_raises_by_default_after_the_body_ran() -> None:
+    ran = []
+
+    @distlock("lost:{n}", using=ALIAS)
+    def work(n):
+        release_elsewhere(f"lost:{n}")
+        ran.append(n)
+        return n
+
+    with pytest.raises(LockLost, match="lost:1"):
+        work(1)
+    assert ran == [1]
+    assert not held_elsewhere("lost:1")
+
+
+def test_lost_logged_and_result_returned(caplog) -> None:
+    @distlock("lost:{n}", using=ALIAS, on_lost="log")
+    def work(n):
+        release_elsewhere(f"lost:{n}")
+        return n * 10
+
+    with caplog.at_level(logging.WARNING, logger="django_distlock"):
+        assert work(2) == 20
+    (record,) = [r for r in caplog.records if "on_lost" in r.getMessage()]
+    assert record.name == "django_distlock" and record.levelno == logging.WARNING
+    assert "'lost:2'" in record.getMessage() and repr(ALIAS) in record.getMessage()
+    assert "work" in record.getMessage()
+    assert (record.lock_name, record.lock_alias) == ("lost:2", ALIAS)
+    assert isinstance(record.exc_info[1], LockLost)
+
+
+def test_lost_callable_gets_exception_result_and_arguments() -> None:
+    seen = []
+
+    def on_lost(exc, result, *args, **kwargs):
+        seen.append((type(exc), result, args, kwargs))
+        return ("lost", result)
+
+    @distlock("lost:{n}", using=ALIAS, on_lost=on_lost)
+    def work(n, flag=False):
+        release_elsewhere(f"lost:{n}")
+        return n
+
+    assert work(3, flag=True) == ("lost", 3)
+    assert seen == [(LockLost, 3, (3,), {"flag": True})]
+
+
+def test_not_lost_does_not_call_the_policy() -> None:
+    @distlock("kept:{n}", using=ALIAS, on_lost=lambda *a, **k: pytest.fail("not lost"))
+    def work(n):
+        return n
+
+    assert work(4) == 4
+
+
+def test_body_error_wins_over_lost_and_skips_the_policy(caplog) -> None:
+    @distlock("lost:{n}", using=ALIAS, on_lost=lambda *a, **k: pytest.fail("body raised"))
+    def work(n):
+        release_elsewhere(f"lost:{n}")
+        raise KeyError("body")
+
+    with pytest.raises(KeyError, match="body"):
+        work(5)
+    assert not held_elsewhere("lost:5")
+
+
+@pytest.mark.parametrize("policy", ["raise", "log", "callable", "async callable"])
+def test_lost_async_function(policy: str, caplog) -> None:
+    ran = []
+
+    async def async_policy(exc, result, n):
+        await asyncio.sleep(0)
+        return ("async", result)
+
+    on_lost = {
+        "callable": lambda exc, result, n: ("sync", result),
+        "async callable": async_policy,
+    }.get(policy, policy)
+
+    @distlock("alost:{n}", using=ALIAS, on_lost=on_lost)
+    async def work(n):
+        await asyncio.to_thread(release_elsewhere, f"alost:{n}")
+        ran.append(n)
+        return n
+
+    with caplog.at_level(logging.WARNING, logger="django_distlock"):
+        if policy == "raise":
+            with pytest.raises(LockLost):
+                asyncio.run(work(1))
+        else:
+            result = asyncio.run(work(1))
+            expected = {"log": 1, "callable": ("sync", 1), "async callable": ("async", 1)}
+            assert result == expected[policy]
+    assert ran == [1]
+    logged = [r for r in caplog.records if "on_lost" in r.getMessage()]
+    assert len(logged) == (policy == "log")
+    assert not held_elsewhere("alost:1")
+
+
+@pytest.mark.parametrize(("on_lost", "error"), [("ignore", ValueError), (42, TypeError)])
+def test_bad_on_lost_refused_at_decoration(on_lost, error) -> None:
+    with pytest.raises(error, match="on_lost must be 'raise', 'log' or a callable") as info:
+        _decorate(on_lost=on_lost)
+    assert "'order:{order_id}'" in str(info.value)
+
+
+# Views run through the test client (urls: this module's urlpatterns).
+
+
+def _buy(request, pk: int, view: str) -> HttpResponse:
+    """The view's committed work, then an operator force-releases its lock."""
+    User.objects.create(username=f"{view}-{pk}")
+    release_elsewhere(f"{view}:{pk}")
+    return HttpResponse(f"bought {pk}")
+
+
+@distlock("buy-raise:{pk}", using=ALIAS)
+def buy_raise(request, pk):
+    return _buy(request, pk, "buy-raise")
+
+
+@distlock("buy-log:{pk}", using=ALIAS, on_lost="log")
+def buy_log(request, pk):
+    return _buy(request, pk, "buy-log")
+
+
+def _mark_unprotected(exc, response, request, pk):
+    response["X-Lock-Lost"] = exc.__class__.__name__
+    return response
+
+
+@distlock("abuy:{pk}", using=ALIAS, on_lost=_mark_unprotected)
+async def abuy(request, pk):
+    await User.objects.acreate(username=f"abuy-{pk}")
+    await asyncio.to_thread(release_elsewhere, f"abuy:{pk}")
+    return HttpResponse(f"bought {pk}")
+
+
+urlpatterns = [
+    path("buy-raise/<int:pk>/", buy_raise),
+    path("buy-log/<int:pk>/", buy_log),
+    path("abuy/<int:pk>/", abuy),
+]
+
+
+@pytest.mark.urls(__name__)
+def test_view_lost_raise_answers_500_after_its_work_committed() -> None:
+    response = Client(raise_request_exception=False).post("/buy-raise/1/")
+    assert response.status_code == 500
+    assert User.objects.filter(username="buy-raise-1").exists()
+    with pytest.raises(LockLost):
+        Client().post("/buy-raise/2/")
+
+
+@pytest.mark.urls(__name__)
+def test_view_lost_log_answers_the_view_response(caplog) -> None:
+    with caplog.at_level(logging.WARNING, logger="django_distlock"):
+        response = Client().post("/buy-log/1/")
+    assert (response.status_code, response.content) == (200, b"bought 1")
+    assert User.objects.filter(username="buy-log-1").exists()
+    assert any("'buy-log:1'" in r.getMessage() for r in caplog.records)
+    assert not held_elsewhere("buy-log:1")
+
+
+@pytest.mark.urls(__name__)
+def test_async_view_lost_callable_through_the_client() -> None:
+    response = asyncio.run(AsyncClient().post("/abuy/1/"))
+    assert (response.status_code, response.content) == (200, b"bought 1")
+    assert response["X-Lock-Lost"] == "LockLost"
+    assert User.objects.filter(username="abuy-1").exists()
+    response = Client().post("/abuy/2/")  # the sync client runs the async view too
+    assert response["X-Lock-Lost"] == "LockLost"
