@@ -68,7 +68,7 @@ class UnsupportedOperation(DistLockError):
 
 
 class InvalidLockName(DistLockError, ValueError):
-    """A lock name is not a string, is empty, too long or holds control characters."""
+    """A lock name is not a string, is empty, or holds control characters or lone surrogates."""
 
 
 class VersionConflict(DistLockError, DatabaseError):
