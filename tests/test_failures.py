@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
+import time
+
 import psycopg
 import pytest
 
 from django_distlock import locks
+from django_distlock.backends.database.sessions import WATCHDOG_GRACE
 from django_distlock.exceptions import BackendUnavailable
 
-from .conftest import DATABASES, psycopg_params, require_pg
+from .conftest import DATABASES, eventually, in_thread, psycopg_params, require_pg
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
 
@@ -70,3 +76,46 @@ def test_postgres_refused_connection_is_unavailable(unique) -> None:
     assert "not currently accepting connections" in str(info.value.__cause__)
     assert handle.acquire(blocking=False)
     handle.release()
+
+
+def test_postgres_a_frozen_server_does_not_hold_a_wait_past_its_timeout(unique) -> None:
+    """The server process of a waiting session is frozen (SIGSTOP): the acquire ends at
+    its timeout plus the watchdog's grace with BackendUnavailable (it used to wait until
+    the server came back, 22 s for a 5 s timeout in the fault run)."""
+    require_pg()
+    backend, name = locks["pg-lease"], unique()
+    holder = backend.lock(name, ttl=30)
+    assert holder.acquire()
+    box: dict = {}
+
+    def wait() -> None:
+        started = time.monotonic()
+        try:
+            box["got"] = backend.lock(name, ttl=30).acquire(timeout=2)
+        except BackendUnavailable as exc:
+            box["error"] = exc
+        box["took"] = time.monotonic() - started
+
+    thread = threading.Thread(target=lambda: in_thread(wait))
+    thread.start()
+    with psycopg.connect(**psycopg_params("pg"), autocommit=True) as admin:
+
+        def waiting_pid() -> int | None:
+            row = admin.execute(
+                "SELECT pid FROM pg_stat_activity WHERE state = 'active'"
+                " AND query LIKE 'CALL django_distlock_wait%%' AND pid <> pg_backend_pid()"
+            ).fetchone()
+            return row[0] if row else None
+
+        assert eventually(lambda: waiting_pid() is not None)
+        pid = waiting_pid()
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            thread.join(20)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+    assert isinstance(box.get("error"), BackendUnavailable), box
+    assert "did not answer" in str(box["error"])
+    assert box["took"] < 2 + WATCHDOG_GRACE + 1.5
+    holder.release()

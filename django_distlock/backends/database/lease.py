@@ -10,9 +10,10 @@ SQLite waiters back off with jitter.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
 from django.db import connections
@@ -23,7 +24,7 @@ from ...exceptions import BackendUnavailable
 from ...values import short_owner
 from ..base import Acquisition, ExcInfo, Grant, LockInfo, LockPage, Miss, validate_page_args
 from .common import DatabaseBackend, is_busy, server_wait
-from .sessions import ERRORS, AsyncSessions, Session, connection_lost
+from .sessions import ERRORS, WATCHDOG, AsyncSessions, Session, connection_lost
 from .sql import (
     PG_WAIT,
     POSTGRESQL,
@@ -170,9 +171,15 @@ class PgLeaseAcquisition(Acquisition):
     def _retried(self, op: Callable[[Session], T]) -> T:
         """Run ``op`` on this acquisition's session; if the connection turns out lost
         (the server restarted, the session was terminated), once more on a new one."""
+        session = self._session()
         try:
-            return op(self._session())
+            return op(session)
         except BackendUnavailable as exc:
+            if session.timed_out:
+                raise BackendUnavailable(
+                    f"Database {self.backend.database!r} did not answer within the timeout "
+                    f"(lock alias {self.backend.alias!r}); its connection was cut."
+                ) from exc
             if not connection_lost(exc.__cause__):
                 raise
         return op(self._session())  # the lost session was closed by op's error handling
@@ -268,6 +275,19 @@ class PgLeaseAcquisition(Acquisition):
         else:
             self.backend.sessions.forget(session)
 
+    @contextlib.contextmanager
+    def _watched(self, session: Session) -> Iterator[None]:
+        """Cut the call's connection if the server has not answered by the deadline
+        (plus a grace): a frozen server must not hold an acquire past its timeout."""
+        if self.deadline is None:
+            yield
+            return
+        ident = WATCHDOG.watch(session, self.deadline)
+        try:
+            yield
+        finally:
+            WATCHDOG.done(ident)
+
     def _attempt_on(self, session: Session) -> Grant | Miss:
         lock = self.lock
         if self.queued or (self.blocking and session.contended(lock.key)):
@@ -275,10 +295,10 @@ class PgLeaseAcquisition(Acquisition):
         params = pg_acquire_params(lock.key, self.token, lock.ttl, lock.host, lock.pid,
                                        lock.thread)
         try:
-            with session.mutex:
+            with session.mutex, self._watched(session):
                 row = session.execute(POSTGRESQL.acquire, params).fetchone()
         except ERRORS as exc:
-            if is_busy(exc):
+            if is_busy(exc) and not session.timed_out:
                 return Miss()
             self._drop(session)
             raise self.backend.unavailable(exc, "acquiring a lock") from exc
@@ -296,12 +316,12 @@ class PgLeaseAcquisition(Acquisition):
         params = [lock.key, self.token, lock.ttl, lock.host, lock.pid, lock.thread,
                   server_wait(self.deadline)]
         try:
-            with session.mutex:
+            with session.mutex, self._watched(session):
                 row = session.execute(PG_WAIT, params).fetchone()
         except ERRORS as exc:
             # The session may still hold the queue's advisory lock: closing it frees that.
             self._drop(session)
-            if is_busy(exc):  # its grant waited too long for a row lock
+            if is_busy(exc) and not session.timed_out:  # a grant waited too long for a row
                 return None
             raise self.backend.unavailable(exc, "waiting for a lock") from exc
         except BaseException:

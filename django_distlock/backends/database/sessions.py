@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
+import itertools
 import os
+import socket
 import threading
 import time
 import weakref
@@ -100,6 +103,8 @@ class Session:
         self.mutex = threading.Lock()
         self.orphans: list[tuple[str, int]] = []
         self.closed = False
+        #: The watchdog cut the connection: the server did not answer in time.
+        self.timed_out = False
         #: Keys this session recently had to wait for, and when (monotonic), oldest first.
         self._contended: dict[str, float] = {}
 
@@ -136,12 +141,81 @@ class Session:
             else:
                 raw.cancel()
 
+    def cut(self) -> None:
+        """Shut the connection's socket down under the running call (any thread): the
+        call then fails at once instead of waiting for a server that does not answer."""
+        self.timed_out = True
+        with contextlib.suppress(Exception):
+            fd = os.dup(self.wrapper.connection.fileno())
+            with socket.socket(fileno=fd) as sock:
+                sock.shutdown(socket.SHUT_RDWR)
+
     def close(self) -> None:
         """Close the connection; the server frees the advisory locks it held."""
         self.closed = True
         if self.pid == os.getpid():
             with contextlib.suppress(Error):
                 self.wrapper.close()
+
+
+#: How long past its deadline a call may go before the watchdog cuts its connection
+#: (a wait in the server ends at the deadline by itself; this covers the answer's way).
+WATCHDOG_GRACE = 2.0
+
+
+class Watchdog:
+    """Cuts the connection of a call that runs past its deadline plus
+    :data:`WATCHDOG_GRACE` (a frozen or unreachable server): one thread per process."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int, Session]] = []
+        self._live: set[int] = set()
+        self._ids = itertools.count()
+        self._pid = 0
+
+    def watch(self, session: Session, deadline: float) -> int:
+        """Watch a call on ``session`` until :meth:`done`; return its id."""
+        ident = next(self._ids)
+        until = deadline + WATCHDOG_GRACE
+        with self._cond:
+            if self._pid != os.getpid():
+                self._start()
+            self._live.add(ident)
+            earliest = not self._heap or until < self._heap[0][0]
+            heapq.heappush(self._heap, (until, ident, session))
+            if earliest:
+                self._cond.notify()  # else the thread already wakes up sooner
+        return ident
+
+    def done(self, ident: int) -> None:
+        with self._cond:
+            self._live.discard(ident)
+
+    def _start(self) -> None:
+        self._pid = os.getpid()
+        self._heap, self._live = [], set()
+        threading.Thread(target=self._run, name="django-distlock-watchdog", daemon=True).start()
+
+    def _run(self) -> None:
+        with self._cond:
+            while True:
+                while self._heap and self._heap[0][1] not in self._live:
+                    heapq.heappop(self._heap)
+                if not self._heap:
+                    self._cond.wait()
+                    continue
+                until, ident, session = self._heap[0]
+                left = until - time.monotonic()
+                if left > 0:
+                    self._cond.wait(left)
+                    continue
+                heapq.heappop(self._heap)
+                self._live.discard(ident)
+                session.cut()
+
+
+WATCHDOG = Watchdog()
 
 
 class SessionFactory:
