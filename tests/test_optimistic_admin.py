@@ -33,7 +33,7 @@ from django_distlock.optimistic_admin import (
 )
 from tests.testapp.admin_models import Article, ArticleNoActions, Memo
 
-from .conftest import require_pg
+from .conftest import DATABASES, require_pg
 
 TOKEN = re.compile(r'name="distlock_version" value="([^"]+)"')
 ROW_PK = re.compile(r'name="form-(\d+)-id" value="([^"]+)"')
@@ -91,7 +91,7 @@ def test_sign_and_unsign_round_trip_bound_to_model_and_pk() -> None:
     b = Article.objects.create(title="b")
     token = sign_version(a, ["title"])
     read = unsign_version(Article, a.pk, token)
-    assert read.version == 1 and set(read.digests) == {"title"}
+    assert (read.version, read.values, read.name) == (1, {"title": "a"}, "a")
     with pytest.raises(signing.BadSignature):
         unsign_version(Article, b.pk, token)
     with pytest.raises(signing.BadSignature):
@@ -290,14 +290,16 @@ def test_list_editable_saves_fresh_rows_and_refuses_stale_ones(
     edits = {fresh.pk: {"status": "live", "price": 2}, stale.pk: {"status": "live", "price": 3}}
     response = client.post(url, list_post(rows, edits))
 
-    assert response.status_code == 302
+    assert response.status_code == 200  # the list again, the stale row with the edits kept
     fresh.refresh_from_db()
     stale.refresh_from_db()
     assert (fresh.status, fresh.price, fresh.version) == ("live", 2, 2)
     assert (stale.status, stale.price, stale.version) == ("draft", 50, 2)
     notes = messages_of(response)
     assert any("1 article" in m and "changed successfully" in m for m in notes), notes
-    assert any("Not saved" in m and "“stale”" in m and "“fresh”" not in m for m in notes), notes
+    assert any("“stale” was changed by someone else" in m and "“fresh”" not in m for m in notes), (
+        notes
+    )
 
 
 @pytest.mark.parametrize(("url_name", "has_actions"), CHANGELISTS)
@@ -405,7 +407,7 @@ def test_action_refused_when_a_selected_row_was_deleted(client: Client) -> None:
 
     assert response.status_code == 302
     assert Article.objects.get(pk=a.pk).status == "draft"
-    assert any(f"“{b.pk} (deleted)”" in m for m in messages_of(response))
+    assert any("someone else deleted “b”" in m for m in messages_of(response))
 
 
 def test_delete_selected_refused_when_stale_at_selection(client: Client) -> None:
@@ -547,12 +549,13 @@ def test_pg_list_editable_race_in_save(
     response = pg_client.post(url, list_post(rows, edits))
 
     assert race["fired"] == 1
-    assert response.status_code == 302
+    assert response.status_code == 200
     first = Article.objects.using("pg").get(pk=first.pk)
     second = Article.objects.using("pg").get(pk=second.pk)
     assert (first.status, first.price, first.version) == ("draft", 99, 2)
     assert (second.status, second.price, second.version) == ("live", 3, 2)  # saved once
-    assert any("Not saved" in m and "“first”" in m for m in messages_of(response))
+    notes = messages_of(response)
+    assert any("“first” was changed by someone else" in m for m in notes), notes
 
 
 @PG
@@ -575,3 +578,221 @@ def test_pg_actions_check_locked_rows(pg_client: Client) -> None:
     done = pg_client.post(url, confirm)
     assert done.status_code == 302
     assert not Article.objects.using("pg").exists()
+
+
+# -- as editors meet it: no-op saves, merges, deleted rows, wording (issue 14, item 6) --
+
+
+FORM_VALUE = r'name="{name}"[^>]*value="([^"]*)"'
+BOTH = pytest.mark.django_db(databases=DATABASES, transaction=True)
+
+
+@pytest.fixture(params=["default", "pg"])
+def editor(request: pytest.FixtureRequest) -> Iterator[Client]:
+    """A logged-in client, the test models on SQLite or (routed) on PostgreSQL."""
+    if request.param == "pg":
+        require_pg()
+    user = User.objects.create_superuser("editor", "editor@example.com", "pw")
+    client = Client()
+    client.force_login(user)
+    routers = [ToPostgres()] if request.param == "pg" else []
+    with override_settings(DATABASE_ROUTERS=routers):
+        yield client
+
+
+def field_value(html: str, name: str) -> str:
+    found = re.findall(FORM_VALUE.format(name=re.escape(name)), html)
+    assert len(found) == 1, f"{name}: {found}"
+    return found[0]
+
+
+@BOTH
+def test_a_save_that_changed_nothing_writes_nothing(editor: Client) -> None:
+    article = Article.objects.create(title="first", price=1)
+    mine, theirs = open_form(editor, article), open_form(editor, article)
+
+    unchanged = editor.post(
+        change_url(article), article_post(mine, title="first", price=1, status="draft")
+    )
+
+    assert unchanged.status_code == 302
+    article.refresh_from_db()
+    assert article.version == 1  # no new version: nobody else is refused for nothing
+    saved = editor.post(change_url(article), article_post(theirs, price=2))
+    assert saved.status_code == 302
+    article.refresh_from_db()
+    assert (article.title, article.price, article.version) == ("edited", 2, 2)
+
+
+@BOTH
+def test_a_stale_form_comes_back_merged_with_theirs_beside_mine(editor: Client) -> None:
+    article = Article.objects.create(title="first", price=1, body="old body")
+    token = open_form(editor, article)
+    someone_else_sets(article, price=7, body="their body")  # price is on the form, body too
+
+    posted = article_post(token, title="mine", price=3, status="draft", body="old body")
+    response = editor.post(change_url(article), posted)
+
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "Please correct" not in html and "errornote" not in html
+    notes = messages_of(response)
+    assert any(
+        "changed by someone else since you opened it, so nothing was saved yet" in m
+        and "Unit price (now: 7)" in m
+        and "Body (now: their body)" in m
+        and "(Unit price), yours is in the box and theirs beside it" in m
+        for m in notes
+    ), notes
+    assert field_value(html, "title") == "mine"  # my change, which they did not touch
+    assert field_value(html, "price") == "3"  # mine, where we both changed it...
+    assert "theirs: <strong>7</strong>" in html  # ...and theirs beside it
+    assert "their body</textarea>" in html  # theirs, which I did not touch
+    article.refresh_from_db()
+    assert (article.title, article.price, article.version) == ("first", 7, 2)
+
+    # The page re-sent as it was (a reload): the same merge again, nothing saved.
+    again = editor.post(change_url(article), posted)
+    assert again.status_code == 200 and field_value(again.content.decode(), "price") == "3"
+
+    # Saving the merged form as shown: mine where I changed, theirs elsewhere.
+    merged = {
+        **posted,
+        "body": "their body",
+        VERSION_FORM_FIELD: field_value(html, VERSION_FORM_FIELD),
+    }
+    saved = editor.post(change_url(article), merged)
+    assert saved.status_code == 302
+    article.refresh_from_db()
+    assert (article.title, article.price, article.body, article.version) == (
+        "mine",
+        3,
+        "their body",
+        3,
+    )
+
+
+@BOTH
+def test_a_stale_form_whose_changes_match_theirs_saves_nothing(editor: Client) -> None:
+    article = Article.objects.create(title="first", price=1)
+    token = open_form(editor, article)
+    someone_else_sets(article, price=5)
+
+    response = editor.post(
+        change_url(article), article_post(token, title="first", price=5, status="draft")
+    )
+
+    assert response.status_code == 302
+    article.refresh_from_db()
+    assert (article.price, article.version) == (5, 2)
+
+
+@BOTH
+def test_the_list_keeps_a_stale_rows_edits_merged(editor: Client) -> None:
+    a = Article.objects.create(title="a", price=1)
+    b = Article.objects.create(title="b", price=1)
+    url = reverse("admin:testapp_article_changelist")
+    rows = list_rows(editor, url)
+    someone_else_sets(b, price=50, status="live")
+
+    edits = {a.pk: {"status": "live", "price": 2}, b.pk: {"status": "draft", "price": 3}}
+    response = editor.post(url, list_post(rows, edits))
+
+    assert response.status_code == 200
+    html = response.content.decode()
+    index = {pk: i for pk, (i, _) in list_rows(editor, url).items()}
+    assert field_value(html, f"form-{index[b.pk]}-price") == "3"  # mine, kept
+    assert "theirs: <strong>50</strong>" in html
+    notes = messages_of(response)
+    assert any(
+        "“b” was changed by someone else since the list was shown, so your changes to it "
+        "were not saved yet"
+        in m
+        and "(b: Unit price)" in m
+        for m in notes
+    ), notes
+    assert not any("Reload" in m for m in notes)
+    b.refresh_from_db()
+    assert (b.price, b.status, b.version) == (50, "live", 2)
+    # Saving the list as shown now.
+    shown = {
+        pk: (i, field_value(html, f"form-{i}-{VERSION_FORM_FIELD}")) for pk, (i, _) in rows.items()
+    }
+    again = {a.pk: {"status": "live", "price": 2}, b.pk: {"status": "live", "price": 3}}
+    saved = editor.post(url, list_post(shown, again))
+    assert saved.status_code == 302
+    b.refresh_from_db()
+    assert (b.price, b.status, b.version) == (3, "live", 3)
+
+
+@BOTH
+def test_a_row_deleted_meanwhile_does_not_stop_the_others(editor: Client) -> None:
+    a = Article.objects.create(title="a", price=1)
+    b = Article.objects.create(title="Blue mug", price=1)
+    c = Article.objects.create(title="c", price=1)
+    url = reverse("admin:testapp_article_changelist")
+    rows = list_rows(editor, url)
+    Article.objects.filter(pk=b.pk).delete()
+
+    edits = {pk: {"status": "live", "price": 9} for pk in (a.pk, b.pk, c.pk)}
+    response = editor.post(url, list_post(rows, edits))
+
+    assert response.status_code == 302
+    assert sorted(Article.objects.values_list("title", "price")) == [("a", 9), ("c", 9)]
+    notes = messages_of(response)
+    assert any(
+        m == "“Blue mug” was deleted by someone else since the list was shown; your changes "
+        "to it were not saved."
+        for m in notes
+    ), notes
+    assert any("2 articles were changed successfully" in m for m in notes), notes
+
+
+@BOTH
+def test_a_list_shown_again_with_errors_pairs_rows_with_their_forms(editor: Client) -> None:
+    a = Article.objects.create(title="a", price=1)
+    b = Article.objects.create(title="b", price=1)
+    url = reverse("admin:testapp_article_changelist")
+    rows = list_rows(editor, url)
+    Article.objects.create(title="c, added meanwhile")  # first in the list now (by -pk)
+
+    edits = {a.pk: {"status": "live", "price": 4}, b.pk: {"status": "live", "price": "x"}}
+    response = editor.post(url, list_post(rows, edits))
+
+    assert response.status_code == 200  # b's price is invalid: nothing saved, errors shown
+    body = response.content.decode().split("<tbody>", 1)[1].split("</tbody>", 1)[0]
+    by_row = {
+        re.search(r"<th[^>]*>.*?>([^<]+)</a>", tr).group(1): tr  # type: ignore[union-attr]
+        for tr in body.split("<tr")[1:]
+    }
+    assert set(by_row) == {"a", "b"}
+    assert 'value="x"' in by_row["b"] and 'value="4"' in by_row["a"]
+
+
+@BOTH
+def test_select_all_checks_every_row_shown_and_counts_those_not(
+    editor: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a = Article.objects.create(title="a")
+    b = Article.objects.create(title="b")
+    url = reverse("admin:testapp_article_changelist")
+    tokens = action_tokens(editor)
+    someone_else_sets(a, title="a2")  # shown, not ticked
+
+    across = {**action_post("mark_live", tokens, [b.pk]), "select_across": "1"}
+    refused = editor.post(url, across)
+
+    assert refused.status_code == 302
+    assert set(Article.objects.values_list("status", flat=True)) == {"draft"}
+    assert any("not run" in m and "“a2”" in m for m in messages_of(refused))
+
+    monkeypatch.setattr(admin.site._registry[Article], "list_per_page", 1)
+    tokens = action_tokens(editor)  # the first page shows one row of two
+    assert len(tokens) == 1
+    done = editor.post(
+        url, {**action_post("mark_live", tokens, list(map(int, tokens))), "select_across": "1"}
+    )
+    assert done.status_code == 302
+    assert set(Article.objects.values_list("status", flat=True)) == {"live"}
+    notes = messages_of(done)
+    assert any("also covered 1 article that this page did not show" in m for m in notes), notes
