@@ -228,7 +228,7 @@ class _TheirsBeside:
             '<span class="distlock-clash"><span class="distlock-mine">{}</span> '
             '<span class="distlock-theirs" style="display:inline-block;margin-left:.5em;'
             'padding:2px 6px;border-left:3px solid #ba2121;background:#fff5e5;">'
-            "yours &#8592; &middot; theirs: <strong>{}</strong></span></span>",
+            "&#8592; yours &middot; theirs: <strong>{}</strong></span></span>",
             html,
             self.distlock_theirs,
         )

@@ -36,7 +36,14 @@ PG_BIN = Path("/usr/lib/postgresql/15/bin")
 # DISTLOCK_TEST_ZK_JAR: only to test the failure path (a bad jar makes ZooKeeper fail).
 ZK_JAR = os.environ.get("DISTLOCK_TEST_ZK_JAR", "/usr/share/java/zookeeper.jar")
 ZK_CLASSPATH = [ZK_JAR, "/usr/share/java/slf4j-log4j12.jar", "/usr/share/java/log4j-1.2.jar"]
-APT_PACKAGES = ["redis-server", "zookeeper", "postgresql", "memcached"]
+APT_PACKAGES = [
+    "redis-server",
+    "zookeeper",
+    "postgresql",
+    "memcached",
+    "chromium",  # with chromium-driver: the admin's browser tests (test_optimistic_browser.py)
+    "chromium-driver",
+]
 
 READY_TIMEOUT = {"redis": 30.0, "zookeeper": 60.0, "postgres": 30.0, "memcached": 30.0}
 STOP_TIMEOUT = 10.0
