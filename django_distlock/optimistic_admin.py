@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import datetime
+import functools
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -234,9 +235,14 @@ class _TheirsBeside:
         )
 
 
+@functools.cache
+def _beside_class(widget_class: type[forms.Widget]) -> type[forms.Widget]:
+    return type(f"Theirs{widget_class.__name__}", (_TheirsBeside, widget_class), {})
+
+
 def _beside(widget: forms.Widget, theirs: str) -> forms.Widget:
     """A copy of ``widget`` (any class) that renders ``theirs`` beside its input."""
-    cls = type(f"Theirs{type(widget).__name__}", (_TheirsBeside, type(widget)), {})
+    cls = _beside_class(type(widget))
     shown = copy.copy(widget)
     shown.__class__ = cls
     shown.distlock_theirs = theirs  # type: ignore[attr-defined]
@@ -868,8 +874,12 @@ class _Selection:
                 f"{_these(count, 'it is', 'they are')} now: check, then select again."
             )
         if across is not None:
-            acted = across.select_for_update().order_by().values_list("pk", field_.attname)
-            for key, version in acted.using(self.using):
+            # Locked through the model's own table: the admin's queryset may group rows
+            # (annotations), which FOR UPDATE refuses.
+            acted = rows.filter(pk__in=across.order_by().values("pk")).values_list(
+                "pk", field_.attname
+            )
+            for key, version in acted:
                 if str(key) not in self.read:
                     self.unchecked += 1
                     self.read[str(key)] = version

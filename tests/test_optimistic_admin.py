@@ -455,7 +455,8 @@ class ToPostgres:
     """Route the admin test models to the "pg" database."""
 
     def _route(self, model: Any, **hints: Any) -> str | None:
-        return "pg" if model._meta.concrete_model in (Article, Memo) else None
+        routed = model._meta.concrete_model in (Article, Memo) or model._meta.app_label == "shop"
+        return "pg" if routed else None
 
     db_for_read = db_for_write = _route
 
@@ -796,3 +797,26 @@ def test_select_all_checks_every_row_shown_and_counts_those_not(
     assert set(Article.objects.values_list("status", flat=True)) == {"live"}
     notes = messages_of(done)
     assert any("also covered 1 article that this page did not show" in m for m in notes), notes
+
+
+@BOTH
+def test_select_all_on_an_annotated_changelist(editor: Client) -> None:
+    """The shop's product admin annotates its queryset (GROUP BY): locking it must not fail."""
+    from testproject.shop.models import Product
+
+    Product.objects.create(name="mug", stock=1)
+    Product.objects.create(name="cup", stock=1)
+    url = reverse("admin:shop_product_changelist")
+    tokens = dict(ACTION_TOKEN.findall(editor.get(url).content.decode()))
+    assert len(tokens) == 2
+    post = {
+        **action_post("delete_selected", tokens, [int(next(iter(tokens)))]),
+        "select_across": "1",
+    }
+    page = editor.post(url, post)
+    assert page.status_code == 200 and "Are you sure" in page.content.decode()
+    done = editor.post(
+        url, {"action": "delete_selected", "post": "yes", "_selected_action": list(tokens)}
+    )
+    assert done.status_code == 302
+    assert not Product.objects.exists()
