@@ -31,7 +31,7 @@ from django_distlock.exceptions import (
     StaleFencingToken,
     VersionConflict,
 )
-from django_distlock.fencing import (
+from django_distlock.optimistic.fencing import (
     FencedQuerySet,
     FencingTokenField,
     fenced_save,

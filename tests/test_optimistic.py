@@ -30,12 +30,12 @@ from django_distlock.exceptions import VersionConflict
 from django_distlock.optimistic import (
     OptimisticLockMixin,
     VersionField,
-    _keep_the_version_newest,
     get_version,
     retry_on_conflict,
     update_with_retry,
     version_field,
 )
+from django_distlock.optimistic.mixin import _keep_the_version_newest
 from tests.testapp.models import (
     Item,
     ItemProxy,

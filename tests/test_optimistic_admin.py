@@ -24,7 +24,7 @@ from django.http import HttpResponse
 from django.test import Client, override_settings
 from django.urls import reverse
 
-from django_distlock.optimistic_admin import (
+from django_distlock.optimistic.admin import (
     ACTION_VERSION_PREFIX,
     VERSION_FORM_FIELD,
     OptimisticAdminMixin,

@@ -23,7 +23,7 @@ from reversion.admin import VersionAdmin
 from reversion.models import Revision, Version
 
 from django_distlock.exceptions import VersionConflict
-from django_distlock.optimistic_admin import VERSION_FORM_FIELD, OptimisticAdminMixin
+from django_distlock.optimistic.admin import VERSION_FORM_FIELD, OptimisticAdminMixin
 from tests.testapp.models import Article, Place, Shop
 
 from .conftest import DATABASES, require_pg

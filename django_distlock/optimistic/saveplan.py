@@ -1,7 +1,7 @@
 """The checked ``UPDATE`` of an optimistic save, as the SQL Django would compile.
 
 :class:`SavePlan` is what a checked save of one model class needs, worked
-out once per class by :func:`django_distlock.optimistic._plan`;
+out once per class by :func:`plan_for`;
 :func:`direct_update` runs its statement through Django's cursor (logged,
 wrapped and error-mapped as any query), or declines when the model or a
 value needs Django's compiler.
@@ -12,8 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, cast
 
+from django.core.exceptions import ImproperlyConfigured
 from django.db import models, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
+
+from .version import VersionField, count_message
 
 #: Cached statements per model class at most (distinct update_fields sets x backends).
 STATEMENTS_PER_MODEL = 64
@@ -134,3 +137,43 @@ def direct_update(
     with transaction.mark_for_rollback_on_error(connection.alias), connection.cursor() as cursor:
         cursor.execute(statement.sql, params)
         return cast(int, cursor.rowcount)
+
+
+_PLAN = "_distlock_save_plan"  # the class attribute caching a model's plan
+
+
+def plan_for(model: type[models.Model]) -> SavePlan:
+    """The model's save plan, from the cache on the class when it is still current.
+
+    :raises ImproperlyConfigured: the model has no VersionField, or more than one.
+    """
+    source = model._meta.concrete_fields
+    plan = model.__dict__.get(_PLAN)  # not a parent's (a proxy has its own)
+    if plan is not None and plan.source is source:
+        return cast(SavePlan, plan)
+    found: list[models.Field[Any, Any]] = [f for f in source if isinstance(f, VersionField)]
+    if len(found) != 1:
+        raise ImproperlyConfigured(count_message(model, found))
+    field = found[0]
+    owner = cast(type[models.Model], field.model)
+    concrete = model._meta.concrete_model or model
+    columns = tuple(
+        (f.name, f.attname, f, type(f).pre_save is not models.Field.pre_save)
+        for f in concrete._meta.local_concrete_fields
+        if not (f.primary_key or f.generated or f is field)
+    )
+    plan = SavePlan(
+        source=source,
+        field=field,
+        owner=owner,
+        owner_pk=owner._meta.pk.attname,
+        has_parents=bool(concrete._meta.parents),
+        columns=columns,
+        allowed=frozenset(
+            name for f in source if not f.primary_key for name in (f.name, f.attname)
+        ),
+        direct=direct_ok(owner, field, [f for _, _, f, _ in columns]),
+        statements={},
+    )
+    setattr(model, _PLAN, plan)  # a class attribute: it lives and dies with the class
+    return plan

@@ -1,135 +1,32 @@
-"""Optimistic locking: a version column checked by every save and delete, and retry helpers.
+"""The model mixin of optimistic locking: ``save()`` and ``delete()`` check the version.
 
 ``save()`` of a row read earlier becomes one ``UPDATE ... WHERE pk = %s AND
 version = %s`` that also bumps the version; when no row matches, somebody
 else wrote (or deleted) the row since it was read, and
 :class:`~django_distlock.exceptions.VersionConflict` is raised with nothing
-written. :func:`retry_on_conflict` and :func:`update_with_retry` re-run a
-read-modify-write until it wins. See ``docs/optimistic.md``.
+written. Raw saves (fixtures, django-reversion) never lower a version. See
+``docs/optimistic.md``.
 """
 
 from __future__ import annotations
 
-import asyncio
-import functools
-import inspect
-import logging
-import time
-from collections.abc import Awaitable, Callable, Collection, Iterable
-from typing import Any, ParamSpec, Self, TypeVar, cast, overload
+from collections.abc import Collection, Iterable
+from typing import Any, ClassVar, Self, cast
 
-from asgiref.sync import sync_to_async
 from django.core import checks
-from django.core.exceptions import ImproperlyConfigured
-from django.db import OperationalError, connections, models, router, transaction
+from django.db import connections, models, router, transaction
 from django.db.models.base import ModelBase
 from django.db.models.signals import class_prepared, post_save, pre_save
 
-from ._saveplan import SavePlan, direct_ok, direct_update
-from .backoff import Backoff
-from .exceptions import VersionConflict
+from ..exceptions import VersionConflict
+from .saveplan import SavePlan, direct_update, plan_for
+from .version import VersionField, count_message, version_field, version_fields
 
-__all__ = [
-    "OptimisticLockMixin",
-    "VersionConflict",
-    "VersionField",
-    "get_version",
-    "retry_on_conflict",
-    "retryable",
-    "update_with_retry",
-    "version_field",
-]
+__all__ = ["OptimisticLockMixin"]
 
-logger = logging.getLogger("django_distlock")
-
-P = ParamSpec("P")
-R = TypeVar("R")
-M = TypeVar("M", bound="OptimisticLockMixin")
-
-
-class VersionField(models.PositiveBigIntegerField):
-    """The version column of an optimistic-locking model: starts at 1, +1 per save.
-
-    Not editable in forms: a form that posted it back could claim any version.
-    """
-
-    description = "Optimistic locking version"
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("default", 1)
-        kwargs.setdefault("editable", False)
-        super().__init__(*args, **kwargs)
-
-    def deconstruct(self) -> Any:
-        name, path, args, kwargs = super().deconstruct()
-        if kwargs.get("default") == 1:
-            del kwargs["default"]
-        if kwargs.get("editable", True) is False:
-            del kwargs["editable"]
-        return name, path, args, kwargs
-
-    def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
-        messages = super().check(**kwargs)
-        model = getattr(self, "model", None)
-        if model is not None and not issubclass(model, OptimisticLockMixin):
-            messages.append(
-                checks.Warning(
-                    f"{model._meta.label}.{self.name} is a VersionField but the model does not "
-                    "inherit OptimisticLockMixin, so nothing checks or bumps it.",
-                    hint="Add django_distlock.optimistic.OptimisticLockMixin to the model's bases.",
-                    obj=self,
-                    id="distlock.W101",
-                )
-            )
-        return messages
-
-
-def _version_fields(model: type[models.Model]) -> list[models.Field[Any, Any]]:
-    return [f for f in model._meta.concrete_fields if isinstance(f, VersionField)]
-
-
-def version_field(model_or_instance: type[models.Model] | models.Model) -> models.Field[Any, Any]:
-    """Return the one :class:`VersionField` of a model class or instance.
-
-    :param model_or_instance: a concrete model class, or an instance of one.
-    :returns: the field (its ``attname`` is the column's attribute on instances).
-    :raises TypeError: when given something that is not a Django model or instance.
-    :raises ImproperlyConfigured: when the model has no VersionField, or more than one.
-    """
-    if isinstance(model_or_instance, models.Model):
-        model: type[models.Model] = type(model_or_instance)
-    elif isinstance(model_or_instance, type) and issubclass(model_or_instance, models.Model):
-        model = model_or_instance
-    else:
-        raise TypeError(
-            f"version_field() takes a model class or instance, not {model_or_instance!r}."
-        )
-    found = _version_fields(model)
-    if len(found) != 1:
-        raise ImproperlyConfigured(_count_message(model, found))
-    return found[0]
-
-
-def _count_message(model: type[models.Model], found: list[models.Field[Any, Any]]) -> str:
-    names = ", ".join(f.name for f in found) or "none"
-    return (
-        f"{model._meta.label} needs exactly one VersionField for optimistic locking "
-        f"(found: {names}). Keep the inherited 'version', or set 'version = None' and "
-        "declare one VersionField under another name."
-    )
-
-
-def get_version(instance: models.Model) -> int:
-    """Return the version the instance was read (or last saved) at.
-
-    :param instance: an instance of a model with one :class:`VersionField`.
-    :returns: the version number held by the instance (not re-read from the database).
-    :raises TypeError: when ``instance`` is not a model instance.
-    :raises ImproperlyConfigured: when its model has no VersionField, or more than one.
-    """
-    if not isinstance(instance, models.Model):
-        raise TypeError(f"get_version() takes a model instance, not {instance!r}.")
-    return cast(int, getattr(instance, version_field(instance).attname))
+#: Attribute of an instance's ``_state``: the primary key its row was read (or saved) with.
+_READ_PK = "distlock_read_pk"
+_UNKNOWN = object()  # no primary key was noted (not loaded by from_db, never saved by us)
 
 
 class OptimisticLockMixin(models.Model):
@@ -145,15 +42,18 @@ class OptimisticLockMixin(models.Model):
 
     version = VersionField()
 
+    #: Read by VersionField's check: a model of this class checks its version.
+    _distlock_checked_saves: ClassVar[bool] = True
+
     class Meta:
         abstract = True
 
     @classmethod
     def check(cls, **kwargs: Any) -> list[checks.CheckMessage]:
         messages = super().check(**kwargs)
-        found = _version_fields(cls)
+        found = version_fields(cls)
         if len(found) != 1:
-            messages.append(checks.Error(_count_message(cls, found), obj=cls, id="distlock.E101"))
+            messages.append(checks.Error(count_message(cls, found), obj=cls, id="distlock.E101"))
         return messages
 
     @classmethod
@@ -209,12 +109,12 @@ class OptimisticLockMixin(models.Model):
             return
         # Django's own first step (unsaved objects in foreign keys and generic foreign keys).
         self._prepare_related_fields_for_save(operation_name="save")  # type: ignore[attr-defined]
-        plan = _plan(type(self))
+        plan = plan_for(type(self))
         if update_fields is not None:
             update_fields = frozenset(update_fields)
             if not update_fields:
                 return  # like Django: an empty update_fields saves nothing and sends no signal
-            _refuse_unknown(update_fields, plan.allowed)
+            refuse_unknown_fields(update_fields, plan.allowed)
         using = using or router.db_for_write(type(self), instance=self)
         field = plan.field
         deferred = self.get_deferred_fields()
@@ -254,7 +154,7 @@ class OptimisticLockMixin(models.Model):
         update_fields: Iterable[str] | None,
     ) -> None:
         """Django's save of a new row, at the initial version; see :meth:`save`."""
-        plan = _plan(type(self))
+        plan = plan_for(type(self))
         field = plan.field
         parent_pk = None
         if plan.owner is not self._meta.concrete_model and not (
@@ -447,49 +347,6 @@ def _guard_raw_saves(sender: type[models.Model], **kwargs: Any) -> None:
 class_prepared.connect(_guard_raw_saves)
 
 
-_PLAN = "_distlock_save_plan"
-#: Attribute of an instance's ``_state``: the primary key its row was read (or saved) with.
-_READ_PK = "distlock_read_pk"
-_UNKNOWN = object()  # no primary key was noted (not loaded by from_db, never saved by us)
-
-
-def _plan(model: type[models.Model]) -> SavePlan:
-    """The model's save plan, from the cache on the class when it is still current.
-
-    :raises ImproperlyConfigured: the model has no VersionField, or more than one.
-    """
-    source = model._meta.concrete_fields
-    plan = model.__dict__.get(_PLAN)  # not a parent's (a proxy has its own)
-    if plan is not None and plan.source is source:
-        return cast(SavePlan, plan)
-    found: list[models.Field[Any, Any]] = [f for f in source if isinstance(f, VersionField)]
-    if len(found) != 1:
-        raise ImproperlyConfigured(_count_message(model, found))
-    field = found[0]
-    owner = cast(type[models.Model], field.model)
-    concrete = model._meta.concrete_model or model
-    columns = tuple(
-        (f.name, f.attname, f, type(f).pre_save is not models.Field.pre_save)
-        for f in concrete._meta.local_concrete_fields
-        if not (f.primary_key or f.generated or f is field)
-    )
-    plan = SavePlan(
-        source=source,
-        field=field,
-        owner=owner,
-        owner_pk=owner._meta.pk.attname,
-        has_parents=bool(concrete._meta.parents),
-        columns=columns,
-        allowed=frozenset(
-            name for f in source if not f.primary_key for name in (f.name, f.attname)
-        ),
-        direct=direct_ok(owner, field, [f for _, _, f, _ in columns]),
-        statements={},
-    )
-    setattr(model, _PLAN, plan)  # a class attribute: it lives and dies with the class
-    return plan
-
-
 def _guarded(
     instance: models.Model,
     field: models.Field[Any, Any],
@@ -584,227 +441,21 @@ def _conflict(instance: models.Model, expected: int, using: str | None = None) -
     )
 
 
-def _validate_update_fields(instance: models.Model, update_fields: frozenset[str]) -> None:
+def validate_update_fields(instance: models.Model, update_fields: frozenset[str]) -> None:
     """Refuse names Django's save would refuse, with Django's message."""
     allowed: set[str] = set()
     for f in instance._meta.concrete_fields:
         if not f.primary_key:
             allowed.update((f.name, f.attname))
-    _refuse_unknown(update_fields, allowed)
+    refuse_unknown_fields(update_fields, allowed)
 
 
-def _refuse_unknown(update_fields: frozenset[str], allowed: frozenset[str] | set[str]) -> None:
+def refuse_unknown_fields(
+    update_fields: frozenset[str], allowed: frozenset[str] | set[str]
+) -> None:
     unknown = update_fields - allowed
     if unknown:
         raise ValueError(
             "The following fields do not exist in this model, are m2m fields, primary keys, "
             "or are non-concrete fields: " + ", ".join(sorted(unknown))
         )
-
-
-def _check_retry_arguments(attempts: Any, base: Any, cap: Any) -> None:
-    if isinstance(attempts, bool) or not isinstance(attempts, int):
-        raise TypeError(f"attempts must be an int (calls in all), not {attempts!r}.")
-    if attempts < 1:
-        raise ValueError(f"attempts must be >= 1 (calls in all), not {attempts}.")
-    for name, value in (("base", base), ("cap", cap)):
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise TypeError(f"{name} must be a number of seconds, not {value!r}.")
-        if not value > 0:
-            raise ValueError(f"{name} must be > 0 seconds, not {value!r}.")
-    if cap < base:
-        raise ValueError(f"cap ({cap}) must be >= base ({base}): cap bounds every wait.")
-
-
-@overload
-def retry_on_conflict(
-    func: Callable[P, R], *, attempts: int = ..., base: float = ..., cap: float = ...
-) -> Callable[P, R]: ...
-
-
-@overload
-def retry_on_conflict(
-    func: None = None, *, attempts: int = ..., base: float = ..., cap: float = ...
-) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
-
-
-def retry_on_conflict(
-    func: Callable[P, R] | None = None,
-    *,
-    attempts: int = 5,
-    base: float = 0.005,
-    cap: float = 0.25,
-) -> Callable[P, R] | Callable[[Callable[P, R]], Callable[P, R]]:
-    """Re-call the decorated function when it raises :class:`VersionConflict`,
-    or when the database refused its transaction (see :func:`retryable`).
-
-    Usable bare (``@retry_on_conflict``) or with arguments. Waits between
-    calls grow exponentially with full jitter. The function must re-read
-    what it modifies on every call: a retry that saves the same stale
-    instance conflicts again. Works on ``async def`` functions too (waits
-    with :func:`asyncio.sleep`). Under REPEATABLE READ or SERIALIZABLE, open
-    the transaction inside the function: a stale save there is refused by
-    the database (a serialization failure, an ``OperationalError``) rather
-    than by the version check, and is retried too; called inside an outer
-    ``transaction.atomic()`` block, such a refusal is raised at once.
-
-    :param func: the function, when used bare.
-    :param attempts: calls in all (>= 1), the first included.
-    :param base: first wait's upper bound, in seconds (> 0).
-    :param cap: upper bound of every wait, in seconds (>= base).
-    :returns: the wrapped function (or a decorator, when ``func`` is not given).
-    :raises TypeError, ValueError: bad arguments, at decoration time.
-
-    The wrapped function returns what ``func`` returns and raises the last
-    :class:`VersionConflict` (or refusal) once ``attempts`` calls all
-    conflicted; any other exception propagates at once.
-    """
-    _check_retry_arguments(attempts, base, cap)
-
-    def decorate(function: Callable[P, R]) -> Callable[P, R]:
-        if not callable(function):
-            raise TypeError(
-                f"retry_on_conflict() wraps a function, not {function!r}; give the other "
-                "arguments by keyword: @retry_on_conflict(attempts=5)."
-            )
-        if inspect.iscoroutinefunction(function):
-            return cast(Callable[P, R], _async_retrying(function, attempts, base, cap))
-
-        @functools.wraps(function)
-        def retrying(*args: P.args, **kwargs: P.kwargs) -> R:
-            backoff = Backoff(base, cap)
-            for attempt in range(1, attempts + 1):
-                try:
-                    return function(*args, **kwargs)
-                except (VersionConflict, OperationalError) as exc:
-                    if attempt == attempts or not retryable(exc):
-                        raise
-                    _log_retry(function, attempt, attempts, exc)
-                time.sleep(backoff.next_delay())
-            raise AssertionError("unreachable")  # pragma: no cover
-
-        return retrying
-
-    return decorate if func is None else decorate(func)
-
-
-def _async_retrying(
-    function: Callable[..., Awaitable[Any]], attempts: int, base: float, cap: float
-) -> Callable[..., Awaitable[Any]]:
-    @functools.wraps(function)
-    async def retrying(*args: Any, **kwargs: Any) -> Any:
-        backoff = Backoff(base, cap)
-        for attempt in range(1, attempts + 1):
-            try:
-                return await function(*args, **kwargs)
-            except (VersionConflict, OperationalError) as exc:
-                if attempt == attempts or not await sync_to_async(retryable)(exc):
-                    raise
-                _log_retry(function, attempt, attempts, exc)
-            await asyncio.sleep(backoff.next_delay())
-        raise AssertionError("unreachable")  # pragma: no cover
-
-    return retrying
-
-
-#: SQLSTATEs of a transaction the database refused as a whole, which a retry may win:
-#: serialization_failure (REPEATABLE READ, SERIALIZABLE) and deadlock_detected.
-_RETRY_SQLSTATES = frozenset({"40001", "40P01"})
-#: SQLite's SQLITE_BUSY_SNAPSHOT: a DEFERRED transaction that read a snapshot
-#: older than a commit made since cannot write (SQLite's serialization failure).
-_SQLITE_BUSY_SNAPSHOT = 517
-
-
-def retryable(exc: BaseException) -> bool:
-    """Whether re-running the read-modify-write that raised ``exc`` can succeed.
-
-    True for a :class:`VersionConflict`, and for a database's refusal of the
-    whole transaction (a serialization failure under REPEATABLE READ or
-    SERIALIZABLE, a deadlock, SQLite's ``SQLITE_BUSY_SNAPSHOT``) when no
-    ``transaction.atomic()`` block is open on any connection of this thread:
-    inside one, the transaction is already doomed, and only a retry of the
-    whole block, outside it, can win.
-
-    :param exc: the exception a save (or the transaction around it) raised.
-    :returns: whether :func:`retry_on_conflict` and :func:`update_with_retry` retry it.
-    """
-    if isinstance(exc, VersionConflict):
-        return True
-    if not isinstance(exc, OperationalError):
-        return False
-    cause = exc.__cause__  # the driver's error (psycopg, psycopg2, sqlite3)
-    sqlstate = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
-    sqlite_code = getattr(cause, "sqlite_errorcode", None)
-    if sqlstate not in _RETRY_SQLSTATES and sqlite_code != _SQLITE_BUSY_SNAPSHOT:
-        return False
-    return not any(c.in_atomic_block for c in connections.all(initialized_only=True))
-
-
-def _log_retry(what: Any, attempt: int, attempts: int, exc: Exception) -> None:
-    name = getattr(what, "__qualname__", repr(what))
-    what_happened = (
-        "version conflict" if isinstance(exc, VersionConflict) else "refused by the database"
-    )
-    logger.debug("%s: %s, retry %d of %d: %s", name, what_happened, attempt, attempts - 1, exc)
-
-
-def update_with_retry(
-    instance: M,
-    change: Callable[[M], object],
-    *,
-    attempts: int = 5,
-    base: float = 0.005,
-    cap: float = 0.25,
-    update_fields: Iterable[str] | None = None,
-) -> M:
-    """Apply ``change`` to ``instance`` and save it, re-reading and re-applying on conflict.
-
-    Each round calls ``change(instance)`` then
-    ``instance.save(update_fields=update_fields)``; after a conflict it waits
-    (exponential backoff, full jitter), reloads the instance with
-    ``refresh_from_db()`` and goes again. ``change`` must decide from the
-    instance's current values (e.g. raise when the stock is 0): it sees
-    fresh values on every round.
-
-    :param instance: an instance of an :class:`OptimisticLockMixin` model.
-    :param change: a callable modifying the instance in place; what it
-        returns is ignored. If it raises, nothing is saved and the exception
-        propagates.
-    :param attempts: rounds in all (>= 1).
-    :param base: first wait's upper bound, in seconds (> 0).
-    :param cap: upper bound of every wait, in seconds (>= base).
-    :param update_fields: passed to ``save()``; None saves every field.
-    :returns: ``instance``, saved, its version bumped.
-    :raises VersionConflict: the last conflict, after ``attempts`` rounds.
-    :raises OperationalError: the database refused the save's transaction (see
-        :func:`retryable`): after ``attempts`` rounds, or at once inside an
-        outer ``transaction.atomic()`` block.
-    :raises ObjectDoesNotExist: the row was deleted meanwhile (from ``refresh_from_db``).
-    :raises TypeError, ValueError: bad arguments; nothing is called or saved.
-    """
-    if not isinstance(instance, OptimisticLockMixin):
-        raise TypeError(
-            f"update_with_retry() needs an instance of a model using OptimisticLockMixin, "
-            f"not {instance!r}."
-        )
-    if not callable(change):
-        raise TypeError(f"change must be a callable taking the instance, not {change!r}.")
-    _check_retry_arguments(attempts, base, cap)
-    if update_fields is not None:
-        if isinstance(update_fields, str):
-            raise TypeError("update_fields must be a list of field names, not a string.")
-        update_fields = list(update_fields)
-        _validate_update_fields(instance, frozenset(update_fields))
-    backoff = Backoff(base, cap)
-    for attempt in range(1, attempts + 1):
-        change(instance)
-        try:
-            instance.save(update_fields=update_fields)
-            return instance
-        except (VersionConflict, OperationalError) as exc:
-            if attempt == attempts or not retryable(exc):
-                raise
-            _log_retry(change, attempt, attempts, exc)
-        time.sleep(backoff.next_delay())
-        instance.refresh_from_db()
-    raise AssertionError("unreachable")  # pragma: no cover

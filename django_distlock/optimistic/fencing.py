@@ -20,14 +20,15 @@ from django.db import connections, models, router, transaction
 from django.db.models import Count, F, Max, Q
 from django.db.models.signals import post_save, pre_save
 
-from .exceptions import (
+from ..exceptions import (
     LockLost,
     LockNotHeld,
     StaleFencingToken,
     UnsupportedOperation,
     VersionConflict,
 )
-from .handle import Lock
+from ..handle import Lock
+from .version import VersionField
 
 if TYPE_CHECKING:
     from django.db.models import Field
@@ -132,8 +133,6 @@ def fencing_token_of(fence: Lock | int) -> int:
 
 def _version_field(model: type[models.Model]) -> Field[Any, Any] | None:
     """The model's optimistic-locking version column, if it has exactly one."""
-    from .optimistic import VersionField
-
     found = [f for f in model._meta.concrete_fields if isinstance(f, VersionField)]
     return found[0] if len(found) == 1 else None
 
