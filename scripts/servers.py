@@ -440,6 +440,7 @@ def cmd_start(dir_: Path, kinds: list[str]) -> int:
 def cmd_install() -> int:
     """apt-get install the servers if any of their binaries is missing."""
     needed = ["redis-server", "memcached", "java", "/usr/share/java/zookeeper.jar"]
+    needed += ["/usr/bin/chromium", "/usr/bin/chromedriver"]  # the admin's browser tests
     needed.append(str(PG_BIN / "initdb"))
     missing = [n for n in needed if not (shutil.which(n) or (n[0] == "/" and Path(n).exists()))]
     if not missing:

@@ -7,6 +7,9 @@ processes of the concurrency tests share it.
 
 import os
 import tempfile
+from pathlib import Path
+
+import django.contrib.admin
 
 SECRET_KEY = "tests-only-not-secret"
 USE_TZ = True
@@ -90,3 +93,7 @@ TEMPLATES = [
         },
     }
 ]
+
+# The admin's CSS and JS, served by the live server of the browser tests (no staticfiles app).
+STATIC_URL = "/static/"
+STATIC_ROOT = str(Path(django.contrib.admin.__file__).parent / "static")
