@@ -274,7 +274,10 @@ class Lock:
                         await asyncio.shield(acquisition.aclose())
                 if self._granted(acquisition, result, sent):
                     return True
-                await acquisition.arelease(_NO_EXC)
+                try:
+                    await acquisition.arelease(_NO_EXC)
+                except DistLockError:
+                    logger.warning("Giving back an expired grant of %r failed", self, exc_info=True)
                 if not blocking or _past(deadline):
                     return False
         finally:

@@ -190,6 +190,7 @@ class PgLeaseAcquisition(Acquisition):
             if self.taken is None:
                 return self.backend.sessions.get()
             if not self.taken.usable:
+                self.taken.close()
                 self.taken = self.backend.session_factory.open()
             return self.taken
         except ERRORS as exc:

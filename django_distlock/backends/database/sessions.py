@@ -122,7 +122,9 @@ class Session:
 
     @property
     def usable(self) -> bool:
-        return not self.closed and self.pid == os.getpid()
+        """Open, this process' own, and not cut by the watchdog (a cut may land just as
+        its call returned: the next call must not use the session)."""
+        return not self.closed and not self.timed_out and self.pid == os.getpid()
 
     def execute(self, statement: str, params: Any) -> Any:
         """Run one statement (``mutex`` held); return the cursor."""
@@ -270,6 +272,8 @@ class ThreadSessions:
         session = self._local.session
         if session is None or not session.usable:
             self._local.session = None
+            if session is not None:
+                session.close()  # cut, or inherited: closes only this process' own
             session = self._local.session = self.factory.open()
         return session
 
