@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import _string  # str.format's own field-name parser, as string.Formatter uses it
 import functools
 import inspect
 import logging
@@ -22,8 +21,10 @@ logger = logging.getLogger("django_distlock")
 F = TypeVar("F", bound=Callable[..., Any])
 OnFail = Literal["raise", "skip"] | Callable[..., Any]
 OnLost = Literal["raise", "log"] | Callable[..., Any]
-#: ``(args, kwargs) -> str``: renders one call's lock name, or one field of it.
+#: ``(args, kwargs) -> str``: renders one call's lock name.
 _Render = Callable[[tuple[Any, ...], dict[str, Any]], str]
+#: ``bound arguments -> str``: renders one field of a template.
+_Field = Callable[[dict[str, Any]], str]
 
 
 def lock(
@@ -250,16 +251,12 @@ def _key_function(key: object, func: Callable[..., Any], where: str) -> _Render:
 
 
 def _template_function(template: str, signature: inspect.Signature, where: str) -> _Render:
-    """Compile ``template`` once into a function of the call's arguments.
-
-    Each field's argument is read from ``args``/``kwargs`` by its position and
-    name (what ``Signature.bind`` would find, without its cost on every call).
-    """
+    """Compile ``template`` once into a function of the call's arguments."""
     try:
         parsed = list(string.Formatter().parse(template))
     except ValueError as exc:
         raise ValueError(f"{where}: the lock key template is malformed: {exc}.") from exc
-    fields: list[tuple[str, _Render]] = []
+    fields: list[tuple[str, _Field]] = []
     text = ""
     fixed = ""
     for literal, field, spec, conversion in parsed:
@@ -279,12 +276,14 @@ def _template_function(template: str, signature: inspect.Signature, where: str) 
     except ValueError as exc:
         raise ValueError(f"{where}: the lock key template's fixed text: {exc}") from exc
     tail = text
-    if len(fields) == 1:
-        ((head, value_of),) = fields
-        return lambda args, kwargs: head + value_of(args, kwargs) + tail
-    return lambda args, kwargs: (
-        "".join([literal + value_of(args, kwargs) for literal, value_of in fields]) + tail
-    )
+
+    def render(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        arguments = bound.arguments
+        return "".join([literal + value_of(arguments) for literal, value_of in fields]) + tail
+
+    return render
 
 
 def _field_function(
@@ -293,14 +292,13 @@ def _field_function(
     conversion: str | None,
     signature: inspect.Signature,
     where: str,
-) -> _Render:
-    """Return ``(args, kwargs) -> the field's escaped text``."""
+) -> _Field:
+    """Return ``bound arguments -> the field's escaped text``."""
     try:
-        head, rest = _string.formatter_field_name_split(field)
-        path: list[tuple[bool, Any]] = list(rest)
+        head, path = _split_field(field)
     except ValueError as exc:
         raise ValueError(f"{where}: the lock key template is malformed: {exc}.") from exc
-    if not head or isinstance(head, int):
+    if not head or head.isdigit():
         raise ValueError(
             f"{where}: the lock key template must name arguments ({{order_id}}), not positions."
         )
@@ -320,13 +318,12 @@ def _field_function(
             f"{where}: the lock key template is malformed: a field inside a format spec "
             f"({{{field}:{spec}}}) is not supported."
         )
-    argument = _argument_function(signature, head)
     if not path and conversion is None:
-        return lambda args, kwargs: _escape(format(argument(args, kwargs), spec))
+        return lambda arguments: _escape(format(arguments[head], spec))
     convert = {None: None, "r": repr, "s": str, "a": ascii}[conversion]
 
-    def value_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-        value = argument(args, kwargs)
+    def value_of(arguments: dict[str, Any]) -> str:
+        value = arguments[head]
         for is_attribute, name in path:
             value = getattr(value, name) if is_attribute else value[name]
         if convert is not None:
@@ -336,42 +333,28 @@ def _field_function(
     return value_of
 
 
-def _argument_function(
-    signature: inspect.Signature, name: str
-) -> Callable[[tuple[Any, ...], dict[str, Any]], Any]:
-    """Return ``(args, kwargs) -> the argument bound to parameter name``, as bind() does;
-    a missing required argument raises bind()'s TypeError."""
-    parameters = list(signature.parameters.values())
-    parameter = signature.parameters[name]
-    index = parameters.index(parameter)
-    default = parameter.default
-    kind = parameter.kind
-    empty = inspect.Parameter.empty
+#: One ``.attribute`` or ``[index]`` of a field name (``str.format``'s grammar).
+_FIELD_PART = re.compile(r"\.([^.\[]+)|\[([^\]]+)\]")
 
-    def missing(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        signature.bind(*args, **kwargs)  # raises the TypeError a call would
-        raise TypeError(f"missing a required argument: {name!r}")
 
-    if kind is inspect.Parameter.VAR_POSITIONAL:
-        return lambda args, kwargs: args[index:]
-    if kind is inspect.Parameter.VAR_KEYWORD:
-        named = frozenset(
-            p.name
-            for p in parameters
-            if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-        )
-        return lambda args, kwargs: {k: v for k, v in kwargs.items() if k not in named}
-    if kind is inspect.Parameter.KEYWORD_ONLY:
-        index = -1  # never positional
-    by_name = kind is not inspect.Parameter.POSITIONAL_ONLY
-
-    def argument(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if 0 <= index < len(args):
-            return args[index]
-        value = kwargs.get(name, default) if by_name else default
-        return missing(args, kwargs) if value is empty else value
-
-    return argument
+def _split_field(field: str) -> tuple[str, list[tuple[bool, Any]]]:
+    """Split ``"order.items[0]"`` into ``"order"`` and ``[(True, "items"), (False, 0)]``,
+    as ``str.format`` reads a field name (digit-only indexes are ints)."""
+    head = re.match(r"[^.\[]*", field).group()  # type: ignore[union-attr]
+    path: list[tuple[bool, Any]] = []
+    position = len(head)
+    for part in _FIELD_PART.finditer(field, position):
+        if part.start() != position:
+            break
+        attribute, index = part.groups()
+        path.append((True, attribute) if attribute else (False, int(index) if index.isdigit()
+                                                         else index))
+        position = part.end()
+    if position != len(field):
+        rest = field[position:]
+        what = "Empty attribute" if rest.startswith(".") else "Malformed index"
+        raise ValueError(f"{what} in field name {field!r}")
+    return head, path
 
 
 #: What an argument's text may not carry into a name: the backslash (the escape
