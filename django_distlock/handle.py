@@ -92,6 +92,8 @@ class Lock:
         ttl: float,
         timeout: float | None,
         blocking: bool,
+        reentrant: bool = False,
+        owner_token: str | None = None,
     ) -> None:
         self.backend = backend
         self.name = name
@@ -99,6 +101,10 @@ class Lock:
         self.ttl = ttl
         self.timeout = timeout
         self.blocking = blocking
+        #: Whether acquiring again while held counts up instead of failing (see
+        #: ``supports_reentrancy``); every acquisition needs its own release.
+        self.reentrant = reentrant
+        self._owner_token = owner_token
         #: Holder metadata of the current acquisition: host, pid, thread/task.
         self.host = _HOST
         self.pid: int | None = None
@@ -112,6 +118,7 @@ class Lock:
         self._valid_until: float | None = None  # monotonic, conservative
         self._lost_at_release = False
         self._started = 0.0
+        self._depth = 0  # acquisitions held by this handle (above 1 only when reentrant)
 
     # -- state ----------------------------------------------------------
 
@@ -132,8 +139,9 @@ class Lock:
 
     @property
     def held(self) -> bool:
-        """Whether this handle believes it holds the lock (no I/O)."""
-        return self._token is not None and not self.lost
+        """Whether this handle believes it holds the lock (no I/O); never in a
+        process forked from the one that acquired it."""
+        return self._token is not None and not self.lost and self.pid == os.getpid()
 
     @property
     def lost(self) -> bool:
@@ -211,9 +219,7 @@ class Lock:
         blocking, deadline = self._begin(blocking, timeout)
         try:
             while True:
-                acquisition = self.backend.acquisition(
-                    self, secrets.token_hex(16), blocking, deadline
-                )
+                acquisition = self.backend.acquisition(self, self._new_token(), blocking, deadline)
                 granted = False
                 try:
                     sent = time.monotonic()
@@ -249,9 +255,7 @@ class Lock:
         blocking, deadline = self._begin(blocking, timeout)
         try:
             while True:
-                acquisition = self.backend.acquisition(
-                    self, secrets.token_hex(16), blocking, deadline
-                )
+                acquisition = self.backend.acquisition(self, self._new_token(), blocking, deadline)
                 granted = False
                 try:
                     sent = time.monotonic()
@@ -292,12 +296,15 @@ class Lock:
         timeout = self.timeout if isinstance(timeout, _Default) else validate_timeout(timeout)
         holder = current_holder()
         with self._mutex:
-            if self._token is not None or self._busy:
+            if self._busy or (self._token is not None and not self.reentrant):
                 raise DistLockError(
                     f"{self!r} is already acquired or being acquired; a handle holds one "
-                    "acquisition at a time (build another handle with .lock())."
+                    "acquisition at a time (build another handle with .lock(), or pass "
+                    "reentrant=True)."
                 )
-            if blocking:
+            if self._token is not None:
+                self._check_process()
+            elif blocking and not self.reentrant:
                 with _held_mutex:
                     holders = _held.get((self.backend.alias, self.key), {})
                     if holder in holders.values():
@@ -309,11 +316,24 @@ class Lock:
                             alias=self.backend.alias,
                         )
             self._busy = True
-        self.pid = os.getpid()
-        self.thread = holder_label()
+        if self._token is None:
+            self.pid = os.getpid()
+            self.thread = holder_label()
         self._started = time.monotonic()
         deadline = None if timeout is None or not blocking else self._started + timeout
         return blocking, deadline
+
+    def _new_token(self) -> str:
+        """The owner token of the next acquisition: the held one when acquiring again,
+        the explicit owner's, or 128 new random bits."""
+        return self._token or self._owner_token or secrets.token_hex(16)
+
+    def _check_process(self) -> None:
+        if self.pid != os.getpid():
+            raise LockNotHeld(
+                f"{self!r} was acquired by process {self.pid}; this process ({os.getpid()}) "
+                "was forked from it and cannot use, release or extend that lease."
+            )
 
     def _granted(self, acquisition: Acquisition, grant: Grant, sent: float) -> bool:
         """Record a grant; False if its lease already ran out on this process' clock."""
@@ -322,6 +342,15 @@ class Lock:
             valid_until = sent + grant.granted_after + self.ttl
             if time.monotonic() >= valid_until:
                 return False
+        with self._mutex:
+            self._depth += 1
+            again = self._depth > 1  # acquired again: the first acquisition object releases
+            if again:
+                self._grant = grant
+                self._valid_until = valid_until
+        if again:
+            self._send(signals.lock_acquired, waited=time.monotonic() - self._started)
+            return True
         with self._mutex:
             self._acquisition = acquisition
             self._token = acquisition.token
@@ -354,52 +383,77 @@ class Lock:
         self._release(_NO_EXC)
 
     def _release(self, exc_info: Any) -> None:
-        acquisition = self._take()
+        acquisition, inner = self._take()
         try:
             released = acquisition.release(exc_info)
         except BaseException as exc:
-            self._after_release_error(acquisition, exc)
+            self._after_release_error(acquisition, inner, exc)
             raise
-        self._released(released)
+        self._released(released, inner)
 
     async def arelease(self) -> None:
         """Async :meth:`release`."""
         await self._arelease(_NO_EXC)
 
     async def _arelease(self, exc_info: Any) -> None:
-        acquisition = self._take()
+        acquisition, inner = self._take()
         try:
             released = await acquisition.arelease(exc_info)
         except BaseException as exc:
-            self._after_release_error(acquisition, exc)
+            self._after_release_error(acquisition, inner, exc)
             raise
-        self._released(released)
+        self._released(released, inner)
 
-    def _take(self) -> Acquisition:
+    def _take(self) -> tuple[Acquisition, bool]:
+        """Start a release: the acquisition, and whether an outer acquisition of a
+        reentrant handle stays held after it."""
         with self._mutex:
             acquisition = self._acquisition
             if self._token is None or acquisition is None:
                 raise LockNotHeld(f"{self!r} is not held by this handle.")
-            self._token = None
-            self._acquisition = None
+            self._check_process()
             # Seen as lost during the release: keep it, so the release raises.
             self._lost_at_release = self._lost or self._expired_locally()
-        return acquisition
+            inner = self._depth > 1
+            if inner:
+                self._depth -= 1
+            else:
+                self._clear()
+        return acquisition, inner
+
+    def _clear(self) -> None:
+        """Hold nothing (call with ``_mutex`` held)."""
+        self._token = None
+        self._acquisition = None
+        self._depth = 0
 
     def _expired_locally(self) -> bool:
         return self._valid_until is not None and time.monotonic() >= self._valid_until
 
-    def _after_release_error(self, acquisition: Acquisition, exc: BaseException) -> None:
+    def _after_release_error(
+        self, acquisition: Acquisition, inner: bool, exc: BaseException
+    ) -> None:
         if isinstance(exc, LockLost):
+            with self._mutex:
+                self._clear()
             self._forget()
             self._send_lost()
             return
         with self._mutex:  # still held: the caller may release again
-            self._token = acquisition.token
-            self._acquisition = acquisition
+            if inner:
+                self._depth += 1
+            else:
+                self._token = acquisition.token
+                self._acquisition = acquisition
+                self._depth = 1
 
-    def _released(self, released: bool) -> None:
+    def _released(self, released: bool, inner: bool) -> None:
         lost = not released or self._lost_at_release
+        if inner and not lost:
+            self._send(signals.lock_released)
+            return
+        with self._mutex:
+            self._clear()
         self._forget()
         if lost:
             self._send_lost()
@@ -453,6 +507,7 @@ class Lock:
         acquisition = self._acquisition
         if self._token is None or acquisition is None:
             raise LockNotHeld(f"{self!r} is not held by this handle.")
+        self._check_process()
         if self.lost:
             self.mark_lost()
             raise LockLost(f"{self!r} was lost.")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 import unicodedata
 from collections.abc import Iterator
@@ -142,3 +143,21 @@ class LockPage:
 def short_owner(token: str) -> str:
     """Return the non-secret id listings show for an owner token (32 of its 128 bits)."""
     return token[:8]
+
+
+#: Longest accepted explicit ``owner=``.
+MAX_OWNER = 200
+
+
+def owner_token_of(owner: object) -> str:
+    """Return the owner token that stands for an explicit ``owner=`` id: 32 hex
+    digits, like the random tokens, so backends store one fixed width."""
+    if not isinstance(owner, str):
+        raise TypeError(f"owner must be a str, not {type(owner).__name__}.")
+    if not 1 <= len(owner) <= MAX_OWNER:
+        raise ValueError(f"owner must have 1 to {MAX_OWNER} characters.")
+    try:
+        validate_name(owner)
+    except ValueError as exc:
+        raise ValueError(f"owner: {str(exc).replace('A lock name', 'An owner')}") from exc
+    return hashlib.sha256(b"django-distlock owner\x00" + owner.encode()).hexdigest()[:32]

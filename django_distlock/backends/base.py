@@ -19,7 +19,7 @@ from asgiref.sync import sync_to_async
 from django.core import checks
 
 from ..backoff import Backoff, remaining
-from ..exceptions import InvalidBackendOptions
+from ..exceptions import InvalidBackendOptions, UnsupportedOperation
 from ..handle import Lock
 from ..names import MAX_PREFIX_LENGTH, display_name, storage_key, validate_name
 from ..values import (
@@ -30,6 +30,7 @@ from ..values import (
     LockPage,
     Miss,
     _Default,
+    owner_token_of,
     validate_page_args,
     validate_timeout,
     validate_ttl,
@@ -185,6 +186,8 @@ class BaseLockBackend(abc.ABC):
     supports_force_release: ClassVar[bool] = True
     #: Locks exclude other processes (False only for process-local backends).
     distributed: ClassVar[bool] = True
+    #: ``lock(name, reentrant=True)`` works: the same owner acquires again, counted.
+    supports_reentrancy: ClassVar[bool] = False
 
     def __init__(self, alias: str, params: Mapping[str, Any]) -> None:
         self.alias = alias
@@ -216,6 +219,9 @@ class BaseLockBackend(abc.ABC):
         if not isinstance(options, Mapping):
             raise InvalidBackendOptions(f"DISTLOCK[{alias!r}]['OPTIONS'] must be a dict.")
         self.options: Mapping[str, Any] = options
+        #: Whether ``lock()`` builds reentrant handles by default (backends that
+        #: support it read it from their options).
+        self.default_reentrant = False
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} alias={self.alias!r}>"
@@ -229,6 +235,8 @@ class BaseLockBackend(abc.ABC):
         ttl: float | _Default = DEFAULT,
         timeout: float | _Default | None = DEFAULT,
         blocking: bool = True,
+        reentrant: bool | _Default = DEFAULT,
+        owner: str | None = None,
     ) -> Lock:
         """Build a handle on the lock ``name``; no I/O happens until ``acquire()``.
 
@@ -237,8 +245,16 @@ class BaseLockBackend(abc.ABC):
         :param timeout: how long ``acquire()`` and ``with`` wait by default,
             in seconds; None waits forever (default: the alias' ``TIMEOUT``).
         :param blocking: whether ``acquire()`` and ``with`` wait at all by default.
+        :param reentrant: let the owner acquire again while it holds the lock, each
+            acquisition counted and released in turn (Redisson's rule); the default
+            is the alias' option. Only where ``supports_reentrancy`` is True.
+        :param owner: an owner id that handles share (``reentrant`` only): a handle
+            with the same ``owner``, in any thread or process, acquires the lock
+            held under it again instead of waiting. Default: a new secret per
+            acquisition.
         :raises InvalidLockName: for a bad name.
-        :raises TypeError, ValueError: for a bad ``ttl`` or ``timeout``.
+        :raises TypeError, ValueError: for a bad ``ttl``, ``timeout`` or ``owner``.
+        :raises UnsupportedOperation: for ``reentrant=True`` on a backend without it.
         """
         key = self.make_key(name)
         ttl = self.default_ttl if isinstance(ttl, _Default) else validate_ttl(ttl)
@@ -247,7 +263,22 @@ class BaseLockBackend(abc.ABC):
         )
         if not isinstance(blocking, bool):
             raise TypeError("blocking must be True or False.")
-        return Lock(self, name, key, ttl=ttl, timeout=timeout, blocking=blocking)
+        reentrant = self.default_reentrant if isinstance(reentrant, _Default) else reentrant
+        if not isinstance(reentrant, bool):
+            raise TypeError("reentrant must be True or False.")
+        if reentrant and not self.supports_reentrancy:
+            raise UnsupportedOperation(
+                f"{type(self).__name__} (alias {self.alias!r}) has no reentrant locks."
+            )
+        owner_token = None
+        if owner is not None:
+            if not reentrant:
+                raise ValueError("owner= names the owner of a reentrant lock: pass reentrant=True.")
+            owner_token = owner_token_of(owner)
+        return Lock(
+            self, name, key, ttl=ttl, timeout=timeout, blocking=blocking,
+            reentrant=reentrant, owner_token=owner_token,
+        )
 
     def make_key(self, name: str) -> str:
         """Return the storage key of ``name``: the alias' ``KEY_PREFIX`` + the name
