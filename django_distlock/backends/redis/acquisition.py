@@ -1,0 +1,204 @@
+"""One acquisition of a Redis lock: each step is one script (see :mod:`.scripts`)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from redis.exceptions import RedisError
+
+from ...backoff import remaining
+from ..base import Acquisition, ExcInfo, Grant, Miss
+from .client import unavailable
+from .scripts import SCRIPTS
+
+if TYPE_CHECKING:
+    from ...handle import Lock
+    from .backend import RedisBackend
+
+#: Longest a waiter blocks before it asks again (and so renews its place in the
+#: queue): bounds how long a waiter that died keeps the next one waiting.
+HEARTBEAT = 1.0
+#: How long a queued waiter counts as alive after each attempt (HEARTBEAT + slack).
+ALIVE_MS = 2500
+#: Shortest block worth a round trip.
+MIN_BLOCK = 0.001
+#: How late Redis may end a ``BLPOP`` past its timeout: it checks blocked clients'
+#: timeouts ``hz`` times a second (10 by default). A block that the deadline bounds
+#: ends this much early; the rest of the wait polls every :data:`POLL`.
+SERVER_TICK = 0.1
+POLL = 0.01
+
+_ACQUIRE, _RELEASE, _EXTEND, _LEAVE = (
+    SCRIPTS["acquire"],
+    SCRIPTS["release"],
+    SCRIPTS["extend"],
+    SCRIPTS["leave"],
+)
+
+
+def _when(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, UTC)
+
+
+class RedisAcquisition(Acquisition):
+    backend: RedisBackend
+
+    def __init__(
+        self,
+        backend: RedisBackend,
+        lock: Lock,
+        token: str,
+        blocking: bool,
+        deadline: float | None,
+    ) -> None:
+        super().__init__(backend, lock, token, blocking, deadline)
+        self.keys = backend.keys_for(lock.key)
+        self._ttl_ms = max(int(lock.ttl * 1000), 1)
+        self._queued = False
+        self._event: asyncio.Event | None = None
+        self._hub: Any = None
+
+    # -- the scripts' arguments and replies ----------------------------------
+
+    def _acquire_args(self, signal: str) -> tuple[Any, ...]:
+        lock, backend = self.lock, self.backend
+        flags = backend.flags
+        if lock.reentrant:
+            flags += "r"
+        if self.blocking:
+            flags += "j"
+        if self._queued:
+            flags += "q"
+        meta = f"{lock.host} {lock.pid} {lock.thread}"
+        return (self.token, self._ttl_ms, meta, self.keys.member, flags, ALIVE_MS, signal)
+
+    def _acquire_keys(self) -> tuple[str, ...]:
+        k = self.keys
+        return (k.lock, k.queue, k.waiters, k.seq, k.index)
+
+    def _result(self, reply: Any) -> Grant | Miss:
+        if reply[0] == 1:
+            _, fencing, acquired, now, _count = reply
+            return Grant(fencing, _when(acquired), _when(now + self._ttl_ms))
+        self._queued = self.blocking
+        left = reply[1]  # ms until the holder's lease (or the queue head's turn) ends
+        return Miss(left / 1000 if left >= 0 else None)
+
+    def _bound(self, miss: Miss) -> float:
+        """How long to block: until the holder's lease ends, the deadline, or the heartbeat."""
+        bound = HEARTBEAT
+        if miss.retry_after is not None:
+            bound = min(bound, miss.retry_after + 0.001)
+        left = remaining(self.deadline)
+        if left is not None:
+            bound = min(bound, left)
+        return bound
+
+    def _released(self, reply: Any) -> bool:
+        return bool(reply)
+
+    def _extended(self, reply: Any, ttl: float) -> Grant | None:
+        if not reply:
+            return None
+        fencing, acquired, now = reply
+        return Grant(fencing, _when(acquired), _when(now + int(ttl * 1000)))
+
+    # -- sync -----------------------------------------------------------------
+
+    def attempt(self) -> Grant | Miss:
+        signal = "L " + self.keys.signal + self.token
+        reply = self.backend.redis.run(_ACQUIRE, self._acquire_keys(), self._acquire_args(signal))
+        return self._result(reply)
+
+    def wait(self, miss: Miss) -> Grant | None:
+        """Block on this waiter's signal list until a release wakes it, the holder's
+        lease ends, the deadline, or the heartbeat (then the handle attempts again)."""
+        bound = min(self._bound(miss), self.backend.max_block)
+        left = remaining(self.deadline)
+        if left is not None and bound > left - SERVER_TICK:
+            bound = left - SERVER_TICK
+            if bound < MIN_BLOCK:  # too close to the deadline for Redis' timer
+                time.sleep(max(min(left, POLL), 0.0))
+                return None
+        if bound < MIN_BLOCK:
+            return None
+        try:
+            self.backend.redis.sync().blpop([self.keys.signal + self.token], timeout=bound)
+        except RedisError as exc:
+            raise unavailable(exc) from exc
+        return None
+
+    def close(self) -> None:
+        if self._queued:
+            k = self.keys
+            self.backend.redis.run(_LEAVE, (k.lock, k.queue, k.waiters), (self.token,))
+
+    def release(self, exc_info: ExcInfo) -> bool:
+        k = self.keys
+        reply = self.backend.redis.run(
+            _RELEASE, (k.lock, k.queue, k.waiters, k.index), (self.token, k.member)
+        )
+        return self._released(reply)
+
+    def extend(self, ttl: float) -> Grant | None:
+        reply = self.backend.redis.run(
+            _EXTEND, (self.keys.lock,), (self.token, max(int(ttl * 1000), 1))
+        )
+        return self._extended(reply, ttl)
+
+    # -- async: redis.asyncio, and the loop's hub for wake-ups ----------------------
+
+    async def aattempt(self) -> Grant | Miss:
+        redis = self.backend.redis
+        if self.blocking:
+            if self._hub is None:
+                try:
+                    self._hub = self.backend.hubs.get(redis.aio(), self.backend.key_prefix)
+                    await self._hub.ready()
+                except (RedisError, OSError) as exc:
+                    raise unavailable(exc) from exc
+                self._event = self._hub.register(self.token)
+            assert self._event is not None
+            self._event.clear()  # a wake-up from now on is for this attempt's miss
+            signal = "P " + self._hub.channel
+        else:
+            signal = ""
+        reply = await redis.arun(_ACQUIRE, self._acquire_keys(), self._acquire_args(signal))
+        result = self._result(reply)
+        if isinstance(result, Grant) and self._hub is not None:
+            self._hub.unregister(self.token)
+        return result
+
+    async def async_wait(self, miss: Miss) -> Grant | None:
+        bound = self._bound(miss)
+        if bound < MIN_BLOCK or self._event is None:
+            return None
+        try:
+            async with asyncio.timeout(bound):
+                await self._event.wait()
+        except TimeoutError:
+            pass
+        return None
+
+    async def aclose(self) -> None:
+        if self._hub is not None:
+            self._hub.unregister(self.token)
+        if self._queued:
+            k = self.keys
+            await self.backend.redis.arun(_LEAVE, (k.lock, k.queue, k.waiters), (self.token,))
+
+    async def arelease(self, exc_info: ExcInfo) -> bool:
+        k = self.keys
+        reply = await self.backend.redis.arun(
+            _RELEASE, (k.lock, k.queue, k.waiters, k.index), (self.token, k.member)
+        )
+        return self._released(reply)
+
+    async def aextend(self, ttl: float) -> Grant | None:
+        reply = await self.backend.redis.arun(
+            _EXTEND, (self.keys.lock,), (self.token, max(int(ttl * 1000), 1))
+        )
+        return self._extended(reply, ttl)

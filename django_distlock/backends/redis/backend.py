@@ -1,0 +1,236 @@
+"""The Redis lock backend: settings, listing, force release, health, checks."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.core import checks
+from redis.exceptions import RedisError
+
+from ... import signals
+from ...exceptions import InvalidBackendOptions
+from ...handle import Lock
+from ...values import short_owner
+from ..base import BaseLockBackend, LockInfo, LockPage, validate_page_args
+from .acquisition import RedisAcquisition
+from .client import (
+    Keys,
+    Redis,
+    cache_problem,
+    make_keys,
+    socket_timeout,
+    tag_base,
+    unavailable,
+)
+from .hub import Hubs
+from .scripts import SCRIPTS
+
+_OPTIONS = {"CACHE", "CLUSTER", "FAIR", "REENTRANT", "SHARDS"}
+_SCHEMES = ("redis://", "rediss://", "unix://")
+#: Index tags of a Redis Cluster by default: the locks spread over this many slots.
+CLUSTER_SHARDS = 16
+#: Most index entries one listing call looks at (dropping ended leases on the way).
+LIST_BUDGET = 2000
+_KEYS_CACHE = 4096
+
+
+class RedisBackend(BaseLockBackend):
+    """Locks in Redis (one server or a Redis Cluster), through redis-py.
+
+    Configure with ``OPTIONS["CACHE"]``, the alias of a django-redis cache (or
+    Django's own ``RedisCache``) whose connection pool it reuses, or with
+    ``LOCATION``, a ``redis://``, ``rediss://`` or ``unix://`` URL (with
+    ``OPTIONS["CLUSTER"] = True`` for a Redis Cluster). Options: ``FAIR``
+    (default True: waiters are served in arrival order), ``REENTRANT``
+    (default False: the default of ``lock(reentrant=...)``), ``SHARDS`` (how
+    many hash tags the index of a cluster is spread over; 1 on one server).
+    See ``docs/redis.md``.
+    """
+
+    supports_reentrancy = True
+
+    def __init__(self, alias: str, params: Mapping[str, Any]) -> None:
+        super().__init__(alias, params)
+        options = self.options
+        unknown = set(options) - _OPTIONS
+        if unknown:
+            raise InvalidBackendOptions(
+                f"DISTLOCK[{alias!r}]['OPTIONS'] has unknown keys {sorted(unknown)}; "
+                f"valid keys are {sorted(_OPTIONS)}."
+            )
+        cache, location = options.get("CACHE"), self.location
+        if (cache is None) == (location is None):
+            raise InvalidBackendOptions(
+                f"DISTLOCK[{alias!r}] needs exactly one of OPTIONS['CACHE'] (a Redis cache "
+                f"alias) and LOCATION (a redis:// URL); it has "
+                f"{'both' if cache is not None else 'neither'}."
+            )
+        if location is not None and not (
+            isinstance(location, str) and location.startswith(_SCHEMES)
+        ):
+            raise InvalidBackendOptions(
+                f"DISTLOCK[{alias!r}]['LOCATION'] must be a redis://, rediss:// or unix:// "
+                f"URL, got {location!r}."
+            )
+        for flag in ("CLUSTER", "FAIR", "REENTRANT"):
+            if not isinstance(options.get(flag, False), bool):
+                raise InvalidBackendOptions(
+                    f"DISTLOCK[{alias!r}]['OPTIONS'][{flag!r}] must be a bool."
+                )
+        cluster = options.get("CLUSTER", False)
+        if cluster and cache is not None:
+            raise InvalidBackendOptions(
+                f"DISTLOCK[{alias!r}]: OPTIONS['CLUSTER'] needs LOCATION (a cluster node's URL)."
+            )
+        shards = options.get("SHARDS", CLUSTER_SHARDS if cluster else 1)
+        if isinstance(shards, bool) or not isinstance(shards, int) or not 1 <= shards <= 1024:
+            raise InvalidBackendOptions(
+                f"DISTLOCK[{alias!r}]['OPTIONS']['SHARDS'] must be an int from 1 to 1024."
+            )
+        if "{" in self.key_prefix or "}" in self.key_prefix:
+            raise InvalidBackendOptions(
+                f"DISTLOCK[{alias!r}]['KEY_PREFIX'] must not contain '{{' or '}}': the "
+                "backend chooses the Redis Cluster hash tag of a lock's keys."
+            )
+        self.cache: str | None = cache
+        self.shards: int = shards
+        self.fair: bool = options.get("FAIR", True)
+        self.default_reentrant = options.get("REENTRANT", False)
+        #: The script flags every acquire of this alias sends.
+        self.flags = "f" if self.fair else ""
+        self.redis = Redis(location, cache, cluster)
+        self.hubs = Hubs()
+        self._keys: dict[str, Keys] = {}
+        self._max_block: float | None = None
+
+    # -- keys ---------------------------------------------------------------
+
+    def keys_for(self, key: str) -> Keys:
+        """The Redis keys of the lock with storage key ``key`` (memoised)."""
+        keys = self._keys.get(key)
+        if keys is None:
+            if len(self._keys) >= _KEYS_CACHE:
+                self._keys.clear()
+            keys = self._keys[key] = make_keys(
+                self.key_prefix, key[len(self.key_prefix) :], self.shards
+            )
+        return keys
+
+    @property
+    def max_block(self) -> float:
+        """Longest ``BLPOP`` the client's socket timeout allows (none: no limit)."""
+        if self._max_block is None:
+            timeout = socket_timeout(self.redis.sync())
+            self._max_block = float("inf") if timeout is None else max(timeout - 0.05, 0.0)
+        return self._max_block
+
+    # -- the contract -----------------------------------------------------------
+
+    def acquisition(
+        self, lock: Lock, token: str, blocking: bool, deadline: float | None
+    ) -> RedisAcquisition:
+        return RedisAcquisition(self, lock, token, blocking, deadline)
+
+    def is_locked(self, name: str) -> bool:
+        keys = self.keys_for(self.make_key(name))
+        try:
+            return bool(self.redis.sync().exists(keys.lock))
+        except RedisError as exc:
+            raise unavailable(exc) from exc
+
+    def held_locks(self, prefix: str = "", limit: int = 50, cursor: str | None = None) -> LockPage:
+        prefix, limit, cursor = validate_page_args(prefix, limit, cursor)
+        try:
+            after = bytes.fromhex(cursor) if cursor is not None else None
+        except ValueError as exc:
+            raise ValueError(
+                "cursor must be a next_cursor value returned by held_locks()."
+            ) from exc
+        low = b"(" + after if after is not None else b"[" + prefix.encode()
+        high = b"[" + prefix.encode() + b"\xff" if prefix else b"+"
+        found: list[tuple[bytes, bytes, int, int]] = []
+        # A tag that stopped before the end of the range (page full, or budget spent on
+        # ended leases) has looked up to its `last` member only: the page cannot go past
+        # the smallest such member, or it would skip that tag's locks after it.
+        cutoff: bytes | None = None
+        for tag in range(self.shards):
+            base = tag_base(self.key_prefix, tag)
+            *flat, last = self.redis.run(
+                SCRIPTS["list"], (base + "i",), (base, low, high, limit, LIST_BUDGET)
+            )
+            found.extend(
+                (flat[i], flat[i + 1], flat[i + 2], flat[i + 3]) for i in range(0, len(flat), 4)
+            )
+            if last:
+                cutoff = last if cutoff is None else min(cutoff, last)
+        found.sort()
+        if cutoff is not None:
+            found = [item for item in found if item[0] <= cutoff]
+        page = found[:limit]
+        if len(found) > limit:
+            next_cursor: str | None = page[-1][0].hex()
+        else:
+            next_cursor = cutoff.hex() if cutoff is not None else None
+        infos = [self._info(member, held, pttl, waiters) for member, held, pttl, waiters in page]
+        return LockPage(infos, next_cursor)
+
+    def _info(self, member: bytes, held: bytes, pttl: int, waiters: int) -> LockInfo:
+        text = held.decode()
+        token, _count, fencing, acquired, meta = text.split(" ", 4)
+        host, pid, thread = ([*meta.split(" ", 2), "", ""])[:3]
+        return LockInfo(
+            alias=self.alias,
+            name=self.name_of(self.key_prefix + member.decode()),
+            owner=short_owner(token),
+            fencing_token=int(fencing),
+            acquired_at=datetime.fromtimestamp(int(acquired) / 1000, UTC),
+            expires_at=datetime.now(UTC) + timedelta(milliseconds=max(pttl, 0)),
+            host=host,
+            pid=int(pid) if pid.isdigit() else None,
+            thread=thread,
+            waiters=waiters,
+        )
+
+    def force_release(self, name: str) -> bool:
+        keys = self.keys_for(self.make_key(name))
+        fencing = self.redis.run(
+            SCRIPTS["force_release"],
+            (keys.lock, keys.queue, keys.waiters, keys.index),
+            (keys.member,),
+        )
+        if not fencing:
+            return False
+        signals.lock_force_released.send(
+            sender=type(self), backend=self, alias=self.alias, name=name, fencing_token=fencing
+        )
+        return True
+
+    def health(self) -> float:
+        started = time.monotonic()
+        try:
+            self.redis.sync().ping()
+        except RedisError as exc:
+            raise unavailable(exc) from exc
+        return time.monotonic() - started
+
+    def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
+        if kwargs.get("deploy") or self.cache is None:
+            return []
+        problem = cache_problem(self.cache)
+        if problem is None:
+            return []
+        return [
+            checks.Error(
+                f"DISTLOCK[{self.alias!r}]: {problem}",
+                hint="Name a django-redis (or django.core.cache.backends.redis) cache, or "
+                "give LOCATION instead.",
+                obj=self.alias,
+                id="distlock.E010",
+            )
+        ]
+
+    def close(self) -> None:
+        self.redis.close()

@@ -1,0 +1,256 @@
+"""The Redis side of the backend: which server, the clients (sync, and async per
+event loop), the keys of a lock, and one call that runs a script by SHA.
+
+The backend (settings, API) is :mod:`.backend`; this module owns connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import threading
+import weakref
+import zlib
+from typing import Any, NamedTuple
+
+import redis
+import redis.asyncio
+import redis.asyncio.cluster
+import redis.cluster
+from django.core.cache import caches
+from redis.exceptions import NoScriptError, RedisError
+
+from ...exceptions import BackendUnavailable, LockConfigurationError
+from .scripts import Script
+
+#: Cache backends whose connection the backend can reuse (subclasses too).
+DJANGO_REDIS_CACHE = "django_redis.cache.RedisCache"
+DJANGO_BUILTIN_CACHE = "django.core.cache.backends.redis.RedisCache"
+
+_sync, _async = redis.connection, redis.asyncio.connection
+#: Sync connection class -> its asyncio twin (the most derived match wins: SSL first).
+_ASYNC_CONNECTIONS = {
+    _sync.SSLConnection: _async.SSLConnection,
+    _sync.UnixDomainSocketConnection: _async.UnixDomainSocketConnection,
+    _sync.Connection: _async.Connection,
+}
+#: The settings of a sync connection that its asyncio twin takes over (the others,
+#: parser classes, retry and maintenance objects, are sync-only).
+_MIRRORED = {
+    "host",
+    "port",
+    "db",
+    "username",
+    "password",
+    "path",
+    "socket_timeout",
+    "socket_connect_timeout",
+    "socket_keepalive",
+    "client_name",
+    "credential_provider",
+    "health_check_interval",
+    "protocol",
+}
+
+
+class Keys(NamedTuple):
+    """The Redis keys of one lock (one hash tag; see :mod:`.scripts`)."""
+
+    lock: str
+    queue: str
+    waiters: str
+    seq: str
+    index: str
+    #: The name as stored (the index member), without the ``KEY_PREFIX``.
+    member: str
+    #: Prefix of the waiters' signal lists: ``signal + token``.
+    signal: str
+
+
+class Redis:
+    """The clients of one alias in this process.
+
+    :param location: a ``redis://``, ``rediss://`` or ``unix://`` URL, or None.
+    :param cache: the alias of a Redis cache in ``CACHES`` whose pool is reused, or None.
+    :param cluster: whether ``location`` names a Redis Cluster.
+    """
+
+    def __init__(self, location: str | None, cache: str | None, cluster: bool) -> None:
+        self.location = location
+        self.cache = cache
+        self.cluster = cluster
+        self._sync: Any = None
+        self._mutex = threading.Lock()
+        self._async: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    # -- clients ------------------------------------------------------------
+
+    def sync(self) -> Any:
+        """The sync client (redis-py resets its pools in a forked child)."""
+        client = self._sync
+        if client is None:
+            with self._mutex:
+                if self._sync is None:
+                    self._sync = self._build_sync()
+                client = self._sync
+        return client
+
+    def _build_sync(self) -> Any:
+        if self.cache is not None:
+            return cache_client(self.cache)
+        assert self.location is not None
+        if self.cluster:
+            return redis.cluster.RedisCluster.from_url(self.location)
+        return redis.Redis.from_url(self.location)
+
+    def aio(self) -> Any:
+        """The async client of the running event loop."""
+        loop = asyncio.get_running_loop()
+        client = self._async.get(loop)
+        if client is None:
+            client = self._async[loop] = self._build_async()
+        return client
+
+    def _build_async(self) -> Any:
+        if self.location is not None:
+            if self.cluster:
+                return redis.asyncio.cluster.RedisCluster.from_url(self.location)
+            return redis.asyncio.Redis.from_url(self.location)
+        pool = self.sync().connection_pool
+        sync_class = pool.connection_class
+        async_class = next(
+            (a for s, a in _ASYNC_CONNECTIONS.items() if issubclass(sync_class, s)), None
+        )
+        if async_class is None:
+            raise LockConfigurationError(
+                f"CACHES[{self.cache!r}] uses connections of {sync_class.__name__}, which the "
+                "Redis lock backend cannot mirror for asyncio; set LOCATION instead."
+            )
+        accepted = _init_params(async_class)
+        given = pool.connection_kwargs
+        kwargs = {
+            k: v
+            for k, v in given.items()
+            if k in accepted and (k in _MIRRORED or k.startswith("ssl_"))
+        }
+        for name in ("socket_timeout", "socket_connect_timeout"):
+            if name not in kwargs and "orig_" + name in given:  # redis-py 8 keeps them there
+                kwargs[name] = given["orig_" + name]
+        return redis.asyncio.Redis(
+            connection_pool=redis.asyncio.ConnectionPool(connection_class=async_class, **kwargs)
+        )
+
+    def close(self) -> None:
+        """Disconnect the sync pool this alias built (a cache's pool is the cache's)."""
+        client, self._sync = self._sync, None
+        if client is not None and self.cache is None:
+            client.close()
+
+    # -- calls ----------------------------------------------------------------
+
+    def run(self, script: Script, keys: tuple[str, ...], args: tuple[Any, ...]) -> Any:
+        """Run ``script`` by SHA; load it on ``NOSCRIPT`` (flushed, restarted, failed
+        over) and run it again, once.
+
+        :raises BackendUnavailable: when Redis fails.
+        """
+        client = self.sync()
+        try:
+            try:
+                return client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+            except NoScriptError:
+                return client.execute_command("EVAL", script.text, len(keys), *keys, *args)
+        except RedisError as exc:
+            raise unavailable(exc) from exc
+
+    async def arun(self, script: Script, keys: tuple[str, ...], args: tuple[Any, ...]) -> Any:
+        """Async :meth:`run`."""
+        client = self.aio()
+        try:
+            try:
+                return await client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+            except NoScriptError:
+                return await client.execute_command("EVAL", script.text, len(keys), *keys, *args)
+        except RedisError as exc:
+            raise unavailable(exc) from exc
+
+
+def socket_timeout(client: Any) -> float | None:
+    """The socket timeout of ``client``'s connections (None: none, or a cluster's)."""
+    pool = getattr(client, "connection_pool", None)
+    if pool is None:
+        return None
+    given = pool.connection_kwargs
+    timeout = given.get("socket_timeout", given.get("orig_socket_timeout"))
+    return float(timeout) if timeout else None
+
+
+def unavailable(exc: BaseException) -> BackendUnavailable:
+    return BackendUnavailable(f"Redis failed: {type(exc).__name__}: {exc}")
+
+
+def cache_client(alias: str) -> Any:
+    """The sync client of the Redis cache ``alias`` (django-redis or Django's own)."""
+    problem = cache_problem(alias)
+    if problem:
+        raise LockConfigurationError(problem)
+    cache: Any = caches[alias]
+    if hasattr(cache, "client") and hasattr(cache.client, "get_client"):  # django-redis
+        return cache.client.get_client(write=True)
+    return cache._cache.get_client(write=True)  # Django's RedisCache
+
+
+def cache_problem(alias: object) -> str | None:
+    """Say what makes ``alias`` unusable as the cache to reuse, or None (no I/O)."""
+    from django.conf import settings
+    from django.utils.module_loading import import_string
+
+    if not isinstance(alias, str) or alias not in settings.CACHES:
+        known = sorted(getattr(settings, "CACHES", {}))
+        return f"OPTIONS['CACHE'] names {alias!r}, which is not a cache alias (CACHES has {known})."
+    path = settings.CACHES[alias].get("BACKEND", "")
+    try:
+        cls = import_string(path)
+    except ImportError as exc:
+        return f"CACHES[{alias!r}]['BACKEND'] {path!r} cannot be imported: {exc}"
+    for redis_path in (DJANGO_REDIS_CACHE, DJANGO_BUILTIN_CACHE):
+        try:
+            if issubclass(cls, import_string(redis_path)):
+                return None
+        except ImportError:
+            continue
+    return (
+        f"CACHES[{alias!r}] uses {path}, not Redis: OPTIONS['CACHE'] must name a "
+        f"{DJANGO_REDIS_CACHE} or {DJANGO_BUILTIN_CACHE} cache."
+    )
+
+
+def make_keys(prefix: str, stored: str, shards: int) -> Keys:
+    """The keys of the lock stored as ``stored`` under ``prefix``."""
+    tag = "0" if shards == 1 else str(zlib.crc32(stored.encode()) % shards)
+    base = f"{prefix}distlock{{{tag}}}"
+    return Keys(
+        base + "l:" + stored,
+        base + "q:" + stored,
+        base + "w:" + stored,
+        base + "n",
+        base + "i",
+        stored,
+        base + "s:",
+    )
+
+
+def tag_base(prefix: str, tag: int) -> str:
+    """The key prefix of one tag (what :func:`make_keys` builds for its locks)."""
+    return f"{prefix}distlock{{{tag}}}"
+
+
+def _init_params(cls: type) -> set[str]:
+    params: set[str] = set()
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is not None:
+            params.update(inspect.signature(init).parameters)
+    return params

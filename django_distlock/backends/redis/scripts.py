@@ -1,0 +1,256 @@
+"""The Lua scripts of the Redis backend: each lock operation is one ``EVALSHA``.
+
+The keys of one lock (see :class:`~django_distlock.backends.redis.keys.Keys`)
+share one hash tag, so a script never spans Redis Cluster slots:
+
+- ``lock``: a string, the holder, ``PX`` = the lease: ``token count fencing acquired_ms meta``
+  (the owner token is 32 hex digits; ``meta`` is ``host pid thread``, shown by listings);
+- ``queue``: a sorted set of waiting owner tokens by arrival (microseconds), the fair queue;
+- ``waiters``: a hash, owner token -> ``alive_until_ms kind target``: until when the
+  waiter counts as alive, and how to wake it (``L`` = ``LPUSH`` a list it
+  ``BLPOP``s, ``P`` = ``PUBLISH`` its token on a channel its process listens to);
+- ``index``: a sorted set of held names (score 0, in name order) for listings;
+- ``seq``: the fencing counter of the tag, started at the server's clock in
+  microseconds, so tokens keep growing after a Redis restart without persistence.
+
+Only the waiters' signal targets are not passed as ``KEYS``: they are read
+from ``waiters`` and carry the same hash tag (built by the client).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+# Shared functions, prepended to the scripts that use them.
+_NOW = """
+local function now_ms()
+  local t = redis.call('TIME')
+  return t[1] * 1000 + math.floor(t[2] / 1000), t[1] * 1000000 + t[2]
+end
+"""
+
+# The first live waiter of the queue, dropping the dead ones met on the way (at most
+# 100 per call: a script must stay short; the rest go at the next call).
+_HEAD = """
+local function forget(queue, waiters, h)
+  redis.call('ZREM', queue, h)
+  local e = redis.call('HGET', waiters, h)
+  if e then
+    redis.call('HDEL', waiters, h)
+    local s = string.find(e, ' ')
+    if string.sub(e, s + 1, s + 1) == 'L' then redis.call('DEL', string.sub(e, s + 3)) end
+  end
+end
+local function head(queue, waiters, now)
+  for _ = 1, 100 do
+    local h = redis.call('ZRANGE', queue, 0, 0)[1]
+    if not h then return nil end
+    local e = redis.call('HGET', waiters, h)
+    if e and tonumber(string.match(e, '^%d+')) > now then return h, e end
+    forget(queue, waiters, h)
+  end
+  return nil
+end
+local function wake(h, e)
+  local s = string.find(e, ' ')
+  local kind, target = string.sub(e, s + 1, s + 1), string.sub(e, s + 3)
+  if kind == 'L' then
+    redis.call('LPUSH', target, '1')
+    redis.call('PEXPIRE', target, 60000)
+  else
+    redis.call('PUBLISH', target, h)
+  end
+end
+local function wake_head(queue, waiters)
+  if redis.call('EXISTS', queue) == 1 then
+    local h, e = head(queue, waiters, now_ms())
+    if h then wake(h, e) end
+  end
+end
+"""
+
+#: KEYS: lock, queue, waiters, seq, index.
+#: ARGV: token, ttl_ms, meta, member (the stored name), flags (``f`` fair, ``r``
+#: reentrant, ``j`` join the queue on a miss, ``q`` already queued), alive_ms (how long
+#: a joined waiter counts as alive), signal (``L <list key>`` or ``P <channel>``).
+#: Returns ``{1, fencing, acquired_ms, now_ms, count}`` on a grant, ``{0, retry_after_ms}``
+#: on a miss (-1: unknown).
+ACQUIRE = (
+    _NOW
+    + _HEAD
+    + """
+local lock, queue, waiters = KEYS[1], KEYS[2], KEYS[3]
+local token, flags = ARGV[1], ARGV[5]
+local now, now_us = now_ms()
+local function join()
+  if string.find(flags, 'j', 1, true) then
+    redis.call('ZADD', queue, 'NX', now_us, token)
+    redis.call('HSET', waiters, token,
+      string.format('%.0f', now + tonumber(ARGV[6])) .. ' ' .. ARGV[7])
+    local keep = tonumber(ARGV[6]) + 60000
+    redis.call('PEXPIRE', queue, keep)
+    redis.call('PEXPIRE', waiters, keep)
+  end
+end
+local held = redis.call('GET', lock)
+if held then
+  if string.sub(held, 1, 32) == token then
+    -- Ours: a reentrant acquisition counts up; else a retried request of the same
+    -- acquisition (its reply was lost) finds its own grant.
+    local count, fencing, acquired, meta = string.match(held, '^ (%d+) (%d+) (%d+) (.*)', 33)
+    if string.find(flags, 'r', 1, true) then
+      count = count + 1
+      redis.call('SET', lock, token .. ' ' .. count .. ' ' .. fencing .. ' ' .. acquired
+        .. ' ' .. meta, 'PX', ARGV[2])
+    end
+    return {1, tonumber(fencing), tonumber(acquired), now, tonumber(count)}
+  end
+  join()
+  return {0, redis.call('PTTL', lock)}
+end
+if string.find(flags, 'f', 1, true) and redis.call('EXISTS', queue) == 1 then
+  local h, e = head(queue, waiters, now)
+  if h and h ~= token then
+    join()
+    return {0, tonumber(string.match(e, '^%d+')) - now}
+  end
+end
+local fencing = redis.call('INCR', KEYS[4])
+if fencing == 1 then
+  fencing = now_us
+  redis.call('SET', KEYS[4], string.format('%.0f', fencing))
+end
+redis.call('SET', lock, token .. ' 1 ' .. string.format('%.0f', fencing) .. ' '
+  .. string.format('%.0f', now) .. ' ' .. ARGV[3], 'PX', ARGV[2])
+redis.call('ZADD', KEYS[5], 0, ARGV[4])
+if string.find(flags, 'q', 1, true) then forget(queue, waiters, token) end
+return {1, fencing, now, now, 1}
+"""
+)
+
+#: KEYS: lock, queue, waiters, index. ARGV: token, member.
+#: Returns 0 if not held by ``token``, 1 when freed (and the first live waiter woken),
+#: 2 when a reentrant count went down by one.
+RELEASE = (
+    _NOW
+    + _HEAD
+    + """
+local held = redis.call('GET', KEYS[1])
+if not held or string.sub(held, 1, 32) ~= ARGV[1] then return 0 end
+local count, rest = string.match(held, '^ (%d+) (.*)', 33)
+if tonumber(count) > 1 then
+  redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. (count - 1) .. ' ' .. rest, 'KEEPTTL')
+  return 2
+end
+redis.call('DEL', KEYS[1])
+redis.call('ZREM', KEYS[4], ARGV[2])
+wake_head(KEYS[2], KEYS[3])
+return 1
+"""
+)
+
+#: KEYS: lock. ARGV: token, ttl_ms.
+#: Returns ``{fencing, acquired_ms, now_ms}``, or 0 if not held by ``token``.
+EXTEND = (
+    _NOW
+    + """
+local held = redis.call('GET', KEYS[1])
+if not held or string.sub(held, 1, 32) ~= ARGV[1] then return 0 end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+local fencing, acquired = string.match(held, '^ %d+ (%d+) (%d+)', 33)
+return {tonumber(fencing), tonumber(acquired), (now_ms())}
+"""
+)
+
+#: KEYS: lock, queue, waiters. ARGV: token.
+#: A waiter leaves the queue; if the lock is free, the next live waiter is woken (it may
+#: have been behind this one). Returns 1.
+LEAVE = (
+    _NOW
+    + _HEAD
+    + """
+forget(KEYS[2], KEYS[3], ARGV[1])
+if redis.call('EXISTS', KEYS[1]) == 0 then wake_head(KEYS[2], KEYS[3]) end
+return 1
+"""
+)
+
+#: KEYS: lock, queue, waiters, index. ARGV: member.
+#: Frees the lock whoever holds it. Returns the fencing token freed, or 0 if not held.
+FORCE_RELEASE = (
+    _NOW
+    + _HEAD
+    + """
+local held = redis.call('GET', KEYS[1])
+if not held then
+  redis.call('ZREM', KEYS[4], ARGV[1])
+  return 0
+end
+redis.call('DEL', KEYS[1])
+redis.call('ZREM', KEYS[4], ARGV[1])
+wake_head(KEYS[2], KEYS[3])
+return tonumber(string.match(held, '^ %d+ (%d+)', 33))
+"""
+)
+
+#: KEYS: index. ARGV: base (the tag's key prefix), min, max (``ZRANGEBYLEX`` bounds),
+#: limit, budget (most index entries to look at).
+#: Returns a flat list ``member, holder, pttl_ms, waiters, ...`` of up to ``limit``
+#: held locks, then the last member looked at (or '' when the range is exhausted);
+#: entries of leases that ended are dropped from the index on the way.
+LIST = """
+local base, low, limit, budget = ARGV[1], ARGV[2], tonumber(ARGV[4]), tonumber(ARGV[5])
+local out, found, last = {}, 0, ''
+while found < limit and budget > 0 do
+  local batch = redis.call('ZRANGEBYLEX', KEYS[1], low, ARGV[3], 'LIMIT', 0,
+    math.min(limit - found, budget))
+  if #batch == 0 then
+    last = ''
+    break
+  end
+  for _, member in ipairs(batch) do
+    local held = redis.call('GET', base .. 'l:' .. member)
+    if held then
+      out[#out + 1] = member
+      out[#out + 1] = held
+      out[#out + 1] = redis.call('PTTL', base .. 'l:' .. member)
+      out[#out + 1] = redis.call('ZCARD', base .. 'q:' .. member)
+      found = found + 1
+    else
+      redis.call('ZREM', KEYS[1], member)
+    end
+    last = member
+  end
+  budget = budget - #batch
+  low = '(' .. last
+end
+out[#out + 1] = last
+return out
+"""
+
+
+class Script:
+    """A script's text and SHA1 (what ``EVALSHA`` runs)."""
+
+    __slots__ = ("name", "sha", "text")
+
+    def __init__(self, name: str, text: str) -> None:
+        self.name = name
+        self.text = text
+        self.sha = hashlib.sha1(text.encode()).hexdigest()
+
+    def __repr__(self) -> str:
+        return f"<Script {self.name} {self.sha[:8]}>"
+
+
+SCRIPTS = {
+    name: Script(name, text)
+    for name, text in {
+        "acquire": ACQUIRE,
+        "release": RELEASE,
+        "extend": EXTEND,
+        "leave": LEAVE,
+        "force_release": FORCE_RELEASE,
+        "list": LIST,
+    }.items()
+}
