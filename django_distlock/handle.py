@@ -13,7 +13,7 @@ from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from . import signals
+from . import renewal, signals
 from .exceptions import DistLockError, LockLost, LockNotAcquired, LockNotHeld, LockTimeout
 from .values import DEFAULT, Grant, _Default, short_owner, validate_timeout, validate_ttl
 
@@ -94,6 +94,8 @@ class Lock:
         blocking: bool,
         reentrant: bool = False,
         owner_token: str | None = None,
+        auto_renew: bool = False,
+        max_hold: float | None = None,
     ) -> None:
         self.backend = backend
         self.name = name
@@ -105,6 +107,11 @@ class Lock:
         #: ``supports_reentrancy``); every acquisition needs its own release.
         self.reentrant = reentrant
         self._owner_token = owner_token
+        #: Whether the watchdog renews the lease every third of ``ttl`` while held
+        #: (``renewal.py``), for at most ``max_hold`` seconds from the grant.
+        self.auto_renew = auto_renew
+        self.max_hold = max_hold
+        self._renewal: renewal.Renewal | None = None
         #: Holder metadata of the current acquisition: host, pid, thread/task.
         self.host = _HOST
         self.pid: int | None = None
@@ -181,6 +188,7 @@ class Lock:
             if self._token is None or self._lost:
                 return
             self._lost = True
+        self._stop_renewal()
         self._send(signals.lock_lost)
 
     def _send(self, signal: Any, **extra: Any) -> None:
@@ -195,8 +203,9 @@ class Lock:
 
     def __repr__(self) -> str:
         state = "lost" if self._lost else "held" if self._token else "free"
+        name = self.name if len(self.name) <= 100 else self.name[:100] + "…"
         return (
-            f"<Lock alias={self.backend.alias!r} name={self.name!r} {state} "
+            f"<Lock alias={self.backend.alias!r} name={name!r} {state} "
             f"owner={self.owner_id} fencing_token={self.fencing_token}>"
         )
 
@@ -276,7 +285,7 @@ class Lock:
                 finally:
                     if not granted:
                         await asyncio.shield(acquisition.aclose())
-                if self._granted(acquisition, result, sent):
+                if self._granted(acquisition, result, sent, asynchronous=True):
                     return True
                 try:
                     await acquisition.arelease(_NO_EXC)
@@ -335,7 +344,9 @@ class Lock:
                 "was forked from it and cannot use, release or extend that lease."
             )
 
-    def _granted(self, acquisition: Acquisition, grant: Grant, sent: float) -> bool:
+    def _granted(
+        self, acquisition: Acquisition, grant: Grant, sent: float, asynchronous: bool = False
+    ) -> bool:
         """Record a grant; False if its lease already ran out on this process' clock."""
         valid_until = None
         if grant.expires_at is not None:
@@ -357,6 +368,8 @@ class Lock:
             self._grant = grant
             self._lost = False
             self._valid_until = valid_until
+        if self.auto_renew:
+            self._renewal = renewal.watch(self, acquisition, asynchronous)
         with _held_mutex:
             _held.setdefault((self.backend.alias, self.key), {})[id(self)] = current_holder()
         self._send(signals.lock_acquired, waited=time.monotonic() - self._started)
@@ -461,12 +474,19 @@ class Lock:
         self._send(signals.lock_released)
 
     def _forget(self) -> None:
+        if self._renewal is not None:
+            self._stop_renewal()
         with _held_mutex:
             holders = _held.get((self.backend.alias, self.key))
             if holders is not None:
                 holders.pop(id(self), None)
                 if not holders:
                     del _held[(self.backend.alias, self.key)]
+
+    def _stop_renewal(self) -> None:
+        entry, self._renewal = self._renewal, None
+        if entry is not None:
+            entry.stop()
 
     def _send_lost(self) -> None:
         """Record the loss found by a release; signal it unless it was known already."""
@@ -524,6 +544,73 @@ class Lock:
                 self._grant = grant
                 expires = grant.expires_at is not None
                 self._valid_until = sent + grant.granted_after + ttl if expires else None
+
+    # -- the watchdog's side (renewal.py) ---------------------------------------
+
+    def _renewal_state(self, acquisition: Acquisition) -> str:
+        """``"held"`` (by ``acquisition``), ``"lost"``, or ``"busy"`` (a release is under
+        way, or done)."""
+        with self._mutex:
+            if self._lost or self.pid != os.getpid():
+                return "lost"
+            if self._token is not None and self._acquisition is acquisition:
+                return "held"
+            return "busy"
+
+    def _renew(self, acquisition: Acquisition, ttl: float) -> bool | None:
+        """The watchdog's extend: True when renewed, False when the lease turned out gone
+        (marked lost), None when ``acquisition`` is no longer held (released meanwhile:
+        not a loss). Raises what the backend's ``extend`` raises, but LockLost."""
+        until, sent = self._valid_until, time.monotonic()
+        try:
+            grant = acquisition.extend(ttl)
+        except LockLost:
+            grant = None
+        return self._renewed(acquisition, grant, ttl, sent, until)
+
+    async def _arenew(self, acquisition: Acquisition, ttl: float) -> bool | None:
+        """Async :meth:`_renew` (the event loop's renewal task)."""
+        until, sent = self._valid_until, time.monotonic()
+        try:
+            grant = await acquisition.aextend(ttl)
+        except LockLost:
+            grant = None
+        return self._renewed(acquisition, grant, ttl, sent, until)
+
+    def _renewed(
+        self, acquisition: Acquisition, grant: Grant | None, ttl: float, sent: float,
+        until: float | None,
+    ) -> bool | None:
+        if grant is None:
+            lost = self._renewal_lost(acquisition, "a renewal found its lease gone")
+            return False if lost else None
+        if until is not None and time.monotonic() >= until:
+            # Renewed, but only after the lease had run out on this clock: the holder may
+            # have seen it lost already, and lost stays lost.
+            lost = self._renewal_lost(acquisition, "its lease ran out before a renewal succeeded")
+            return False if lost else None
+        with self._mutex:
+            if self._token is None or self._acquisition is not acquisition:
+                return None
+            if self._lost:
+                return False
+            self._grant = grant
+            expires = grant.expires_at is not None
+            self._valid_until = sent + grant.granted_after + ttl if expires else None
+        return True
+
+    def _renewal_lost(self, acquisition: Acquisition, why: str) -> bool:
+        """Mark the handle lost if ``acquisition`` is still its own; return whether it is."""
+        with self._mutex:
+            if self._token is None or self._acquisition is not acquisition:
+                return False  # released meanwhile: not a loss
+            if self._lost:
+                return True
+            self._lost = True
+        logger.warning("Lock %r was lost: %s.", self, why)
+        self._stop_renewal()
+        self._send(signals.lock_lost)
+        return True
 
     # -- context managers ---------------------------------------------------
 

@@ -35,6 +35,20 @@ def require_pg() -> None:
     pytest.skip("PostgreSQL not started (run scripts/test for the full suite)")
 
 
+REDIS_ALIASES = ["redis", "redis-cache", "redis-djcache", "redis-unfair"]
+
+
+def require_redis(cluster: bool = False) -> None:
+    """Fail (full run) or skip (local partial run) when Redis (or its cluster) is absent."""
+    alias = "redis-cluster" if cluster else "redis"
+    if alias in settings.DISTLOCK:
+        return
+    what = "DISTLOCK_REDIS_CLUSTER_URL" if cluster else "DISTLOCK_REDIS_URL"
+    if FULL_RUN:
+        pytest.fail(f"DISTLOCK_SERVERS=1 but {what} is not set: Redis is missing.")
+    pytest.skip("Redis not started (run scripts/test for the full suite)")
+
+
 def psycopg_params(database: str) -> dict[str, Any]:
     """``psycopg.connect()`` keywords for the database alias ``database`` (a side connection)."""
     db = connections[database].settings_dict

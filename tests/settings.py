@@ -75,6 +75,45 @@ if PG_AVAILABLE:
         "KEY_PREFIX": "t:",
     }
 
+# Redis (started by scripts/test): the same server through a URL, a django-redis cache
+# and Django's own RedisCache; each alias its own KEY_PREFIX. And a 3-master cluster.
+REDIS_URL = os.environ.get("DISTLOCK_REDIS_URL", "")
+REDIS_CLUSTER_URL = os.environ.get("DISTLOCK_REDIS_CLUSTER_URL", "")
+_REDIS = "django_distlock.backends.redis.RedisBackend"
+if REDIS_URL:
+    CACHES = {
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+        "django-redis": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": REDIS_URL},
+        "django-builtin": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+        },
+    }
+    DISTLOCK["redis"] = {"BACKEND": _REDIS, "LOCATION": REDIS_URL, "KEY_PREFIX": "u:"}
+    DISTLOCK["redis-cache"] = {
+        "BACKEND": _REDIS,
+        "OPTIONS": {"CACHE": "django-redis"},
+        "KEY_PREFIX": "c:",
+    }
+    DISTLOCK["redis-djcache"] = {
+        "BACKEND": _REDIS,
+        "OPTIONS": {"CACHE": "django-builtin"},
+        "KEY_PREFIX": "d:",
+    }
+    DISTLOCK["redis-unfair"] = {
+        "BACKEND": _REDIS,
+        "LOCATION": REDIS_URL,
+        "OPTIONS": {"FAIR": False},
+        "KEY_PREFIX": "f:",
+    }
+if REDIS_CLUSTER_URL:
+    DISTLOCK["redis-cluster"] = {
+        "BACKEND": _REDIS,
+        "LOCATION": REDIS_CLUSTER_URL,
+        "OPTIONS": {"CLUSTER": True},
+        "KEY_PREFIX": "k:",
+    }
+
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",

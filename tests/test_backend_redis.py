@@ -1,0 +1,524 @@
+"""The Redis backend against the real Redis (and Redis Cluster) that scripts/test starts:
+the shipped contract through a URL, a django-redis cache, Django's RedisCache and a
+cluster; round trips, scripts, names, listing, reentrancy, fairness, configuration."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+import redis
+from django.core.management import call_command
+from django.test import override_settings
+from redis.cluster import key_slot
+
+from django_distlock import locks
+from django_distlock.backends.redis import RedisBackend
+from django_distlock.exceptions import (
+    InvalidBackendOptions,
+    InvalidLockName,
+    LockConfigurationError,
+    LockLost,
+    LockNotHeld,
+    UnsupportedOperation,
+)
+from django_distlock.testing import LockContract
+
+from .conftest import REDIS_ALIASES, eventually, in_thread, require_redis
+
+URL = os.environ.get("DISTLOCK_REDIS_URL", "")
+
+
+class RedisContract(LockContract):
+    @pytest.fixture(autouse=True)
+    def _redis(self) -> None:
+        require_redis()
+
+
+class TestRedisURL(RedisContract):
+    alias = "redis"
+
+
+class TestRedisDjangoRedisCache(RedisContract):
+    alias = "redis-cache"
+
+
+class TestRedisDjangoCache(RedisContract):
+    alias = "redis-djcache"
+
+
+class TestRedisUnfair(RedisContract):
+    alias = "redis-unfair"
+
+
+class TestRedisCluster(LockContract):
+    alias = "redis-cluster"
+
+    @pytest.fixture(autouse=True)
+    def _redis(self) -> None:
+        require_redis(cluster=True)
+
+
+@pytest.fixture
+def backend() -> RedisBackend:
+    require_redis()
+    backend = locks["redis"]
+    assert isinstance(backend, RedisBackend)
+    return backend
+
+
+@pytest.fixture
+def raw() -> Iterator[redis.Redis]:
+    require_redis()
+    client = redis.Redis.from_url(URL)
+    yield client
+    client.close()
+
+
+class Sent:
+    """Counts the commands a client sends (each one round trip: no pipelining here)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.commands: list[bytes] = []
+        real = redis.connection.AbstractConnection.send_command
+
+        def send_command(conn: Any, *args: Any, **kwargs: Any) -> None:
+            self.commands.append(str(args[0]).encode())
+            real(conn, *args, **kwargs)
+
+        monkeypatch.setattr(redis.connection.AbstractConnection, "send_command", send_command)
+
+    def take(self) -> list[bytes]:
+        taken, self.commands = self.commands, []
+        return taken
+
+
+# -- round trips and scripts --------------------------------------------------------
+
+
+def test_acquire_release_and_extend_are_one_evalsha_each(
+    backend: RedisBackend, unique, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    handle = backend.lock(unique(), ttl=10)
+    backend.health()  # connect first
+    sent = Sent(monkeypatch)
+    assert handle.acquire()
+    assert sent.take() == [b"EVALSHA"]
+    handle.extend(20)
+    assert sent.take() == [b"EVALSHA"]
+    handle.release()
+    assert sent.take() == [b"EVALSHA"]
+
+
+def test_a_flushed_script_cache_is_reloaded_transparently(
+    backend: RedisBackend, raw: redis.Redis, unique
+) -> None:
+    handle = backend.lock(unique(), ttl=10)
+    assert handle.acquire()
+    raw.script_flush()
+    handle.extend(10)  # NOSCRIPT -> EVAL, once
+    raw.script_flush()
+    other = backend.lock(handle.name, timeout=0.2)
+    assert in_thread(other.acquire) is False  # never a double grant
+    raw.script_flush()
+    handle.release()
+    assert not backend.is_locked(handle.name)
+
+
+def test_fencing_tokens_grow_and_survive_the_counter_being_lost(
+    backend: RedisBackend, raw: redis.Redis, unique
+) -> None:
+    name = unique()
+    tokens = []
+    for _ in range(3):
+        with backend.lock(name) as handle:
+            tokens.append(handle.fencing_token)
+    keys = backend.keys_for(backend.make_key(name))
+    raw.delete(keys.seq)  # as after a restart without persistence
+    with backend.lock(name) as handle:
+        tokens.append(handle.fencing_token)
+    assert tokens == sorted(set(tokens))
+    assert tokens[-1] > time.time() * 1e6 - 60e6  # restarted from the server clock (µs)
+
+
+def test_holder_metadata_comes_from_the_server_clock(backend: RedisBackend, unique) -> None:
+    handle = backend.lock(unique(), ttl=30)
+    with handle:
+        info = next(i for i in backend.held_locks(prefix=handle.name) if i.name == handle.name)
+    assert info.owner == handle.owner_id or info.owner  # shown short, never the token
+    assert info.pid == os.getpid() and info.host == handle.host
+    assert info.thread == handle.thread
+    assert info.fencing_token == handle.fencing_token
+    assert abs((info.expires_at - info.acquired_at).total_seconds() - 30) < 2
+
+
+# -- names ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name", ["{tag}", "a{b}c:{d}", "}{", "{}", ":", "a:b:c", "ünï ✓", "x" * (1 << 20)]
+)
+def test_odd_names_keep_all_their_keys_in_one_cluster_slot(
+    backend: RedisBackend, unique, name: str
+) -> None:
+    full = unique() + name
+    keys = backend.keys_for(backend.make_key(full))
+    slots = {key_slot(k.encode()) for k in (keys.lock, keys.queue, keys.waiters, keys.seq)}
+    slots.add(key_slot((keys.signal + "0" * 32).encode()))
+    assert len(slots) == 1
+    assert all(k.startswith("u:distlock{") for k in keys[:5])  # under the alias' KEY_PREFIX
+    with backend.lock(full, ttl=10) as handle:
+        assert backend.is_locked(full)
+        assert in_thread(lambda: backend.lock(full).acquire(blocking=False)) is False
+    assert not handle.held and not backend.is_locked(full)
+
+
+def test_a_nul_in_a_name_is_a_clear_error_before_any_command(
+    backend: RedisBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sent = Sent(monkeypatch)
+    with pytest.raises(InvalidLockName, match="control characters"):
+        backend.lock("a\x00b")
+    assert sent.take() == []
+
+
+def test_a_megabyte_name_is_listed_shortened(backend: RedisBackend, unique) -> None:
+    name = unique("big") + "x" * (1 << 20)
+    handle = backend.lock(name)
+    with pytest.raises(LockLost) as lost, handle:
+        page = backend.held_locks(prefix=name[:20])
+        (info,) = [i for i in page if i.name.startswith(name[:20])]
+        assert "…[sha256:" in info.name
+        assert backend.force_release(name) is True
+    assert len(str(lost.value)) < 300  # the error names the lock shortened
+
+
+# -- listing ---------------------------------------------------------------------------
+
+
+def test_listing_drops_ended_leases_and_pages_by_the_index(
+    backend: RedisBackend, raw: redis.Redis, unique
+) -> None:
+    prefix = unique("list") + "/"
+    short = [backend.lock(f"{prefix}{i:03}", ttl=0.2) for i in range(5)]
+    long = [backend.lock(f"{prefix}{i:03}", ttl=30) for i in range(5, 12)]
+    for handle in short + long:
+        assert handle.acquire()
+    time.sleep(0.3)
+    names, cursor, pages = [], None, 0
+    while True:
+        page = backend.held_locks(prefix=prefix, limit=3, cursor=cursor)
+        names += [info.name for info in page]
+        pages += 1
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+    assert names == [h.name for h in long]
+    index = backend.keys_for(backend.make_key(prefix)).index
+    members = raw.zrangebylex(index, b"[" + prefix.encode(), b"[" + prefix.encode() + b"\xff")
+    assert len(members) == 7  # the ended leases' entries were dropped
+    for handle in long:
+        handle.release()
+    assert raw.zrangebylex(index, b"[" + prefix.encode(), b"[" + prefix.encode() + b"\xff") == []
+
+
+def test_listing_cost_grows_with_the_page_not_with_the_keys(
+    backend: RedisBackend, raw: redis.Redis, unique, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prefix = unique("many") + "/"
+    pipe = raw.pipeline(transaction=False)
+    keys = backend.keys_for(backend.make_key(prefix))
+    for i in range(2000):  # other holders' locks, written as the acquire script writes them
+        member = f"{prefix[len(''):]}{i:05}"
+        stored = keys.lock[: -len(keys.member)] + member
+        pipe.set(stored, "0" * 32 + " 1 1 1 h 1 t", px=60000)
+        pipe.zadd(keys.index, {member: 0})
+    pipe.execute()
+    sent = Sent(monkeypatch)
+    page = backend.held_locks(prefix=prefix, limit=10)
+    assert [i.name for i in page] == [f"{prefix}{i:05}" for i in range(10)]
+    assert sent.take() == [b"EVALSHA"]  # one script per index tag, no KEYS or SCAN
+
+
+# -- reentrancy --------------------------------------------------------------------------
+
+
+def test_reentrant_acquisitions_are_counted_in_one_round_trip(
+    backend: RedisBackend, unique, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    handle = backend.lock(unique(), reentrant=True, ttl=10)
+    backend.health()
+    sent = Sent(monkeypatch)
+    assert handle.acquire() and handle.acquire(blocking=False) and handle.acquire()
+    assert sent.take() == [b"EVALSHA"] * 3
+    token = handle.fencing_token
+    handle.release()
+    handle.release()
+    assert backend.is_locked(handle.name) and handle.held
+    assert in_thread(lambda: backend.lock(handle.name).acquire(blocking=False)) is False
+    handle.release()
+    assert not backend.is_locked(handle.name) and not handle.held
+    assert token is not None
+    with pytest.raises(LockNotHeld):
+        handle.release()
+
+
+def test_handles_sharing_an_owner_share_the_lock_in_any_thread(
+    backend: RedisBackend, unique
+) -> None:
+    name = unique()
+    first = backend.lock(name, reentrant=True, owner="job-17")
+    assert first.acquire()
+    second = backend.lock(name, reentrant=True, owner="job-17", timeout=1)
+    assert in_thread(second.acquire) is True  # same owner: counted, not waited for
+    stranger = backend.lock(name, reentrant=True, owner="job-18")
+    assert in_thread(lambda: stranger.acquire(blocking=False)) is False
+    in_thread(second.release)
+    assert backend.is_locked(name)
+    first.release()
+    assert not backend.is_locked(name)
+
+
+def test_reentrancy_can_be_the_alias_default() -> None:
+    require_redis()
+    with override_settings(
+        DISTLOCK={"default": {"BACKEND": "django_distlock.backends.redis.RedisBackend",
+                              "LOCATION": URL, "OPTIONS": {"REENTRANT": True}}}
+    ):
+        assert locks["default"].lock("x").reentrant is True
+        assert locks["default"].lock("x", reentrant=False).reentrant is False
+
+
+def test_owner_without_reentrancy_and_reentrancy_elsewhere_are_errors(
+    backend: RedisBackend,
+) -> None:
+    with pytest.raises(ValueError, match="reentrant=True"):
+        backend.lock("x", owner="me")
+    with pytest.raises(ValueError, match="owner"):
+        backend.lock("x", reentrant=True, owner="")
+    with pytest.raises(UnsupportedOperation):
+        locks["locmem"].lock("x", reentrant=True)
+
+
+# -- waiting: woken by the release, fair, bounded ----------------------------------------
+
+
+def test_a_waiter_is_woken_by_the_release_not_by_a_poll(
+    backend: RedisBackend, unique, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    name = unique()
+    holder = backend.lock(name, ttl=30)
+    assert holder.acquire()
+    granted: dict[str, float] = {}
+
+    def wait() -> None:
+        handle = backend.lock(name, ttl=30, timeout=20)
+        assert handle.acquire()
+        granted["at"] = time.monotonic()
+        handle.release()
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    time.sleep(0.35)  # inside the waiter's first block (heartbeat 1 s, holder ttl 30 s)
+    released = time.monotonic()
+    holder.release()
+    thread.join(10)
+    assert granted["at"] - released < 0.2  # woken by the release, not at the heartbeat
+
+
+def test_an_async_waiter_is_woken_by_the_release(backend: RedisBackend, unique) -> None:
+    name = unique()
+
+    async def main() -> float:
+        holder = backend.lock(name, ttl=30)
+        assert await holder.aacquire()
+        waiter = backend.lock(name, ttl=30, timeout=20)
+
+        async def wait() -> float:
+            started = time.monotonic()
+            assert await waiter.aacquire()
+            return time.monotonic() - started
+
+        task = asyncio.create_task(wait())
+        await asyncio.sleep(0.3)
+        await holder.arelease()
+        waited = await task
+        await waiter.arelease()
+        return waited
+
+    assert asyncio.run(main()) < 0.8
+
+
+def test_waiting_threads_are_served_in_arrival_order(backend: RedisBackend, unique) -> None:
+    name = unique()
+    holder = backend.lock(name, ttl=30)
+    assert holder.acquire()
+    order: list[int] = []
+    threads = []
+    for index in range(5):
+
+        def wait(index: int = index) -> None:
+            handle = backend.lock(name, ttl=30, timeout=30)
+            assert handle.acquire()
+            order.append(index)
+            time.sleep(0.01)
+            handle.release()
+
+        threads.append(threading.Thread(target=wait))
+        threads[-1].start()
+        time.sleep(0.1)  # arrive one after the other
+    holder.release()
+    for thread in threads:
+        thread.join(30)
+    assert order == [0, 1, 2, 3, 4]
+
+
+def test_a_waiter_that_gives_up_leaves_the_queue(
+    backend: RedisBackend, raw: redis.Redis, unique
+) -> None:
+    name = unique()
+    holder = backend.lock(name, ttl=30)
+    assert holder.acquire()
+    started = time.monotonic()
+    assert in_thread(lambda: backend.lock(name, timeout=0.25).acquire()) is False
+    assert time.monotonic() - started < 0.25 + 0.1  # within its timeout
+    keys = backend.keys_for(holder.key)
+    assert raw.zcard(keys.queue) == 0 and raw.hlen(keys.waiters) == 0
+    holder.release()
+    assert backend.lock(name).acquire(blocking=False)  # nobody ahead
+
+
+def test_a_waiter_behind_a_dead_head_is_served_after_the_heads_heartbeat(
+    backend: RedisBackend, raw: redis.Redis, unique
+) -> None:
+    name = unique()
+    holder = backend.lock(name, ttl=30)
+    assert holder.acquire()
+    keys = backend.keys_for(holder.key)
+    # A waiter that died queued (its process killed): its entry stays until it goes stale.
+    now_ms = int(raw.time()[0] * 1000)
+    raw.zadd(keys.queue, {"d" * 32: 1})
+    raw.hset(keys.waiters, "d" * 32, f"{now_ms + 800} L {keys.signal}{'d' * 32}")
+    holder.release()
+    handle = backend.lock(name, timeout=5)
+    assert in_thread(handle.acquire) is True
+    stale_at = datetime.fromtimestamp((now_ms + 800) / 1000, UTC)
+    assert handle.acquired_at is not None
+    assert stale_at <= handle.acquired_at < stale_at + timedelta(seconds=1.5)
+    in_thread(handle.release)
+
+
+# -- fork, configuration --------------------------------------------------------------------
+
+
+def test_a_forked_child_cannot_release_or_extend_its_parents_lease(
+    backend: RedisBackend, unique
+) -> None:
+    handle = backend.lock(unique(), ttl=30)
+    assert handle.acquire()
+    pid = os.fork()
+    if pid == 0:  # the child
+        code = 0
+        try:
+            for call in (handle.release, handle.extend):
+                try:
+                    call()
+                    code = 1
+                except LockNotHeld:
+                    pass
+            if handle.held or not backend.is_locked(handle.name):  # fresh connections work
+                code = 2
+        except BaseException:
+            code = 3
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert handle.held and backend.is_locked(handle.name)
+    handle.release()
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({}, "neither"),
+        ({"LOCATION": "redis://x", "OPTIONS": {"CACHE": "c"}}, "both"),
+        ({"LOCATION": "http://x"}, "rediss:// or unix:// URL"),
+        ({"LOCATION": "redis://x", "OPTIONS": {"FAIR": "yes"}}, "FAIR"),
+        ({"LOCATION": "redis://x", "OPTIONS": {"SHARDS": 0}}, "SHARDS"),
+        ({"LOCATION": "redis://x", "OPTIONS": {"NOPE": 1}}, "unknown keys"),
+        ({"LOCATION": "redis://x", "KEY_PREFIX": "a{b}"}, "KEY_PREFIX"),
+        ({"OPTIONS": {"CACHE": "c", "CLUSTER": True}}, "CLUSTER"),
+    ],
+)
+def test_bad_options_are_clear_errors(params: dict[str, Any], message: str) -> None:
+    with pytest.raises(InvalidBackendOptions, match=message):
+        RedisBackend("r", params)
+
+
+@pytest.mark.parametrize(
+    ("cache", "message"),
+    [("missing", "not a cache alias"), ("default", "not Redis")],
+)
+def test_the_checks_name_a_cache_that_cannot_be_used(cache: str, message: str) -> None:
+    require_redis()
+    alias = {"BACKEND": "django_distlock.backends.redis.RedisBackend", "OPTIONS": {"CACHE": cache}}
+    with override_settings(DISTLOCK={"default": alias}):
+        from django_distlock.checks import check_distlock
+
+        (error,) = check_distlock()
+        assert error.id == "distlock.E010" and message in error.msg
+        with pytest.raises(LockConfigurationError, match=message):
+            locks["default"].lock("x").acquire()
+
+
+def test_the_aliases_pass_the_checks() -> None:
+    require_redis()
+    call_command("check")
+
+
+def test_a_lost_lease_cannot_release_the_next_holders_lock(
+    backend: RedisBackend, unique
+) -> None:
+    name = unique()
+    first = backend.lock(name, ttl=0.2)
+    assert first.acquire()
+    time.sleep(0.3)
+    second = backend.lock(name, ttl=30)
+    assert in_thread(lambda: second.acquire(blocking=False)) is True
+    with pytest.raises(LockLost):
+        first.extend()
+    with pytest.raises(LockNotHeld):
+        first.release()
+    assert eventually(lambda: backend.is_locked(name))
+    in_thread(second.release)
+
+
+@pytest.mark.parametrize("alias", REDIS_ALIASES)
+def test_every_alias_serves_asyncio_tasks_natively(alias: str, unique) -> None:
+    require_redis()
+    backend = locks[alias]
+    name = unique()
+    active: list[int] = []
+    overlaps = 0
+
+    async def worker(index: int) -> None:
+        nonlocal overlaps
+        for _ in range(5):
+            async with backend.lock(name, ttl=10, timeout=20):
+                active.append(index)
+                if len(active) > 1:
+                    overlaps += 1
+                await asyncio.sleep(0.001)
+                active.remove(index)
+
+    async def main() -> None:
+        await asyncio.gather(*(worker(i) for i in range(20)))
+
+    asyncio.run(main())
+    assert overlaps == 0
