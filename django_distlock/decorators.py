@@ -14,6 +14,7 @@ from .exceptions import LockLost, LockNotAcquired
 from .handle import Lock
 from .handler import DEFAULT_LOCK_ALIAS, locks
 from .names import validate_name
+from .renewal import validate_max_hold
 from .values import DEFAULT, _Default, validate_timeout, validate_ttl
 
 logger = logging.getLogger("django_distlock")
@@ -34,18 +35,27 @@ def lock(
     ttl: float | _Default = DEFAULT,
     timeout: float | _Default | None = DEFAULT,
     blocking: bool = True,
+    auto_renew: bool | _Default = DEFAULT,
+    max_hold: float | None = None,
 ) -> Lock:
     """Return a handle on ``name`` of alias ``using``, for ``with`` or ``async with``.
 
     ``with lock("order:42", ttl=30, timeout=5) as h:`` acquires or raises
     :class:`~django_distlock.exceptions.LockTimeout` (or
     :class:`~django_distlock.exceptions.LockNotAcquired` when not blocking),
-    and releases on exit.
+    and releases on exit. ``auto_renew`` and ``max_hold`` are
+    :meth:`~django_distlock.backends.base.BaseLockBackend.lock`'s: the lease is
+    renewed while the block runs, and the exit raises
+    :class:`~django_distlock.exceptions.LockLost` if a renewal found it gone.
 
     :raises InvalidLockAlias: for an unknown alias.
     :raises InvalidLockName: for a bad name.
+    :raises UnsupportedOperation: for ``auto_renew=True`` on locks that do not expire.
     """
-    return locks[using].lock(name, ttl=ttl, timeout=timeout, blocking=blocking)
+    return locks[using].lock(
+        name, ttl=ttl, timeout=timeout, blocking=blocking, auto_renew=auto_renew,
+        max_hold=max_hold,
+    )
 
 
 def distlock(
@@ -58,6 +68,8 @@ def distlock(
     on_fail: OnFail = "raise",
     skip_value: Any = None,
     on_lost: OnLost = "raise",
+    auto_renew: bool | _Default = DEFAULT,
+    max_hold: float | None = None,
 ) -> Callable[[F], F]:
     """Run the decorated function (sync or async) while holding a lock.
 
@@ -92,6 +104,13 @@ def distlock(
         ``on_lost(exc, result, *args, **kwargs)`` and its result returned.
         Not consulted when the function raised (its exception propagates).
         See ``docs/decorator.md`` for the trade-off.
+    :param auto_renew: renew the lease every third of ``ttl`` while the function
+        runs (default: the alias' ``AUTO_RENEW``); a renewal that finds the lease
+        gone makes the call end as ``on_lost`` says. On an alias whose locks do
+        not expire, calls raise
+        :class:`~django_distlock.exceptions.UnsupportedOperation`.
+    :param max_hold: with ``auto_renew``, stop renewing this many seconds after
+        the grant (see ``docs/renewal.md``).
     :raises TypeError, ValueError: when decorating, for a bad option or a
         malformed template, or one naming an argument the function does not
         have; the message names the template and the function.
@@ -100,6 +119,7 @@ def distlock(
     def decorator(func: F) -> F:
         where = _describe(key, func)
         _check_options(where, using, ttl, timeout, blocking, on_fail)
+        _check_renewal(where, auto_renew, max_hold)
         _check_policy(where, "on_lost", on_lost, ("raise", "log"))
         name_of = _key_function(key, func, where)
         raise_lost = on_lost == "raise"
@@ -117,7 +137,8 @@ def distlock(
             @functools.wraps(func)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
                 held = locks[using].lock(
-                    name_of(args, kwargs), ttl=ttl, timeout=timeout, blocking=blocking
+                    name_of(args, kwargs), ttl=ttl, timeout=timeout, blocking=blocking,
+                    auto_renew=auto_renew, max_hold=max_hold,
                 )
                 try:
                     await held.__aenter__()
@@ -147,7 +168,8 @@ def distlock(
             @functools.wraps(func)
             def sync_wrapper(*args: Any, **kwargs: Any) -> Any:
                 held = locks[using].lock(
-                    name_of(args, kwargs), ttl=ttl, timeout=timeout, blocking=blocking
+                    name_of(args, kwargs), ttl=ttl, timeout=timeout, blocking=blocking,
+                    auto_renew=auto_renew, max_hold=max_hold,
                 )
                 try:
                     held.__enter__()
@@ -224,6 +246,22 @@ def _check_options(
             f"{where}: using must be the str alias of a DISTLOCK entry, not {type(using).__name__}."
         )
     _check_policy(where, "on_fail", on_fail, ("raise", "skip"))
+
+
+def _check_renewal(where: str, auto_renew: object, max_hold: object) -> None:
+    """Raise TypeError/ValueError, prefixed with ``where``, for unusable renewal options."""
+    if not isinstance(auto_renew, bool | _Default):
+        raise TypeError(f"{where}: auto_renew must be True or False, not {auto_renew!r}.")
+    try:
+        validate_max_hold(max_hold)
+    except TypeError as exc:
+        raise TypeError(f"{where}: {exc}") from exc
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from exc
+    if max_hold is not None and auto_renew is False:
+        raise ValueError(
+            f"{where}: max_hold caps the renewals of auto_renew: pass auto_renew=True."
+        )
 
 
 def _check_policy(where: str, option: str, policy: object, names: tuple[str, ...]) -> None:

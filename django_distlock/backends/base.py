@@ -22,6 +22,7 @@ from ..backoff import Backoff, remaining
 from ..exceptions import InvalidBackendOptions, UnsupportedOperation
 from ..handle import Lock
 from ..names import MAX_PREFIX_LENGTH, display_name, storage_key, validate_name
+from ..renewal import validate_max_hold
 from ..values import (
     DEFAULT,
     ExcInfo,
@@ -47,7 +48,9 @@ __all__ = [
     "validate_page_args",
 ]
 
-_PARAM_KEYS = frozenset({"BACKEND", "LOCATION", "OPTIONS", "KEY_PREFIX", "TTL", "TIMEOUT"})
+_PARAM_KEYS = frozenset(
+    {"BACKEND", "LOCATION", "OPTIONS", "KEY_PREFIX", "TTL", "TIMEOUT", "AUTO_RENEW"}
+)
 
 
 class Acquisition(abc.ABC):
@@ -167,7 +170,7 @@ class BaseLockBackend(abc.ABC):
 
     :param alias: the key of this backend in the ``DISTLOCK`` setting.
     :param params: that alias' dict (``BACKEND``, ``OPTIONS``, ``KEY_PREFIX``,
-        ``TTL``, ``TIMEOUT``, and ``LOCATION`` for server backends).
+        ``TTL``, ``TIMEOUT``, ``AUTO_RENEW``, and ``LOCATION`` for server backends).
     :raises InvalidBackendOptions: when a value is unusable. ``__init__`` does
         no I/O, so system checks can build backends to validate settings.
 
@@ -215,6 +218,16 @@ class BaseLockBackend(abc.ABC):
             self.default_timeout: float | None = validate_timeout(params.get("TIMEOUT", 10))
         except (TypeError, ValueError) as exc:
             raise InvalidBackendOptions(f"DISTLOCK[{alias!r}]: {exc}") from exc
+        auto_renew = params.get("AUTO_RENEW", False)
+        if not isinstance(auto_renew, bool):
+            raise InvalidBackendOptions(f"DISTLOCK[{alias!r}]['AUTO_RENEW'] must be True or False.")
+        if auto_renew and not self.supports_expiry:
+            raise InvalidBackendOptions(
+                f"DISTLOCK[{alias!r}]['AUTO_RENEW']: the locks of {type(self).__name__} do "
+                "not expire, so there is no lease to renew; remove AUTO_RENEW."
+            )
+        #: Whether ``lock()`` renews leases while held by default (``AUTO_RENEW``).
+        self.default_auto_renew: bool = auto_renew
         options = params.get("OPTIONS", {})
         if not isinstance(options, Mapping):
             raise InvalidBackendOptions(f"DISTLOCK[{alias!r}]['OPTIONS'] must be a dict.")
@@ -237,6 +250,8 @@ class BaseLockBackend(abc.ABC):
         blocking: bool = True,
         reentrant: bool | _Default = DEFAULT,
         owner: str | None = None,
+        auto_renew: bool | _Default = DEFAULT,
+        max_hold: float | None = None,
     ) -> Lock:
         """Build a handle on the lock ``name``; no I/O happens until ``acquire()``.
 
@@ -252,9 +267,18 @@ class BaseLockBackend(abc.ABC):
             with the same ``owner``, in any thread or process, acquires the lock
             held under it again instead of waiting. Default: a new secret per
             acquisition.
+        :param auto_renew: renew the lease every third of ``ttl`` while the handle
+            holds it (``docs/renewal.md``); a renewal that finds it gone marks the
+            handle ``lost``. Default: the alias' ``AUTO_RENEW``. Only where
+            ``supports_expiry`` is True.
+        :param max_hold: with ``auto_renew``, the longest the watchdog keeps the
+            lock, in seconds from the grant (default: no limit); past it the lease
+            is no longer renewed and ends.
         :raises InvalidLockName: for a bad name.
-        :raises TypeError, ValueError: for a bad ``ttl``, ``timeout`` or ``owner``.
-        :raises UnsupportedOperation: for ``reentrant=True`` on a backend without it.
+        :raises TypeError, ValueError: for a bad ``ttl``, ``timeout``, ``owner``,
+            ``auto_renew`` or ``max_hold``.
+        :raises UnsupportedOperation: for ``reentrant=True`` or ``auto_renew=True``
+            on a backend without it.
         """
         key = self.make_key(name)
         ttl = self.default_ttl if isinstance(ttl, _Default) else validate_ttl(ttl)
@@ -275,9 +299,21 @@ class BaseLockBackend(abc.ABC):
             if not reentrant:
                 raise ValueError("owner= names the owner of a reentrant lock: pass reentrant=True.")
             owner_token = owner_token_of(owner)
+        auto_renew = self.default_auto_renew if isinstance(auto_renew, _Default) else auto_renew
+        if not isinstance(auto_renew, bool):
+            raise TypeError("auto_renew must be True or False.")
+        if auto_renew and not self.supports_expiry:
+            raise UnsupportedOperation(
+                f"{type(self).__name__} (alias {self.alias!r}) holds its locks until they are "
+                "released (they do not expire): there is no lease for auto_renew to renew."
+            )
+        max_hold = validate_max_hold(max_hold)
+        if max_hold is not None and not auto_renew:
+            raise ValueError("max_hold caps the renewals of auto_renew: pass auto_renew=True.")
         return Lock(
             self, name, key, ttl=ttl, timeout=timeout, blocking=blocking,
-            reentrant=reentrant, owner_token=owner_token,
+            reentrant=reentrant, owner_token=owner_token, auto_renew=auto_renew,
+            max_hold=max_hold,
         )
 
     def make_key(self, name: str) -> str:
