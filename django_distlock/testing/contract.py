@@ -36,6 +36,7 @@ from ..exceptions import (
 )
 from ..handle import SelfDeadlock
 from ..handler import locks
+from ..renewal import THREADS, loop_schedule
 
 BAD_NAMES = ["", "a\x00b", "line\nbreak", "tab\there", "del\x7f", "\ud800"]
 BAD_TYPES = [None, 42, b"bytes", ["a"], 1.5]
@@ -404,6 +405,102 @@ class LockContract:
         for cursor in ("a\x00", "\ud800"):
             with pytest.raises(ValueError):
                 backend.held_locks(cursor=cursor)
+
+    # -- auto_renew (the watchdog) -------------------------------------------------------
+
+    def test_auto_renew_options(self, backend, unique) -> None:
+        with pytest.raises(TypeError):
+            backend.lock(unique(), auto_renew="yes")
+        with pytest.raises(ValueError):
+            backend.lock(unique(), max_hold=5)  # without auto_renew
+        if not backend.supports_expiry:
+            with pytest.raises(UnsupportedOperation):
+                backend.lock(unique(), auto_renew=True)
+            return
+        for bad in (0, -1, float("nan")):
+            with pytest.raises(ValueError):
+                backend.lock(unique(), auto_renew=True, max_hold=bad)
+        with pytest.raises(TypeError):
+            backend.lock(unique(), auto_renew=True, max_hold="5")
+
+    def test_auto_renew_keeps_a_short_lease(self, backend, unique, events) -> None:
+        """A 0.3 s lease held for 1.3 s: renewed every 0.1 s, nobody else gets it; the
+        release stops the renewals (the lock stays free, and no loss is reported)."""
+        if not backend.supports_expiry:
+            return
+        name = unique()
+        handle = backend.lock(name, ttl=0.3, auto_renew=True)
+        assert handle.acquire()
+        assert THREADS.scheduled(handle)
+        for _ in range(3):
+            time.sleep(0.43)
+            assert handle.held and not handle.lost
+            assert in_thread(lambda: backend.lock(name).acquire(blocking=False)) is False
+        handle.release()
+        assert not THREADS.scheduled(handle)
+        assert in_thread(lambda: backend.lock(name).locked()) is False
+        time.sleep(0.35)
+        assert in_thread(lambda: _acquire_release(backend, name)) is True
+        assert events.count(("lock_lost", name)) == 0
+
+    def test_auto_renew_async(self, backend, unique, events) -> None:
+        """The same for ``async with``: the event loop's renewal task keeps the lease."""
+        if not backend.supports_expiry:
+            return
+        name = unique()
+
+        async def main() -> list[bool]:
+            seen = []
+            async with backend.lock(name, ttl=0.3, auto_renew=True) as handle:
+                schedule = loop_schedule()
+                assert schedule.scheduled(handle) and not THREADS.scheduled(handle)
+                for _ in range(3):
+                    await asyncio.sleep(0.43)
+                    other = backend.lock(name)
+                    seen.append(handle.held and not await other.aacquire(blocking=False))
+            seen.append(not schedule.scheduled(handle))
+            await asyncio.sleep(0.35)
+            free = backend.lock(name)
+            seen.append(await free.aacquire(blocking=False))
+            await free.arelease()
+            return seen
+
+        try:
+            assert asyncio.run(main()) == [True] * 5
+        finally:
+            _close_async_connections()
+        assert events.count(("lock_lost", name)) == 0
+
+    def test_auto_renew_reports_a_force_release(self, backend, unique, events) -> None:
+        """A renewal that finds the lock taken away marks the handle lost at once, stops,
+        and the ``with`` exit raises LockLost; lock_lost is sent once."""
+        if not backend.supports_expiry or not backend.supports_force_release:
+            return
+        name = unique()
+        with pytest.raises(LockLost), backend.lock(name, ttl=0.3, auto_renew=True) as handle:
+            assert in_thread(lambda: backend.force_release(name)) is True
+            deadline = time.monotonic() + 0.3  # before the lease would have ended
+            while not handle._lost and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert handle._lost, "the renewal did not notice"
+            assert not THREADS.scheduled(handle)
+        assert events.count(("lock_lost", name)) == 1
+
+    def test_auto_renew_stops_at_max_hold(self, backend, unique) -> None:
+        """max_hold=0.6 on a 0.3 s lease: renewed past its TTL, then it ends at the cap."""
+        if not backend.supports_expiry:
+            return
+        name = unique()
+        handle = backend.lock(name, ttl=0.3, auto_renew=True, max_hold=0.6)
+        assert handle.acquire()
+        time.sleep(0.45)  # past the TTL: held because renewed
+        assert handle.held
+        assert in_thread(lambda: backend.lock(name).acquire(blocking=False)) is False
+        time.sleep(0.3)  # past the cap
+        assert handle.lost and not THREADS.scheduled(handle)
+        assert in_thread(lambda: _acquire_release(backend, name)) is True
+        with pytest.raises(LockLost):
+            handle.release()
 
     # -- async ----------------------------------------------------------------------
 
