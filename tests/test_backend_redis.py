@@ -235,7 +235,7 @@ def test_listing_cost_grows_with_the_page_not_with_the_keys(
     pipe = raw.pipeline(transaction=False)
     keys = backend.keys_for(backend.make_key(prefix))
     for i in range(2000):  # other holders' locks, written as the acquire script writes them
-        member = f"{prefix[len(''):]}{i:05}"
+        member = f"{prefix[len('') :]}{i:05}"
         stored = keys.lock[: -len(keys.member)] + member
         pipe.set(stored, "0" * 32 + " 1 1 1 h 1 t", px=60000)
         pipe.zadd(keys.index, {member: 0})
@@ -288,8 +288,13 @@ def test_handles_sharing_an_owner_share_the_lock_in_any_thread(
 def test_reentrancy_can_be_the_alias_default() -> None:
     require_redis()
     with override_settings(
-        DISTLOCK={"default": {"BACKEND": "django_distlock.backends.redis.RedisBackend",
-                              "LOCATION": URL, "OPTIONS": {"REENTRANT": True}}}
+        DISTLOCK={
+            "default": {
+                "BACKEND": "django_distlock.backends.redis.RedisBackend",
+                "LOCATION": URL,
+                "OPTIONS": {"REENTRANT": True},
+            }
+        }
     ):
         assert locks["default"].lock("x").reentrant is True
         assert locks["default"].lock("x", reentrant=False).reentrant is False
@@ -482,9 +487,7 @@ def test_the_aliases_pass_the_checks() -> None:
     call_command("check")
 
 
-def test_a_lost_lease_cannot_release_the_next_holders_lock(
-    backend: RedisBackend, unique
-) -> None:
+def test_a_lost_lease_cannot_release_the_next_holders_lock(backend: RedisBackend, unique) -> None:
     name = unique()
     first = backend.lock(name, ttl=0.2)
     assert first.acquire()
@@ -522,3 +525,30 @@ def test_every_alias_serves_asyncio_tasks_natively(alias: str, unique) -> None:
 
     asyncio.run(main())
     assert overlaps == 0
+
+
+def test_a_cluster_spreads_locks_over_its_masters_and_lists_them_all(unique) -> None:
+    require_redis(cluster=True)
+    backend = locks["redis-cluster"]
+    assert isinstance(backend, RedisBackend)
+    prefix = unique("spread") + "/"
+    names = [f"{prefix}{i:02}" for i in range(40)]
+    handles = [backend.lock(name, ttl=30) for name in names]
+    for handle in handles:
+        assert handle.acquire()
+    client = backend.redis.sync()
+    masters = {client.get_node_from_key(backend.keys_for(h.key).lock).name for h in handles}
+    assert len(masters) == 3  # the tags spread the locks over every master
+    listed, cursor = [], None
+    while True:
+        page = backend.held_locks(prefix=prefix, limit=7, cursor=cursor)
+        listed += [info.name for info in page]
+        if page.next_cursor is None:
+            break
+        cursor = page.next_cursor
+    assert listed == names
+    for handle in handles:
+        keys = backend.keys_for(handle.key)
+        assert len({key_slot(k.encode()) for k in keys[:5]}) == 1
+        handle.release()
+    assert backend.held_locks(prefix=prefix).locks == []

@@ -156,7 +156,7 @@ class RedisAcquisition(Acquisition):
         if self.blocking:
             if self._hub is None:
                 try:
-                    self._hub = self.backend.hubs.get(redis.aio(), self.backend.key_prefix)
+                    self._hub = self.backend.hubs.get(redis.aio_pubsub(), self.backend.key_prefix)
                     await self._hub.ready()
                 except (RedisError, OSError) as exc:
                     raise unavailable(exc) from exc

@@ -84,6 +84,9 @@ class Redis:
         self._async: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
             weakref.WeakKeyDictionary()
         )
+        self._async_pubsub: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
+            weakref.WeakKeyDictionary()
+        )
 
     # -- clients ------------------------------------------------------------
 
@@ -111,6 +114,19 @@ class Redis:
         client = self._async.get(loop)
         if client is None:
             client = self._async[loop] = self._build_async()
+        return client
+
+    def aio_pubsub(self) -> Any:
+        """The async client the loop's wake-up hub subscribes with. For a cluster, a
+        plain connection to the node ``LOCATION`` names: a ``PUBLISH`` on any node
+        reaches the subscribers of every node."""
+        if not self.cluster:
+            return self.aio()
+        loop = asyncio.get_running_loop()
+        client = self._async_pubsub.get(loop)
+        if client is None:
+            assert self.location is not None
+            client = self._async_pubsub[loop] = redis.asyncio.Redis.from_url(self.location)
         return client
 
     def _build_async(self) -> Any:
