@@ -88,7 +88,7 @@ class Renewal:
             return None
         hold_until = self.hold_until
         if hold_until is not None and until >= hold_until:
-            return None  # max_hold reached: the lease ends when its TTL runs out
+            return None  # max_hold reached: the lease already ends at the cap
         due = until - (1 - RENEW_EVERY) * handle.ttl
         if due > now:
             return due  # extended meanwhile (extend(), or acquired again)
