@@ -82,17 +82,21 @@ def raw() -> Iterator[redis.Redis]:
 
 
 class Sent:
-    """Counts the commands a client sends (each one round trip: no pipelining here)."""
+    """Counts the commands a client writes to its sockets (each one round trip here:
+    no pipelining); names each by its first word."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.commands: list[bytes] = []
-        real = redis.connection.AbstractConnection.send_command
+        real = redis.connection.AbstractConnection.send_packed_command
 
-        def send_command(conn: Any, *args: Any, **kwargs: Any) -> None:
-            self.commands.append(str(args[0]).encode())
-            real(conn, *args, **kwargs)
+        def send_packed_command(conn: Any, command: Any, *args: Any, **kwargs: Any) -> None:
+            data = command if isinstance(command, bytes) else b"".join(command)
+            self.commands.append(data.split(b"\r\n")[2].upper())
+            real(conn, command, *args, **kwargs)
 
-        monkeypatch.setattr(redis.connection.AbstractConnection, "send_command", send_command)
+        monkeypatch.setattr(
+            redis.connection.AbstractConnection, "send_packed_command", send_packed_command
+        )
 
     def take(self) -> list[bytes]:
         taken, self.commands = self.commands, []

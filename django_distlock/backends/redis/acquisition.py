@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 import time
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from redis.exceptions import RedisError
 
 from ...backoff import remaining
 from ..base import Acquisition, ExcInfo, Grant, Miss
-from .client import unavailable
+from .client import Keys, Packed, unavailable
 from .scripts import SCRIPTS
 
 if TYPE_CHECKING:
@@ -31,12 +31,30 @@ MIN_BLOCK = 0.001
 SERVER_TICK = 0.1
 POLL = 0.01
 
-_ACQUIRE, _RELEASE, _EXTEND, _LEAVE = (
-    SCRIPTS["acquire"],
-    SCRIPTS["release"],
-    SCRIPTS["extend"],
-    SCRIPTS["leave"],
-)
+_LEAVE = SCRIPTS["leave"]
+
+
+class Calls(NamedTuple):
+    """The keys of one lock and its hot-path script calls, packed once per lock."""
+
+    keys: Keys
+    acquire: Packed
+    release: Packed
+    extend: Packed
+
+    @classmethod
+    def of(cls, keys: Keys) -> Calls:
+        k = keys
+        return cls(
+            keys,
+            Packed(
+                SCRIPTS["acquire"],
+                (k.lock, k.queue, k.waiters, k.seq, k.index),
+                (k.member, ALIVE_MS),
+            ),
+            Packed(SCRIPTS["release"], (k.lock, k.queue, k.waiters, k.index), (k.member,)),
+            Packed(SCRIPTS["extend"], (k.lock,), ()),
+        )
 
 
 def _when(ms: int) -> datetime:
@@ -55,7 +73,8 @@ class RedisAcquisition(Acquisition):
         deadline: float | None,
     ) -> None:
         super().__init__(backend, lock, token, blocking, deadline)
-        self.keys = backend.keys_for(lock.key)
+        self.calls = backend.calls_for(lock.key)
+        self.keys = self.calls.keys
         self._ttl_ms = max(int(lock.ttl * 1000), 1)
         self._queued = False
         self._event: asyncio.Event | None = None
@@ -63,21 +82,16 @@ class RedisAcquisition(Acquisition):
 
     # -- the scripts' arguments and replies ----------------------------------
 
-    def _acquire_args(self, signal: str) -> tuple[Any, ...]:
-        lock, backend = self.lock, self.backend
-        flags = backend.flags
+    def _acquire_args(self, signal: str) -> tuple[str | int, ...]:
+        lock = self.lock
+        flags = self.backend.flags
         if lock.reentrant:
             flags += "r"
         if self.blocking:
             flags += "j"
         if self._queued:
             flags += "q"
-        meta = f"{lock.host} {lock.pid} {lock.thread}"
-        return (self.token, self._ttl_ms, meta, self.keys.member, flags, ALIVE_MS, signal)
-
-    def _acquire_keys(self) -> tuple[str, ...]:
-        k = self.keys
-        return (k.lock, k.queue, k.waiters, k.seq, k.index)
+        return (self.token, self._ttl_ms, f"{lock.host} {lock.pid} {lock.thread}", flags, signal)
 
     def _result(self, reply: Any) -> Grant | Miss:
         if reply[0] == 1:
@@ -110,7 +124,7 @@ class RedisAcquisition(Acquisition):
 
     def attempt(self) -> Grant | Miss:
         signal = "L " + self.keys.signal + self.token
-        reply = self.backend.redis.run(_ACQUIRE, self._acquire_keys(), self._acquire_args(signal))
+        reply = self.backend.redis.call(self.calls.acquire, self._acquire_args(signal))
         return self._result(reply)
 
     def wait(self, miss: Miss) -> Grant | None:
@@ -137,16 +151,11 @@ class RedisAcquisition(Acquisition):
             self.backend.redis.run(_LEAVE, (k.lock, k.queue, k.waiters), (self.token,))
 
     def release(self, exc_info: ExcInfo) -> bool:
-        k = self.keys
-        reply = self.backend.redis.run(
-            _RELEASE, (k.lock, k.queue, k.waiters, k.index), (self.token, k.member)
-        )
+        reply = self.backend.redis.call(self.calls.release, (self.token,))
         return self._released(reply)
 
     def extend(self, ttl: float) -> Grant | None:
-        reply = self.backend.redis.run(
-            _EXTEND, (self.keys.lock,), (self.token, max(int(ttl * 1000), 1))
-        )
+        reply = self.backend.redis.call(self.calls.extend, (self.token, max(int(ttl * 1000), 1)))
         return self._extended(reply, ttl)
 
     # -- async: redis.asyncio, and the loop's hub for wake-ups ----------------------
@@ -166,7 +175,7 @@ class RedisAcquisition(Acquisition):
             signal = "P " + self._hub.channel
         else:
             signal = ""
-        reply = await redis.arun(_ACQUIRE, self._acquire_keys(), self._acquire_args(signal))
+        reply = await redis.acall(self.calls.acquire, self._acquire_args(signal))
         result = self._result(reply)
         if isinstance(result, Grant) and self._hub is not None:
             self._hub.unregister(self.token)
@@ -191,14 +200,11 @@ class RedisAcquisition(Acquisition):
             await self.backend.redis.arun(_LEAVE, (k.lock, k.queue, k.waiters), (self.token,))
 
     async def arelease(self, exc_info: ExcInfo) -> bool:
-        k = self.keys
-        reply = await self.backend.redis.arun(
-            _RELEASE, (k.lock, k.queue, k.waiters, k.index), (self.token, k.member)
-        )
+        reply = await self.backend.redis.acall(self.calls.release, (self.token,))
         return self._released(reply)
 
     async def aextend(self, ttl: float) -> Grant | None:
-        reply = await self.backend.redis.arun(
-            _EXTEND, (self.keys.lock,), (self.token, max(int(ttl * 1000), 1))
+        reply = await self.backend.redis.acall(
+            self.calls.extend, (self.token, max(int(ttl * 1000), 1))
         )
         return self._extended(reply, ttl)

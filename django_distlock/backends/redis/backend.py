@@ -15,7 +15,7 @@ from ...exceptions import InvalidBackendOptions
 from ...handle import Lock
 from ...values import short_owner
 from ..base import BaseLockBackend, LockInfo, LockPage, validate_page_args
-from .acquisition import RedisAcquisition
+from .acquisition import Calls, RedisAcquisition
 from .client import (
     Keys,
     Redis,
@@ -103,21 +103,24 @@ class RedisBackend(BaseLockBackend):
         self.flags = "f" if self.fair else ""
         self.redis = Redis(location, cache, cluster)
         self.hubs = Hubs()
-        self._keys: dict[str, Keys] = {}
+        self._calls: dict[str, Calls] = {}
         self._max_block: float | None = None
 
     # -- keys ---------------------------------------------------------------
 
     def keys_for(self, key: str) -> Keys:
-        """The Redis keys of the lock with storage key ``key`` (memoised)."""
-        keys = self._keys.get(key)
-        if keys is None:
-            if len(self._keys) >= _KEYS_CACHE:
-                self._keys.clear()
-            keys = self._keys[key] = make_keys(
-                self.key_prefix, key[len(self.key_prefix) :], self.shards
-            )
-        return keys
+        """The Redis keys of the lock with storage key ``key``."""
+        return self.calls_for(key).keys
+
+    def calls_for(self, key: str) -> Calls:
+        """The keys and packed script calls of the lock with storage key ``key`` (memoised)."""
+        calls = self._calls.get(key)
+        if calls is None:
+            if len(self._calls) >= _KEYS_CACHE:
+                self._calls.clear()
+            keys = make_keys(self.key_prefix, key[len(self.key_prefix) :], self.shards)
+            calls = self._calls[key] = Calls.of(keys)
+        return calls
 
     @property
     def max_block(self) -> float:

@@ -166,6 +166,61 @@ class Redis:
 
     # -- calls ----------------------------------------------------------------
 
+    def call(self, packed: Packed, args: tuple[str | int, ...]) -> Any:
+        """Run a pre-packed script call with its per-call ``args``: one send, one read
+        on a pooled connection, none of redis-py's per-command wrapper work (the hot
+        path: acquire and release). A cluster client takes :meth:`run`'s way.
+
+        :raises BackendUnavailable: when Redis fails.
+        """
+        client = self.sync()
+        pool = getattr(client, "connection_pool", None)
+        if pool is None:  # RedisCluster: it routes by the keys
+            return self.run(packed.script, packed.keys, (*packed.args, *args))
+        try:
+            conn = pool.get_connection()
+        except RedisError as exc:
+            raise unavailable(exc) from exc
+        try:
+            conn.send_packed_command([packed.command(args)], check_health=False)
+            return conn.read_response()
+        except NoScriptError:
+            pass  # the connection is fine: EVAL below loads the script
+        except RedisError as exc:
+            conn.disconnect()
+            raise unavailable(exc) from exc
+        except BaseException:
+            conn.disconnect()  # interrupted mid-reply: the connection is out of step
+            raise
+        finally:
+            pool.release(conn)
+        return self.run(packed.script, packed.keys, (*packed.args, *args))
+
+    async def acall(self, packed: Packed, args: tuple[str | int, ...]) -> Any:
+        """Async :meth:`call`."""
+        client = self.aio()
+        pool = getattr(client, "connection_pool", None)
+        if pool is None:
+            return await self.arun(packed.script, packed.keys, (*packed.args, *args))
+        try:
+            conn = await pool.get_connection()
+        except RedisError as exc:
+            raise unavailable(exc) from exc
+        try:
+            await conn.send_packed_command([packed.command(args)], check_health=False)
+            return await conn.read_response()
+        except NoScriptError:
+            pass
+        except RedisError as exc:
+            await conn.disconnect()
+            raise unavailable(exc) from exc
+        except BaseException:
+            await conn.disconnect()  # cancelled mid-reply: the connection is out of step
+            raise
+        finally:
+            await pool.release(conn)
+        return await self.arun(packed.script, packed.keys, (*packed.args, *args))
+
     def run(self, script: Script, keys: tuple[str, ...], args: tuple[Any, ...]) -> Any:
         """Run ``script`` by SHA; load it on ``NOSCRIPT`` (flushed, restarted, failed
         over) and run it again, once.
@@ -191,6 +246,29 @@ class Redis:
                 return await client.execute_command("EVAL", script.text, len(keys), *keys, *args)
         except RedisError as exc:
             raise unavailable(exc) from exc
+
+
+def _bulk(value: str | int) -> bytes:
+    data = value.encode() if isinstance(value, str) else b"%d" % value
+    return b"$%d\r\n%s\r\n" % (len(data), data)
+
+
+class Packed:
+    """A script call whose command, SHA, keys and first arguments are packed (RESP)
+    once; :meth:`command` adds the arguments that change with each call."""
+
+    __slots__ = ("args", "head", "keys", "script", "size")
+
+    def __init__(self, script: Script, keys: tuple[str, ...], args: tuple[str | int, ...]) -> None:
+        self.script, self.keys, self.args = script, keys, args
+        parts = ("EVALSHA", script.sha, len(keys), *keys, *args)
+        self.size = len(parts)
+        self.head = b"".join(_bulk(part) for part in parts)
+
+    def command(self, args: tuple[str | int, ...]) -> bytes:
+        return b"".join(
+            (b"*%d\r\n" % (self.size + len(args)), self.head, *(_bulk(a) for a in args))
+        )
 
 
 def socket_timeout(client: Any) -> float | None:

@@ -70,9 +70,9 @@ end
 """
 
 #: KEYS: lock, queue, waiters, seq, index.
-#: ARGV: token, ttl_ms, meta, member (the stored name), flags (``f`` fair, ``r``
-#: reentrant, ``j`` join the queue on a miss, ``q`` already queued), alive_ms (how long
-#: a joined waiter counts as alive), signal (``L <list key>`` or ``P <channel>``).
+#: ARGV: member (the stored name), alive_ms (how long a joined waiter counts as alive),
+#: then per call: token, ttl_ms, meta, flags (``f`` fair, ``r`` reentrant, ``j`` join the
+#: queue on a miss, ``q`` already queued), signal (``L <list key>`` or ``P <channel>``).
 #: Returns ``{1, fencing, acquired_ms, now_ms, count}`` on a grant, ``{0, retry_after_ms}``
 #: on a miss (-1: unknown).
 ACQUIRE = (
@@ -80,14 +80,14 @@ ACQUIRE = (
     + _HEAD
     + """
 local lock, queue, waiters = KEYS[1], KEYS[2], KEYS[3]
-local token, flags = ARGV[1], ARGV[5]
+local token, flags = ARGV[3], ARGV[6]
 local now, now_us = now_ms()
 local function join()
   if string.find(flags, 'j', 1, true) then
     redis.call('ZADD', queue, 'NX', now_us, token)
     redis.call('HSET', waiters, token,
-      string.format('%.0f', now + tonumber(ARGV[6])) .. ' ' .. ARGV[7])
-    local keep = tonumber(ARGV[6]) + 60000
+      string.format('%.0f', now + tonumber(ARGV[2])) .. ' ' .. ARGV[7])
+    local keep = tonumber(ARGV[2]) + 60000
     redis.call('PEXPIRE', queue, keep)
     redis.call('PEXPIRE', waiters, keep)
   end
@@ -101,7 +101,7 @@ if held then
     if string.find(flags, 'r', 1, true) then
       count = count + 1
       redis.call('SET', lock, token .. ' ' .. count .. ' ' .. fencing .. ' ' .. acquired
-        .. ' ' .. meta, 'PX', ARGV[2])
+        .. ' ' .. meta, 'PX', ARGV[4])
     end
     return {1, tonumber(fencing), tonumber(acquired), now, tonumber(count)}
   end
@@ -121,14 +121,14 @@ if fencing == 1 then
   redis.call('SET', KEYS[4], string.format('%.0f', fencing))
 end
 redis.call('SET', lock, token .. ' 1 ' .. string.format('%.0f', fencing) .. ' '
-  .. string.format('%.0f', now) .. ' ' .. ARGV[3], 'PX', ARGV[2])
-redis.call('ZADD', KEYS[5], 0, ARGV[4])
+  .. string.format('%.0f', now) .. ' ' .. ARGV[5], 'PX', ARGV[4])
+redis.call('ZADD', KEYS[5], 0, ARGV[1])
 if string.find(flags, 'q', 1, true) then forget(queue, waiters, token) end
 return {1, fencing, now, now, 1}
 """
 )
 
-#: KEYS: lock, queue, waiters, index. ARGV: token, member.
+#: KEYS: lock, queue, waiters, index. ARGV: member, token.
 #: Returns 0 if not held by ``token``, 1 when freed (and the first live waiter woken),
 #: 2 when a reentrant count went down by one.
 RELEASE = (
@@ -136,14 +136,14 @@ RELEASE = (
     + _HEAD
     + """
 local held = redis.call('GET', KEYS[1])
-if not held or string.sub(held, 1, 32) ~= ARGV[1] then return 0 end
+if not held or string.sub(held, 1, 32) ~= ARGV[2] then return 0 end
 local count, rest = string.match(held, '^ (%d+) (.*)', 33)
 if tonumber(count) > 1 then
-  redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. (count - 1) .. ' ' .. rest, 'KEEPTTL')
+  redis.call('SET', KEYS[1], ARGV[2] .. ' ' .. (count - 1) .. ' ' .. rest, 'KEEPTTL')
   return 2
 end
 redis.call('DEL', KEYS[1])
-redis.call('ZREM', KEYS[4], ARGV[2])
+redis.call('ZREM', KEYS[4], ARGV[1])
 wake_head(KEYS[2], KEYS[3])
 return 1
 """
