@@ -224,7 +224,7 @@ def test_listing_drops_ended_leases_and_pages_by_the_index(
         if cursor is None:
             break
     assert names == [h.name for h in long]
-    index = backend.keys_for(backend.make_key(prefix)).index
+    index = backend.keys_for(backend.make_key(prefix)).listing
     members = raw.zrangebylex(index, b"[" + prefix.encode(), b"[" + prefix.encode() + b"\xff")
     assert len(members) == 7  # the ended leases' entries were dropped
     for handle in long:
@@ -242,7 +242,7 @@ def test_listing_cost_grows_with_the_page_not_with_the_keys(
         member = f"{prefix[len('') :]}{i:05}"
         stored = keys.lock[: -len(keys.member)] + member
         pipe.set(stored, "0" * 32 + " 1 1 1 h 1 t", px=60000)
-        pipe.zadd(keys.index, {member: 0})
+        pipe.zadd(keys.listing, {member: 0})
     pipe.execute()
     sent = Sent(monkeypatch)
     page = backend.held_locks(prefix=prefix, limit=10)

@@ -49,10 +49,10 @@ class Calls(NamedTuple):
             keys,
             Packed(
                 SCRIPTS["acquire"],
-                (k.lock, k.queue, k.waiters, k.seq, k.index),
+                (k.lock, k.queue, k.waiters, k.seq, k.listing),
                 (k.member, ALIVE_MS),
             ),
-            Packed(SCRIPTS["release"], (k.lock, k.queue, k.waiters, k.index), (k.member,)),
+            Packed(SCRIPTS["release"], (k.lock, k.queue, k.waiters, k.listing), (k.member,)),
             Packed(SCRIPTS["extend"], (k.lock,), ()),
         )
 

@@ -201,7 +201,7 @@ class RedisBackend(BaseLockBackend):
         keys = self.keys_for(self.make_key(name))
         fencing = self.redis.run(
             SCRIPTS["force_release"],
-            (keys.lock, keys.queue, keys.waiters, keys.index),
+            (keys.lock, keys.queue, keys.waiters, keys.listing),
             (keys.member,),
         )
         if not fencing:

@@ -60,7 +60,7 @@ class Keys(NamedTuple):
     queue: str
     waiters: str
     seq: str
-    index: str
+    listing: str  # the index of held names
     #: The name as stored (the index member), without the ``KEY_PREFIX``.
     member: str
     #: Prefix of the waiters' signal lists: ``signal + token``.
