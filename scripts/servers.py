@@ -30,6 +30,7 @@ from pathlib import Path
 
 KINDS = ("redis", "zookeeper", "postgres", "memcached")
 REDLOCK_COUNT = 5  # independent Redis servers for the Redlock backend
+CLUSTER_NODES = 3  # masters of the Redis Cluster (no replicas)
 ZK_NODES = 3
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
@@ -190,6 +191,62 @@ def start_redis(dir_: Path, name: str, port: int) -> dict:
     ping = lambda: ask(port, b"PING\r\n").startswith(b"+PONG")  # noqa: E731
     wait_until(name, ping, entry, READY_TIMEOUT["redis"], log)
     return entry
+
+
+def start_redis_cluster(dir_: Path, ports: list[int]) -> list[dict]:
+    """Start CLUSTER_NODES cluster-enabled Redis servers (client and bus port each from
+    `ports`), join them with `redis-cli --cluster create`; ready when every node says
+    cluster_state:ok."""
+    entries = []
+    for i in range(CLUSTER_NODES):
+        name, port, bus = f"cluster{i + 1}", ports[2 * i], ports[2 * i + 1]
+        wd = dir_ / name
+        wd.mkdir()
+        argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+        argv += ["--appendonly", "no", "--dir", str(wd), "--logfile", ""]
+        argv += ["--cluster-enabled", "yes", "--cluster-config-file", str(wd / "nodes.conf")]
+        argv += ["--cluster-port", str(bus), "--cluster-node-timeout", "2000"]
+        entries.append(spawn(name, "redis", port, argv, wd, wd / "redis.log"))
+    for entry in entries:
+        port = entry["port"]
+        ping = lambda port=port: ask(port, b"PING\r\n").startswith(b"+PONG")  # noqa: E731
+        wait_until(entry["name"], ping, entry, READY_TIMEOUT["redis"], Path(entry["log"]))
+    log = dir_ / "cluster1" / "create.log"
+    nodes = [f"127.0.0.1:{e['port']}" for e in entries]
+    with open(log, "ab") as out:
+        created = subprocess.run(
+            [
+                "redis-cli",
+                "--cluster",
+                "create",
+                *nodes,
+                "--cluster-replicas",
+                "0",
+                "--cluster-yes",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            timeout=READY_TIMEOUT["redis"],
+            check=False,
+        )
+    if created.returncode != 0:
+        raise StartError("cluster", "redis-cli --cluster create failed", log)
+
+    def joined() -> bool:
+        for entry in entries:
+            info = subprocess.run(
+                ["redis-cli", "-p", str(entry["port"]), "cluster", "info"],
+                capture_output=True,
+                timeout=5,
+                check=False,
+            ).stdout
+            if b"cluster_state:ok" not in info or b"cluster_slots_assigned:16384" not in info:
+                return False
+        return True
+
+    wait_until("cluster", joined, None, READY_TIMEOUT["redis"], log)
+    return entries
 
 
 def start_memcached(dir_: Path, port: int) -> dict:
@@ -375,7 +432,7 @@ def cmd_start(dir_: Path, kinds: list[str]) -> int:
                 shutil.rmtree(sub)
     t0 = time.monotonic()
     env = {"DISTLOCK_SERVERS": "1"}
-    ports = iter(free_ports(1 + REDLOCK_COUNT + 3 * ZK_NODES + 2))
+    ports = iter(free_ports(1 + REDLOCK_COUNT + 2 * CLUSTER_NODES + 3 * ZK_NODES + 2))
 
     def save() -> None:
         state = {"dir": str(dir_), "servers": LAUNCHED}
@@ -394,6 +451,12 @@ def cmd_start(dir_: Path, kinds: list[str]) -> int:
             env["DISTLOCK_REDIS_URL"] = f"redis://127.0.0.1:{redis['port']}/0"
             env["DISTLOCK_REDLOCK_URLS"] = ",".join(
                 f"redis://127.0.0.1:{e['port']}/0" for e in redlock
+            )
+            save()
+            cluster = start_redis_cluster(dir_, [next(ports) for _ in range(2 * CLUSTER_NODES)])
+            env["DISTLOCK_REDIS_CLUSTER_URL"] = f"redis://127.0.0.1:{cluster[0]['port']}/0"
+            env["DISTLOCK_REDIS_CLUSTER_NODES"] = ",".join(
+                f"127.0.0.1:{e['port']}" for e in cluster
             )
             save()
         if "postgres" in kinds:
