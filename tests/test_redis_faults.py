@@ -1,0 +1,468 @@
+"""The Redis backend under faults, with real OS processes and real Redis servers.
+
+Mutual exclusion and FIFO order are read from the hold histories that worker
+processes record (``CLOCK_MONOTONIC`` is system-wide on Linux, so times from
+different processes compare). Holders are SIGKILLed and SIGSTOPped; a private
+``redis-server`` per test is killed, restarted and frozen under a holder.
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from django.db import connections
+
+from django_distlock import locks, signals
+from django_distlock.backends.redis import RedisBackend
+from django_distlock.exceptions import BackendUnavailable, LockLost, LockNotHeld
+
+from .conftest import eventually, require_redis
+
+FORK = multiprocessing.get_context("fork")
+
+
+def _fork_ready() -> None:
+    """Leave nothing a child could share with the parent."""
+    connections.close_all()
+    locks.close_all()
+
+
+def _done() -> None:
+    locks.close_all()
+    connections.close_all()
+
+
+def _overlaps(history: list[tuple[int, ...]]) -> list[tuple[tuple[int, ...], ...]]:
+    return [(a, b) for a, b in itertools.pairwise(history) if b[0] < a[1]]
+
+
+# -- 1. mutual exclusion of 8 processes ---------------------------------------------
+
+
+def _worker(alias: str | None, name: str, rounds: int, start: Any, out: Any) -> None:
+    start.wait()
+    held = []
+    for _ in range(rounds):
+        if alias is None:  # no lock: the check must see overlaps
+            began = time.monotonic_ns()
+            time.sleep(0.002)
+            held.append((began, time.monotonic_ns(), os.getpid()))
+            continue
+        with locks[alias].lock(name, ttl=30, timeout=60):
+            began = time.monotonic_ns()
+            time.sleep(0.002)
+            held.append((began, time.monotonic_ns(), os.getpid()))
+    out.put(held)
+    _done()
+
+
+def _history(alias: str | None, name: str, workers: int, rounds: int) -> list[tuple[int, ...]]:
+    _fork_ready()
+    start, out = FORK.Event(), FORK.Queue()
+    procs = [
+        FORK.Process(target=_worker, args=(alias, name, rounds, start, out)) for _ in range(workers)
+    ]
+    for proc in procs:
+        proc.start()
+    start.set()
+    try:
+        history = [interval for _ in procs for interval in out.get(timeout=60)]
+    finally:
+        for proc in procs:
+            proc.join(30)
+            if proc.is_alive():
+                proc.kill()
+    assert [proc.exitcode for proc in procs] == [0] * workers
+    history.sort()
+    assert len(history) == workers * rounds
+    return history
+
+
+def test_the_overlap_check_sees_unlocked_workers(unique) -> None:
+    require_redis()
+    assert _overlaps(_history(None, unique(), workers=8, rounds=5)) != []
+
+
+@pytest.mark.parametrize("alias", ["redis", "redis-unfair"])
+def test_eight_processes_never_overlap(alias: str, unique) -> None:
+    require_redis()
+    history = _history(alias, unique("exclusion"), workers=8, rounds=15)
+    assert len({pid for _, _, pid in history}) == 8  # every process served
+    assert _overlaps(history) == []
+
+
+# -- 2. a SIGKILLed holder -----------------------------------------------------------
+
+
+def _hold_forever(alias: str, name: str, ttl: float, ready: Any) -> None:
+    handle = locks[alias].lock(name, ttl=ttl)
+    assert handle.acquire(timeout=10)
+    ready.set()
+    time.sleep(600)
+
+
+def test_sigkilled_holder_frees_the_lock_within_its_ttl(unique) -> None:
+    require_redis()
+    name = unique("killed")
+    _fork_ready()
+    ready = FORK.Event()
+    proc = FORK.Process(target=_hold_forever, args=("redis", name, 1.5, ready))
+    proc.start()
+    try:
+        assert ready.wait(30)
+        acquired_by_child = time.monotonic()
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join(10)
+    finally:
+        if proc.is_alive():
+            proc.kill()
+    backend = locks["redis"]
+    handle = backend.lock(name, ttl=30)
+    assert handle.acquire(blocking=False) is False  # not freed by the death itself
+    assert backend.is_locked(name)
+    assert handle.acquire(timeout=3) is True
+    freed_after = time.monotonic() - acquired_by_child
+    assert freed_after < 1.5 + 0.5, freed_after
+    handle.release()
+
+
+# -- 3. a SIGSTOPped holder past its TTL ------------------------------------------
+
+
+def _stopped_holder(name: str, ready: Any, resumed: Any, out: Any) -> None:
+    handle = locks["redis"].lock(name, ttl=1)
+    assert handle.acquire(timeout=10)
+    out.put(("token", handle.fencing_token))
+    ready.set()
+    assert resumed.wait(60)  # the parent stops this process meanwhile, then resumes it
+    report: dict[str, Any] = {"lost": handle.lost, "held": handle.held}
+    try:
+        handle.extend()
+        report["extend"] = "returned"
+    except LockLost:
+        report["extend"] = "LockLost"
+    except Exception as exc:
+        report["extend"] = repr(exc)
+    try:
+        handle.release()
+        report["release"] = "returned"
+    except LockLost as exc:
+        report["release"] = "LockLost" if isinstance(exc, LockNotHeld) else repr(exc)
+    except Exception as exc:
+        report["release"] = repr(exc)
+    out.put(("report", report))
+    _done()
+
+
+def test_sigstopped_holder_past_its_ttl_finds_its_lock_lost(unique) -> None:
+    require_redis()
+    name = unique("stopped")
+    _fork_ready()
+    ready, resumed, out = FORK.Event(), FORK.Event(), FORK.Queue()
+    proc = FORK.Process(target=_stopped_holder, args=(name, ready, resumed, out))
+    proc.start()
+    try:
+        assert ready.wait(30)
+        tag, old_token = out.get(timeout=10)
+        assert tag == "token"
+        os.kill(proc.pid, signal.SIGSTOP)
+        newcomer = locks["redis"].lock(name, ttl=30)
+        assert newcomer.acquire(blocking=False) is False  # the stopped holder's lease runs
+        assert newcomer.acquire(timeout=5) is True  # ... until its TTL
+        os.kill(proc.pid, signal.SIGCONT)
+        resumed.set()  # after SIGCONT: set() waits for the sleeping waiter to wake
+        tag, report = out.get(timeout=30)
+        proc.join(10)
+    finally:
+        if proc.is_alive():
+            os.kill(proc.pid, signal.SIGCONT)
+            proc.kill()
+    assert tag == "report"
+    assert report == {"lost": True, "held": False, "extend": "LockLost", "release": "LockLost"}
+    assert proc.exitcode == 0
+    assert newcomer.held
+    assert locks["redis"].is_locked(name)
+    assert newcomer.fencing_token > old_token
+    newcomer.release()
+
+
+# -- 4. FIFO across processes ---------------------------------------------------------
+
+
+def _fifo_waiter(alias: str, name: str, index: int, started: Any, out: Any) -> None:
+    handle = locks[alias].lock(name, ttl=30, timeout=30)
+    started.set()
+    with handle:
+        began = time.monotonic_ns()
+        time.sleep(0.01)
+    out.put((began, index))
+    _done()
+
+
+def test_waiting_processes_are_served_in_arrival_order(unique) -> None:
+    require_redis()
+    name = unique("fifo")
+    holder = locks["redis"].lock(name, ttl=30)
+    assert holder.acquire()
+    _fork_ready()  # the parent's handle stays held on the server; its connection is closed
+    out = FORK.Queue()
+    procs = []
+    try:
+        for index in range(5):
+            started = FORK.Event()
+            proc = FORK.Process(target=_fifo_waiter, args=("redis", name, index, started, out))
+            proc.start()
+            procs.append(proc)
+            assert started.wait(10)
+            time.sleep(0.15)  # it has asked (and queued) by now
+        holder.release()
+        # A newcomer asking right after the release arrived last: it queues behind.
+        newcomer = locks["redis"].lock(name, ttl=1)
+        barged = newcomer.acquire(blocking=False)
+        if barged:
+            newcomer.release()
+        served = sorted(out.get(timeout=30) for _ in procs)
+    finally:
+        for proc in procs:
+            proc.join(10)
+            if proc.is_alive():
+                proc.kill()
+    assert barged is False
+    assert [index for _, index in served] == [0, 1, 2, 3, 4]
+    assert [proc.exitcode for proc in procs] == [0] * 5
+
+
+# -- 5. a private Redis server: restarted, stopped, frozen -------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class Server:
+    """A ``redis-server`` subprocess of one test (no persistence) on a fixed port."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.port = _free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.directory),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        client = redis.Redis(port=self.port, socket_timeout=1, socket_connect_timeout=1)
+
+        def up() -> bool:
+            try:
+                return bool(client.ping())
+            except redis.RedisError:
+                return False
+
+        try:
+            assert eventually(up, timeout=10), "redis-server did not start"
+        finally:
+            client.close()
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)  # a stopped server dies too
+            self.proc.kill()
+            self.proc.wait(10)
+        self.proc = None
+
+    def pause(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGCONT)
+
+    def url(self, query: str = "") -> str:
+        return f"redis://127.0.0.1:{self.port}/0" + (f"?{query}" if query else "")
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Server]:
+    own = Server(tmp_path)
+    own.start()
+    try:
+        yield own
+    finally:
+        own.kill()
+
+
+@pytest.fixture
+def lost_signals() -> Iterator[list[dict[str, Any]]]:
+    sent: list[dict[str, Any]] = []
+
+    def receiver(sender: Any, **kwargs: Any) -> None:
+        sent.append(kwargs)
+
+    signals.lock_lost.connect(receiver, weak=False)
+    try:
+        yield sent
+    finally:
+        signals.lock_lost.disconnect(receiver)
+
+
+def test_restarted_redis_loses_the_lock_and_fencing_still_grows(server: Server) -> None:
+    backend = RedisBackend("own", {"LOCATION": server.url(), "TTL": 5})
+    try:
+        holder = backend.lock("restart", ttl=30)
+        assert holder.acquire()
+        before = holder.fencing_token
+        server.kill()
+        server.start()  # same port, empty: no persistence
+        with pytest.raises(LockLost):
+            holder.release()  # never a silent success
+        assert not holder.held
+        newcomer = backend.lock("restart", ttl=30)
+        assert newcomer.acquire(blocking=False)
+        assert newcomer.fencing_token > before
+        newcomer.release()
+    finally:
+        backend.close()
+
+
+def test_stopped_redis_raises_backend_unavailable(server: Server) -> None:
+    backend = RedisBackend(
+        "own", {"LOCATION": server.url("socket_timeout=1&socket_connect_timeout=1"), "TTL": 5}
+    )
+    try:
+        warm = backend.lock("warm-killed")
+        assert warm.acquire()  # a pooled connection to the server, which goes away
+        warm.release()
+        server.kill()
+        handle = backend.lock("down", ttl=5)
+        began = time.monotonic()
+        with pytest.raises(BackendUnavailable) as caught:
+            handle.acquire(timeout=2)
+        assert time.monotonic() - began < 2 + 1.5
+        assert isinstance(caught.value.__cause__, redis.RedisError)
+        assert not handle.held
+        began = time.monotonic()
+        with pytest.raises(BackendUnavailable) as caught:
+            handle.acquire(blocking=False)
+        assert time.monotonic() - began < 1.5
+        assert isinstance(caught.value.__cause__, redis.RedisError)
+    finally:
+        backend.close()
+
+
+def test_frozen_redis_raises_backend_unavailable_within_the_socket_timeout(
+    server: Server,
+) -> None:
+    backend = RedisBackend(
+        "own", {"LOCATION": server.url("socket_timeout=1&socket_connect_timeout=1"), "TTL": 5}
+    )
+    try:
+        warm = backend.lock("warm-frozen")
+        assert warm.acquire()
+        warm.release()
+        server.pause()
+        handle = backend.lock("frozen", ttl=5)
+        began = time.monotonic()
+        with pytest.raises(BackendUnavailable) as caught:
+            handle.acquire(timeout=2)
+        assert time.monotonic() - began < 2 + 1.5
+        assert isinstance(caught.value.__cause__, redis.RedisError)
+    finally:
+        server.resume()
+        backend.close()
+
+
+def test_watchdog_marks_the_lock_lost_when_redis_freezes_past_the_lease(
+    server: Server, lost_signals: list[dict[str, Any]]
+) -> None:
+    backend = RedisBackend("own", {"LOCATION": server.url("socket_timeout=0.5"), "TTL": 5})
+    try:
+        handle = backend.lock("frozen-lease", ttl=1, auto_renew=True)
+        with pytest.raises(LockLost), handle:
+            server.pause()
+            try:
+                # The watchdog sees the lease run out while renewals fail, and says so
+                # before the server (or the ``with`` exit) could.
+                assert eventually(lambda: len(lost_signals) > 0, timeout=2.5)
+                time.sleep(max(0.0, 2.5 - 1.0))
+            finally:
+                server.resume()
+        assert len(lost_signals) == 1
+        assert lost_signals[0]["name"] == "frozen-lease"
+        assert not handle.held
+        assert not backend.is_locked("frozen-lease")
+    finally:
+        backend.close()
+
+
+def _renewed_holder(name: str, ready: Any, out: Any) -> None:
+    try:
+        with locks["redis"].lock(name, ttl=1, auto_renew=True) as handle:
+            ready.set()
+            time.sleep(10)
+            out.put(("held after 10 s", handle.held))
+        out.put(("released", "cleanly"))
+    except Exception as exc:
+        out.put(("released", repr(exc)))
+    _done()
+
+
+def test_watchdog_keeps_a_short_lease_for_a_long_hold(unique) -> None:
+    require_redis()
+    name = unique("renewed")
+    _fork_ready()
+    ready, out = FORK.Event(), FORK.Queue()
+    proc = FORK.Process(target=_renewed_holder, args=(name, ready, out))
+    proc.start()
+    tries = taken = 0
+    try:
+        assert ready.wait(30)
+        backend = locks["redis"]
+        while proc.is_alive() and out.empty():
+            other = backend.lock(name, ttl=30)
+            tries += 1
+            if other.acquire(blocking=False):
+                taken += 1
+                other.release()
+            time.sleep(0.5)
+        results = dict(out.get(timeout=30) for _ in range(2))
+        proc.join(10)
+    finally:
+        if proc.is_alive():
+            proc.kill()
+    assert taken == 0
+    assert tries >= 15  # tried all along the 10 s
+    assert results == {"held after 10 s": True, "released": "cleanly"}
+    assert proc.exitcode == 0
+    free = locks["redis"].lock(name, ttl=30)
+    assert free.acquire(blocking=False)  # released, not left to expire
+    free.release()
