@@ -111,7 +111,13 @@ def test_acquire_release_and_extend_are_one_evalsha_each(
 ) -> None:
     handle = backend.lock(unique(), ttl=10)
     backend.health()  # connect first
+    backend.redis.sync().script_flush()
     sent = Sent(monkeypatch)
+    assert handle.acquire()
+    assert sent.take() == [b"EVALSHA", b"EVAL"]  # NOSCRIPT: one EVAL, which loads it
+    handle.extend(10)
+    handle.release()
+    assert sent.take() == [b"EVALSHA", b"EVAL"] * 2  # each script loads once
     assert handle.acquire()
     assert sent.take() == [b"EVALSHA"]
     handle.extend(20)
@@ -155,7 +161,8 @@ def test_holder_metadata_comes_from_the_server_clock(backend: RedisBackend, uniq
     handle = backend.lock(unique(), ttl=30)
     with handle:
         info = next(i for i in backend.held_locks(prefix=handle.name) if i.name == handle.name)
-    assert info.owner == handle.owner_id or info.owner  # shown short, never the token
+        owner = handle.owner_id
+    assert owner is not None and info.owner == owner  # shown short, never the token
     assert info.pid == os.getpid() and info.host == handle.host
     assert info.thread == handle.thread
     assert info.fencing_token == handle.fencing_token
@@ -257,7 +264,8 @@ def test_reentrant_acquisitions_are_counted_in_one_round_trip(
     backend: RedisBackend, unique, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     handle = backend.lock(unique(), reentrant=True, ttl=10)
-    backend.health()
+    with backend.lock(unique("warm")):  # connected, acquire script loaded
+        pass
     sent = Sent(monkeypatch)
     assert handle.acquire() and handle.acquire(blocking=False) and handle.acquire()
     assert sent.take() == [b"EVALSHA"] * 3

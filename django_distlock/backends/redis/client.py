@@ -194,7 +194,7 @@ class Redis:
             raise
         finally:
             pool.release(conn)
-        return self.run(packed.script, packed.keys, (*packed.args, *args))
+        return self._eval(client, packed.script, packed.keys, (*packed.args, *args))
 
     async def acall(self, packed: Packed, args: tuple[str | int, ...]) -> Any:
         """Async :meth:`call`."""
@@ -219,7 +219,12 @@ class Redis:
             raise
         finally:
             await pool.release(conn)
-        return await self.arun(packed.script, packed.keys, (*packed.args, *args))
+        try:
+            return await client.execute_command(
+                "EVAL", packed.script.text, len(packed.keys), *packed.keys, *packed.args, *args
+            )
+        except RedisError as exc:
+            raise unavailable(exc) from exc
 
     def run(self, script: Script, keys: tuple[str, ...], args: tuple[Any, ...]) -> Any:
         """Run ``script`` by SHA; load it on ``NOSCRIPT`` (flushed, restarted, failed
@@ -229,10 +234,17 @@ class Redis:
         """
         client = self.sync()
         try:
-            try:
-                return client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
-            except NoScriptError:
-                return client.execute_command("EVAL", script.text, len(keys), *keys, *args)
+            return client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            return self._eval(client, script, keys, args)
+        except RedisError as exc:
+            raise unavailable(exc) from exc
+
+    @staticmethod
+    def _eval(client: Any, script: Script, keys: tuple[str, ...], args: tuple[Any, ...]) -> Any:
+        """``EVAL`` (runs the script and loads it), after a ``NOSCRIPT``."""
+        try:
+            return client.execute_command("EVAL", script.text, len(keys), *keys, *args)
         except RedisError as exc:
             raise unavailable(exc) from exc
 
