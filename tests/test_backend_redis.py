@@ -564,3 +564,30 @@ def test_a_cluster_spreads_locks_over_its_masters_and_lists_them_all(unique) -> 
         assert len({key_slot(k.encode()) for k in keys[:5]}) == 1
         handle.release()
     assert backend.held_locks(prefix=prefix).locks == []
+
+
+@pytest.mark.parametrize("alias", ["redis", "redis-cache", "redis-cluster"])
+def test_a_thousand_tasks_in_one_loop_wait_for_a_pooled_connection(alias: str, unique) -> None:
+    """More tasks than the async pool has connections (redis-py's default is 100) all
+    take their turn: a task waits for a free connection, not MaxConnectionsError."""
+    require_redis(cluster=alias == "redis-cluster")
+    backend = locks[alias]
+    names = [unique() for _ in range(10)]
+    active: dict[str, int] = dict.fromkeys(names, 0)
+    served = overlaps = 0
+
+    async def task(index: int) -> None:
+        nonlocal served, overlaps
+        name = names[index % len(names)]
+        async with backend.lock(name, ttl=30, timeout=60):
+            active[name] += 1
+            overlaps += active[name] > 1
+            await asyncio.sleep(0)
+            active[name] -= 1
+            served += 1
+
+    async def main() -> None:
+        await asyncio.gather(*(task(i) for i in range(1000)))
+
+    asyncio.run(main())
+    assert (served, overlaps) == (1000, 0)

@@ -11,7 +11,7 @@ from redis.exceptions import RedisError
 
 from ...backoff import remaining
 from ..base import Acquisition, ExcInfo, Grant, Miss
-from .client import Keys, Packed, unavailable
+from .client import Keys, NoConnection, Packed, unavailable
 from .scripts import SCRIPTS
 
 if TYPE_CHECKING:
@@ -175,7 +175,10 @@ class RedisAcquisition(Acquisition):
             signal = "P " + self._hub.channel
         else:
             signal = ""
-        reply = await redis.acall(self.calls.acquire, self._acquire_args(signal))
+        try:
+            reply = await redis.acall(self.calls.acquire, self._acquire_args(signal), self.deadline)
+        except NoConnection:  # the deadline passed while the loop's connections were busy
+            return Miss(None)
         result = self._result(reply)
         if isinstance(result, Grant) and self._hub is not None:
             self._hub.unregister(self.token)

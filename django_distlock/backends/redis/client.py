@@ -7,10 +7,12 @@ The backend (settings, API) is :mod:`.backend`; this module owns connections.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import threading
 import weakref
 import zlib
+from collections.abc import AsyncIterator
 from typing import Any, NamedTuple
 
 import redis
@@ -20,6 +22,7 @@ import redis.cluster
 from django.core.cache import caches
 from redis.exceptions import NoScriptError, RedisError
 
+from ...backoff import remaining
 from ...exceptions import BackendUnavailable, LockConfigurationError
 from .scripts import Script
 
@@ -51,6 +54,14 @@ _MIRRORED = {
     "health_check_interval",
     "protocol",
 }
+#: Connections per loop when the client is a cluster's (redis.asyncio's default per node).
+CLUSTER_NODE_CONNECTIONS = 100
+#: Longest a call without a deadline waits for one of the event loop's connections.
+POOL_WAIT = 20.0
+
+
+class NoConnection(Exception):
+    """The deadline passed while the call waited for a free connection: nothing was sent."""
 
 
 class Keys(NamedTuple):
@@ -87,6 +98,9 @@ class Redis:
         self._async_pubsub: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
             weakref.WeakKeyDictionary()
         )
+        self._slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+            weakref.WeakKeyDictionary()
+        )
 
     # -- clients ------------------------------------------------------------
 
@@ -114,20 +128,52 @@ class Redis:
         client = self._async.get(loop)
         if client is None:
             client = self._async[loop] = self._build_async()
+            # redis.asyncio refuses a call when all its connections are busy
+            # (MaxConnectionsError); the loop's calls queue for them here instead.
+            pool = getattr(client, "connection_pool", None)
+            size = pool.max_connections if pool is not None else CLUSTER_NODE_CONNECTIONS
+            self._slots[loop] = asyncio.Semaphore(size)
         return client
 
     def aio_pubsub(self) -> Any:
-        """The async client the loop's wake-up hub subscribes with. For a cluster, a
-        plain connection to the node ``LOCATION`` names: a ``PUBLISH`` on any node
+        """The async client the loop's wake-up hub subscribes with: its own pool, so
+        the subscription never takes a connection the calls count on. For a cluster,
+        a plain connection to the node ``LOCATION`` names: a ``PUBLISH`` on any node
         reaches the subscribers of every node."""
-        if not self.cluster:
-            return self.aio()
         loop = asyncio.get_running_loop()
         client = self._async_pubsub.get(loop)
         if client is None:
-            assert self.location is not None
-            client = self._async_pubsub[loop] = redis.asyncio.Redis.from_url(self.location)
+            if self.cluster:
+                assert self.location is not None
+                client = redis.asyncio.Redis.from_url(self.location)
+            else:
+                client = self._build_async()
+            self._async_pubsub[loop] = client
         return client
+
+    @contextlib.asynccontextmanager
+    async def _connection_slot(self, deadline: float | None) -> AsyncIterator[None]:
+        """Hold one of the event loop's connections for one call; wait for a free one
+        until ``deadline`` (then :class:`NoConnection`) or :data:`POOL_WAIT`."""
+        slots = self._slots[asyncio.get_running_loop()]
+        if slots.locked():
+            left = remaining(deadline)
+            try:
+                async with asyncio.timeout(POOL_WAIT if left is None else max(left, 0.0)):
+                    await slots.acquire()
+            except TimeoutError:
+                if left is not None:
+                    raise NoConnection from None
+                raise BackendUnavailable(
+                    f"No Redis connection of this event loop came free within {POOL_WAIT} s: "
+                    "all of its pool's max_connections stayed busy."
+                ) from None
+        else:
+            await slots.acquire()  # free: returns at once
+        try:
+            yield
+        finally:
+            slots.release()
 
     def _build_async(self) -> Any:
         if self.location is not None:
@@ -196,35 +242,42 @@ class Redis:
             pool.release(conn)
         return self._eval(client, packed.script, packed.keys, (*packed.args, *args))
 
-    async def acall(self, packed: Packed, args: tuple[str | int, ...]) -> Any:
-        """Async :meth:`call`."""
+    async def acall(
+        self, packed: Packed, args: tuple[str | int, ...], deadline: float | None = None
+    ) -> Any:
+        """Async :meth:`call`; waits for a free connection of the loop until ``deadline``.
+
+        :raises NoConnection: when ``deadline`` passed first (nothing was sent).
+        :raises BackendUnavailable: when Redis fails.
+        """
         client = self.aio()
-        pool = getattr(client, "connection_pool", None)
-        if pool is None:
-            return await self.arun(packed.script, packed.keys, (*packed.args, *args))
-        try:
-            conn = await pool.get_connection()
-        except RedisError as exc:
-            raise unavailable(exc) from exc
-        try:
-            await conn.send_packed_command([packed.command(args)], check_health=False)
-            return await conn.read_response()
-        except NoScriptError:
-            pass
-        except RedisError as exc:
-            await conn.disconnect()
-            raise unavailable(exc) from exc
-        except BaseException:
-            await conn.disconnect()  # cancelled mid-reply: the connection is out of step
-            raise
-        finally:
-            await pool.release(conn)
-        try:
-            return await client.execute_command(
-                "EVAL", packed.script.text, len(packed.keys), *packed.keys, *packed.args, *args
-            )
-        except RedisError as exc:
-            raise unavailable(exc) from exc
+        async with self._connection_slot(deadline):
+            pool = getattr(client, "connection_pool", None)
+            if pool is None:
+                return await self._arun(client, packed.script, packed.keys, (*packed.args, *args))
+            try:
+                conn = await pool.get_connection()
+            except RedisError as exc:
+                raise unavailable(exc) from exc
+            try:
+                await conn.send_packed_command([packed.command(args)], check_health=False)
+                return await conn.read_response()
+            except NoScriptError:
+                pass
+            except RedisError as exc:
+                await conn.disconnect()
+                raise unavailable(exc) from exc
+            except BaseException:
+                await conn.disconnect()  # cancelled mid-reply: the connection is out of step
+                raise
+            finally:
+                await pool.release(conn)
+            try:
+                return await client.execute_command(
+                    "EVAL", packed.script.text, len(packed.keys), *packed.keys, *packed.args, *args
+                )
+            except RedisError as exc:
+                raise unavailable(exc) from exc
 
     def run(self, script: Script, keys: tuple[str, ...], args: tuple[Any, ...]) -> Any:
         """Run ``script`` by SHA; load it on ``NOSCRIPT`` (flushed, restarted, failed
@@ -251,7 +304,17 @@ class Redis:
     async def arun(self, script: Script, keys: tuple[str, ...], args: tuple[Any, ...]) -> Any:
         """Async :meth:`run`."""
         client = self.aio()
+        async with self._connection_slot(None):
+            return await self._arun(client, script, keys, args)
+
+    async def _arun(
+        self, client: Any, script: Script, keys: tuple[str, ...], args: tuple[Any, ...]
+    ) -> Any:
         try:
+            if self.cluster:
+                # Tasks that find the cluster client unready and all ready it at once
+                # break its connections (redis-py 8.1); initialize() serialises them.
+                await client.initialize()
             try:
                 return await client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
             except NoScriptError:
