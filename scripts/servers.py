@@ -8,6 +8,10 @@ logs and sockets inside one directory given with --dir:
     scripts/servers.py start --dir DIR [--only redis,zookeeper,postgres,memcached]
     scripts/servers.py stop --dir DIR          # idempotent; does not delete DIR
 
+Kind redis starts one server (DISTLOCK_REDIS_URL), 5 more for Redlock
+(DISTLOCK_REDLOCK_URLS) and a Redis Cluster of 3 masters without replicas
+(DISTLOCK_REDIS_CLUSTER_URL, one seed node; DISTLOCK_REDIS_CLUSTER_NODES, all).
+
 `start` writes DIR/env (shell `export` lines, also printed on stdout) and
 DIR/state.json (pids, ports). `stop` ends only the pids recorded there.
 Standard library only (Python 3.11), so it runs before any virtualenv exists.
@@ -141,14 +145,21 @@ def spawn(name: str, kind: str, port: int, argv: list[str], wd: Path, log: Path)
     return entry
 
 
-def wait_until(name: str, check, entry: dict | None, timeout: float, log: Path | None) -> None:
-    """Poll `check()` until it is true; raise StartError at the deadline or if the process dies."""
+def wait_until(
+    name: str, check, entry: dict | None, timeout: float, log: Path | None, status=None
+) -> None:
+    """Poll `check()` until it is true; raise StartError at the deadline or if the process dies.
+
+    `status()`, if given, says what the last check saw, for the error at the deadline.
+    """
     deadline = time.monotonic() + timeout
     last = "no answer yet"
     while time.monotonic() < deadline:
         try:
             if check():
                 return
+            if status is not None:
+                last = status()
         except OSError as exc:
             last = str(exc)
         if entry is not None and not alive(entry["pid"]):
@@ -180,73 +191,118 @@ def su_postgres(cmd: str, log: Path | None = None) -> int:
 # --------------------------------------------------------------------------- servers
 
 
-def start_redis(dir_: Path, name: str, port: int) -> dict:
-    """Start one Redis server without persistence; ready when it answers PING."""
+def launch_redis(dir_: Path, name: str, port: int, *extra: str) -> dict:
+    """Launch one Redis server without persistence (``extra``: more arguments); see wait_redis."""
     wd = dir_ / name
     wd.mkdir()
-    log = wd / "redis.log"
     argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
-    argv += ["--appendonly", "no", "--dir", str(wd), "--logfile", ""]  # log to stdout
-    entry = spawn(name, "redis", port, argv, wd, log)
-    ping = lambda: ask(port, b"PING\r\n").startswith(b"+PONG")  # noqa: E731
-    wait_until(name, ping, entry, READY_TIMEOUT["redis"], log)
-    return entry
+    argv += ["--appendonly", "no", "--dir", str(wd), "--logfile", "", *extra]  # log to stdout
+    return spawn(name, "redis", port, argv, wd, wd / "redis.log")
 
 
-def start_redis_cluster(dir_: Path, ports: list[int]) -> list[dict]:
-    """Start CLUSTER_NODES cluster-enabled Redis servers (client and bus port each from
-    `ports`), join them with `redis-cli --cluster create`; ready when every node says
-    cluster_state:ok."""
+def wait_redis(entries: list[dict]) -> None:
+    """Wait until every launched Redis server answers PING."""
+    for e in entries:
+        ping = lambda port=e["port"]: ask(port, b"PING\r\n").startswith(b"+PONG")  # noqa: E731
+        wait_until(e["name"], ping, e, READY_TIMEOUT["redis"], Path(e["log"]))
+
+
+def redis_bulk(port: int, command: bytes, timeout: float = 1.0) -> bytes:
+    """Send one inline command to the Redis server on 127.0.0.1:port; return its bulk reply.
+
+    :raises OSError: on no answer, a closed connection, or a reply that is not a bulk string.
+    """
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(command)
+        reply = b""
+        while b"\r\n" not in reply:
+            if not (data := s.recv(4096)):
+                raise OSError("connection closed")
+            reply += data
+        header, _, body = reply.partition(b"\r\n")
+        if not header.startswith(b"$"):
+            raise OSError(f"unexpected reply {header.decode(errors='replace')}")
+        size = int(header[1:])
+        while len(body) < size + 2:
+            if not (data := s.recv(4096)):
+                raise OSError("connection closed")
+            body += data
+        return body[:size]
+
+
+def launch_redis_cluster(dir_: Path, ports: list[int]) -> list[dict]:
+    """Launch CLUSTER_NODES cluster-enabled Redis servers (client and bus port each from
+    `ports`), to be joined by join_redis_cluster.
+
+    Launched first because a master refuses to turn cluster_state:ok until 2 s after
+    it started (Redis' CLUSTER_WRITABLE_DELAY): the other servers start meanwhile.
+    """
     entries = []
     for i in range(CLUSTER_NODES):
         name, port, bus = f"cluster{i + 1}", ports[2 * i], ports[2 * i + 1]
-        wd = dir_ / name
-        wd.mkdir()
-        argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
-        argv += ["--appendonly", "no", "--dir", str(wd), "--logfile", ""]
-        argv += ["--cluster-enabled", "yes", "--cluster-config-file", str(wd / "nodes.conf")]
-        argv += ["--cluster-port", str(bus), "--cluster-node-timeout", "2000"]
-        entries.append(spawn(name, "redis", port, argv, wd, wd / "redis.log"))
-    for entry in entries:
-        port = entry["port"]
-        ping = lambda port=port: ask(port, b"PING\r\n").startswith(b"+PONG")  # noqa: E731
-        wait_until(entry["name"], ping, entry, READY_TIMEOUT["redis"], Path(entry["log"]))
+        conf = dir_ / name / "nodes.conf"
+        extra = ["--cluster-enabled", "yes", "--cluster-config-file", str(conf)]
+        extra += ["--cluster-port", str(bus), "--cluster-node-timeout", "2000"]
+        entries.append(launch_redis(dir_, name, port, *extra))
+    return entries
+
+
+def join_redis_cluster(dir_: Path, entries: list[dict]) -> None:
+    """Wait for the cluster nodes to answer, then give them the slots (no replicas) with
+    `redis-cli --cluster create`; wait_redis_cluster waits for the result."""
+    wait_redis(entries)
     log = dir_ / "cluster1" / "create.log"
-    nodes = [f"127.0.0.1:{e['port']}" for e in entries]
+    argv = ["redis-cli", "--cluster", "create", *(f"127.0.0.1:{e['port']}" for e in entries)]
+    argv += ["--cluster-replicas", "0", "--cluster-yes"]
     with open(log, "ab") as out:
-        created = subprocess.run(
-            [
-                "redis-cli",
-                "--cluster",
-                "create",
-                *nodes,
-                "--cluster-replicas",
-                "0",
-                "--cluster-yes",
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            timeout=READY_TIMEOUT["redis"],
-            check=False,
-        )
+        try:
+            created = subprocess.run(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                timeout=READY_TIMEOUT["redis"],
+                check=False,
+            )
+        except OSError as exc:
+            raise StartError("cluster", f"cannot run redis-cli: {exc}", log) from exc
+        except subprocess.TimeoutExpired:  # run() has killed it
+            raise StartError(
+                "cluster",
+                f"redis-cli --cluster create took over {READY_TIMEOUT['redis']:.0f} s",
+                log,
+            ) from None
     if created.returncode != 0:
-        raise StartError("cluster", "redis-cli --cluster create failed", log)
+        raise StartError(
+            "cluster", f"redis-cli --cluster create exited with status {created.returncode}", log
+        )
+
+
+def cluster_info(port: int) -> dict[str, str]:
+    """CLUSTER INFO of the node on 127.0.0.1:port, as field -> value."""
+    text = redis_bulk(port, b"CLUSTER INFO\r\n").decode(errors="replace")
+    return dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+
+
+def wait_redis_cluster(entries: list[dict]) -> None:
+    """Wait until every node says cluster_state:ok with all 16384 slots assigned."""
+    seen = ""
 
     def joined() -> bool:
-        for entry in entries:
-            info = subprocess.run(
-                ["redis-cli", "-p", str(entry["port"]), "cluster", "info"],
-                capture_output=True,
-                timeout=5,
-                check=False,
-            ).stdout
-            if b"cluster_state:ok" not in info or b"cluster_slots_assigned:16384" not in info:
+        nonlocal seen
+        for e in entries:
+            if not alive(e["pid"]):  # fail fast, naming the node
+                raise StartError(e["name"], "process exited during startup", Path(e["log"]))
+        for e in entries:
+            info = cluster_info(e["port"])
+            state, slots = info.get("cluster_state"), info.get("cluster_slots_assigned")
+            if state != "ok" or slots != "16384":
+                seen = f"{e['name']} says cluster_state:{state}, {slots} of 16384 slots assigned"
                 return False
         return True
 
-    wait_until("cluster", joined, None, READY_TIMEOUT["redis"], log)
-    return entries
+    log = Path(entries[0]["log"])
+    wait_until("cluster", joined, None, READY_TIMEOUT["redis"], log, status=lambda: seen)
 
 
 def start_memcached(dir_: Path, port: int) -> dict:
@@ -444,21 +500,18 @@ def cmd_start(dir_: Path, kinds: list[str]) -> int:
             zk = launch_zookeeper(dir_, [next(ports) for _ in range(3 * ZK_NODES)])
             save()
         if "redis" in kinds:
-            redis = start_redis(dir_, "redis", next(ports))
+            cluster = launch_redis_cluster(dir_, [next(ports) for _ in range(2 * CLUSTER_NODES)])
+            redis = launch_redis(dir_, "redis", next(ports))
             redlock = [
-                start_redis(dir_, f"redlock{i + 1}", next(ports)) for i in range(REDLOCK_COUNT)
+                launch_redis(dir_, f"redlock{i + 1}", next(ports)) for i in range(REDLOCK_COUNT)
             ]
+            save()
+            wait_redis([redis, *redlock])
             env["DISTLOCK_REDIS_URL"] = f"redis://127.0.0.1:{redis['port']}/0"
             env["DISTLOCK_REDLOCK_URLS"] = ",".join(
                 f"redis://127.0.0.1:{e['port']}/0" for e in redlock
             )
-            save()
-            cluster = start_redis_cluster(dir_, [next(ports) for _ in range(2 * CLUSTER_NODES)])
-            env["DISTLOCK_REDIS_CLUSTER_URL"] = f"redis://127.0.0.1:{cluster[0]['port']}/0"
-            env["DISTLOCK_REDIS_CLUSTER_NODES"] = ",".join(
-                f"127.0.0.1:{e['port']}" for e in cluster
-            )
-            save()
+            join_redis_cluster(dir_, cluster)
         if "postgres" in kinds:
             pg = start_postgres(dir_, next(ports))
             env["DISTLOCK_PG_HOST"] = "127.0.0.1"
@@ -471,6 +524,12 @@ def cmd_start(dir_: Path, kinds: list[str]) -> int:
             mc = start_memcached(dir_, next(ports))
             env["DISTLOCK_MEMCACHED"] = f"127.0.0.1:{mc['port']}"
             save()
+        if "redis" in kinds:  # last: it needs 2 s from its launch, the others run meanwhile
+            wait_redis_cluster(cluster)
+            env["DISTLOCK_REDIS_CLUSTER_URL"] = f"redis://127.0.0.1:{cluster[0]['port']}/0"
+            env["DISTLOCK_REDIS_CLUSTER_NODES"] = ",".join(
+                f"127.0.0.1:{e['port']}" for e in cluster
+            )
         if "zookeeper" in kinds:
             wait_zookeeper(zk)
             env["DISTLOCK_ZK_HOSTS"] = ",".join(f"127.0.0.1:{e['port']}" for e in zk)
