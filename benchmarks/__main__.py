@@ -8,14 +8,19 @@ out), 2 on a bad command line.
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import importlib
 import os
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .harness import Case
 
 #: Modules that register cases; each has ``setup()`` (raises Unavailable) and ``describe()``.
-CASE_MODULES = ("benchmarks.pg", "benchmarks.orm")
+CASE_MODULES = ("benchmarks.pg", "benchmarks.orm", "benchmarks.redis")
 #: Suites run in this order by default; suites registered elsewhere follow.
 SUITE_ORDER = ("uncontended", "contended", "asyncio")
 RESULTS = Path(__file__).resolve().parent / "results" / "latest.md"
@@ -35,6 +40,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--suite", default="", help="comma-separated suites, `orm` = orm.* (default: all)"
+    )
+    parser.add_argument(
+        "--cases",
+        default="",
+        help="comma-separated patterns of case names, e.g. 'redis.*' (default: all); "
+        "modules with no case chosen are not set up",
     )
     parser.add_argument("--quick", action="store_true", help="fewer rounds, shorter (< 1 min)")
     parser.add_argument("--repeat", type=int, help="rounds of every case (default 3, quick 1)")
@@ -60,13 +71,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def load_case_modules() -> tuple[list[ModuleType], list[str]]:
-    """Import and set up every case module; return those ready and why others are not."""
+def load_case_modules(chosen: set[str]) -> tuple[list[ModuleType], list[str]]:
+    """Set up the case modules with a case in ``chosen`` (module names); return those
+    ready and why others are not."""
     from .harness import Unavailable, progress
 
     ready, missing = [], []
     for name in CASE_MODULES:
         module = importlib.import_module(name)
+        if name not in chosen:
+            continue
         try:
             progress(f"setting up {name}")
             module.setup()
@@ -101,13 +115,18 @@ def main(argv: list[str] | None = None) -> int:
         uncontended,
     )
 
+    for name in CASE_MODULES:  # they register their cases
+        importlib.import_module(name)
+    patterns = [p.strip() for p in args.cases.split(",") if p.strip()]
+
+    def picked(case: Case) -> bool:
+        return not patterns or any(fnmatch.fnmatchcase(case.name, p) for p in patterns)
+
     if args.list:
-        for name in CASE_MODULES:
-            importlib.import_module(name)
         for suite in harness.SUITES.values():
             print(f"{suite.name}: {suite.title}")
             for case in harness.CASES:
-                if case.suite == suite.name:
+                if case.suite == suite.name and picked(case):
                     print(f"  {case.name:20} {case.what}")
         return 0
     default = [*(s for s in SUITE_ORDER if s in harness.SUITES), *harness.SUITES]
@@ -125,24 +144,31 @@ def main(argv: list[str] | None = None) -> int:
         hold_ms=args.hold_ms,
         duration=args.duration,
     )
-    modules, missing = load_case_modules()
+    chosen = [c for s in wanted for c in harness.CASES if c.suite == s and picked(c)]
+    if not chosen:
+        print(f"no case of suite(s) {wanted} matches --cases {args.cases!r}", file=sys.stderr)
+        return 2
+    modules, missing = load_case_modules({c.module for c in chosen})
     for line in missing:
         print(f"[benchmarks] SKIPPED {line}", file=sys.stderr)
     if not modules:
         print("[benchmarks] no server to measure: nothing run", file=sys.stderr)
         return 1
     names = {m.__name__ for m in modules}
+    chosen = [c for c in chosen if c.module in names]
     if args.smoke:
-        smoke(wanted, names)
+        smoke(chosen)
         return 1 if missing else 0
     parts = [harness.machine_line([m.describe() for m in modules]), ""]
     print(parts[0] + "\n", flush=True)
+    done: dict[str, list[harness.Row]] = {}  # rows of the suites run so far, for their bars
     for suite_name in wanted:
         suite = harness.SUITES[suite_name]
-        cases = [c for c in harness.CASES if c.suite == suite_name and c.module in names]
+        cases = [c for c in chosen if c.suite == suite_name]
         if not cases:
             continue
-        table = harness.render(suite, suite.run(cases, options), options)
+        done[suite_name] = suite.run(cases, options)
+        table = harness.render(suite, done[suite_name], options, done)
         print(table, flush=True)
         parts.append(table)
     if missing:
@@ -153,19 +179,16 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if missing else 0
 
 
-def smoke(suites: list[str], modules: set[str]) -> None:
-    """Build every case's client of ``suites`` once and use it once; print a line each.
+def smoke(cases: list[Case]) -> None:
+    """Build every case's client once and use it once; print a line each.
 
     :raises Exception: what the first failing case raised.
     """
     from . import harness
 
-    for suite_name in suites:
-        suite = harness.SUITES[suite_name]
-        for case in harness.CASES:
-            if case.suite == suite_name and case.module in modules:
-                (suite.smoke or harness.smoke_locker)(case)
-                print(f"smoke ok: {suite_name} {case.name}", flush=True)
+    for case in cases:
+        (harness.SUITES[case.suite].smoke or harness.smoke_locker)(case)
+        print(f"smoke ok: {case.suite} {case.name}", flush=True)
 
 
 if __name__ == "__main__":

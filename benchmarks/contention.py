@@ -185,6 +185,7 @@ class Analysis:
     grants: int  # in the steady-state window
     seconds: float  # length of that window
     handoffs: list[int]  # ns, one per grant in the window
+    holds: list[int]  # ns, one per grant in the window: how long the sleep really held it
     self_handoffs: int  # of those, grants to the process that held the lock just before
     per_process: list[int]  # grants in the window per worker
     overlaps: int  # over every grant of the round
@@ -199,6 +200,7 @@ def analyse(result: RoundResult, duration: float, warmup: float) -> Analysis:
     overlaps = 0
     latest_release = -math.inf
     handoffs: list[int] = []
+    holds: list[int] = []
     self_handoffs = 0
     per_process = [0] * len(result.starts)
     for i, (index, acquired, releasing) in enumerate(grants):
@@ -208,30 +210,41 @@ def analyse(result: RoundResult, duration: float, warmup: float) -> Analysis:
         if not window_start <= acquired <= window_end:
             continue
         per_process[index] += 1
+        holds.append(releasing - acquired)
         if i > 0:
             previous = grants[i - 1]
             handoffs.append(acquired - previous[2])
             self_handoffs += previous[0] == index
     count = sum(per_process)
     seconds = max(window_end - window_start, 1) / 1e9
-    return Analysis(count, seconds, handoffs, self_handoffs, per_process, overlaps, result.timeouts)
+    return Analysis(
+        count, seconds, handoffs, holds, self_handoffs, per_process, overlaps, result.timeouts
+    )
 
 
 def summarise(rounds: Sequence[Analysis]) -> dict[str, Any]:
     """Pool the rounds of one case into a table row's values."""
     handoffs = sorted(h for a in rounds for h in a.handoffs)
+    holds = [h for a in rounds for h in a.holds]
     per_process = [sum(col) for col in zip(*(a.per_process for a in rounds), strict=True)]
     grants = sum(a.grants for a in rounds)
     rates = [a.grants / a.seconds for a in rounds]
     served = all(min(a.per_process) > 0 for a in rounds)
+    mean = sum(per_process) / len(per_process)
+    fair_min = min(per_process) / mean if mean else math.nan
+    fair_max = max(per_process) / mean if mean else math.nan
     return {
         "grants": grants,
         "rate": grants / sum(a.seconds for a in rounds),
         "rate_spread": f"{min(rates):,.0f}..{max(rates):,.0f}",
         "handoff_p50": percentile(handoffs, 50),
         "handoff_p99": percentile(handoffs, 99),
+        "hold_mean": sum(holds) / len(holds) if holds else math.nan,
         "self": 100.0 * sum(a.self_handoffs for a in rounds) / max(len(handoffs), 1),
         "fairness": f"{min(per_process)} / {max(per_process)}",
+        "fair_min": fair_min,
+        "fair_max": fair_max,
+        "fair_spread": f"{fair_min:.2f} / {fair_max:.2f}",
         "served": "yes" if served else "**NO**",
         "per_process": " ".join(map(str, per_process)),
         "timeouts": sum(a.timeouts for a in rounds),
@@ -275,8 +288,10 @@ def _notes(options: Options) -> str:
         f"steady-state window (first {_warmup(options):g} s and the tail after the first "
         "process stops are left out; overlaps are checked over every grant). "
         "handoff = previous holder's just-before-release → this grant's acquire-return "
-        "(`CLOCK_MONOTONIC`, µs); self = share of grants going to the process that held the "
-        "lock just before; grants min / max per process, summed over rounds; "
+        "(`CLOCK_MONOTONIC`, µs); hold = acquire-return → just-before-release (the sleep, "
+        "as long as the OS made it); self = share of grants going to the process that held the "
+        "lock just before; grants min / max per process, summed over rounds, and each over "
+        "the mean of the processes; "
         "`x ref` = handoff p50 / the reference's."
     )
 
@@ -292,8 +307,10 @@ SUITE = add_suite(
             Column("rate_spread", "acq/s per round"),
             Column("handoff_p50", "handoff p50 µs", us),
             Column("handoff_p99", "handoff p99 µs", us),
+            Column("hold_mean", "hold mean µs", us),
             Column("self", "self %", lambda v: f"{v:.0f}"),
             Column("fairness", "grants min / max"),
+            Column("fair_spread", "min / max ÷ mean"),
             Column("served", "all served"),
             Column("per_process", "grants per process"),
             Column("timeouts", "timeouts"),

@@ -3,12 +3,16 @@
 A *case* is a factory that builds a :class:`Locker` (one client of one lock
 implementation) for a key. A *suite* runs its cases and returns one
 :class:`Row` per case; the harness prints a suite as one table. Modules that
-add cases (``benchmarks.pg`` now; Redis and ZooKeeper modules later) call
+add cases (``benchmarks.pg``, ``benchmarks.redis``, ...) call
 :func:`add_case` at import and say which rows are *references*: each
 reference adds a ``x name`` column whose values are every row's
 :attr:`Suite.ratio_metric` divided by that reference's, within the same
 ``group`` (one server), measured in the same run. :func:`add_bar` names a
-ratio the project promises; it is printed with its bar, never asserted.
+ratio the project promises; it is printed with its bar, never asserted. A
+bar may divide by a row of a suite run earlier in the same run (a :class:`Ref`:
+a handoff counted in round trips of the uncontended suite's ``PING``), or by a
+value derived from one (an ideal rate), or compare a metric that is a ratio
+already with its bar.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import platform
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -83,14 +87,30 @@ class Case:
 
 
 @dataclass(frozen=True)
+class Ref:
+    """What a bar divides by: ``metric`` of the row ``case`` of ``suite`` in this run
+    (None: the bar's own suite and metric), turned first, if given, by
+    ``derive(value, numerator_row, options)`` into another quantity (then ``label``
+    names it in the printed line)."""
+
+    case: str
+    suite: str | None = None
+    metric: str | None = None
+    derive: Callable[[float, Row, Options], float] | None = None
+    label: str | None = None
+
+
+@dataclass(frozen=True)
 class Bar:
-    """A promised ratio: ``numerator``'s metric over ``denominator``'s, at most ``limit``."""
+    """A promised ratio: ``numerator``'s metric over ``denominator`` (None: the metric is
+    a ratio already), at most ``limit`` (``at_least``: at least ``limit``)."""
 
     suite: str
     numerator: str
-    denominator: str
+    denominator: Ref | None
     limit: float | None
     metric: str
+    at_least: bool = False
 
 
 @dataclass
@@ -151,10 +171,22 @@ def add_case(
 
 
 def add_bar(
-    suite: str, numerator: str, denominator: str, limit: float | None, metric: str | None = None
+    suite: str,
+    numerator: str,
+    denominator: str | Ref | None,
+    limit: float | None,
+    metric: str | None = None,
+    *,
+    at_least: bool = False,
 ) -> None:
-    """Register a ratio to print under ``suite``'s table (default metric: its ratio metric)."""
-    BARS.append(Bar(suite, numerator, denominator, limit, metric or SUITES[suite].ratio_metric))
+    """Register a ratio to print under ``suite``'s table (default metric: its ratio metric).
+
+    ``denominator``: a case of ``suite`` (same metric), a :class:`Ref`, or None when
+    ``metric`` is a ratio already. ``at_least``: ``limit`` is a floor, not a ceiling.
+    """
+    ref = Ref(denominator) if isinstance(denominator, str) else denominator
+    metric = metric or SUITES[suite].ratio_metric
+    BARS.append(Bar(suite, numerator, ref, limit, metric, at_least))
 
 
 def smoke_locker(case: Case) -> None:
@@ -248,8 +280,17 @@ def time_pairs(locker: Locker, iterations: int, warmup: int) -> tuple[list[int],
 # --------------------------------------------------------------------------- tables
 
 
-def render(suite: Suite, rows: Sequence[Row], options: Options) -> str:
-    """The suite as markdown: title, how it was measured, the table, its bars."""
+def render(
+    suite: Suite,
+    rows: Sequence[Row],
+    options: Options,
+    earlier: Mapping[str, Sequence[Row]] | None = None,
+) -> str:
+    """The suite as markdown: title, how it was measured, the table, its bars.
+
+    ``earlier``: the rows of the suites already run in this run, by suite name (what
+    a bar's :class:`Ref` to another suite reads).
+    """
     refs: list[str] = []
     for row in rows:
         if row.case.reference and row.case.reference not in refs:
@@ -266,28 +307,62 @@ def render(suite: Suite, rows: Sequence[Row], options: Options) -> str:
             base = anchor.get((row.case.group, ref))
             cells.append(ratio(_divide(row, base, suite.ratio_metric)) if base else "")
         lines.append("| " + " | ".join(cells) + " |")
-    by_name = {row.case.name: row for row in rows}
+    runs = {**(earlier or {}), suite.name: rows}
     bars = [b for b in BARS if b.suite == suite.name]
     if bars:
         lines.append("")
     for bar in bars:
-        num, den = by_name.get(bar.numerator), by_name.get(bar.denominator)
-        if num is None or den is None:
-            continue
-        value = _divide(num, den, bar.metric)
-        verdict = ""
-        if bar.limit is not None and not math.isnan(value):
-            verdict = f" (bar <= {bar.limit:g}x: {'within' if value <= bar.limit else 'OVER'})"
-        lines.append(
-            f"- `{bar.numerator}` / `{bar.denominator}` ({bar.metric}): {ratio(value)}{verdict}"
-        )
+        line = _bar_line(bar, runs, options)
+        if line:
+            lines.append(line)
     return "\n".join(lines) + "\n"
+
+
+def _bar_line(bar: Bar, runs: Mapping[str, Sequence[Row]], options: Options) -> str | None:
+    """A bar as a list item; None when its rows are not in this run (a module skipped)."""
+    num = _row(runs[bar.suite], bar.numerator)
+    if num is None:
+        return None
+    ref = bar.denominator
+    if ref is None:
+        what, value = f"`{bar.numerator}` ({bar.metric})", num.values.get(bar.metric, math.nan)
+    else:
+        ref_suite, ref_metric = ref.suite or bar.suite, ref.metric or bar.metric
+        if ref.label:
+            what = f"`{bar.numerator}` ({bar.metric}) / {ref.label}"
+        elif ref.suite or ref.metric:
+            what = f"`{bar.numerator}` / `{ref.case}` ({bar.metric} / {ref_suite} {ref_metric})"
+        else:
+            what = f"`{bar.numerator}` / `{ref.case}` ({bar.metric})"
+        if ref_suite not in runs:
+            return f"- {what}: n/a (needs suite `{ref_suite}` in the same run)"
+        den = _row(runs[ref_suite], ref.case)
+        if den is None:
+            return None
+        base = den.values.get(ref_metric, math.nan)
+        if ref.derive is not None:
+            base = ref.derive(base, num, options)
+        value = _quotient(num.values.get(bar.metric, math.nan), base)
+    verdict = ""
+    if bar.limit is not None and not math.isnan(value):
+        if bar.at_least:
+            verdict = f" (bar >= {bar.limit:g}x: {'within' if value >= bar.limit else 'UNDER'})"
+        else:
+            verdict = f" (bar <= {bar.limit:g}x: {'within' if value <= bar.limit else 'OVER'})"
+    return f"- {what}: {ratio(value)}{verdict}"
+
+
+def _row(rows: Sequence[Row], case: str) -> Row | None:
+    return next((row for row in rows if row.case.name == case), None)
 
 
 def _divide(row: Row, base: Row | None, metric: str) -> float:
     if base is None:
         return math.nan
-    num, den = row.values.get(metric, math.nan), base.values.get(metric, math.nan)
+    return _quotient(row.values.get(metric, math.nan), base.values.get(metric, math.nan))
+
+
+def _quotient(num: float, den: float) -> float:
     return num / den if den and not math.isnan(den) else math.nan
 
 

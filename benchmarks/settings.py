@@ -3,7 +3,8 @@
 PostgreSQL comes from the ``DISTLOCK_PG_*`` variables that ``scripts/bench``
 exports; the benchmarks use a database of their own (:data:`BENCH_DB_NAME`,
 created on first run next to ``DISTLOCK_PG_NAME``) so they never touch the
-tests' data. Only 127.0.0.1 may be a target.
+tests' data. Redis comes from ``DISTLOCK_REDIS_URL`` (its aliases exist only
+when it is set). Only 127.0.0.1 may be a target.
 """
 
 import os
@@ -34,3 +35,15 @@ DISTLOCK = {
     # Suite ``asyncio``: lease mode with more pooled sessions for asyncio tasks (default 16).
     "pg-async64": {"BACKEND": _DB, "OPTIONS": {"DATABASE": "default", "ASYNC_SESSIONS": 64}},
 }
+
+# Redis (benchmarks/redis.py): django-distlock with a pool of its own from a URL, and
+# through the pool of a django-redis cache, on the same server as the peers.
+REDIS_URL = os.environ.get("DISTLOCK_REDIS_URL", "")
+if REDIS_URL:
+    CACHES = {
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+        "redis": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": REDIS_URL},
+    }
+    _REDIS = "django_distlock.backends.redis.RedisBackend"
+    DISTLOCK["redis"] = {"BACKEND": _REDIS, "LOCATION": REDIS_URL, "TTL": 30}
+    DISTLOCK["redis-cache"] = {"BACKEND": _REDIS, "OPTIONS": {"CACHE": "redis"}, "TTL": 30}
