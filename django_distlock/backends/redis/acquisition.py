@@ -93,10 +93,10 @@ class RedisAcquisition(Acquisition):
             flags += "q"
         return (self.token, self._ttl_ms, f"{lock.host} {lock.pid} {lock.thread}", flags, signal)
 
-    def _result(self, reply: Any) -> Grant | Miss:
+    def _result(self, reply: Any, granted_after: float = 0.0) -> Grant | Miss:
         if reply[0] == 1:
             _, fencing, acquired, now, _count = reply
-            return Grant(fencing, _when(acquired), _when(now + self._ttl_ms))
+            return Grant(fencing, _when(acquired), _when(now + self._ttl_ms), granted_after)
         self._queued = self.blocking
         left = reply[1]  # ms until the holder's lease (or the queue head's turn) ends
         return Miss(left / 1000 if left >= 0 else None)
@@ -129,21 +129,35 @@ class RedisAcquisition(Acquisition):
 
     def wait(self, miss: Miss) -> Grant | None:
         """Block on this waiter's signal list until a release wakes it, the holder's
-        lease ends, the deadline, or the heartbeat (then the handle attempts again)."""
-        bound = min(self._bound(miss), self.backend.max_block)
-        left = remaining(self.deadline)
-        if left is not None and bound > left - SERVER_TICK:
-            bound = left - SERVER_TICK
-            if bound < MIN_BLOCK:  # too close to the deadline for Redis' timer
-                time.sleep(max(min(left, POLL), 0.0))
+        lease ends, the deadline, or the heartbeat, with the next attempt written
+        behind the block: Redis runs it as soon as the block ends. Repeat until a
+        grant, or return None near the deadline."""
+        redis, signal = self.backend.redis, self.keys.signal + self.token
+        entered = time.monotonic()
+        while True:
+            bound = min(self._bound(miss), self.backend.max_block)
+            left = remaining(self.deadline)
+            if left is not None and bound > left - SERVER_TICK:
+                bound = left - SERVER_TICK
+                if bound < MIN_BLOCK:  # too close to the deadline for Redis' timer
+                    time.sleep(max(min(left, POLL), 0.0))
+                    return None
+            if bound < MIN_BLOCK:
                 return None
-        if bound < MIN_BLOCK:
-            return None
-        try:
-            self.backend.redis.sync().blpop([self.keys.signal + self.token], timeout=bound)
-        except RedisError as exc:
-            raise unavailable(exc) from exc
-        return None
+            sent = time.monotonic()
+            replies = redis.block_then_call(
+                signal, bound, self.calls.acquire, self._acquire_args("L " + signal)
+            )
+            if replies is None:  # a cluster: blocked only
+                return None
+            before, reply = replies
+            # A grant came when the block ended: ``sent`` plus the block's length on the
+            # server's clock (less 1 ms of rounding) after the handle called wait().
+            blocked = max(reply[3] - before - 1, 0) / 1000 if reply[0] == 1 else 0.0
+            result = self._result(reply, sent - entered + blocked)
+            if isinstance(result, Grant):
+                return result
+            miss = result
 
     def close(self) -> None:
         if self._queued:

@@ -242,6 +242,51 @@ class Redis:
             pool.release(conn)
         return self._eval(client, packed.script, packed.keys, (*packed.args, *args))
 
+    def block_then_call(
+        self, key: str, timeout: float, packed: Packed, args: tuple[str | int, ...]
+    ) -> tuple[int, Any] | None:
+        """``TIME``, ``BLPOP key timeout`` and the packed call, written at once: Redis
+        runs the call the moment the block ends, so a waiter woken by a release has
+        its next attempt's reply in the same read (no round trip after the wake).
+
+        Returns the server's clock in ms before the block and the call's reply, or
+        None for a cluster client (it blocks, then the caller attempts again).
+
+        :raises BackendUnavailable: when Redis fails.
+        """
+        client = self.sync()
+        pool = getattr(client, "connection_pool", None)
+        if pool is None:
+            try:
+                client.blpop([key], timeout=timeout)
+            except RedisError as exc:
+                raise unavailable(exc) from exc
+            return None
+        try:
+            conn = pool.get_connection()
+        except RedisError as exc:
+            raise unavailable(exc) from exc
+        try:
+            block = b"*3\r\n$5\r\nBLPOP\r\n%s%s" % (_bulk(key), _bulk("%.3f" % timeout))
+            conn.send_packed_command([_TIME + block + packed.command(args)], check_health=False)
+            seconds, micros = conn.read_response()
+            conn.read_response()  # the popped wake-up, or None (the backend's max_block
+            # keeps the block shorter than the socket timeout)
+            before = int(seconds) * 1000 + int(micros) // 1000
+            try:
+                return before, conn.read_response()
+            except NoScriptError:
+                pass  # every reply was read: the connection is fine
+        except RedisError as exc:
+            conn.disconnect()
+            raise unavailable(exc) from exc
+        except BaseException:
+            conn.disconnect()  # interrupted mid-reply: the connection is out of step
+            raise
+        finally:
+            pool.release(conn)
+        return before, self._eval(client, packed.script, packed.keys, (*packed.args, *args))
+
     async def acall(
         self, packed: Packed, args: tuple[str | int, ...], deadline: float | None = None
     ) -> Any:
@@ -321,6 +366,9 @@ class Redis:
                 return await client.execute_command("EVAL", script.text, len(keys), *keys, *args)
         except RedisError as exc:
             raise unavailable(exc) from exc
+
+
+_TIME = b"*1\r\n$4\r\nTIME\r\n"
 
 
 def _bulk(value: str | int) -> bytes:
