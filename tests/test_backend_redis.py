@@ -591,3 +591,21 @@ def test_a_thousand_tasks_in_one_loop_wait_for_a_pooled_connection(alias: str, u
 
     asyncio.run(main())
     assert (served, overlaps) == (1000, 0)
+
+
+def test_connections_the_server_closed_between_calls_are_replaced(
+    backend: RedisBackend, raw: redis.Redis, unique
+) -> None:
+    """The hot path keeps its connections out of the pool between calls; one the server
+    closed meanwhile (an idle timeout, CLIENT KILL, a restart) is replaced, not an error."""
+    name = unique()
+    handle = backend.lock(name, ttl=10)
+    assert handle.acquire()
+    raw.client_kill_filter(_type="normal", skipme=True)  # every other client's connection
+    handle.release()  # no BackendUnavailable, no LockLost
+    assert not backend.is_locked(name)
+    assert handle.acquire(blocking=False)
+    raw.client_kill_filter(_type="normal", skipme=True)
+    handle.extend(10)
+    handle.release()
+    assert not backend.is_locked(name)

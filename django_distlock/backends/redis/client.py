@@ -9,9 +9,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import os
 import threading
 import weakref
 import zlib
+from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any, NamedTuple
 
@@ -20,7 +22,7 @@ import redis.asyncio
 import redis.asyncio.cluster
 import redis.cluster
 from django.core.cache import caches
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import ConnectionError, NoScriptError, RedisError
 
 from ...backoff import remaining
 from ...exceptions import BackendUnavailable, LockConfigurationError
@@ -54,6 +56,9 @@ _MIRRORED = {
     "health_check_interval",
     "protocol",
 }
+#: Connections the hot path keeps out of the pool between calls (per alias and process):
+#: a pool's get and release cost about 7 us a call (a lock, a readiness poll, metrics).
+KEPT = 8
 #: Connections per loop when the client is a cluster's (redis.asyncio's default per node).
 CLUSTER_NODE_CONNECTIONS = 100
 #: Longest a call without a deadline waits for one of the event loop's connections.
@@ -98,6 +103,8 @@ class Redis:
         self._async_pubsub: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
             weakref.WeakKeyDictionary()
         )
+        self._kept: deque[Any] = deque()
+        self._kept_pid = os.getpid()
         self._slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
             weakref.WeakKeyDictionary()
         )
@@ -205,16 +212,76 @@ class Redis:
         )
 
     def close(self) -> None:
-        """Disconnect the sync pool this alias built (a cache's pool is the cache's)."""
+        """Give back the kept connections; disconnect the sync pool this alias built
+        (a cache's pool is the cache's)."""
         client, self._sync = self._sync, None
-        if client is not None and self.cache is None:
+        kept, self._kept = self._kept, deque()
+        if client is None:
+            return
+        if self._kept_pid == os.getpid():
+            for conn in kept:
+                client.connection_pool.release(conn)
+        if self.cache is None:
             client.close()
+
+    def _exchange(self, pool: Any, payload: bytes, replies: int) -> list[Any]:
+        """Write ``payload`` (packed commands) and read ``replies`` replies, on a kept
+        connection (else the pool's). The last reply may raise ``NoScriptError``
+        (every reply has been read then: the connection stays in step).
+
+        A kept connection that the server closed while it was kept (a restart, an
+        idle timeout) fails at once; the exchange is made again, once, on a new
+        connection. Every hot-path script may run twice for one call: a retried
+        acquire finds its own grant, a retried extend extends again (redis-py's own
+        retries make the same bet on every command).
+
+        :raises BackendUnavailable: when Redis fails.
+        """
+        if self._kept_pid != os.getpid():  # forked: the kept ones are the parent's
+            self._kept, self._kept_pid = deque(), os.getpid()
+        try:
+            conn, kept = self._kept.pop(), True
+        except IndexError:
+            conn, kept = None, False
+        while True:
+            try:
+                if conn is None:
+                    conn = pool.get_connection()
+                conn.send_packed_command([payload], check_health=False)
+                got = [conn.read_response() for _ in range(replies - 1)]
+                try:
+                    got.append(conn.read_response())
+                except NoScriptError as exc:
+                    got.append(exc)
+            except RedisError as exc:
+                if conn is not None:
+                    conn.disconnect()
+                    self._keep(pool, conn)
+                if kept and isinstance(exc, ConnectionError):
+                    conn, kept = None, False
+                    continue
+                raise unavailable(exc) from exc
+            except BaseException:
+                if conn is not None:
+                    conn.disconnect()  # interrupted mid-reply: the connection is out of step
+                    self._keep(pool, conn)
+                raise
+            self._keep(pool, conn)
+            if isinstance(got[-1], NoScriptError):
+                raise got[-1]
+            return got
+
+    def _keep(self, pool: Any, conn: Any) -> None:
+        if len(self._kept) < KEPT:
+            self._kept.append(conn)
+        else:
+            pool.release(conn)
 
     # -- calls ----------------------------------------------------------------
 
     def call(self, packed: Packed, args: tuple[str | int, ...]) -> Any:
         """Run a pre-packed script call with its per-call ``args``: one send, one read
-        on a pooled connection, none of redis-py's per-command wrapper work (the hot
+        on a kept connection, none of redis-py's per-command wrapper work (the hot
         path: acquire and release). A cluster client takes :meth:`run`'s way.
 
         :raises BackendUnavailable: when Redis fails.
@@ -224,23 +291,9 @@ class Redis:
         if pool is None:  # RedisCluster: it routes by the keys
             return self.run(packed.script, packed.keys, (*packed.args, *args))
         try:
-            conn = pool.get_connection()
-        except RedisError as exc:
-            raise unavailable(exc) from exc
-        try:
-            conn.send_packed_command([packed.command(args)], check_health=False)
-            return conn.read_response()
-        except NoScriptError:
-            pass  # the connection is fine: EVAL below loads the script
-        except RedisError as exc:
-            conn.disconnect()
-            raise unavailable(exc) from exc
-        except BaseException:
-            conn.disconnect()  # interrupted mid-reply: the connection is out of step
-            raise
-        finally:
-            pool.release(conn)
-        return self._eval(client, packed.script, packed.keys, (*packed.args, *args))
+            return self._exchange(pool, packed.command(args), 1)[0]
+        except NoScriptError:  # EVAL loads the script
+            return self._eval(client, packed.script, packed.keys, (*packed.args, *args))
 
     def block_then_call(
         self, key: str, timeout: float, packed: Packed, args: tuple[str | int, ...]
@@ -248,6 +301,7 @@ class Redis:
         """``TIME``, ``BLPOP key timeout`` and the packed call, written at once: Redis
         runs the call the moment the block ends, so a waiter woken by a release has
         its next attempt's reply in the same read (no round trip after the wake).
+        (The backend's ``max_block`` keeps the block shorter than the socket timeout.)
 
         Returns the server's clock in ms before the block and the call's reply, or
         None for a cluster client (it blocks, then the caller attempts again).
@@ -262,30 +316,15 @@ class Redis:
             except RedisError as exc:
                 raise unavailable(exc) from exc
             return None
+        block = b"*3\r\n$5\r\nBLPOP\r\n%s%s" % (_bulk(key), _bulk(f"{timeout:.3f}"))
         try:
-            conn = pool.get_connection()
-        except RedisError as exc:
-            raise unavailable(exc) from exc
-        try:
-            block = b"*3\r\n$5\r\nBLPOP\r\n%s%s" % (_bulk(key), _bulk("%.3f" % timeout))
-            conn.send_packed_command([_TIME + block + packed.command(args)], check_health=False)
-            seconds, micros = conn.read_response()
-            conn.read_response()  # the popped wake-up, or None (the backend's max_block
-            # keeps the block shorter than the socket timeout)
-            before = int(seconds) * 1000 + int(micros) // 1000
-            try:
-                return before, conn.read_response()
-            except NoScriptError:
-                pass  # every reply was read: the connection is fine
-        except RedisError as exc:
-            conn.disconnect()
-            raise unavailable(exc) from exc
-        except BaseException:
-            conn.disconnect()  # interrupted mid-reply: the connection is out of step
-            raise
-        finally:
-            pool.release(conn)
-        return before, self._eval(client, packed.script, packed.keys, (*packed.args, *args))
+            (seconds, micros), _, reply = self._exchange(
+                pool, _TIME + block + packed.command(args), 3
+            )
+        except NoScriptError:
+            reply = self._eval(client, packed.script, packed.keys, (*packed.args, *args))
+            return None if reply[0] != 1 else (int(reply[3]), reply)
+        return int(seconds) * 1000 + int(micros) // 1000, reply
 
     async def acall(
         self, packed: Packed, args: tuple[str | int, ...], deadline: float | None = None
