@@ -38,12 +38,17 @@ def require_pg() -> None:
 REDIS_ALIASES = ["redis", "redis-cache", "redis-djcache", "redis-unfair"]
 
 
-def require_redis(cluster: bool = False) -> None:
-    """Fail (full run) or skip (local partial run) when Redis (or its cluster) is absent."""
-    alias = "redis-cluster" if cluster else "redis"
+def require_redis(cluster: bool = False, redlock: bool = False) -> None:
+    """Fail (full run) or skip (local partial run) when Redis (or its cluster, or the
+    Redlock masters) is absent."""
+    alias = "redis-cluster" if cluster else "redlock" if redlock else "redis"
     if alias in settings.DISTLOCK:
         return
-    what = "DISTLOCK_REDIS_CLUSTER_URL" if cluster else "DISTLOCK_REDIS_URL"
+    what = {
+        "redis-cluster": "DISTLOCK_REDIS_CLUSTER_URL",
+        "redlock": "DISTLOCK_REDLOCK_URLS",
+        "redis": "DISTLOCK_REDIS_URL",
+    }[alias]
     if FULL_RUN:
         pytest.fail(f"DISTLOCK_SERVERS=1 but {what} is not set: Redis is missing.")
     pytest.skip("Redis not started (run scripts/test for the full suite)")

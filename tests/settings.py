@@ -106,6 +106,13 @@ if REDIS_URL:
         "OPTIONS": {"FAIR": False},
         "KEY_PREFIX": "f:",
     }
+REDLOCK_URLS = os.environ.get("DISTLOCK_REDLOCK_URLS", "")
+if REDLOCK_URLS:
+    DISTLOCK["redlock"] = {
+        "BACKEND": "django_distlock.backends.redis.RedlockBackend",
+        "LOCATION": REDLOCK_URLS.split(","),
+        "KEY_PREFIX": "r:",
+    }
 if REDIS_CLUSTER_URL:
     DISTLOCK["redis-cluster"] = {
         "BACKEND": _REDIS,

@@ -94,9 +94,9 @@ def test_the_overlap_check_sees_unlocked_workers(unique) -> None:
     assert _overlaps(_history(None, unique(), workers=8, rounds=5)) != []
 
 
-@pytest.mark.parametrize("alias", ["redis", "redis-unfair"])
+@pytest.mark.parametrize("alias", ["redis", "redis-unfair", "redlock"])
 def test_eight_processes_never_overlap(alias: str, unique) -> None:
-    require_redis()
+    require_redis(redlock=alias == "redlock")
     history = _history(alias, unique("exclusion"), workers=8, rounds=15)
     assert len({pid for _, _, pid in history}) == 8  # every process served
     assert _overlaps(history) == []

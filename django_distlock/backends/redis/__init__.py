@@ -1,5 +1,8 @@
-"""The Redis lock backend: see :class:`~.backend.RedisBackend` and ``docs/redis.md``."""
+"""The Redis lock backends: :class:`~.backend.RedisBackend` (one server or a Redis
+Cluster) and :class:`~.redlock.RedlockBackend` (a majority of independent masters).
+See ``docs/redis.md``."""
 
 from .backend import RedisBackend
+from .redlock import RedlockBackend
 
-__all__ = ["RedisBackend"]
+__all__ = ["RedisBackend", "RedlockBackend"]

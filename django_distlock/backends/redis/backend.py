@@ -100,7 +100,7 @@ class RedisBackend(BaseLockBackend):
         self.fair: bool = options.get("FAIR", True)
         self.default_reentrant = options.get("REENTRANT", False)
         #: The script flags every acquire of this alias sends.
-        self.flags = "f" if self.fair else ""
+        self.flags = "fi" if self.fair else "i"
         self.redis = Redis(location, cache, cluster)
         self.hubs = Hubs()
         self._calls: dict[str, Calls] = {}

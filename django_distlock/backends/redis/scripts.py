@@ -72,7 +72,8 @@ end
 #: KEYS: lock, queue, waiters, seq, index.
 #: ARGV: member (the stored name), alive_ms (how long a joined waiter counts as alive),
 #: then per call: token, ttl_ms, meta, flags (``f`` fair, ``r`` reentrant, ``j`` join the
-#: queue on a miss, ``q`` already queued), signal (``L <list key>`` or ``P <channel>``).
+#: queue on a miss, ``q`` already queued, ``i`` enter the held name in the index),
+#: signal (``L <list key>`` or ``P <channel>``).
 #: Returns ``{1, fencing, acquired_ms, now_ms, count}`` on a grant, ``{0, retry_after_ms}``
 #: on a miss (-1: unknown).
 ACQUIRE = (
@@ -122,7 +123,7 @@ if fencing == 1 then
 end
 redis.call('SET', lock, token .. ' 1 ' .. string.format('%.0f', fencing) .. ' '
   .. string.format('%.0f', now) .. ' ' .. ARGV[5], 'PX', ARGV[4])
-redis.call('ZADD', KEYS[5], 0, ARGV[1])
+if string.find(flags, 'i', 1, true) then redis.call('ZADD', KEYS[5], 0, ARGV[1]) end
 if string.find(flags, 'q', 1, true) then forget(queue, waiters, token) end
 return {1, fencing, now, now, 1}
 """

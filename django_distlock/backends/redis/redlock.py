@@ -1,0 +1,264 @@
+"""Redlock: one lock over N independent Redis masters, held when a majority grants it.
+
+The algorithm of the Redis documentation ("Distributed locks with Redis"): an
+acquire asks every master in turn (each one ``EVALSHA`` of the backend's
+acquire script, under a short per-master socket timeout); it holds the lock
+when at least ``N // 2 + 1`` granted and the time left, ``ttl - elapsed -
+drift``, is positive; otherwise it frees what it got on every master and
+retries after a random delay. Extend and release ask every master too.
+
+What it does not give: fencing tokens (independent masters' counters cannot be
+ordered against each other: Martin Kleppmann's critique of Redlock), listings
+(no master knows the others' holders), a fair queue, reentrancy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from redis.exceptions import RedisError
+
+from ... import signals
+from ...exceptions import BackendUnavailable, InvalidBackendOptions, UnsupportedOperation
+from ..base import (
+    Acquisition,
+    BaseLockBackend,
+    ExcInfo,
+    Grant,
+    LockPage,
+    Miss,
+    validate_page_args,
+)
+from .acquisition import Calls
+from .client import Redis, make_keys, unavailable
+from .scripts import SCRIPTS
+
+if TYPE_CHECKING:
+    from ...handle import Lock
+
+_OPTIONS = {"NODE_TIMEOUT"}
+_SCHEMES = ("redis://", "rediss://", "unix://")
+#: Default per-master socket (and connect) timeout, seconds: a dead master costs
+#: this much of an acquire, not the whole of it.
+NODE_TIMEOUT = 0.1
+#: The clocks of the masters may run this much faster than ours (ratio of the TTL),
+#: plus :data:`DRIFT_FLOOR` seconds: the lease counts as this much shorter.
+DRIFT = 0.01
+DRIFT_FLOOR = 0.002
+_KEYS_CACHE = 4096
+
+
+def _with_timeouts(url: str, timeout: float) -> str:
+    """``url`` with ``socket_timeout`` and ``socket_connect_timeout`` unless it sets them."""
+    parts = urlsplit(url)
+    query = dict(parse_qsl(parts.query))
+    for name in ("socket_timeout", "socket_connect_timeout"):
+        query.setdefault(name, str(timeout))
+    return urlunsplit(parts._replace(query=urlencode(query)))
+
+
+class RedlockBackend(BaseLockBackend):
+    """Locks held by a majority of independent Redis masters (Redlock).
+
+    ``LOCATION``: a list of at least 3 ``redis://`` (``rediss://``, ``unix://``)
+    URLs, or one string of them separated by commas; an odd count tolerates the
+    most failures (5 masters: 2 may be down). ``OPTIONS["NODE_TIMEOUT"]``: seconds
+    one master may take (default 0.1), used where a URL sets no timeout. See
+    ``docs/redis.md``.
+    """
+
+    supports_fencing = False
+    supports_listing = False
+
+    def __init__(self, alias: str, params: Mapping[str, Any]) -> None:
+        super().__init__(alias, params)
+        unknown = set(self.options) - _OPTIONS
+        if unknown:
+            raise InvalidBackendOptions(
+                f"DISTLOCK[{alias!r}]['OPTIONS'] has unknown keys {sorted(unknown)}; "
+                f"valid keys are {sorted(_OPTIONS)}."
+            )
+        location = self.location
+        urls = location.split(",") if isinstance(location, str) else location
+        if not isinstance(urls, list | tuple) or len(urls) < 3:
+            raise InvalidBackendOptions(
+                f"DISTLOCK[{alias!r}]['LOCATION'] must list at least 3 Redis URLs (a list, "
+                f"or one string separated by commas), got {location!r}."
+            )
+        urls = [url.strip() if isinstance(url, str) else url for url in urls]
+        for url in urls:
+            if not isinstance(url, str) or not url.startswith(_SCHEMES):
+                raise InvalidBackendOptions(
+                    f"DISTLOCK[{alias!r}]['LOCATION']: {url!r} is not a redis://, rediss:// "
+                    "or unix:// URL."
+                )
+        if len(set(urls)) != len(urls):
+            raise InvalidBackendOptions(
+                f"DISTLOCK[{alias!r}]['LOCATION'] names a master twice: each must be an "
+                "independent server."
+            )
+        timeout = self.options.get("NODE_TIMEOUT", NODE_TIMEOUT)
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
+            raise InvalidBackendOptions(
+                f"DISTLOCK[{alias!r}]['OPTIONS']['NODE_TIMEOUT'] must be a number of seconds > 0."
+            )
+        if "{" in self.key_prefix or "}" in self.key_prefix:
+            raise InvalidBackendOptions(
+                f"DISTLOCK[{alias!r}]['KEY_PREFIX'] must not contain '{{' or '}}'."
+            )
+        self.masters = [Redis(_with_timeouts(url, timeout), None, False) for url in urls]
+        self.quorum = len(urls) // 2 + 1
+        self._calls: dict[str, Calls] = {}
+
+    def calls_for(self, key: str) -> Calls:
+        calls = self._calls.get(key)
+        if calls is None:
+            if len(self._calls) >= _KEYS_CACHE:
+                self._calls.clear()
+            calls = self._calls[key] = Calls.of(make_keys(self.key_prefix, key, 1))
+        return calls
+
+    def on_masters(self, run: Callable[[Redis], Any]) -> tuple[list[Any], list[BaseException]]:
+        """Run ``run`` on every master in turn: the replies of those that answered,
+        and the errors of the others.
+
+        :raises BackendUnavailable: when fewer than a majority answered.
+        """
+        replies: list[Any] = []
+        errors: list[BaseException] = []
+        for master in self.masters:
+            try:
+                replies.append(run(master))
+            except BackendUnavailable as exc:
+                errors.append(exc)
+        if len(replies) < self.quorum:
+            raise BackendUnavailable(
+                f"Redlock {self.alias!r}: only {len(replies)} of {len(self.masters)} Redis "
+                f"masters answered; {self.quorum} are needed. First error: {errors[0]}"
+            ) from errors[0]
+        return replies, errors
+
+    def acquisition(
+        self, lock: Lock, token: str, blocking: bool, deadline: float | None
+    ) -> RedlockAcquisition:
+        return RedlockAcquisition(self, lock, token, blocking, deadline)
+
+    def is_locked(self, name: str) -> bool:
+        lock_key = self.calls_for(self.make_key(name)).keys.lock
+
+        def exists(master: Redis) -> int:
+            try:
+                return int(master.sync().exists(lock_key))
+            except RedisError as exc:
+                raise unavailable(exc) from exc
+
+        replies, _ = self.on_masters(exists)
+        return sum(replies) >= self.quorum
+
+    def held_locks(self, prefix: str = "", limit: int = 50, cursor: str | None = None) -> LockPage:
+        validate_page_args(prefix, limit, cursor)
+        raise UnsupportedOperation(
+            f"Redlock {self.alias!r} cannot list held locks: no master knows which locks "
+            "a majority holds."
+        )
+
+    def force_release(self, name: str) -> bool:
+        k = self.calls_for(self.make_key(name)).keys
+        replies, _ = self.on_masters(
+            lambda m: m.run(
+                SCRIPTS["force_release"], (k.lock, k.queue, k.waiters, k.listing), (k.member,)
+            )
+        )
+        if not any(replies):
+            return False
+        signals.lock_force_released.send(
+            sender=type(self), backend=self, alias=self.alias, name=name, fencing_token=None
+        )
+        return True
+
+    def health(self) -> float:
+        started = time.monotonic()
+
+        def ping(master: Redis) -> None:
+            try:
+                master.sync().ping()
+            except RedisError as exc:
+                raise unavailable(exc) from exc
+
+        self.on_masters(ping)
+        return time.monotonic() - started
+
+    def close(self) -> None:
+        for master in self.masters:
+            master.close()
+
+
+class RedlockAcquisition(Acquisition):
+    """One acquisition on every master; the waits are the base class' backoff."""
+
+    backend: RedlockBackend
+
+    def __init__(
+        self,
+        backend: RedlockBackend,
+        lock: Lock,
+        token: str,
+        blocking: bool,
+        deadline: float | None,
+    ) -> None:
+        super().__init__(backend, lock, token, blocking, deadline)
+        self.calls = backend.calls_for(lock.key)
+
+    def _drift(self, ttl: float) -> float:
+        return ttl * DRIFT + DRIFT_FLOOR
+
+    def attempt(self) -> Grant | Miss:
+        lock, calls = self.lock, self.calls
+        ttl_ms = max(int(lock.ttl * 1000), 1)
+        args = (self.token, ttl_ms, f"{lock.host} {lock.pid} {lock.thread}", "", "")
+        started = time.monotonic()
+        try:
+            replies, _ = self.backend.on_masters(lambda m: m.call(calls.acquire, args))
+        except BackendUnavailable:
+            self._free()
+            raise
+        elapsed = time.monotonic() - started
+        grants = [reply for reply in replies if reply[0] == 1]
+        drift = self._drift(lock.ttl)
+        if len(grants) >= self.backend.quorum and lock.ttl - elapsed - drift > 0:
+            acquired = datetime.fromtimestamp(grants[0][2] / 1000, UTC)
+            # The lease counts from the first request, less the drift: the handle adds
+            # ``granted_after`` (negative here) to the time it sent the acquire.
+            return Grant(None, acquired, acquired + timedelta(seconds=lock.ttl - drift), -drift)
+        self._free()
+        waits = [reply[1] for reply in replies if reply[0] != 1 and reply[1] >= 0]
+        return Miss(min(waits) / 1000 if waits else None)
+
+    def _free(self) -> None:
+        """Give back what a failed attempt got (best effort: unreached masters time out)."""
+        for master in self.backend.masters:
+            with contextlib.suppress(BackendUnavailable):
+                master.call(self.calls.release, (self.token,))
+
+    def release(self, exc_info: ExcInfo) -> bool:
+        calls = self.calls
+        replies, _ = self.backend.on_masters(lambda m: m.call(calls.release, (self.token,)))
+        return sum(1 for reply in replies if reply) >= self.backend.quorum
+
+    def extend(self, ttl: float) -> Grant | None:
+        calls, ttl_ms = self.calls, max(int(ttl * 1000), 1)
+        started = time.monotonic()
+        replies, _ = self.backend.on_masters(lambda m: m.call(calls.extend, (self.token, ttl_ms)))
+        elapsed = time.monotonic() - started
+        extended = [reply for reply in replies if reply]
+        drift = self._drift(ttl)
+        if len(extended) < self.backend.quorum or ttl - elapsed - drift <= 0:
+            return None
+        acquired = datetime.fromtimestamp(extended[0][1] / 1000, UTC)
+        now = datetime.fromtimestamp(extended[0][2] / 1000, UTC)
+        return Grant(None, acquired, now + timedelta(seconds=ttl - drift), -drift)
