@@ -119,3 +119,28 @@ def test_postgres_a_frozen_server_does_not_hold_a_wait_past_its_timeout(unique) 
     assert "did not answer" in str(box["error"])
     assert box["took"] < 2 + WATCHDOG_GRACE + 1.5
     holder.release()
+
+
+def test_postgres_a_frozen_server_does_not_hold_an_extend_past_the_lease(unique) -> None:
+    """The server process of a holder's session is frozen: extend() (the renewal
+    thread's call) ends with BackendUnavailable once the lease it would extend has run
+    out, plus the watchdog's grace, instead of hanging until the server comes back (and
+    stalling every other renewal of the process)."""
+    require_pg()
+    backend = locks["pg-lease"]
+    handle = backend.lock(unique(), ttl=2)
+    assert handle.acquire()
+    session = backend.sessions.get()  # this thread's: the one extend() uses here
+    pid = session.cursor.connection.info.backend_pid
+    os.kill(pid, signal.SIGSTOP)
+    thaw = threading.Timer(15, os.kill, (pid, signal.SIGCONT))  # if extend() hangs
+    thaw.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(BackendUnavailable, match="did not answer"):
+            handle.extend(30)
+        took = time.monotonic() - started
+    finally:
+        thaw.cancel()
+        os.kill(pid, signal.SIGCONT)
+    assert took < 2 + WATCHDOG_GRACE + 1.5

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
@@ -163,10 +164,18 @@ class PgLeaseAcquisition(Acquisition):
             self._give_back()
 
     def extend(self, ttl: float) -> Grant | None:
-        return self._retried(lambda session: self._call(session, "extending a lock", lambda: (
-            _extended(session.execute(POSTGRESQL.extend, [ttl, self.lock.key, self.token])
-                      .fetchall())
-        )))
+        # A frozen server must not hold an extend (the renewal thread's, say) past the
+        # lease it extends: after that, there is nothing left to extend.
+        until = self.lock._valid_until
+        until = time.monotonic() + ttl if until is None else until
+
+        def extend_on(session: Session) -> Grant | None:
+            with self._watched(session, until):
+                return self._call(session, "extending a lock", lambda: _extended(
+                    session.execute(POSTGRESQL.extend, [ttl, self.lock.key, self.token])
+                    .fetchall()))
+
+        return self._retried(extend_on)
 
     def _retried(self, op: Callable[[Session], T]) -> T:
         """Run ``op`` on this acquisition's session; if the connection turns out lost
@@ -277,13 +286,15 @@ class PgLeaseAcquisition(Acquisition):
             self.backend.sessions.forget(session)
 
     @contextlib.contextmanager
-    def _watched(self, session: Session) -> Iterator[None]:
-        """Cut the call's connection if the server has not answered by the deadline
-        (plus a grace): a frozen server must not hold an acquire past its timeout."""
-        if self.deadline is None:
+    def _watched(self, session: Session, deadline: float | None = None) -> Iterator[None]:
+        """Cut the call's connection if the server has not answered by ``deadline`` (by
+        default the acquire's) plus a grace: a frozen server must not hold an acquire
+        past its timeout."""
+        deadline = self.deadline if deadline is None else deadline
+        if deadline is None:
             yield
             return
-        ident = WATCHDOG.watch(session, self.deadline)
+        ident = WATCHDOG.watch(session, deadline)
         try:
             yield
         finally:
