@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from .harness import Case
 
 #: Modules that register cases; each has ``setup()`` (raises Unavailable) and ``describe()``.
-CASE_MODULES = ("benchmarks.pg", "benchmarks.orm", "benchmarks.redis")
+CASE_MODULES = ("benchmarks.pg", "benchmarks.orm", "benchmarks.redis", "benchmarks.redlock")
 #: Suites run in this order by default; suites registered elsewhere follow.
 SUITE_ORDER = ("uncontended", "contended", "asyncio")
 RESULTS = Path(__file__).resolve().parent / "results" / "latest.md"

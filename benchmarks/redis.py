@@ -17,7 +17,8 @@ Every lock case builds a new lock object per acquisition, as user code does
   random 0-200 ms);
 - django-distlock: ``locks[alias].lock(key, ttl=30, timeout=5)`` on the alias
   ``redis`` (``LOCATION``: a pool of its own) and ``redis-cache`` (the pool of
-  the django-redis cache ``CACHES["redis"]``); see ``benchmarks/settings.py``.
+  the django-redis cache ``CACHES["redis"]``), and contended on ``redis-unfair``
+  (``FAIR: False``: no arrival order); see ``benchmarks/settings.py``.
 """
 
 from __future__ import annotations
@@ -303,6 +304,13 @@ for _name, _, _ in DISTLOCK:
 
 for _name, _factory, _what in (*PEERS, *DISTLOCK):
     add_case(_C, _name, _factory, _what, group=GROUP)
+add_case(
+    _C,
+    "redis.distlock-unfair",
+    functools.partial(DistLock, alias="redis-unfair"),
+    "django-distlock, `LOCATION`, `FAIR: False`",
+    group=GROUP,
+)
 add_bar(_C, "redis.distlock", PING, 3.0)
 add_bar(_C, "redis.distlock", PING, 8.0, metric="handoff_p99")
 add_bar(

@@ -47,3 +47,17 @@ if REDIS_URL:
     _REDIS = "django_distlock.backends.redis.RedisBackend"
     DISTLOCK["redis"] = {"BACKEND": _REDIS, "LOCATION": REDIS_URL, "TTL": 30}
     DISTLOCK["redis-cache"] = {"BACKEND": _REDIS, "OPTIONS": {"CACHE": "redis"}, "TTL": 30}
+    DISTLOCK["redis-unfair"] = {
+        "BACKEND": _REDIS,
+        "LOCATION": REDIS_URL,
+        "OPTIONS": {"FAIR": False},
+        "TTL": 30,
+    }
+# Redlock (benchmarks/redlock.py) over the independent masters scripts/bench starts.
+REDLOCK_URLS = [url for url in os.environ.get("DISTLOCK_REDLOCK_URLS", "").split(",") if url]
+if REDLOCK_URLS:
+    DISTLOCK["redlock"] = {
+        "BACKEND": "django_distlock.backends.redis.RedlockBackend",
+        "LOCATION": REDLOCK_URLS,
+        "TTL": 30,
+    }

@@ -63,9 +63,16 @@ def test_every_benchmark_case_builds_its_client_and_uses_it_once() -> None:
         suite for suite, _ in cases
     }
 
-    # benchmarks.redis needs DISTLOCK_REDIS_URL, as the tests' "redis" alias does
-    with_redis = "redis" in settings.DISTLOCK
-    skipped = set() if with_redis else {c for c in cases if c[1].startswith("redis.")}
+    # benchmarks.redis needs DISTLOCK_REDIS_URL, as the tests' "redis" alias does, and
+    # benchmarks.redlock DISTLOCK_REDLOCK_URLS, as the tests' "redlock" alias does
+    if FULL_RUN:
+        require_redis(redlock=True)
+    skipped = {
+        case
+        for case in cases
+        for alias in ("redis", "redlock")
+        if alias not in settings.DISTLOCK and case[1].startswith(alias + ".")
+    }
 
     smoked = _benchmarks("--smoke", env=env)
 
