@@ -45,6 +45,7 @@ local function head(queue, waiters, now)
   for _ = 1, 100 do
     local h = redis.call('ZRANGE', queue, 0, 0)[1]
     if not h then return nil end
+    now = now or now_ms()
     local e = redis.call('HGET', waiters, h)
     if e and tonumber(string.match(e, '^%d+')) > now then return h, e end
     forget(queue, waiters, h)
@@ -62,10 +63,8 @@ local function wake(h, e)
   end
 end
 local function wake_head(queue, waiters)
-  if redis.call('EXISTS', queue) == 1 then
-    local h, e = head(queue, waiters, now_ms())
-    if h then wake(h, e) end
-  end
+  local h, e = head(queue, waiters, nil)
+  if h then wake(h, e) end
 end
 """
 
@@ -109,7 +108,7 @@ if held then
   join()
   return {0, redis.call('PTTL', lock)}
 end
-if string.find(flags, 'f', 1, true) and redis.call('EXISTS', queue) == 1 then
+if string.find(flags, 'f', 1, true) then
   local h, e = head(queue, waiters, now)
   if h and h ~= token then
     join()
@@ -124,7 +123,12 @@ end
 redis.call('SET', lock, token .. ' 1 ' .. string.format('%.0f', fencing) .. ' '
   .. string.format('%.0f', now) .. ' ' .. ARGV[5], 'PX', ARGV[4])
 if string.find(flags, 'i', 1, true) then redis.call('ZADD', KEYS[5], 0, ARGV[1]) end
-if string.find(flags, 'q', 1, true) then forget(queue, waiters, token) end
+if string.find(flags, 'q', 1, true) then
+  -- leave the queue: this waiter's entry, and its signal list if it has one
+  redis.call('ZREM', queue, token)
+  redis.call('HDEL', waiters, token)
+  if string.sub(ARGV[7], 1, 2) == 'L ' then redis.call('DEL', string.sub(ARGV[7], 3)) end
+end
 return {1, fencing, now, now, 1}
 """
 )
