@@ -34,14 +34,11 @@ import redis
 import redis_lock
 from pottery import Redlock
 
-from . import asyncio_contended, contention, uncontended
+from . import asyncio_contended, contention, lockers, uncontended
 from .harness import Options, Ref, Row, Unavailable, add_bar, add_case
 
+TTL, ACQUIRE_TIMEOUT = lockers.TTL, lockers.ACQUIRE_TIMEOUT
 GROUP = "redis"
-#: Lease length of every acquisition (long enough never to expire during a run).
-TTL = 30.0
-#: How long a blocking acquire waits before giving up (every case alike).
-ACQUIRE_TIMEOUT = 5.0
 ALLOWED_HOSTS = ("127.0.0.1",)
 #: Key patterns the peers' locks use for the benchmarks' names (``bench:...``).
 PEER_KEYS = ("bench:*", "lock:bench:*", "lock-signal:bench:*", "redlock:bench:*")
@@ -65,15 +62,7 @@ def connect() -> redis.Redis:
     return redis.Redis.from_url(_url())
 
 
-def _django() -> None:
-    """Set Django up in this process (a spawned worker starts without it)."""
-    from django.apps import apps
-
-    if not apps.ready:
-        import django
-
-        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.settings")
-        django.setup()
+_django = lockers.django_setup
 
 
 def setup() -> None:
@@ -222,39 +211,8 @@ class PotteryRedlock:
         self.client.close()
 
 
-class DistLock:
-    """(f) django-distlock through its public API, a new handle per acquisition.
-
-    ``locks[alias].lock(key, ttl=..., timeout=...)`` then ``acquire()``
-    (blocking, with the timeout) and ``release()``: what a user's code does;
-    ``aacquire()`` and ``arelease()`` are what a user's asyncio task does.
-    """
-
-    def __init__(self, key: str, *, alias: str, timeout: float = ACQUIRE_TIMEOUT) -> None:
-        _django()
-        from django_distlock import Lock, locks
-
-        self.locks, self.alias, self.key, self.timeout = locks, alias, key, timeout
-        self.handle: Lock | None = None
-
-    def acquire(self) -> bool:
-        self.handle = self.locks[self.alias].lock(self.key, ttl=TTL, timeout=self.timeout)
-        return self.handle.acquire()
-
-    def release(self) -> None:
-        assert self.handle is not None
-        self.handle.release()
-
-    async def aacquire(self) -> bool:
-        self.handle = self.locks[self.alias].lock(self.key, ttl=TTL, timeout=self.timeout)
-        return await self.handle.aacquire()
-
-    async def arelease(self) -> None:
-        assert self.handle is not None
-        await self.handle.arelease()
-
-    def close(self) -> None:
-        self.locks.close_all()
+class DistLock(lockers.DistLock):
+    """(f) django-distlock through its public API (:class:`benchmarks.lockers.DistLock`)."""
 
 
 redis_py_1ms = functools.partial(RedisPyLock, sleep=0.001)

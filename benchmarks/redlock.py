@@ -17,9 +17,10 @@ from urllib.parse import urlsplit
 import redis
 from pottery import Redlock
 
-from . import contention, uncontended
+from . import contention, lockers, uncontended
 from .harness import Unavailable, add_case
-from .redis import ACQUIRE_TIMEOUT, ALLOWED_HOSTS, TTL, DistLock, _django
+from .lockers import ACQUIRE_TIMEOUT, TTL, django_setup
+from .redis import ALLOWED_HOSTS
 
 GROUP = "redlock"
 
@@ -49,7 +50,7 @@ def setup() -> None:
                 client.delete(key)
         finally:
             client.close()
-    _django()
+    django_setup()
 
 
 def describe() -> str:
@@ -75,6 +76,10 @@ class PotteryRedlock5:
     def close(self) -> None:
         for client in self.clients:
             client.close()
+
+
+class DistLock(lockers.DistLock):
+    """django-distlock's ``RedlockBackend`` (:class:`benchmarks.lockers.DistLock`)."""
 
 
 CASES = (
