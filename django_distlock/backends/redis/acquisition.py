@@ -148,7 +148,7 @@ class RedisAcquisition(Acquisition):
             replies = redis.block_then_call(
                 signal, bound, self.calls.acquire, self._acquire_args("L " + signal)
             )
-            if replies is None:  # a cluster: blocked only
+            if replies is None:  # a cluster (it only blocked), or a miss after NOSCRIPT
                 return None
             before, reply = replies
             # A grant came when the block ended: ``sent`` plus the block's length on the

@@ -304,7 +304,8 @@ class Redis:
         (The backend's ``max_block`` keeps the block shorter than the socket timeout.)
 
         Returns the server's clock in ms before the block and the call's reply, or
-        None for a cluster client (it blocks, then the caller attempts again).
+        None (the caller attempts again) for a cluster client, which only blocks, and
+        for a miss after ``NOSCRIPT``.
 
         :raises BackendUnavailable: when Redis fails.
         """
