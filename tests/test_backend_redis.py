@@ -460,6 +460,33 @@ def test_a_forked_child_cannot_release_or_extend_its_parents_lease(
     handle.release()
 
 
+def test_a_forked_child_and_its_parent_never_share_a_kept_connection(
+    backend: RedisBackend, unique
+) -> None:
+    """The hot path keeps connections between calls; a child forked after them must not
+    write on its parent's sockets (the replies would cross): both lock away at once."""
+    names = unique(), unique()
+    for name in names:  # the parent now keeps a connection or two
+        with backend.lock(name, ttl=10):
+            pass
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            for _ in range(300):
+                with backend.lock(names[1], ttl=10) as lease:
+                    if lease.name != names[1] or not lease.held:
+                        code = 1
+        except BaseException:
+            code = 2
+        os._exit(code)
+    for _ in range(300):
+        with backend.lock(names[0], ttl=10) as lease:
+            assert lease.held
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
 @pytest.mark.parametrize(
     ("params", "message"),
     [
