@@ -636,3 +636,26 @@ def test_connections_the_server_closed_between_calls_are_replaced(
     handle.extend(10)
     handle.release()
     assert not backend.is_locked(name)
+
+
+def test_a_wait_under_a_short_socket_timeout_never_reads_past_it(unique) -> None:
+    """Redis ends a BLPOP up to one timer tick (100 ms) after its timeout: a block must
+    stay that much shorter than the socket timeout, or the wait's read times out
+    (BackendUnavailable) instead of the acquire returning False at its timeout."""
+    require_redis()
+    backend = RedisBackend("short", {"LOCATION": URL + "?socket_timeout=0.3", "TTL": 30})
+    try:
+        name = unique()
+        holder = backend.lock(name)
+        assert holder.acquire()
+
+        def wait() -> float:
+            began = time.monotonic()
+            assert backend.lock(name).acquire(timeout=1.2) is False
+            return time.monotonic() - began
+
+        for _ in range(3):
+            assert in_thread(wait) < 1.3
+        holder.release()
+    finally:
+        backend.close()

@@ -135,7 +135,10 @@ class RedisAcquisition(Acquisition):
         redis, signal = self.backend.redis, self.keys.signal + self.token
         entered = time.monotonic()
         while True:
-            bound = min(self._bound(miss), self.backend.max_block)
+            bound = self._bound(miss)
+            capped = bound > self.backend.max_block
+            if capped:
+                bound = self.backend.max_block
             left = remaining(self.deadline)
             if left is not None and bound > left - SERVER_TICK:
                 bound = left - SERVER_TICK
@@ -143,6 +146,8 @@ class RedisAcquisition(Acquisition):
                     time.sleep(max(min(left, POLL), 0.0))
                     return None
             if bound < MIN_BLOCK:
+                if capped:  # a socket timeout too short to block in Redis: poll
+                    time.sleep(POLL if left is None else max(min(left, POLL), 0.0))
                 return None
             sent = time.monotonic()
             replies = redis.block_then_call(

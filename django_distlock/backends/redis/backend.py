@@ -15,7 +15,7 @@ from ...exceptions import InvalidBackendOptions
 from ...handle import Lock
 from ...values import short_owner
 from ..base import BaseLockBackend, LockInfo, LockPage, validate_page_args
-from .acquisition import Calls, RedisAcquisition
+from .acquisition import SERVER_TICK, Calls, RedisAcquisition
 from .client import (
     Keys,
     Redis,
@@ -124,10 +124,14 @@ class RedisBackend(BaseLockBackend):
 
     @property
     def max_block(self) -> float:
-        """Longest ``BLPOP`` the client's socket timeout allows (none: no limit)."""
+        """Longest ``BLPOP`` the client's socket timeout allows (none: no limit): Redis
+        may end a block one timer tick late, and the reply must come before the
+        socket times out."""
         if self._max_block is None:
             timeout = socket_timeout(self.redis.sync())
-            self._max_block = float("inf") if timeout is None else max(timeout - 0.05, 0.0)
+            self._max_block = (
+                float("inf") if timeout is None else max(timeout - SERVER_TICK - 0.05, 0.0)
+            )
         return self._max_block
 
     # -- the contract -----------------------------------------------------------
