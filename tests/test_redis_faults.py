@@ -25,6 +25,7 @@ from django.db import connections
 
 from django_distlock import locks, signals
 from django_distlock.backends.redis import RedisBackend
+from django_distlock.backends.redis.acquisition import READ_GRACE
 from django_distlock.exceptions import BackendUnavailable, LockLost, LockNotHeld
 
 from .conftest import eventually, require_redis
@@ -396,6 +397,34 @@ def test_frozen_redis_raises_backend_unavailable_within_the_socket_timeout(
             handle.acquire(timeout=2)
         assert time.monotonic() - began < 2 + 1.5
         assert isinstance(caught.value.__cause__, redis.RedisError)
+    finally:
+        server.resume()
+        backend.close()
+
+
+def test_frozen_redis_holds_no_call_past_its_own_bound(server: Server) -> None:
+    """A frozen server held every call for the socket timeout (redis-py 8's default:
+    5 s; none at all before): on an open connection an acquire now ends at its
+    timeout plus READ_GRACE, a release at the lease's end plus READ_GRACE, each with
+    BackendUnavailable. (Opening a connection stays bounded by the socket timeouts.)"""
+    backend = RedisBackend("own", {"LOCATION": server.url(), "TTL": 5})
+    try:
+        holder = backend.lock("frozen-holder", ttl=2)
+        assert holder.acquire()
+        pool = backend.redis.sync().connection_pool
+        spare = pool.get_connection()  # a second open connection for the hot path
+        spare.connect()
+        backend.redis._kept.append(spare)
+        server.pause()
+        handle = backend.lock("frozen", ttl=5)
+        began = time.monotonic()
+        with pytest.raises(BackendUnavailable):
+            handle.acquire(timeout=1)
+        assert time.monotonic() - began < 1 + READ_GRACE + 0.5
+        began = time.monotonic()
+        with pytest.raises(BackendUnavailable):
+            holder.release()  # its lease ends 2 s after the grant
+        assert time.monotonic() - began < 2 + READ_GRACE + 0.5
     finally:
         server.resume()
         backend.close()

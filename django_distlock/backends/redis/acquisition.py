@@ -30,8 +30,11 @@ MIN_BLOCK = 0.001
 #: ends this much early; the rest of the wait polls every :data:`POLL`.
 SERVER_TICK = 0.1
 POLL = 0.01
+#: How long past its own bound (the deadline, the block, the lease's end) a call waits
+#: for a reply: a frozen server must not hold an acquire, wait, release or extend for
+#: ever when the connection has no socket timeout (redis-py's default).
+READ_GRACE = 1.0
 
-_LEAVE = SCRIPTS["leave"]
 
 
 class Calls(NamedTuple):
@@ -41,6 +44,7 @@ class Calls(NamedTuple):
     acquire: Packed
     release: Packed
     extend: Packed
+    leave: Packed
 
     @classmethod
     def of(cls, keys: Keys) -> Calls:
@@ -54,6 +58,7 @@ class Calls(NamedTuple):
             ),
             Packed(SCRIPTS["release"], (k.lock, k.queue, k.waiters, k.listing), (k.member,)),
             Packed(SCRIPTS["extend"], (k.lock,), ()),
+            Packed(SCRIPTS["leave"], (k.lock, k.queue, k.waiters), ()),
         )
 
 
@@ -111,6 +116,19 @@ class RedisAcquisition(Acquisition):
             bound = min(bound, left)
         return bound
 
+    def _until_deadline(self) -> float:
+        """How long an attempt waits for its reply: until the deadline (or, without
+        one, the lease it asks for), plus :data:`READ_GRACE`."""
+        left = remaining(self.deadline)
+        return max(self.lock.ttl if left is None else left, 0.0) + READ_GRACE
+
+    def _until_lease_end(self) -> float:
+        """How long a release or extend waits for its reply: until the lease ends on
+        this process' clock, plus :data:`READ_GRACE` (after that it is gone anyway)."""
+        until = self.lock._valid_until
+        left = self.lock.ttl if until is None else until - time.monotonic()
+        return max(left, 0.0) + READ_GRACE
+
     def _released(self, reply: Any) -> bool:
         return bool(reply)
 
@@ -124,7 +142,9 @@ class RedisAcquisition(Acquisition):
 
     def attempt(self) -> Grant | Miss:
         signal = "L " + self.keys.signal + self.token
-        reply = self.backend.redis.call(self.calls.acquire, self._acquire_args(signal))
+        reply = self.backend.redis.call(
+            self.calls.acquire, self._acquire_args(signal), self._until_deadline()
+        )
         return self._result(reply)
 
     def wait(self, miss: Miss) -> Grant | None:
@@ -151,7 +171,11 @@ class RedisAcquisition(Acquisition):
                 return None
             sent = time.monotonic()
             replies = redis.block_then_call(
-                signal, bound, self.calls.acquire, self._acquire_args("L " + signal)
+                signal,
+                bound,
+                self.calls.acquire,
+                self._acquire_args("L " + signal),
+                bound + SERVER_TICK + READ_GRACE,
             )
             if replies is None:  # a cluster (it only blocked), or a miss after NOSCRIPT
                 return None
@@ -166,15 +190,18 @@ class RedisAcquisition(Acquisition):
 
     def close(self) -> None:
         if self._queued:
-            k = self.keys
-            self.backend.redis.run(_LEAVE, (k.lock, k.queue, k.waiters), (self.token,))
+            self.backend.redis.call(self.calls.leave, (self.token,), READ_GRACE)
 
     def release(self, exc_info: ExcInfo) -> bool:
-        reply = self.backend.redis.call(self.calls.release, (self.token,))
+        reply = self.backend.redis.call(
+            self.calls.release, (self.token,), self._until_lease_end()
+        )
         return self._released(reply)
 
     def extend(self, ttl: float) -> Grant | None:
-        reply = self.backend.redis.call(self.calls.extend, (self.token, max(int(ttl * 1000), 1)))
+        reply = self.backend.redis.call(
+            self.calls.extend, (self.token, max(int(ttl * 1000), 1)), self._until_lease_end()
+        )
         return self._extended(reply, ttl)
 
     # -- async: redis.asyncio, and the loop's hub for wake-ups ----------------------
@@ -195,7 +222,12 @@ class RedisAcquisition(Acquisition):
         else:
             signal = ""
         try:
-            reply = await redis.acall(self.calls.acquire, self._acquire_args(signal), self.deadline)
+            reply = await redis.acall(
+                self.calls.acquire,
+                self._acquire_args(signal),
+                self.deadline,
+                self._until_deadline(),
+            )
         except NoConnection:  # the deadline passed while the loop's connections were busy
             return Miss(None)
         result = self._result(reply)
@@ -218,15 +250,16 @@ class RedisAcquisition(Acquisition):
         if self._hub is not None:
             self._hub.unregister(self.token)
         if self._queued:
-            k = self.keys
-            await self.backend.redis.arun(_LEAVE, (k.lock, k.queue, k.waiters), (self.token,))
+            await self.backend.redis.acall(self.calls.leave, (self.token,), None, READ_GRACE)
 
     async def arelease(self, exc_info: ExcInfo) -> bool:
-        reply = await self.backend.redis.acall(self.calls.release, (self.token,))
+        reply = await self.backend.redis.acall(
+            self.calls.release, (self.token,), None, self._until_lease_end()
+        )
         return self._released(reply)
 
     async def aextend(self, ttl: float) -> Grant | None:
         reply = await self.backend.redis.acall(
-            self.calls.extend, (self.token, max(int(ttl * 1000), 1))
+            self.calls.extend, (self.token, max(int(ttl * 1000), 1)), None, self._until_lease_end()
         )
         return self._extended(reply, ttl)

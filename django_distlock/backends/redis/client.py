@@ -224,9 +224,12 @@ class Redis:
         if self.cache is None:
             client.close()
 
-    def _exchange(self, pool: Any, payload: bytes, replies: int) -> list[Any]:
+    def _exchange(
+        self, pool: Any, payload: bytes, replies: int, timeout: float | None
+    ) -> list[Any]:
         """Write ``payload`` (packed commands) and read ``replies`` replies, on a kept
-        connection (else the pool's). The last reply may raise ``NoScriptError``
+        connection (else the pool's), each read within ``timeout`` seconds (or the
+        socket timeout, when shorter). The last reply may raise ``NoScriptError``
         (every reply has been read then: the connection stays in step).
 
         A kept connection that the server closed while it was kept (a restart, an
@@ -243,20 +246,26 @@ class Redis:
             conn, kept = self._kept.pop(), True
         except IndexError:
             conn, kept = None, False
+        kwargs = pool.connection_kwargs
+        given = kwargs.get("socket_timeout", kwargs.get("orig_socket_timeout"))
+        if timeout is None or (given and given < timeout):
+            read: dict[str, Any] = {}  # the socket timeout
+        else:
+            read = {"timeout": timeout}
         while True:
             try:
                 if conn is None:
                     conn = pool.get_connection()
                 conn.send_packed_command([payload], check_health=False)
-                got = [conn.read_response() for _ in range(replies - 1)]
+                got = [conn.read_response(**read) for _ in range(replies - 1)]
                 try:
-                    got.append(conn.read_response())
+                    got.append(conn.read_response(**read))
                 except NoScriptError as exc:
                     got.append(exc)
             except RedisError as exc:
-                if conn is not None:
+                if conn is not None:  # back to the pool, which reconnects it when needed
                     conn.disconnect()
-                    self._keep(pool, conn)
+                    pool.release(conn)
                 if kept and isinstance(exc, ConnectionError):
                     conn, kept = None, False
                     continue
@@ -264,7 +273,7 @@ class Redis:
             except BaseException:
                 if conn is not None:
                     conn.disconnect()  # interrupted mid-reply: the connection is out of step
-                    self._keep(pool, conn)
+                    pool.release(conn)
                 raise
             self._keep(pool, conn)
             if isinstance(got[-1], NoScriptError):
@@ -279,24 +288,32 @@ class Redis:
 
     # -- calls ----------------------------------------------------------------
 
-    def call(self, packed: Packed, args: tuple[str | int, ...]) -> Any:
+    def call(
+        self, packed: Packed, args: tuple[str | int, ...], timeout: float | None = None
+    ) -> Any:
         """Run a pre-packed script call with its per-call ``args``: one send, one read
         on a kept connection, none of redis-py's per-command wrapper work (the hot
-        path: acquire and release). A cluster client takes :meth:`run`'s way.
+        path: acquire and release), the reply awaited at most ``timeout`` seconds.
+        A cluster client takes :meth:`run`'s way.
 
-        :raises BackendUnavailable: when Redis fails.
+        :raises BackendUnavailable: when Redis fails or does not answer in time.
         """
         client = self.sync()
         pool = getattr(client, "connection_pool", None)
         if pool is None:  # RedisCluster: it routes by the keys
             return self.run(packed.script, packed.keys, (*packed.args, *args))
         try:
-            return self._exchange(pool, packed.command(args), 1)[0]
+            return self._exchange(pool, packed.command(args), 1, timeout)[0]
         except NoScriptError:  # EVAL loads the script
             return self._eval(client, packed.script, packed.keys, (*packed.args, *args))
 
     def block_then_call(
-        self, key: str, timeout: float, packed: Packed, args: tuple[str | int, ...]
+        self,
+        key: str,
+        timeout: float,
+        packed: Packed,
+        args: tuple[str | int, ...],
+        read_timeout: float | None = None,
     ) -> tuple[int, Any] | None:
         """``TIME``, ``BLPOP key timeout`` and the packed call, written at once: Redis
         runs the call the moment the block ends, so a waiter woken by a release has
@@ -320,7 +337,7 @@ class Redis:
         block = b"*3\r\n$5\r\nBLPOP\r\n%s%s" % (_bulk(key), _bulk(f"{timeout:.3f}"))
         try:
             (seconds, micros), _, reply = self._exchange(
-                pool, _TIME + block + packed.command(args), 3
+                pool, _TIME + block + packed.command(args), 3, read_timeout
             )
         except NoScriptError:
             reply = self._eval(client, packed.script, packed.keys, (*packed.args, *args))
@@ -328,41 +345,55 @@ class Redis:
         return int(seconds) * 1000 + int(micros) // 1000, reply
 
     async def acall(
-        self, packed: Packed, args: tuple[str | int, ...], deadline: float | None = None
+        self,
+        packed: Packed,
+        args: tuple[str | int, ...],
+        deadline: float | None = None,
+        timeout: float | None = None,
     ) -> Any:
-        """Async :meth:`call`; waits for a free connection of the loop until ``deadline``.
+        """Async :meth:`call`; waits for a free connection of the loop until ``deadline``,
+        then for the reply at most ``timeout`` seconds.
 
         :raises NoConnection: when ``deadline`` passed first (nothing was sent).
-        :raises BackendUnavailable: when Redis fails.
+        :raises BackendUnavailable: when Redis fails or does not answer in time.
         """
         client = self.aio()
         async with self._connection_slot(deadline):
-            pool = getattr(client, "connection_pool", None)
-            if pool is None:
-                return await self._arun(client, packed.script, packed.keys, (*packed.args, *args))
             try:
-                conn = await pool.get_connection()
-            except RedisError as exc:
-                raise unavailable(exc) from exc
-            try:
-                await conn.send_packed_command([packed.command(args)], check_health=False)
-                return await conn.read_response()
-            except NoScriptError:
-                pass
-            except RedisError as exc:
-                await conn.disconnect()
-                raise unavailable(exc) from exc
-            except BaseException:
-                await conn.disconnect()  # cancelled mid-reply: the connection is out of step
-                raise
-            finally:
-                await pool.release(conn)
-            try:
-                return await client.execute_command(
-                    "EVAL", packed.script.text, len(packed.keys), *packed.keys, *packed.args, *args
-                )
-            except RedisError as exc:
-                raise unavailable(exc) from exc
+                async with asyncio.timeout(timeout):
+                    return await self._acall(client, packed, args)
+            except TimeoutError as exc:
+                raise BackendUnavailable(
+                    f"Redis did not answer within {timeout:.3g} s (frozen or unreachable?)"
+                ) from exc
+
+    async def _acall(self, client: Any, packed: Packed, args: tuple[str | int, ...]) -> Any:
+        pool = getattr(client, "connection_pool", None)
+        if pool is None:
+            return await self._arun(client, packed.script, packed.keys, (*packed.args, *args))
+        try:
+            conn = await pool.get_connection()
+        except RedisError as exc:
+            raise unavailable(exc) from exc
+        try:
+            await conn.send_packed_command([packed.command(args)], check_health=False)
+            return await conn.read_response()
+        except NoScriptError:
+            pass
+        except RedisError as exc:
+            await conn.disconnect()
+            raise unavailable(exc) from exc
+        except BaseException:
+            await conn.disconnect()  # cancelled mid-reply: the connection is out of step
+            raise
+        finally:
+            await pool.release(conn)
+        try:
+            return await client.execute_command(
+                "EVAL", packed.script.text, len(packed.keys), *packed.keys, *packed.args, *args
+            )
+        except RedisError as exc:
+            raise unavailable(exc) from exc
 
     def run(self, script: Script, keys: tuple[str, ...], args: tuple[Any, ...]) -> Any:
         """Run ``script`` by SHA; load it on ``NOSCRIPT`` (flushed, restarted, failed
