@@ -8,6 +8,7 @@ different processes compare). Holders are SIGKILLed and SIGSTOPped; a private
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import multiprocessing
 import os
@@ -425,6 +426,10 @@ def test_frozen_redis_holds_no_call_past_its_own_bound(server: Server) -> None:
         with pytest.raises(BackendUnavailable):
             holder.release()  # its lease ends 2 s after the grant
         assert time.monotonic() - began < 2 + READ_GRACE + 0.5
+        began = time.monotonic()  # a task, on a connection it opens (in the bound too)
+        with pytest.raises(BackendUnavailable):
+            asyncio.run(backend.lock("frozen-task", ttl=5).aacquire(timeout=1))
+        assert time.monotonic() - began < 1 + READ_GRACE + 0.5
     finally:
         server.resume()
         backend.close()

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from redis.exceptions import RedisError
 
 from ...backoff import remaining
+from ...exceptions import BackendUnavailable
 from ..base import Acquisition, ExcInfo, Grant, Miss
 from .client import Keys, NoConnection, Packed, unavailable
 from .scripts import SCRIPTS
@@ -210,11 +211,18 @@ class RedisAcquisition(Acquisition):
         redis = self.backend.redis
         if self.blocking:
             if self._hub is None:
+                hub = self.backend.hubs.get(redis.aio_pubsub(), self.backend.key_prefix)
+                bound = self._until_deadline()
                 try:
-                    self._hub = self.backend.hubs.get(redis.aio_pubsub(), self.backend.key_prefix)
-                    await self._hub.ready()
+                    async with asyncio.timeout(bound):
+                        await hub.ready()
+                except TimeoutError as exc:
+                    raise BackendUnavailable(
+                        f"Redis did not confirm the wake-up subscription within {bound:.3g} s"
+                    ) from exc
                 except (RedisError, OSError) as exc:
                     raise unavailable(exc) from exc
+                self._hub = hub
                 self._event = self._hub.register(self.token)
             assert self._event is not None
             self._event.clear()  # a wake-up from now on is for this attempt's miss
