@@ -1,6 +1,7 @@
-"""The Redis backend over TLS (``rediss://``), against a private redis-server with a
-certificate made for the test: a URL alias and a django-redis cache alias, threads
-woken by a release, asyncio tasks (the cache's TLS settings mirrored in redis.asyncio)."""
+"""The Redis backend over TLS (``rediss://``, a certificate made for the test) and a
+Unix socket (``unix://``), each against a private redis-server: a URL alias and a
+django-redis cache alias, threads woken by a release, asyncio tasks (the cache's
+connection settings mirrored in redis.asyncio)."""
 
 from __future__ import annotations
 
@@ -110,3 +111,49 @@ def test_a_django_redis_cache_over_tls(tls_url: str) -> None:
         finally:
             backend.close()
             caches["tls"].close()
+
+
+@pytest.fixture
+def unix_url(tmp_path: Path) -> Iterator[str]:
+    require_redis()
+    path = tmp_path / "redis.sock"
+    proc = subprocess.Popen(
+        ["redis-server", "--port", "0", "--unixsocket", str(path), "--unixsocketperm", "700",
+         "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    url = f"unix://{path}?db=0"
+    client = redis.Redis.from_url(url, socket_timeout=1)
+
+    def up() -> bool:
+        try:
+            return bool(client.ping())
+        except redis.RedisError:
+            return False
+
+    try:
+        assert eventually(up, timeout=10), "redis-server on a Unix socket did not start"
+        yield url
+    finally:
+        client.close()
+        proc.kill()
+        proc.wait(10)
+
+
+def test_a_unix_socket_url(unix_url: str) -> None:
+    backend = RedisBackend("unix", {"LOCATION": unix_url})
+    try:
+        _exercise(backend)
+    finally:
+        backend.close()
+
+
+def test_a_django_redis_cache_on_a_unix_socket(unix_url: str) -> None:
+    cache = {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": unix_url}
+    with override_settings(CACHES={"default": cache, "unix": cache}):
+        backend = RedisBackend("unix-cache", {"OPTIONS": {"CACHE": "unix"}})
+        try:
+            _exercise(backend)
+        finally:
+            backend.close()
+            caches["unix"].close()
