@@ -1,7 +1,7 @@
-"""The Redis backend over TLS (``rediss://``, a certificate made for the test) and a
-Unix socket (``unix://``), each against a private redis-server: a URL alias and a
-django-redis cache alias, threads woken by a release, asyncio tasks (the cache's
-connection settings mirrored in redis.asyncio)."""
+"""The Redis backend over TLS (``rediss://``, a certificate made for the test, and a
+password) and on a Unix socket (``unix://``), each against a private redis-server: a
+URL alias and a django-redis cache alias, threads woken by a release, asyncio tasks
+(the cache's connection settings mirrored in redis.asyncio)."""
 
 from __future__ import annotations
 
@@ -42,10 +42,11 @@ def tls_url(tmp_path: Path) -> Iterator[str]:
         ["redis-server", "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1",
          "--tls-cert-file", "server.crt", "--tls-key-file", "server.key",
          "--tls-ca-cert-file", "ca.crt", "--tls-auth-clients", "no",
+         "--requirepass", "s3cret",  # and a password, which the async mirror must carry
          "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
         cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
-    url = (f"rediss://127.0.0.1:{port}/0?ssl_cert_reqs=required"
+    url = (f"rediss://:s3cret@127.0.0.1:{port}/0?ssl_cert_reqs=required"
            f"&ssl_ca_certs={tmp_path / 'ca.crt'}")
     client = redis.Redis.from_url(url, socket_timeout=1)
 
