@@ -141,6 +141,28 @@ def test_a_flushed_script_cache_is_reloaded_transparently(
     assert not backend.is_locked(handle.name)
 
 
+def test_a_waiter_woken_after_a_script_flush_is_granted(
+    backend: RedisBackend, raw: redis.Redis, unique
+) -> None:
+    """The attempt written behind a waiter's BLPOP meets NOSCRIPT when the scripts
+    were flushed meanwhile: it is made again with EVAL, and the waiter gets the lock."""
+    name = unique()
+    holder = backend.lock(name, ttl=10)
+    assert holder.acquire()
+    got: list[bool] = []
+    thread = threading.Thread(target=lambda: got.append(backend.lock(name).acquire(timeout=10)))
+    thread.start()
+    assert eventually(lambda: backend.held_locks(prefix=name).locks[0].waiters == 1)
+    raw.script_flush()
+    began = time.monotonic()
+    holder.release()
+    thread.join(10)
+    assert got == [True]
+    assert time.monotonic() - began < 0.9  # woken by the release, not the heartbeat
+    assert backend.is_locked(name)
+    raw.delete(backend.keys_for(backend.make_key(name)).lock)
+
+
 def test_fencing_tokens_grow_and_survive_the_counter_being_lost(
     backend: RedisBackend, raw: redis.Redis, unique
 ) -> None:
