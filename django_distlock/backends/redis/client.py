@@ -83,6 +83,15 @@ class Keys(NamedTuple):
     signal: str
 
 
+class Sent(NamedTuple):
+    """Commands written on a connection, their replies not read yet."""
+
+    pool: Any
+    conn: Any
+    kept: bool  # the connection was kept between calls (it may have been closed)
+    payload: bytes
+
+
 class Redis:
     """The clients of one alias in this process.
 
@@ -240,45 +249,74 @@ class Redis:
 
         :raises BackendUnavailable: when Redis fails.
         """
-        if self._kept_pid != os.getpid():  # forked: the kept ones are the parent's
-            self._kept, self._kept_pid = deque(), os.getpid()
-        try:
-            conn, kept = self._kept.pop(), True
-        except IndexError:
-            conn, kept = None, False
+        return self.receive(self.send(pool, payload), replies, timeout)
+
+    def send(self, pool: Any, payload: bytes, fresh: bool = False) -> Sent:
+        """The first half of :meth:`_exchange`: write ``payload`` (on a new connection
+        if ``fresh``); :meth:`receive` reads the replies. Between the two, other
+        connections may be written to: the servers work in parallel (Redlock).
+
+        :raises BackendUnavailable: when Redis fails.
+        """
+        conn, kept = None, False
+        if not fresh:
+            if self._kept_pid != os.getpid():  # forked: the kept ones are the parent's
+                self._kept, self._kept_pid = deque(), os.getpid()
+            with contextlib.suppress(IndexError):  # none kept: a pool's
+                conn, kept = self._kept.pop(), True
+        while True:
+            try:
+                if conn is None:
+                    conn = pool.get_connection()
+                conn.send_packed_command([payload], check_health=False)
+                return Sent(pool, conn, kept, payload)
+            except RedisError as exc:
+                self._drop(pool, conn)
+                if kept and isinstance(exc, ConnectionError):
+                    conn, kept = None, False
+                    continue
+                raise unavailable(exc) from exc
+            except BaseException:
+                self._drop(pool, conn)
+                raise
+
+    def receive(self, sent: Sent, replies: int, timeout: float | None) -> list[Any]:
+        """The second half of :meth:`_exchange`.
+
+        :raises BackendUnavailable: when Redis fails.
+        """
+        pool, conn = sent.pool, sent.conn
         kwargs = pool.connection_kwargs
         given = kwargs.get("socket_timeout", kwargs.get("orig_socket_timeout"))
         if timeout is None or (given and given < timeout):
             read: dict[str, Any] = {}  # the socket timeout
         else:
             read = {"timeout": timeout}
-        while True:
+        try:
+            got = [conn.read_response(**read) for _ in range(replies - 1)]
             try:
-                if conn is None:
-                    conn = pool.get_connection()
-                conn.send_packed_command([payload], check_health=False)
-                got = [conn.read_response(**read) for _ in range(replies - 1)]
-                try:
-                    got.append(conn.read_response(**read))
-                except NoScriptError as exc:
-                    got.append(exc)
-            except RedisError as exc:
-                if conn is not None:  # back to the pool, which reconnects it when needed
-                    conn.disconnect()
-                    pool.release(conn)
-                if kept and isinstance(exc, ConnectionError):
-                    conn, kept = None, False
-                    continue
-                raise unavailable(exc) from exc
-            except BaseException:
-                if conn is not None:
-                    conn.disconnect()  # interrupted mid-reply: the connection is out of step
-                    pool.release(conn)
-                raise
-            self._keep(pool, conn)
-            if isinstance(got[-1], NoScriptError):
-                raise got[-1]
-            return got
+                got.append(conn.read_response(**read))
+            except NoScriptError as exc:
+                got.append(exc)
+        except RedisError as exc:
+            self._drop(pool, conn)
+            if sent.kept and isinstance(exc, ConnectionError):
+                return self.receive(self.send(pool, sent.payload, fresh=True), replies, timeout)
+            raise unavailable(exc) from exc
+        except BaseException:
+            self._drop(pool, conn)  # interrupted mid-reply: the connection is out of step
+            raise
+        self._keep(pool, conn)
+        if isinstance(got[-1], NoScriptError):
+            raise got[-1]
+        return got
+
+    @staticmethod
+    def _drop(pool: Any, conn: Any) -> None:
+        """Back to the pool, disconnected (the pool reconnects it when needed)."""
+        if conn is not None:
+            conn.disconnect()
+            pool.release(conn)
 
     def _keep(self, pool: Any, conn: Any) -> None:
         if len(self._kept) < KEPT:
@@ -306,6 +344,26 @@ class Redis:
             return self._exchange(pool, packed.command(args), 1, timeout)[0]
         except NoScriptError:  # EVAL loads the script
             return self._eval(client, packed.script, packed.keys, (*packed.args, *args))
+
+    def start(self, packed: Packed, args: tuple[str | int, ...]) -> Sent:
+        """Write a packed call and return without its reply (one server's share of a
+        call made on several at once); :meth:`finish` reads it. Not for a cluster.
+
+        :raises BackendUnavailable: when Redis fails.
+        """
+        return self.send(self.sync().connection_pool, packed.command(args))
+
+    def finish(
+        self, sent: Sent, packed: Packed, args: tuple[str | int, ...], timeout: float | None
+    ) -> Any:
+        """The reply of :meth:`start`'s call (``NOSCRIPT``: made again with ``EVAL``).
+
+        :raises BackendUnavailable: when Redis fails.
+        """
+        try:
+            return self.receive(sent, 1, timeout)[0]
+        except NoScriptError:
+            return self._eval(self.sync(), packed.script, packed.keys, (*packed.args, *args))
 
     def block_then_call(
         self,

@@ -1,8 +1,9 @@
 """Redlock: one lock over N independent Redis masters, held when a majority grants it.
 
 The algorithm of the Redis documentation ("Distributed locks with Redis"): an
-acquire asks every master in turn (each one ``EVALSHA`` of the backend's
-acquire script, under a short per-master socket timeout); it holds the lock
+acquire asks every master at once (the backend's acquire script written to each,
+then the replies read, each under a short per-master socket timeout: one round
+trip, not one per master); it holds the lock
 when at least ``N // 2 + 1`` granted and the time left, ``ttl - elapsed -
 drift``, is positive; otherwise it frees what it got on every master and
 retries after a random delay. Extend and release ask every master too.
@@ -35,7 +36,7 @@ from ..base import (
     validate_page_args,
 )
 from .acquisition import Calls
-from .client import Redis, make_keys, unavailable
+from .client import Packed, Redis, Sent, make_keys, unavailable
 from .scripts import SCRIPTS
 
 if TYPE_CHECKING:
@@ -136,12 +137,38 @@ class RedlockBackend(BaseLockBackend):
                 replies.append(run(master))
             except BackendUnavailable as exc:
                 errors.append(exc)
+        self._check_majority(replies, errors)
+        return replies, errors
+
+    def call_all(self, packed: Packed, args: tuple[str | int, ...]) -> list[Any]:
+        """Run a packed script call on every master at once (written to all, then the
+        replies read): one round trip, not one per master. Returns the replies of the
+        masters that answered.
+
+        :raises BackendUnavailable: when fewer than a majority answered.
+        """
+        started: list[tuple[Redis, Sent]] = []
+        errors: list[BaseException] = []
+        for master in self.masters:
+            try:
+                started.append((master, master.start(packed, args)))
+            except BackendUnavailable as exc:
+                errors.append(exc)
+        replies: list[Any] = []
+        for master, sent in started:
+            try:
+                replies.append(master.finish(sent, packed, args, None))
+            except BackendUnavailable as exc:
+                errors.append(exc)
+        self._check_majority(replies, errors)
+        return replies
+
+    def _check_majority(self, replies: list[Any], errors: list[BaseException]) -> None:
         if len(replies) < self.quorum:
             raise BackendUnavailable(
                 f"Redlock {self.alias!r}: only {len(replies)} of {len(self.masters)} Redis "
                 f"masters answered; {self.quorum} are needed. First error: {errors[0]}"
             ) from errors[0]
-        return replies, errors
 
     def acquisition(
         self, lock: Lock, token: str, blocking: bool, deadline: float | None
@@ -223,7 +250,7 @@ class RedlockAcquisition(Acquisition):
         args = (self.token, ttl_ms, f"{lock.host} {lock.pid} {lock.thread}", "", "")
         started = time.monotonic()
         try:
-            replies, _ = self.backend.on_masters(lambda m: m.call(calls.acquire, args))
+            replies = self.backend.call_all(calls.acquire, args)
         except BackendUnavailable:
             self._free()
             raise
@@ -241,19 +268,18 @@ class RedlockAcquisition(Acquisition):
 
     def _free(self) -> None:
         """Give back what a failed attempt got (best effort: unreached masters time out)."""
-        for master in self.backend.masters:
-            with contextlib.suppress(BackendUnavailable):
-                master.call(self.calls.release, (self.token,))
+        with contextlib.suppress(BackendUnavailable):
+            self.backend.call_all(self.calls.release, (self.token,))
 
     def release(self, exc_info: ExcInfo) -> bool:
         calls = self.calls
-        replies, _ = self.backend.on_masters(lambda m: m.call(calls.release, (self.token,)))
+        replies = self.backend.call_all(calls.release, (self.token,))
         return sum(1 for reply in replies if reply) >= self.backend.quorum
 
     def extend(self, ttl: float) -> Grant | None:
         calls, ttl_ms = self.calls, max(int(ttl * 1000), 1)
         started = time.monotonic()
-        replies, _ = self.backend.on_masters(lambda m: m.call(calls.extend, (self.token, ttl_ms)))
+        replies = self.backend.call_all(calls.extend, (self.token, ttl_ms))
         elapsed = time.monotonic() - started
         extended = [reply for reply in replies if reply]
         drift = self._drift(ttl)
