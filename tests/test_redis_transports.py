@@ -26,6 +26,25 @@ def _openssl(*args: str, cwd: Path) -> None:
     subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
 
 
+def _serving(proc: subprocess.Popen[bytes], url: str) -> Iterator[str]:
+    """Yield ``url`` once the server ``proc`` answers on it; kill it afterwards."""
+    client = redis.Redis.from_url(url, socket_timeout=1)
+    try:
+        assert eventually(lambda: _answers(client), timeout=10), f"no Redis at {url}"
+        yield url
+    finally:
+        client.close()
+        proc.kill()
+        proc.wait(10)
+
+
+def _answers(client: redis.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
+
+
 @pytest.fixture
 def tls_url(tmp_path: Path) -> Iterator[str]:
     require_redis()  # the same Debian redis-server, built with TLS
@@ -48,21 +67,7 @@ def tls_url(tmp_path: Path) -> Iterator[str]:
     )
     url = (f"rediss://:s3cret@127.0.0.1:{port}/0?ssl_cert_reqs=required"
            f"&ssl_ca_certs={tmp_path / 'ca.crt'}")
-    client = redis.Redis.from_url(url, socket_timeout=1)
-
-    def up() -> bool:
-        try:
-            return bool(client.ping())
-        except redis.RedisError:
-            return False
-
-    try:
-        assert eventually(up, timeout=10), "redis-server with TLS did not start"
-        yield url
-    finally:
-        client.close()
-        proc.kill()
-        proc.wait(10)
+    yield from _serving(proc, url)
 
 
 def _exercise(backend: RedisBackend) -> None:
@@ -123,22 +128,7 @@ def unix_url(tmp_path: Path) -> Iterator[str]:
          "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
-    url = f"unix://{path}?db=0"
-    client = redis.Redis.from_url(url, socket_timeout=1)
-
-    def up() -> bool:
-        try:
-            return bool(client.ping())
-        except redis.RedisError:
-            return False
-
-    try:
-        assert eventually(up, timeout=10), "redis-server on a Unix socket did not start"
-        yield url
-    finally:
-        client.close()
-        proc.kill()
-        proc.wait(10)
+    yield from _serving(proc, f"unix://{path}?db=0")
 
 
 def test_a_unix_socket_url(unix_url: str) -> None:

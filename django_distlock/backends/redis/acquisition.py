@@ -12,7 +12,8 @@ from redis.exceptions import RedisError
 from ...backoff import remaining
 from ...exceptions import BackendUnavailable
 from ..base import Acquisition, ExcInfo, Grant, Miss
-from .client import Keys, NoConnection, Packed, unavailable
+from .client import NoConnection, unavailable
+from .keys import Keys, Packed
 from .scripts import SCRIPTS
 
 if TYPE_CHECKING:

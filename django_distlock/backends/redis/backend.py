@@ -16,16 +16,10 @@ from ...handle import Lock
 from ...values import short_owner
 from ..base import BaseLockBackend, LockInfo, LockPage, validate_page_args
 from .acquisition import SERVER_TICK, Calls, RedisAcquisition
-from .client import (
-    Keys,
-    Redis,
-    cache_problem,
-    make_keys,
-    socket_timeout,
-    tag_base,
-    unavailable,
-)
+from .caches import cache_problem
+from .client import Redis, socket_timeout, unavailable
 from .hub import Hubs
+from .keys import Keys, make_keys, tag_base
 from .scripts import SCRIPTS
 
 _OPTIONS = {"CACHE", "CLUSTER", "FAIR", "REENTRANT", "SHARDS"}

@@ -1,18 +1,17 @@
 """The Redis side of the backend: which server, the clients (sync, and async per
-event loop), the keys of a lock, and one call that runs a script by SHA.
+event loop), and the calls that run a packed script on a connection.
 
-The backend (settings, API) is :mod:`.backend`; this module owns connections.
+The backend (settings, API) is :mod:`.backend`; the keys and packed calls are
+:mod:`.keys`; the reused caches are :mod:`.caches`; this module owns connections.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import os
 import threading
 import weakref
-import zlib
 from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any, NamedTuple
@@ -21,41 +20,14 @@ import redis
 import redis.asyncio
 import redis.asyncio.cluster
 import redis.cluster
-from django.core.cache import caches
 from redis.exceptions import ConnectionError, NoScriptError, RedisError
 
 from ...backoff import remaining
-from ...exceptions import BackendUnavailable, LockConfigurationError
+from ...exceptions import BackendUnavailable
+from .caches import async_client_like, cache_client
+from .keys import TIME_COMMAND, Packed, bulk
 from .scripts import Script
 
-#: Cache backends whose connection the backend can reuse (subclasses too).
-DJANGO_REDIS_CACHE = "django_redis.cache.RedisCache"
-DJANGO_BUILTIN_CACHE = "django.core.cache.backends.redis.RedisCache"
-
-_sync, _async = redis.connection, redis.asyncio.connection
-#: Sync connection class -> its asyncio twin (the most derived match wins: SSL first).
-_ASYNC_CONNECTIONS = {
-    _sync.SSLConnection: _async.SSLConnection,
-    _sync.UnixDomainSocketConnection: _async.UnixDomainSocketConnection,
-    _sync.Connection: _async.Connection,
-}
-#: The settings of a sync connection that its asyncio twin takes over (the others,
-#: parser classes, retry and maintenance objects, are sync-only).
-_MIRRORED = {
-    "host",
-    "port",
-    "db",
-    "username",
-    "password",
-    "path",
-    "socket_timeout",
-    "socket_connect_timeout",
-    "socket_keepalive",
-    "client_name",
-    "credential_provider",
-    "health_check_interval",
-    "protocol",
-}
 #: Connections the hot path keeps out of the pool between calls (per alias and process):
 #: a pool's get and release cost about 7 us a call (a lock, a readiness poll, metrics).
 KEPT = 8
@@ -67,20 +39,6 @@ POOL_WAIT = 20.0
 
 class NoConnection(Exception):
     """The deadline passed while the call waited for a free connection: nothing was sent."""
-
-
-class Keys(NamedTuple):
-    """The Redis keys of one lock (one hash tag; see :mod:`.scripts`)."""
-
-    lock: str
-    queue: str
-    waiters: str
-    seq: str
-    listing: str  # the index of held names
-    #: The name as stored (the index member), without the ``KEY_PREFIX``.
-    member: str
-    #: Prefix of the waiters' signal lists: ``signal + token``.
-    signal: str
 
 
 class Sent(NamedTuple):
@@ -196,29 +154,8 @@ class Redis:
             if self.cluster:
                 return redis.asyncio.cluster.RedisCluster.from_url(self.location)
             return redis.asyncio.Redis.from_url(self.location)
-        pool = self.sync().connection_pool
-        sync_class = pool.connection_class
-        async_class = next(
-            (a for s, a in _ASYNC_CONNECTIONS.items() if issubclass(sync_class, s)), None
-        )
-        if async_class is None:
-            raise LockConfigurationError(
-                f"CACHES[{self.cache!r}] uses connections of {sync_class.__name__}, which the "
-                "Redis lock backend cannot mirror for asyncio; set LOCATION instead."
-            )
-        accepted = _init_params(async_class)
-        given = pool.connection_kwargs
-        kwargs = {
-            k: v
-            for k, v in given.items()
-            if k in accepted and (k in _MIRRORED or k.startswith("ssl_"))
-        }
-        for name in ("socket_timeout", "socket_connect_timeout"):
-            if name not in kwargs and "orig_" + name in given:  # redis-py 8 keeps them there
-                kwargs[name] = given["orig_" + name]
-        return redis.asyncio.Redis(
-            connection_pool=redis.asyncio.ConnectionPool(connection_class=async_class, **kwargs)
-        )
+        assert self.cache is not None
+        return async_client_like(self.sync().connection_pool, self.cache)
 
     def close(self) -> None:
         """Give back the kept connections; disconnect the sync pool this alias built
@@ -392,10 +329,10 @@ class Redis:
             except RedisError as exc:
                 raise unavailable(exc) from exc
             return None
-        block = b"*3\r\n$5\r\nBLPOP\r\n%s%s" % (_bulk(key), _bulk(f"{timeout:.3f}"))
+        block = b"*3\r\n$5\r\nBLPOP\r\n%s%s" % (bulk(key), bulk(f"{timeout:.3f}"))
         try:
             (seconds, micros), _, reply = self._exchange(
-                pool, _TIME + block + packed.command(args), 3, read_timeout
+                pool, TIME_COMMAND + block + packed.command(args), 3, read_timeout
             )
         except NoScriptError:
             reply = self._eval(client, packed.script, packed.keys, (*packed.args, *args))
@@ -497,32 +434,6 @@ class Redis:
             raise unavailable(exc) from exc
 
 
-_TIME = b"*1\r\n$4\r\nTIME\r\n"
-
-
-def _bulk(value: str | int) -> bytes:
-    data = value.encode() if isinstance(value, str) else b"%d" % value
-    return b"$%d\r\n%s\r\n" % (len(data), data)
-
-
-class Packed:
-    """A script call whose command, SHA, keys and first arguments are packed (RESP)
-    once; :meth:`command` adds the arguments that change with each call."""
-
-    __slots__ = ("args", "head", "keys", "script", "size")
-
-    def __init__(self, script: Script, keys: tuple[str, ...], args: tuple[str | int, ...]) -> None:
-        self.script, self.keys, self.args = script, keys, args
-        parts = ("EVALSHA", script.sha, len(keys), *keys, *args)
-        self.size = len(parts)
-        self.head = b"".join(_bulk(part) for part in parts)
-
-    def command(self, args: tuple[str | int, ...]) -> bytes:
-        return b"".join(
-            (b"*%d\r\n" % (self.size + len(args)), self.head, *(_bulk(a) for a in args))
-        )
-
-
 def socket_timeout(client: Any) -> float | None:
     """The socket timeout of ``client``'s connections (None: none, or a cluster's)."""
     pool = getattr(client, "connection_pool", None)
@@ -537,66 +448,3 @@ def unavailable(exc: BaseException) -> BackendUnavailable:
     return BackendUnavailable(f"Redis failed: {type(exc).__name__}: {exc}")
 
 
-def cache_client(alias: str) -> Any:
-    """The sync client of the Redis cache ``alias`` (django-redis or Django's own)."""
-    problem = cache_problem(alias)
-    if problem:
-        raise LockConfigurationError(problem)
-    cache: Any = caches[alias]
-    if hasattr(cache, "client") and hasattr(cache.client, "get_client"):  # django-redis
-        return cache.client.get_client(write=True)
-    return cache._cache.get_client(write=True)  # Django's RedisCache
-
-
-def cache_problem(alias: object) -> str | None:
-    """Say what makes ``alias`` unusable as the cache to reuse, or None (no I/O)."""
-    from django.conf import settings
-    from django.utils.module_loading import import_string
-
-    if not isinstance(alias, str) or alias not in settings.CACHES:
-        known = sorted(getattr(settings, "CACHES", {}))
-        return f"OPTIONS['CACHE'] names {alias!r}, which is not a cache alias (CACHES has {known})."
-    path = settings.CACHES[alias].get("BACKEND", "")
-    try:
-        cls = import_string(path)
-    except ImportError as exc:
-        return f"CACHES[{alias!r}]['BACKEND'] {path!r} cannot be imported: {exc}"
-    for redis_path in (DJANGO_REDIS_CACHE, DJANGO_BUILTIN_CACHE):
-        try:
-            if issubclass(cls, import_string(redis_path)):
-                return None
-        except ImportError:
-            continue
-    return (
-        f"CACHES[{alias!r}] uses {path}, not Redis: OPTIONS['CACHE'] must name a "
-        f"{DJANGO_REDIS_CACHE} or {DJANGO_BUILTIN_CACHE} cache."
-    )
-
-
-def make_keys(prefix: str, stored: str, shards: int) -> Keys:
-    """The keys of the lock stored as ``stored`` under ``prefix``."""
-    tag = "0" if shards == 1 else str(zlib.crc32(stored.encode()) % shards)
-    base = f"{prefix}distlock{{{tag}}}"
-    return Keys(
-        base + "l:" + stored,
-        base + "q:" + stored,
-        base + "w:" + stored,
-        base + "n",
-        base + "i",
-        stored,
-        base + "s:",
-    )
-
-
-def tag_base(prefix: str, tag: int) -> str:
-    """The key prefix of one tag (what :func:`make_keys` builds for its locks)."""
-    return f"{prefix}distlock{{{tag}}}"
-
-
-def _init_params(cls: type) -> set[str]:
-    params: set[str] = set()
-    for klass in cls.__mro__:
-        init = klass.__dict__.get("__init__")
-        if init is not None:
-            params.update(inspect.signature(init).parameters)
-    return params

@@ -36,7 +36,8 @@ from ..base import (
     validate_page_args,
 )
 from .acquisition import Calls
-from .client import Packed, Redis, Sent, make_keys, unavailable
+from .client import Redis, Sent, unavailable
+from .keys import Packed, make_keys
 from .scripts import SCRIPTS
 
 if TYPE_CHECKING:
