@@ -122,6 +122,10 @@ class Lock:
         self._grant: Grant | None = None
         self._lost = False
         self._busy = False
+        #: Set by a backend while it cannot tell whether the lock is still held (a
+        #: ZooKeeper session suspended: the connection dropped and the session may
+        #: yet expire); stop writing until it turns False again, or ``lost`` True.
+        self.unsure = False
         self._valid_until: float | None = None  # monotonic, conservative
         self._lost_at_release = False
         self._started = 0.0

@@ -1,0 +1,256 @@
+"""The kazoo client of a ZooKeeper alias: one per process, started lazily, dropped in a
+forked child, closed at exit; its session state passed on to the acquisitions."""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import threading
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import (
+    ConnectionLoss,
+    KazooException,
+    NoAuthError,
+    NodeExistsError,
+    NoNodeError,
+    NotEmptyError,
+    SessionExpiredError,
+)
+from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.protocol.serialization import Create2
+from kazoo.security import ACL, Id, make_acl, make_digest_acl
+
+from ...exceptions import BackendUnavailable
+from .options import ZooKeeperSettings
+from .paths import guid_of
+
+if TYPE_CHECKING:
+    from kazoo.interfaces import IAsyncResult
+
+logger = logging.getLogger("django_distlock")
+
+#: What a kazoo call may raise that means "the server failed or is unreachable".
+ERRORS: tuple[type[BaseException], ...] = (KazooException, KazooTimeoutError)
+_CONTAINER = 4  # CreateMode.CONTAINER's flag
+
+
+class _CreateContainer(Create2):
+    """``createContainer`` (ZooKeeper 3.5.3+): a node the server deletes once its last
+    child is gone (kazoo's ``create()`` has no container mode)."""
+
+    type = 19
+
+
+def unavailable(exc: BaseException, what: str = "") -> BackendUnavailable:
+    """The BackendUnavailable that stands for a kazoo error (raise it ``from exc``)."""
+    if isinstance(exc, KazooTimeoutError):
+        why = "ZooKeeper did not answer in time (no server reachable, or no quorum)"
+    elif isinstance(exc, NoAuthError):
+        why = "ZooKeeper refused access (the node's ACL does not grant OPTIONS['AUTH'] it)"
+    elif isinstance(exc, SessionExpiredError):
+        why = "the ZooKeeper session expired"
+    elif isinstance(exc, ConnectionLoss):
+        why = "the connection to ZooKeeper was lost"
+    else:
+        why = f"ZooKeeper failed: {type(exc).__name__}: {exc}"
+    return BackendUnavailable(f"{why}{' while ' + what if what else ''}.")
+
+
+class Watcher(Protocol):
+    """What the client tells of its session (acquisitions that hold or wait)."""
+
+    def session_changed(self, state: str) -> None: ...
+
+
+class Client:
+    """The lazily started ``KazooClient`` of one alias in this process."""
+
+    def __init__(self, settings: ZooKeeperSettings) -> None:
+        self.settings = settings
+        self._mutex = threading.Lock()
+        self._kazoo: KazooClient | None = None
+        self._pid = os.getpid()
+        self._root_ready = False
+        self.watchers: weakref.WeakSet[Any] = weakref.WeakSet()
+        #: (parent path, guid) of contender nodes whose deletion failed; deleted when the
+        #: session is connected again (their session is alive, so they would block).
+        self.orphans: set[tuple[str, str]] = set()
+        #: Watch events delivered to waiters (tests count them: one per release).
+        self.watch_events = 0
+        self.acl: list[ACL] | None = self._acl()
+        _clients.add(self)
+
+    def _acl(self) -> list[ACL] | None:
+        s = self.settings
+        entries = []
+        if s.auth is not None:
+            entries.append(make_digest_acl(s.auth[0], s.auth[1], all=True))
+        for scheme, ident, perms in s.acl:
+            flags = {perm.lower(): True for perm in perms}
+            entries.append(make_acl(scheme, ident, **flags))
+        if entries and s.auth is None and not any(e.id.scheme == "world" for e in entries):
+            entries.append(ACL(31, Id("world", "anyone")))  # ACL without auth: keep usable
+        return entries or None
+
+    # -- the client ---------------------------------------------------------
+
+    def get(self) -> KazooClient:
+        """The started client of this process (started on first use, again after a fork).
+
+        :raises BackendUnavailable: when no server of the ensemble can be reached.
+        """
+        kazoo = self._kazoo
+        if kazoo is not None and self._pid == os.getpid():
+            return kazoo
+        with self._mutex:
+            if self._pid != os.getpid():
+                # A forked child: the parent's client (its socket, threads, session) is
+                # the parent's. Closing it here would end the parent's session.
+                self._kazoo, self._pid, self._root_ready = None, os.getpid(), False
+                self.orphans = set()
+            if self._kazoo is None:
+                self._kazoo = self._start()
+            return self._kazoo
+
+    def _start(self) -> KazooClient:
+        s = self.settings
+        auth = [("digest", f"{s.auth[0]}:{s.auth[1]}")] if s.auth else None
+        kazoo = KazooClient(
+            hosts=s.hosts, timeout=s.session_timeout, auth_data=auth, default_acl=self.acl,
+            **s.client_options,
+        )
+        kazoo.add_listener(self._state_changed)
+        try:
+            kazoo.start(timeout=s.connect_timeout)
+        except ERRORS as exc:
+            kazoo.close()
+            raise unavailable(exc, f"connecting to {s.hosts}") from exc
+        return kazoo
+
+    def close(self) -> None:
+        """End this process' session (its ephemeral nodes go at once) and the client."""
+        with self._mutex:
+            kazoo, self._kazoo = self._kazoo, None
+            self._root_ready = False
+        if kazoo is not None and self._pid == os.getpid():
+            try:
+                kazoo.stop()
+                kazoo.close()
+            except ERRORS:
+                logger.warning("Closing the ZooKeeper client failed", exc_info=True)
+
+    # -- calls --------------------------------------------------------------------
+
+    def wait(self, result: IAsyncResult, what: str) -> Any:
+        """The value of an async kazoo call, within ``CONNECT_TIMEOUT``.
+
+        :raises NoNodeError, NodeExistsError, NotEmptyError: for the caller to handle.
+        :raises BackendUnavailable: for any other failure, and a call unanswered in time.
+        """
+        try:
+            return result.get(timeout=self.settings.connect_timeout)
+        except (NoNodeError, NodeExistsError, NotEmptyError):
+            raise
+        except ERRORS as exc:
+            raise unavailable(exc, what) from exc
+
+    def call(self, what: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Call ``kazoo.<method>_async(*args, **kwargs)`` and wait for it (see :meth:`wait`)."""
+        try:
+            result = getattr(self.get(), method + "_async")(*args, **kwargs)
+        except ERRORS as exc:
+            raise unavailable(exc, what) from exc
+        return self.wait(result, what)
+
+    def create_parent(self, path: str) -> None:
+        """Create the container node ``path`` (and ``ROOT`` when missing)."""
+        for _ in range(2):
+            try:
+                self._create_container(path)
+                return
+            except NodeExistsError:
+                return
+            except NoNodeError:
+                self.ensure_root()
+        self._create_container(path)
+
+    def _create_container(self, path: str) -> None:
+        kazoo = self.get()
+        result = kazoo.handler.async_result()
+        request = _CreateContainer(path, b"", self.acl or kazoo.default_acl or _OPEN, _CONTAINER)
+        kazoo._call(request, result)  # no public container mode in kazoo (2.11)
+        self.wait(result, f"creating {path}")
+
+    def ensure_root(self) -> None:
+        """Create ``ROOT`` (a persistent node) unless this session saw it."""
+        if self._root_ready:
+            return
+        with contextlib.suppress(NodeExistsError):
+            self.call("creating the root", "create", self.settings.root, makepath=True,
+                      acl=self.acl)
+        self._root_ready = True
+
+    # -- session state -------------------------------------------------------------
+
+    def _state_changed(self, state: str) -> None:
+        """kazoo's listener (its event thread: must not block)."""
+        if state == KazooState.LOST:
+            self._root_ready = False
+        for watcher in list(self.watchers):
+            try:
+                watcher.session_changed(state)
+            except Exception:
+                logger.exception("Passing the ZooKeeper state %s on failed", state)
+        if state == KazooState.CONNECTED and self.orphans:
+            threading.Thread(target=self.sweep_orphans, daemon=True).start()
+
+    def sweep_orphans(self) -> None:
+        """Delete the contender nodes whose deletion failed before (a reconnection)."""
+        for parent, guid in list(self.orphans):
+            try:
+                delete_guid(self, parent, guid)
+            except (BackendUnavailable, NoNodeError):
+                continue
+            self.orphans.discard((parent, guid))
+
+
+_OPEN = [ACL(31, Id("world", "anyone"))]
+
+
+def delete_guid(client: Client, parent: str, guid: str) -> bool:
+    """Delete the contender nodes of ``guid`` under ``parent``; whether any was there.
+
+    :raises BackendUnavailable: when the server fails.
+    """
+    try:
+        children = client.call(f"listing {parent}", "get_children", parent)
+    except NoNodeError:
+        return False
+    found = False
+    for child in children:
+        if guid_of(child) == guid:
+            found = True
+            with contextlib.suppress(NoNodeError):
+                client.call(f"deleting {parent}/{child}", "delete", f"{parent}/{child}")
+    return found
+
+
+_clients: weakref.WeakSet[Client] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    """Close this process' sessions: their ephemeral nodes (held locks) go at once."""
+    for client in list(_clients):
+        client.close()
+
+
+def on_done(result: IAsyncResult, callback: Callable[[IAsyncResult], None]) -> None:
+    """Call ``callback(result)`` in kazoo's thread once the call completes."""
+    result.rawlink(callback)
