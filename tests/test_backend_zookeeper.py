@@ -5,12 +5,24 @@ fencing across a re-created parent, orphans, session states, options and checks.
 from __future__ import annotations
 
 import os
+import threading
+import time
+from typing import Any
 
 import pytest
+from django.core import checks
+from django.test import override_settings
+from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import ConnectionLoss, NoAuthError
 
+from django_distlock import locks, signals
+from django_distlock.backends.zookeeper import ZooKeeperBackend
+from django_distlock.backends.zookeeper.client import unavailable
+from django_distlock.backends.zookeeper.paths import decode, encode
+from django_distlock.exceptions import BackendUnavailable, InvalidBackendOptions, LockLost
 from django_distlock.testing import LockContract
 
-from .conftest import require_zookeeper
+from .conftest import eventually, in_thread, require_zookeeper
 
 HOSTS = os.environ.get("DISTLOCK_ZK_HOSTS", "")
 
@@ -27,3 +39,346 @@ class TestZooKeeper(ZooKeeperContract):
 
 class TestZooKeeperAuth(ZooKeeperContract):
     alias = "zk-auth"
+
+
+@pytest.fixture
+def zk() -> ZooKeeperBackend:
+    require_zookeeper()
+    backend = locks["zk"]
+    assert isinstance(backend, ZooKeeperBackend)
+    return backend
+
+
+def _children(backend: ZooKeeperBackend, name: str) -> list[str]:
+    parent = backend.parent_of(backend.make_key(name))
+    kazoo = backend.client.get()
+    return sorted(kazoo.get_children(parent)) if kazoo.exists(parent) else []
+
+
+def _acquire_release(backend: ZooKeeperBackend, name: str) -> bool:
+    handle = backend.lock(name)
+    got = handle.acquire(blocking=False)
+    if got:
+        handle.release()
+    return got
+
+
+# -- round trips and watches ------------------------------------------------------
+
+
+def test_uncontended_acquire_release_is_three_round_trips(zk, unique, monkeypatch) -> None:
+    """create + get_children + delete; kazoo's Lock adds an exists() of the parent."""
+    name = unique()
+    with zk.lock(name):  # creates the parent
+        pass
+    kazoo = zk.client.get()
+    sent: list[str] = []
+    real = kazoo._call
+    monkeypatch.setattr(kazoo, "_call", lambda req, res: sent.append(type(req).__name__)
+                        or real(req, res))
+    for _ in range(3):
+        with zk.lock(name):
+            pass
+    assert sent == ["Create2", "GetChildren", "Delete"] * 3
+
+
+def test_one_watch_event_per_release(zk, unique) -> None:
+    """5 waiters queue behind a holder; each release wakes exactly one of them."""
+    name = unique()
+    holder = zk.lock(name)
+    holder.acquire()
+    order: list[int] = []
+
+    def wait(i: int) -> None:
+        with zk.lock(name, timeout=30):
+            order.append(i)
+            time.sleep(0.02)
+
+    before = zk.client.watch_events
+    threads = []
+    for i in range(5):
+        threads.append(threading.Thread(target=wait, args=(i,)))
+        threads[-1].start()
+        assert eventually(lambda i=i: len(_children(zk, name)) == i + 2)  # queued in order
+    holder.release()
+    for thread in threads:
+        thread.join(30)
+    assert order == [0, 1, 2, 3, 4]  # first come, first served
+    assert zk.client.watch_events - before == 5
+
+
+# -- fencing, parents, names ------------------------------------------------------
+
+
+def test_fencing_grows_after_the_parent_is_recreated(zk, unique) -> None:
+    name = unique()
+    with zk.lock(name) as first:
+        pass
+    parent = zk.parent_of(zk.make_key(name))
+    kazoo = zk.client.get()
+    kazoo.delete(parent)  # as ZooKeeper's container reaper does (test_zookeeper_faults)
+    with zk.lock(name) as second:
+        assert kazoo.exists(parent) is not None
+    assert second.fencing_token > first.fencing_token
+
+
+@pytest.mark.parametrize(
+    "key", ["a/b", ".", "..", "zookeeper", "%2F", "a%b", "sp ace", "ü✓", "x\x1fy", "\ue000"]
+)
+def test_names_encode_injectively(key) -> None:
+    name = encode(key)
+    assert "/" not in name and name not in (".", "..", "zookeeper")
+    assert decode(name) == key
+
+
+def test_node_names_are_readable(zk, unique) -> None:
+    name = unique("stock/sku-1")
+    with zk.lock(name):
+        names = zk.client.get().get_children(zk.settings.root)
+        assert encode("z:" + name) in names
+        assert "z:stock%2Fsku-1:" in encode("z:" + name)
+        assert zk.held_locks(prefix=name).locks[0].name == name
+
+
+def test_listing_shows_holder_and_waiters(zk, unique) -> None:
+    name = unique()
+    handle = zk.lock(name)
+    handle.acquire()
+    waiters = [threading.Thread(target=lambda: zk.lock(name, timeout=1).acquire())
+               for _ in range(2)]
+    for waiter in waiters:
+        waiter.start()
+    try:
+        assert eventually(lambda: len(_children(zk, name)) == 3)
+        [info] = zk.held_locks(prefix=name).locks
+        assert info.waiters == 2 and info.owner == handle.owner_id
+        assert info.pid == os.getpid() and info.fencing_token == handle.fencing_token
+        assert info.expires_at is None and info.thread == handle.thread
+    finally:
+        handle.release()
+        for waiter in waiters:
+            waiter.join(5)
+
+
+def test_listing_pages_skip_empty_parents(zk, unique) -> None:
+    base = unique("pages")
+    handles = [zk.lock(f"{base}/{i}") for i in range(5)]
+    for handle in handles:
+        handle.acquire()
+    handles[1].release()  # its parent stays (until reaped), empty
+    handles[3].release()
+    try:
+        seen, cursor = [], None
+        while True:
+            page = zk.held_locks(prefix=base + "/", limit=2, cursor=cursor)
+            seen.extend(info.name for info in page)
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+        assert seen == [f"{base}/{i}" for i in (0, 2, 4)]
+    finally:
+        for i in (0, 2, 4):
+            handles[i].release()
+
+
+# -- what kazoo issue 732 is about: no orphan contender ------------------------------
+
+
+def test_a_create_whose_answer_is_lost_adopts_its_node(zk, unique, monkeypatch) -> None:
+    """The create happened on the server but the answer was lost: the retry finds the
+    node by its GUID instead of making a second one (which would block the lock)."""
+    name = unique()
+    real = zk.client.wait
+    lost = []
+
+    def wait(result: Any, what: str) -> Any:
+        value = real(result, what)
+        if what == "creating a contender node" and not lost:
+            lost.append(value)
+            raise unavailable(ConnectionLoss()) from ConnectionLoss()
+        return value
+
+    monkeypatch.setattr(zk.client, "wait", wait)
+    with zk.lock(name):
+        assert len(lost) == 1
+        assert len(_children(zk, name)) == 1
+    assert _children(zk, name) == []
+
+
+def test_a_failed_delete_is_swept_on_reconnection(zk, unique, monkeypatch) -> None:
+    name = unique()
+    holder = zk.lock(name)
+    holder.acquire()
+    real = zk.client.call
+
+    def call(what: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        if what == "deleting our node":
+            raise unavailable(ConnectionLoss()) from ConnectionLoss()
+        return real(what, method, *args, **kwargs)
+
+    monkeypatch.setattr(zk.client, "call", call)
+    with pytest.raises(BackendUnavailable, match="connection to ZooKeeper was lost"):
+        in_thread(lambda: zk.lock(name).acquire(timeout=0.2))
+    assert zk.client.orphans
+    assert len(_children(zk, name)) == 2  # the waiter's node is left: an orphan
+    monkeypatch.setattr(zk.client, "call", real)
+    zk.client._state_changed(KazooState.CONNECTED)  # reconnected: swept
+    assert eventually(lambda: len(_children(zk, name)) == 1)
+    holder.release()
+    assert in_thread(lambda: _acquire_release(zk, name))
+
+
+# -- the session ----------------------------------------------------------------------
+
+
+def test_expired_session_marks_the_holder_lost(zk, unique) -> None:
+    """A real session expiry (kazoo's harness way: another client closes the session)."""
+    name = unique()
+    seen = []
+    receiver = lambda sender, **kw: seen.append(kw["name"])  # noqa: E731
+    signals.lock_lost.connect(receiver, weak=False)
+    try:
+        handle = zk.lock(name)
+        handle.acquire()
+        session, password = zk.client.get().client_id
+        other = KazooClient(hosts=HOSTS, client_id=(session, password))
+        other.start(timeout=10)
+        other.stop()
+        other.close()
+        assert eventually(lambda: handle.lost)
+        assert seen.count(name) == 1
+        assert in_thread(lambda: zk.lock(name).acquire(timeout=5))  # freed
+        with pytest.raises(LockLost):
+            handle.release()
+    finally:
+        signals.lock_lost.disconnect(receiver)
+
+
+def test_suspended_marks_the_holder_unsure(zk, unique) -> None:
+    name = unique()
+    with zk.lock(name) as handle:
+        assert handle.unsure is False
+        zk.client._state_changed(KazooState.SUSPENDED)
+        assert handle.unsure is True and not handle.lost
+        zk.client._state_changed(KazooState.CONNECTED)
+        assert handle.unsure is False and handle.held
+
+
+def test_forked_child_gets_its_own_session(zk, unique) -> None:
+    name = unique()
+    with zk.lock(name):
+        parent_session = zk.client.get().client_id[0]
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: never touch the parent's session
+            code = 1
+            try:
+                other = zk.lock(name + "/child")
+                got = other.acquire(timeout=5) and zk.client.get().client_id[0] != parent_session
+                other.release()
+                code = 0 if got and not zk.lock(name).acquire(blocking=False) else 2
+            finally:
+                os.write(write, bytes([code]))
+                os._exit(code)
+        os.close(write)
+        assert os.read(read, 1) == b"\x00"
+        os.waitpid(pid, 0)
+        assert zk.client.get().client_id[0] == parent_session  # still ours
+        assert zk.is_locked(name)
+
+
+# -- ACLs --------------------------------------------------------------------------------
+
+
+def test_other_clients_cannot_delete_authenticated_nodes(unique) -> None:
+    require_zookeeper()
+    backend = locks["zk-auth"]
+    name = unique()
+    with backend.lock(name):
+        parent = backend.parent_of(backend.make_key(name))
+        stranger = KazooClient(hosts=HOSTS)
+        stranger.start(timeout=10)
+        try:
+            with pytest.raises(NoAuthError):
+                stranger.get_children(parent)
+            [node] = backend.client.get().get_children(parent)
+            with pytest.raises(NoAuthError):
+                stranger.delete(f"{parent}/{node}")
+        finally:
+            stranger.stop()
+            stranger.close()
+
+
+# -- options and checks -----------------------------------------------------------------
+
+_ZK = "django_distlock.backends.zookeeper.ZooKeeperBackend"
+
+
+def _backend(location: Any = "127.0.0.1:2181", **options: Any) -> ZooKeeperBackend:
+    return ZooKeeperBackend("x", {"BACKEND": _ZK, "LOCATION": location, "OPTIONS": options})
+
+
+@pytest.mark.parametrize(
+    ("location", "options", "check_id"),
+    [
+        ("", {}, "distlock.E020"),
+        ("zk1:2181,,zk2", {}, "distlock.E020"),
+        ("zk1:99999", {}, "distlock.E020"),
+        ("zk1:2181/", {}, "distlock.E020"),
+        ("zk1 zk2", {}, "distlock.E020"),
+        ("zk1:2181", {"ROOT": "relative"}, "distlock.E021"),
+        ("zk1:2181", {"ROOT": "/a/"}, "distlock.E021"),
+        ("zk1:2181", {"ROOT": "/a/../b"}, "distlock.E021"),
+        ("zk1:2181", {"ROOT": "/zookeeper/locks"}, "distlock.E021"),
+        ("zk1:2181", {"SESSION_TIMEOUT": 1}, "distlock.E022"),
+        ("zk1:2181", {"SESSION_TIMEOUT": 100}, "distlock.E022"),
+    ],
+)
+def test_checks_and_refusal_before_any_call(location, options, check_id) -> None:
+    backend = _backend(location, **options)
+    [message] = backend.check()
+    assert message.id == check_id and isinstance(message, checks.Error)
+    with pytest.raises(InvalidBackendOptions):  # no server is reached (none is there)
+        backend.lock("a").acquire(blocking=False)
+    with pytest.raises(InvalidBackendOptions):
+        backend.health()
+
+
+def test_good_settings_have_no_check_messages() -> None:
+    assert _backend("zk1:2181,zk2:2182,[::1]:2183/app/chroot", ROOT="/a/b",
+                    SESSION_TIMEOUT=30).check() == []
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"NOPE": 1},
+        {"SESSION_TIMEOUT": "10"},
+        {"SESSION_TIMEOUT": 0},
+        {"AUTH": "user:pass"},
+        {"AUTH": ("us:er", "pass")},
+        {"ACL": [("digest", "a:b", ["EVERYTHING"])]},
+        {"CLIENT_OPTIONS": {"hosts": "other:2181"}},
+        {"CLIENT_OPTIONS": []},
+    ],
+)
+def test_bad_option_types_are_refused(options) -> None:
+    with pytest.raises(InvalidBackendOptions):
+        _backend(**options)
+
+
+def test_system_check_reports_through_the_registry() -> None:
+    config = {"default": {"BACKEND": _ZK, "LOCATION": "zk1:2181", "OPTIONS": {"ROOT": "x"}}}
+    with override_settings(DISTLOCK=config):
+        from django_distlock.checks import check_distlock
+
+        assert [m.id for m in check_distlock()] == ["distlock.E021"]
+
+
+def test_unreachable_ensemble_is_a_clear_error_in_time() -> None:
+    backend = _backend("127.0.0.1:1", CONNECT_TIMEOUT=0.5)
+    started = time.monotonic()
+    with pytest.raises(Exception, match="did not answer in time") as info:
+        backend.lock("a").acquire(blocking=False)
+    assert time.monotonic() - started < 3
+    assert info.value.__cause__ is not None
