@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 import uuid
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
 from kazoo.client import KazooState
-from kazoo.exceptions import NoNodeError, SessionExpiredError
+from kazoo.exceptions import ConnectionLoss, NoNodeError, SessionExpiredError
 
 from ...backoff import remaining
 from ...exceptions import BackendUnavailable
@@ -60,6 +61,7 @@ class ZooKeeperAcquisition(Acquisition):
         self.guid = uuid.uuid4().hex
         self.node: str | None = None  # our contender's name, once created
         self.fencing: int | None = None
+        self.session = 0  # the id of the session that owns our node
         self.predecessor: str | None = None
         self.granted = False
         self._abandoned = False
@@ -98,6 +100,7 @@ class ZooKeeperAcquisition(Acquisition):
         """Create our contender node; after a connection loss, look for it by GUID first."""
         path = f"{self.parent}/{self.guid}{MARKER}"
         data = holder_data(self.token, self.lock)
+        until = time.monotonic() + self.client.settings.connect_timeout
         for _ in range(CREATE_TRIES):
             if self._uncertain and self._adopt():
                 return
@@ -117,11 +120,17 @@ class ZooKeeperAcquisition(Acquisition):
                 self.client.create_parent(self.parent)
                 continue
             except BackendUnavailable as exc:
+                # A lost connection: kazoo reconnects to another server, and the create is
+                # retried (finding its node by GUID). An unanswered call: no quorum is
+                # reachable within CONNECT_TIMEOUT: the error is the answer.
                 if isinstance(exc.__cause__, SessionExpiredError):
                     self._uncertain = False  # an ephemeral node of an ended session is gone
+                elif not isinstance(exc.__cause__, ConnectionLoss) or time.monotonic() > until:
+                    raise
                 continue
             self._uncertain = False
             self.node, self.fencing = created.rsplit("/", 1)[1], stat.czxid
+            self.session = stat.ephemeralOwner
             return
         raise BackendUnavailable(
             f"Could not create the contender node of {self.lock.name!r} in ZooKeeper."
@@ -139,6 +148,7 @@ class ZooKeeperAcquisition(Acquisition):
                 if stat is not None:
                     self._uncertain = False
                     self.node, self.fencing = child, stat.czxid
+                    self.session = stat.ephemeralOwner
                     return True
         return False
 
@@ -174,6 +184,11 @@ class ZooKeeperAcquisition(Acquisition):
         self.client.watchers.discard(self)
         if self.node is None and not self._uncertain:
             return
+        if not self.client.connected():
+            # No answer would come before the session is back: the node (if any) is
+            # deleted then (or goes with the session), without holding up the caller.
+            self.client.orphans.add((self.parent, self.guid))
+            return
         try:
             if self.node is not None:
                 self._delete()
@@ -184,15 +199,29 @@ class ZooKeeperAcquisition(Acquisition):
             raise
 
     def _delete(self) -> bool:
+        """Delete our node; whether it was still there (ours to delete)."""
+        path = f"{self.parent}/{self.node}"
+        for retry in range(CREATE_TRIES):
+            try:
+                self.client.call("deleting our node", "delete", path)
+            except NoNodeError:
+                # Gone. After a delete whose answer was lost, in the session that made
+                # the node: that delete did it. Else the session ended (or a force release).
+                return retry > 0 and self._same_session()
+            except BackendUnavailable as exc:
+                if isinstance(exc.__cause__, SessionExpiredError):
+                    return False  # an ephemeral node of an ended session is gone
+                if isinstance(exc.__cause__, ConnectionLoss) and retry < CREATE_TRIES - 1:
+                    continue  # sent again once kazoo has reconnected
+                raise
+            return True
+        return False  # pragma: no cover (the loop returns or raises)
+
+    def _same_session(self) -> bool:
         try:
-            self.client.call("deleting our node", "delete", f"{self.parent}/{self.node}")
-        except NoNodeError:
+            return self.client.get().client_id[0] == self.session
+        except (BackendUnavailable, TypeError):
             return False
-        except BackendUnavailable as exc:
-            if isinstance(exc.__cause__, SessionExpiredError):
-                return False  # an ephemeral node of an ended session is gone
-            raise
-        return True
 
     def release(self, exc_info: ExcInfo) -> bool:
         released = self._delete()

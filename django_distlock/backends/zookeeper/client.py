@@ -8,6 +8,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
@@ -133,6 +134,11 @@ class Client:
             raise unavailable(exc, f"connecting to {s.hosts}") from exc
         return kazoo
 
+    def connected(self) -> bool:
+        """Whether this process' session is connected now (no I/O)."""
+        kazoo = self._kazoo
+        return kazoo is not None and self._pid == os.getpid() and kazoo.connected
+
     def close(self) -> None:
         """End this process' session (its ephemeral nodes go at once) and the client."""
         with self._mutex:
@@ -161,12 +167,28 @@ class Client:
             raise unavailable(exc, what) from exc
 
     def call(self, what: str, method: str, *args: Any, **kwargs: Any) -> Any:
-        """Call ``kazoo.<method>_async(*args, **kwargs)`` and wait for it (see :meth:`wait`)."""
-        try:
-            result = getattr(self.get(), method + "_async")(*args, **kwargs)
-        except ERRORS as exc:
-            raise unavailable(exc, what) from exc
-        return self.wait(result, what)
+        """Call ``kazoo.<method>_async(*args, **kwargs)`` and wait for it (see :meth:`wait`).
+
+        A read (``get_children``, ``exists``, ``get``) cut by a connection loss is sent
+        again until ``CONNECT_TIMEOUT`` has passed: kazoo reconnects to another server of
+        the ensemble meanwhile, and the session (with its nodes) lives on. Writes are
+        not retried here: their callers know what a retry means.
+        """
+        retry = method in _READS
+        until = time.monotonic() + self.settings.connect_timeout
+        while True:
+            try:
+                result = getattr(self.get(), method + "_async")(*args, **kwargs)
+            except ERRORS as exc:
+                raise unavailable(exc, what) from exc
+            try:
+                return self.wait(result, what)
+            except BackendUnavailable as exc:
+                if not (retry and isinstance(exc.__cause__, ConnectionLoss)):
+                    raise
+                if time.monotonic() >= until:
+                    raise
+                time.sleep(0.05)
 
     def create_parent(self, path: str) -> None:
         """Create the container node ``path`` (and ``ROOT`` when missing)."""
@@ -221,6 +243,7 @@ class Client:
 
 
 _OPEN = [ACL(31, Id("world", "anyone"))]
+_READS = frozenset({"get_children", "exists", "get"})
 
 
 def delete_guid(client: Client, parent: str, guid: str) -> bool:
