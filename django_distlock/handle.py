@@ -126,6 +126,9 @@ class Lock:
         #: ZooKeeper session suspended: the connection dropped and the session may
         #: yet expire); stop writing until it turns False again, or ``lost`` True.
         self.unsure = False
+        #: What the handle takes: ``"exclusive"`` (``lock()``), ``"read"`` or ``"write"``
+        #: (``read_lock()``/``write_lock()``, where ``supports_read_write``).
+        self.kind = "exclusive"
         self._valid_until: float | None = None  # monotonic, conservative
         self._lost_at_release = False
         self._started = 0.0
@@ -317,7 +320,7 @@ class Lock:
                 )
             if self._token is not None:
                 self._check_process()
-            elif blocking and not self.reentrant:
+            elif blocking and not self.reentrant and self.kind != "read":  # readers share
                 with _held_mutex:
                     holders = _held.get((self.backend.alias, self.key), {})
                     if holder in holders.values():

@@ -19,7 +19,12 @@ from django_distlock import locks, signals
 from django_distlock.backends.zookeeper import ZooKeeperBackend
 from django_distlock.backends.zookeeper.client import unavailable
 from django_distlock.backends.zookeeper.paths import decode, encode
-from django_distlock.exceptions import BackendUnavailable, InvalidBackendOptions, LockLost
+from django_distlock.exceptions import (
+    BackendUnavailable,
+    InvalidBackendOptions,
+    LockLost,
+    UnsupportedOperation,
+)
 from django_distlock.testing import LockContract
 
 from .conftest import eventually, in_thread, require_zookeeper
@@ -382,3 +387,114 @@ def test_unreachable_ensemble_is_a_clear_error_in_time() -> None:
         backend.lock("a").acquire(blocking=False)
     assert time.monotonic() - started < 3
     assert info.value.__cause__ is not None
+
+
+# -- read-write locks -----------------------------------------------------------------
+
+
+def _try(handle_factory: Any) -> bool:
+    """Whether another thread gets the lock at once (and gives it back)."""
+    def run() -> bool:
+        handle = handle_factory()
+        got = handle.acquire(blocking=False)
+        if got:
+            handle.release()
+        return bool(got)
+
+    return bool(in_thread(run))
+
+
+def test_readers_share_and_writers_exclude(zk, unique) -> None:
+    name = unique()
+    first, second = zk.read_lock(name), zk.read_lock(name)
+    assert first.acquire(blocking=False) and second.acquire(timeout=2)  # one thread, waiting
+    assert _try(lambda: zk.read_lock(name))
+    assert not _try(lambda: zk.write_lock(name))
+    assert not _try(lambda: zk.lock(name))  # lock() is the write side too
+    assert zk.is_locked(name)
+    first.release()
+    second.release()
+    with zk.write_lock(name) as writer:
+        assert writer.kind == "write" and isinstance(writer.fencing_token, int)
+        assert not _try(lambda: zk.read_lock(name))
+        assert not _try(lambda: zk.write_lock(name))
+    assert _try(lambda: zk.write_lock(name))
+
+
+def test_a_writer_is_not_starved_by_a_stream_of_readers(zk, unique) -> None:
+    name = unique()
+    reader = zk.read_lock(name)
+    reader.acquire()
+    served: list[str] = []
+
+    def write() -> None:
+        with zk.write_lock(name, timeout=20):
+            served.append("writer")
+            time.sleep(0.05)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    assert eventually(lambda: len(_children(zk, name)) == 2)
+    late_readers = []
+    for i in range(5):  # readers keep coming while the first one holds
+        assert not _try(lambda: zk.read_lock(name))  # queued behind the writer: no barging
+
+        def read(i: int = i) -> None:
+            with zk.read_lock(name, timeout=20):
+                served.append(f"reader{i}")
+
+        late_readers.append(threading.Thread(target=read))
+        late_readers[-1].start()
+    assert eventually(lambda: len(_children(zk, name)) == 7)
+    assert served == []
+    reader.release()
+    writer.join(20)
+    for thread in late_readers:
+        thread.join(20)
+    assert served[0] == "writer" and sorted(served[1:]) == [f"reader{i}" for i in range(5)]
+
+
+def test_readers_behind_a_writer_are_woken_together(zk, unique) -> None:
+    name = unique()
+    writer = zk.write_lock(name)
+    writer.acquire()
+    inside = threading.Barrier(4, timeout=10)  # 3 readers and this test
+    threads = []
+    for _ in range(3):
+        def read() -> None:
+            with zk.read_lock(name, timeout=20):
+                inside.wait()  # all three hold it at once
+                inside.wait()
+
+        threads.append(threading.Thread(target=read))
+        threads[-1].start()
+    assert eventually(lambda: len(_children(zk, name)) == 4)
+    writer.release()
+    inside.wait()
+    [info] = zk.held_locks(prefix=name).locks
+    assert info.kind == "read" and info.waiters == 0
+    inside.wait()
+    for thread in threads:
+        thread.join(10)
+
+
+def test_listing_shows_the_kind_and_who_waits(zk, unique) -> None:
+    name = unique()
+    with zk.read_lock(name), zk.read_lock(name):
+        waiter = threading.Thread(target=lambda: zk.write_lock(name, timeout=1).acquire())
+        waiter.start()
+        assert eventually(lambda: len(_children(zk, name)) == 3)
+        [info] = zk.held_locks(prefix=name).locks
+        assert info.kind == "read" and info.waiters == 1
+        waiter.join(5)
+    with zk.lock(name):
+        assert zk.held_locks(prefix=name).locks[0].kind == "exclusive"
+
+
+def test_read_write_locks_are_refused_where_unsupported() -> None:
+    backend = locks["locmem"]
+    assert backend.supports_read_write is False
+    with pytest.raises(UnsupportedOperation):
+        backend.read_lock("x")
+    with pytest.raises(UnsupportedOperation):
+        backend.write_lock("x")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
 from asgiref.sync import sync_to_async
@@ -21,6 +21,7 @@ from django.core import checks
 from ..backoff import Backoff, remaining
 from ..exceptions import InvalidBackendOptions, UnsupportedOperation
 from ..handle import Lock
+from ..multilock import MultiLock
 from ..names import MAX_PREFIX_LENGTH, display_name, storage_key, validate_name
 from ..renewal import validate_max_hold
 from ..values import (
@@ -191,6 +192,9 @@ class BaseLockBackend(abc.ABC):
     distributed: ClassVar[bool] = True
     #: ``lock(name, reentrant=True)`` works: the same owner acquires again, counted.
     supports_reentrancy: ClassVar[bool] = False
+    #: ``read_lock(name)`` and ``write_lock(name)`` work: readers share, a writer excludes
+    #: readers and writers (and exclusive locks of the name), served in arrival order.
+    supports_read_write: ClassVar[bool] = False
 
     def __init__(self, alias: str, params: Mapping[str, Any]) -> None:
         self.alias = alias
@@ -315,6 +319,47 @@ class BaseLockBackend(abc.ABC):
             reentrant=reentrant, owner_token=owner_token, auto_renew=auto_renew,
             max_hold=max_hold,
         )
+
+    def read_lock(self, name: str, **options: Any) -> Lock:
+        """Build a handle on the shared (read) side of the read-write lock ``name``.
+
+        Takes the options of :meth:`lock`. Readers hold it together; a writer that
+        came first keeps later readers out (writers are not starved).
+
+        :raises UnsupportedOperation: when ``supports_read_write`` is False.
+        """
+        return self._kind_lock("read", name, options)
+
+    def write_lock(self, name: str, **options: Any) -> Lock:
+        """Build a handle on the exclusive (write) side of the read-write lock ``name``;
+        it also excludes ``lock(name)``. Takes the options of :meth:`lock`.
+
+        :raises UnsupportedOperation: when ``supports_read_write`` is False.
+        """
+        return self._kind_lock("write", name, options)
+
+    def _kind_lock(self, kind: str, name: str, options: dict[str, Any]) -> Lock:
+        if not self.supports_read_write:
+            raise UnsupportedOperation(
+                f"{type(self).__name__} (alias {self.alias!r}) has no read-write locks."
+            )
+        if options.get("reentrant"):
+            raise UnsupportedOperation("Read-write locks are not reentrant.")
+        handle = self.lock(name, **options)
+        handle.kind = kind
+        return handle
+
+    def multi_lock(self, names: Iterable[str], **options: Any) -> MultiLock:
+        """Build a handle that takes the exclusive locks of all ``names`` or none.
+
+        They are acquired in one fixed order (their storage keys sorted), so two
+        multi-locks over overlapping names never deadlock, within one shared
+        ``timeout``; released in reverse order. Takes the options of :meth:`lock`.
+
+        :raises InvalidLockName: for a bad name.
+        :raises ValueError: for no names.
+        """
+        return MultiLock(self, names, options)
 
     def make_key(self, name: str) -> str:
         """Return the storage key of ``name``: the alias' ``KEY_PREFIX`` + the name

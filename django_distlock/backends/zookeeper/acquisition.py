@@ -2,8 +2,9 @@
 
 ``attempt()`` creates this acquisition's ephemeral sequential node once (its name
 starts with a GUID, so a create retried after a connection loss finds the node the
-first one made) and lists the contenders: the lowest holds the lock. ``wait()``
-watches only the node just ahead (no herd: a release wakes one waiter). The parent
+first one made) and lists the contenders: the lowest holds the lock (readers: all
+those with no writer ahead). ``wait()`` watches only the node it waits for (no
+herd: a release wakes one waiter, or the readers right behind a writer). The parent
 path is not re-checked before each create (kazoo's ``Lock`` does): a create that
 finds it gone re-creates it, so an uncontended acquire+release is 3 round trips.
 """
@@ -26,7 +27,7 @@ from ...exceptions import BackendUnavailable
 from ...values import short_owner
 from ..base import Acquisition, ExcInfo, Grant, Miss
 from .client import ERRORS, delete_guid, on_done, unavailable
-from .paths import MARKER, contenders, guid_of
+from .paths import MARKER, READ_MARKER, blocker, contenders, guid_of
 
 if TYPE_CHECKING:
     from kazoo.interfaces import IAsyncResult
@@ -40,7 +41,7 @@ CREATE_TRIES = 3
 
 def holder_data(token: str, lock: Lock) -> bytes:
     """The holder identity stored in a contender node (listings show it)."""
-    return f"1 {short_owner(token)} {lock.pid or ''} {lock.host} {lock.thread}".encode()
+    return f"1 {lock.kind} {short_owner(token)} {lock.pid or ''} {lock.host} {lock.thread}".encode()
 
 
 class ZooKeeperAcquisition(Acquisition):
@@ -84,12 +85,12 @@ class ZooKeeperAcquisition(Acquisition):
             if self.node not in order:  # our session ended while we queued: queue again
                 self.node = None
                 continue
-            index = order.index(self.node)
-            if index == 0:
+            ahead = blocker(order, self.node)
+            if ahead is None:
                 self.granted = True
                 self.lock.unsure = False
                 return Grant(self.fencing, datetime.now(UTC), None)
-            self.predecessor = order[index - 1]
+            self.predecessor = ahead
             return Miss(None)
         raise BackendUnavailable(
             f"ZooKeeper kept dropping the contender node of {self.lock.name!r} (session "
@@ -98,7 +99,8 @@ class ZooKeeperAcquisition(Acquisition):
 
     def _create(self) -> None:
         """Create our contender node; after a connection loss, look for it by GUID first."""
-        path = f"{self.parent}/{self.guid}{MARKER}"
+        marker = READ_MARKER if self.lock.kind == "read" else MARKER
+        path = f"{self.parent}/{self.guid}{marker}"
         data = holder_data(self.token, self.lock)
         until = time.monotonic() + self.client.settings.connect_timeout
         for _ in range(CREATE_TRIES):

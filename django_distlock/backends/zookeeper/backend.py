@@ -17,7 +17,7 @@ from ..base import BaseLockBackend, LockInfo, LockPage, validate_page_args
 from .acquisition import ZooKeeperAcquisition
 from .client import Client
 from .options import parse
-from .paths import contenders, decode, encode
+from .paths import contenders, decode, encode, holders
 
 _PARENTS_CACHE = 4096
 
@@ -41,6 +41,7 @@ class ZooKeeperBackend(BaseLockBackend):
     """
 
     supports_expiry = False
+    supports_read_write = True
 
     def __init__(self, alias: str, params: Mapping[str, Any]) -> None:
         super().__init__(alias, params)
@@ -129,12 +130,13 @@ class ZooKeeperBackend(BaseLockBackend):
                 data, stat = self.client.wait(result, "reading a holder")
             except NoNodeError:
                 continue  # released meanwhile
-            infos.append((key, self._info(key, data, stat, len(queue) - 1)))
+            waiting = len(queue) - len(holders(queue))
+            infos.append((key, self._info(key, data, stat, waiting)))
         return infos
 
     def _info(self, key: str, data: bytes, stat: Any, waiters: int) -> LockInfo:
-        fields = data.decode(errors="replace").split(" ", 4)
-        _version, owner, pid, host, thread = [*fields, "", "", "", "", ""][:5]
+        fields = data.decode(errors="replace").split(" ", 5)
+        _version, kind, owner, pid, host, thread = [*fields, "", "", "", "", "", ""][:6]
         return LockInfo(
             alias=self.alias,
             name=self.name_of(key),
@@ -146,6 +148,7 @@ class ZooKeeperBackend(BaseLockBackend):
             pid=int(pid) if pid.isdigit() else None,
             thread=thread,
             waiters=waiters,
+            kind=kind or "exclusive",
         )
 
     def force_release(self, name: str) -> bool:

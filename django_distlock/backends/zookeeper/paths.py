@@ -1,16 +1,19 @@
 """Lock names as znode names, and the names of the contender nodes under them.
 
 A lock is a parent node ``ROOT/<encoded key>`` (a container node) whose children
-are the contenders: ``<guid>__lock__<sequence>``, ephemeral and sequential, the
-lowest sequence holding the lock (kazoo's ``Lock`` recipe names them the same way).
+are the contenders: ``<guid>__lock__<sequence>`` (``__rlock__`` for readers),
+ephemeral and sequential, the lowest sequence holding the lock (kazoo's ``Lock``,
+``ReadLock`` and ``WriteLock`` recipes name them the same way).
 """
 
 from __future__ import annotations
 
 import re
 
-#: Separates a contender's GUID from the sequence number ZooKeeper appends.
+#: Separates a contender's GUID from the sequence number ZooKeeper appends; says what it
+#: takes: the lock (exclusive or write side), or its read side (kazoo's names too).
 MARKER = "__lock__"
+READ_MARKER = "__rlock__"
 _SEQUENCE_DIGITS = 10
 _SAFE = frozenset(
     "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_:.,;=+@!~*()[]{}<> '\"$&#^|`?"
@@ -67,7 +70,30 @@ def decode(name: str) -> str:
 def sequence_of(child: str) -> int:
     """The sequence number ZooKeeper appended to a contender's name (-1 if none)."""
     tail = child[-_SEQUENCE_DIGITS:]
-    return int(tail) if MARKER in child and tail.isdigit() else -1
+    marked = MARKER in child or READ_MARKER in child
+    return int(tail) if marked and tail.isdigit() else -1
+
+
+def is_read(child: str) -> bool:
+    """Whether a contender takes the read side (it shares with other readers)."""
+    return READ_MARKER in child
+
+
+def blocker(order: list[str], node: str) -> str | None:
+    """The contender ``node`` waits for, None if it holds: a writer waits for the one
+    just ahead; a reader for the nearest writer ahead (readers share)."""
+    index = order.index(node)
+    if not is_read(node):
+        return order[index - 1] if index else None
+    writers = [child for child in order[:index] if not is_read(child)]
+    return writers[-1] if writers else None
+
+
+def holders(order: list[str]) -> list[str]:
+    """The contenders that hold the lock now: the first, or the leading readers."""
+    if not order or not is_read(order[0]):
+        return order[:1]
+    return [child for child in order if blocker(order, child) is None]
 
 
 def contenders(children: list[str]) -> list[str]:
@@ -77,4 +103,4 @@ def contenders(children: list[str]) -> list[str]:
 
 def guid_of(child: str) -> str:
     """The GUID part of a contender's name."""
-    return child.partition(MARKER)[0]
+    return child.partition("__")[0]
