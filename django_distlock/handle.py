@@ -127,8 +127,11 @@ class Lock:
         #: yet expire); stop writing until it turns False again, or ``lost`` True.
         self.unsure = False
         #: What the handle takes: ``"exclusive"`` (``lock()``), ``"read"`` or ``"write"``
-        #: (``read_lock()``/``write_lock()``, where ``supports_read_write``).
+        #: (``read_lock()``/``write_lock()``, where ``supports_read_write``), or one lease
+        #: of a ``"semaphore"`` (``semaphore()``, where ``supports_semaphore``).
         self.kind = "exclusive"
+        #: How many holders a ``"semaphore"`` handle's name admits (``semaphore()``).
+        self.limit: int | None = None
         self._valid_until: float | None = None  # monotonic, conservative
         self._lost_at_release = False
         self._started = 0.0
@@ -320,7 +323,7 @@ class Lock:
                 )
             if self._token is not None:
                 self._check_process()
-            elif blocking and not self.reentrant and self.kind != "read":  # readers share
+            elif blocking and not self.reentrant and self.kind in ("exclusive", "write"):
                 with _held_mutex:
                     holders = _held.get((self.backend.alias, self.key), {})
                     if holder in holders.values():

@@ -196,8 +196,8 @@ def test_a_create_whose_answer_is_lost_adopts_its_node(zk, unique, monkeypatch) 
     real = zk.client.wait
     lost = []
 
-    def wait(result: Any, what: str) -> Any:
-        value = real(result, what)
+    def wait(result: Any, what: str, until: float | None = None) -> Any:
+        value = real(result, what, until)
         if what == "creating a contender node" and not lost:
             lost.append(value)
             raise unavailable(ConnectionLoss()) from ConnectionLoss()
@@ -498,3 +498,99 @@ def test_read_write_locks_are_refused_where_unsupported() -> None:
         backend.read_lock("x")
     with pytest.raises(UnsupportedOperation):
         backend.write_lock("x")
+
+
+# -- semaphores --------------------------------------------------------------------------
+
+
+def _max_concurrency(intervals: list[tuple[float, float]]) -> int:
+    edges = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])
+    level = peak = 0
+    for _, step in edges:  # an end sorts before a start at the same instant
+        level += step
+        peak = max(peak, level)
+    return peak
+
+
+def test_max_concurrency_can_see_overlaps() -> None:
+    assert _max_concurrency([(0, 2), (1, 3), (1.5, 4), (3.5, 5)]) == 3
+    assert _max_concurrency([(0, 1), (1, 2)]) == 1
+
+
+def test_a_semaphore_never_exceeds_its_limit(zk, unique) -> None:
+    name = unique("sem")
+    intervals: list[tuple[float, float]] = []
+    tokens: list[int] = []
+
+    def work() -> None:
+        for _ in range(4):
+            with zk.semaphore(name, 3, timeout=30) as lease:
+                began = time.monotonic()
+                tokens.append(lease.fencing_token)
+                time.sleep(0.02)
+                intervals.append((began, time.monotonic()))
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert len(intervals) == 32 and len(set(tokens)) == 32
+    assert _max_concurrency(intervals) == 3  # reached, never passed
+    assert not zk.is_locked(name)
+
+
+def test_semaphore_at_its_limit(zk, unique) -> None:
+    name = unique("sem")
+    held = [zk.semaphore(name, 2) for _ in range(2)]
+    for lease in held:
+        assert lease.acquire(blocking=False)
+    assert not _try(lambda: zk.semaphore(name, 2))
+    parent = zk.parent_of(zk.make_key(name))
+    kazoo = zk.client.get()
+    assert kazoo.get_children(f"{parent}/__gate__") == []  # the miss left the gate
+    waiter = threading.Thread(target=lambda: zk.semaphore(name, 2, timeout=1).acquire())
+    waiter.start()
+    assert eventually(lambda: len(kazoo.get_children(f"{parent}/__gate__")) == 1)
+    [info] = zk.held_locks(prefix=name).locks
+    assert info.kind == "semaphore" and info.waiters == 1
+    waiter.join(5)
+    held[0].release()
+    assert _try(lambda: zk.semaphore(name, 2))
+    held[1].release()
+
+
+def test_semaphore_arguments() -> None:
+    require_zookeeper()
+    zk = locks["zk"]
+    for bad in (0, -1, 10_001):
+        with pytest.raises(ValueError):
+            zk.semaphore("s", bad)
+    for bad_type in ("3", 2.5, True, None):
+        with pytest.raises(TypeError):
+            zk.semaphore("s", bad_type)
+    with pytest.raises(UnsupportedOperation):
+        locks["locmem"].semaphore("s", 2)
+
+
+def test_semaphore_async(zk, unique) -> None:
+    import asyncio
+
+    name = unique("sem")
+
+    async def main() -> int:
+        inside = 0
+        peak = 0
+
+        async def one() -> None:
+            nonlocal inside, peak
+            async with zk.semaphore(name, 2, timeout=20):
+                inside += 1
+                peak = max(peak, inside)
+                await asyncio.sleep(0.05)
+                inside -= 1
+
+        await asyncio.gather(*(one() for _ in range(6)))
+        return peak
+
+    assert asyncio.run(main()) == 2

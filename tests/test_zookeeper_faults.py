@@ -170,8 +170,10 @@ def test_sigkilled_holder_is_freed_within_the_session_timeout(unique) -> None:
     assert handle.acquire(blocking=False) is False  # the session outlives the process
     assert handle.acquire(timeout=SESSION_TIMEOUT * 2) is True
     freed_after = time.monotonic() - killed
-    # ZooKeeper checks expiries every tickTime (2 s): up to one tick past the timeout.
-    assert freed_after < SESSION_TIMEOUT + 2.5, freed_after
+    # ZooKeeper expires sessions in tickTime buckets (2 s): up to one tick past the
+    # timeout; then a quorum write deletes the node and the watch wakes us (1.5 s of
+    # slack for a loaded 2-core machine; measured 6.0-6.8 s).
+    assert freed_after < SESSION_TIMEOUT + 2 + 1.5, freed_after
     handle.release()
 
 

@@ -49,6 +49,9 @@ __all__ = [
     "validate_page_args",
 ]
 
+#: Most leases ``semaphore()`` accepts.
+MAX_LEASES = 10_000
+
 _PARAM_KEYS = frozenset(
     {"BACKEND", "LOCATION", "OPTIONS", "KEY_PREFIX", "TTL", "TIMEOUT", "AUTO_RENEW"}
 )
@@ -195,6 +198,8 @@ class BaseLockBackend(abc.ABC):
     #: ``read_lock(name)`` and ``write_lock(name)`` work: readers share, a writer excludes
     #: readers and writers (and exclusive locks of the name), served in arrival order.
     supports_read_write: ClassVar[bool] = False
+    #: ``semaphore(name, limit)`` works: up to ``limit`` holders at once.
+    supports_semaphore: ClassVar[bool] = False
 
     def __init__(self, alias: str, params: Mapping[str, Any]) -> None:
         self.alias = alias
@@ -347,6 +352,28 @@ class BaseLockBackend(abc.ABC):
             raise UnsupportedOperation("Read-write locks are not reentrant.")
         handle = self.lock(name, **options)
         handle.kind = kind
+        return handle
+
+    def semaphore(self, name: str, limit: int, **options: Any) -> Lock:
+        """Build a handle on one of the ``limit`` leases of the counting semaphore
+        ``name`` (every client of a name must use the same ``limit``). Takes the
+        options of :meth:`lock`; waiters are served in arrival order.
+
+        :raises UnsupportedOperation: when ``supports_semaphore`` is False.
+        :raises TypeError, ValueError: for a ``limit`` that is not an int from 1 to 10,000.
+        """
+        if not self.supports_semaphore:
+            raise UnsupportedOperation(
+                f"{type(self).__name__} (alias {self.alias!r}) has no semaphores."
+            )
+        if isinstance(limit, bool) or not isinstance(limit, int):
+            raise TypeError("limit must be an int.")
+        if not 1 <= limit <= MAX_LEASES:
+            raise ValueError(f"limit must be between 1 and {MAX_LEASES}, got {limit}.")
+        if options.get("reentrant"):
+            raise UnsupportedOperation("Semaphores are not reentrant.")
+        handle = self.lock(name, **options)
+        handle.kind, handle.limit = "semaphore", limit
         return handle
 
     def multi_lock(self, names: Iterable[str], **options: Any) -> MultiLock:

@@ -35,8 +35,8 @@ if TYPE_CHECKING:
     from ...handle import Lock
     from .backend import ZooKeeperBackend
 
-#: How often a create is retried after a connection loss before giving up.
-CREATE_TRIES = 3
+#: How often a create is tried (within CONNECT_TIMEOUT) before giving up.
+CREATE_TRIES = 5
 
 
 def holder_data(token: str, lock: Lock) -> bytes:
@@ -64,6 +64,8 @@ class ZooKeeperAcquisition(Acquisition):
         self.fencing: int | None = None
         self.session = 0  # the id of the session that owns our node
         self.predecessor: str | None = None
+        #: What the node's name says it takes (see :mod:`.paths`).
+        self.marker = READ_MARKER if lock.kind == "read" else MARKER
         self.granted = False
         self._abandoned = False
         self._uncertain = False  # a create may have happened that we did not see
@@ -99,12 +101,11 @@ class ZooKeeperAcquisition(Acquisition):
 
     def _create(self) -> None:
         """Create our contender node; after a connection loss, look for it by GUID first."""
-        marker = READ_MARKER if self.lock.kind == "read" else MARKER
-        path = f"{self.parent}/{self.guid}{marker}"
+        path = f"{self.parent}/{self.guid}{self.marker}"
         data = holder_data(self.token, self.lock)
         until = time.monotonic() + self.client.settings.connect_timeout
         for _ in range(CREATE_TRIES):
-            if self._uncertain and self._adopt():
+            if self._uncertain and self._adopt(until):
                 return
             try:
                 result = self.client.get().create_async(
@@ -116,7 +117,7 @@ class ZooKeeperAcquisition(Acquisition):
             self._uncertain = True  # until its answer is known
             on_done(result, self._late_create)
             try:
-                created, stat = self.client.wait(result, "creating a contender node")
+                created, stat = self.client.wait(result, "creating a contender node", until)
             except NoNodeError:  # the parent is gone (a reaped container): make it again
                 self._uncertain = False
                 self.client.create_parent(self.parent)
@@ -125,10 +126,13 @@ class ZooKeeperAcquisition(Acquisition):
                 # A lost connection: kazoo reconnects to another server, and the create is
                 # retried (finding its node by GUID). An unanswered call: no quorum is
                 # reachable within CONNECT_TIMEOUT: the error is the answer.
+                if not isinstance(exc.__cause__, ConnectionLoss | SessionExpiredError):
+                    raise
                 if isinstance(exc.__cause__, SessionExpiredError):
                     self._uncertain = False  # an ephemeral node of an ended session is gone
-                elif not isinstance(exc.__cause__, ConnectionLoss) or time.monotonic() > until:
+                if time.monotonic() > until:
                     raise
+                self.client.await_connected(until)  # kazoo reconnects (a new session)
                 continue
             self._uncertain = False
             self.node, self.fencing = created.rsplit("/", 1)[1], stat.czxid
@@ -138,15 +142,19 @@ class ZooKeeperAcquisition(Acquisition):
             f"Could not create the contender node of {self.lock.name!r} in ZooKeeper."
         )
 
-    def _adopt(self) -> bool:
+    def _adopt(self, until: float) -> bool:
         """Find the node an earlier create of ours made (the answer was lost)."""
         try:
-            children = self.client.call(f"listing {self.parent}", "get_children", self.parent)
+            children = self.client.call(
+                f"listing {self.parent}", "get_children", self.parent, until=until
+            )
         except NoNodeError:
             children = []
         for child in children:
             if guid_of(child) == self.guid:
-                stat = self.client.call("reading our node", "exists", f"{self.parent}/{child}")
+                stat = self.client.call(
+                    "reading our node", "exists", f"{self.parent}/{child}", until=until
+                )
                 if stat is not None:
                     self._uncertain = False
                     self.node, self.fencing = child, stat.czxid

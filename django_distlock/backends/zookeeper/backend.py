@@ -17,7 +17,8 @@ from ..base import BaseLockBackend, LockInfo, LockPage, validate_page_args
 from .acquisition import ZooKeeperAcquisition
 from .client import Client
 from .options import parse
-from .paths import contenders, decode, encode, holders
+from .paths import GATE, LEASE_MARKER, contenders, decode, encode, holders
+from .semaphore import SemaphoreAcquisition
 
 _PARENTS_CACHE = 4096
 
@@ -42,6 +43,7 @@ class ZooKeeperBackend(BaseLockBackend):
 
     supports_expiry = False
     supports_read_write = True
+    supports_semaphore = True
 
     def __init__(self, alias: str, params: Mapping[str, Any]) -> None:
         super().__init__(alias, params)
@@ -67,8 +69,10 @@ class ZooKeeperBackend(BaseLockBackend):
 
     def acquisition(
         self, lock: Lock, token: str, blocking: bool, deadline: float | None
-    ) -> ZooKeeperAcquisition:
+    ) -> ZooKeeperAcquisition | SemaphoreAcquisition:
         self._usable()
+        if lock.kind == "semaphore":
+            return SemaphoreAcquisition(self, lock, token, blocking, deadline)
         return ZooKeeperAcquisition(self, lock, token, blocking, deadline)
 
     def _contenders(self, parent: str) -> list[str]:
@@ -131,6 +135,8 @@ class ZooKeeperBackend(BaseLockBackend):
             except NoNodeError:
                 continue  # released meanwhile
             waiting = len(queue) - len(holders(queue))
+            if LEASE_MARKER in queue[0]:  # a semaphore's waiters queue at its gate
+                waiting = len(self._contenders(f"{self.parent_of(key)}/{GATE}"))
             infos.append((key, self._info(key, data, stat, waiting)))
         return infos
 

@@ -127,17 +127,29 @@ class Client:
             **s.client_options,
         )
         kazoo.add_listener(self._state_changed)
+        # Not kazoo's start(): on a timeout it stops the client before raising, which
+        # waits for a connection attempt in progress (seconds past the timeout).
         try:
-            kazoo.start(timeout=s.connect_timeout)
+            connected = kazoo.start_async().wait(timeout=s.connect_timeout)
         except ERRORS as exc:
-            kazoo.close()
             raise unavailable(exc, f"connecting to {s.hosts}") from exc
+        if not connected or not kazoo.connected:
+            threading.Thread(target=_discard, args=(kazoo,), daemon=True).start()
+            timeout = KazooTimeoutError("Connection time-out")
+            raise unavailable(timeout, f"connecting to {s.hosts}") from timeout
         return kazoo
 
     def connected(self) -> bool:
         """Whether this process' session is connected now (no I/O)."""
         kazoo = self._kazoo
         return kazoo is not None and self._pid == os.getpid() and kazoo.connected
+
+    def await_connected(self, until: float) -> None:
+        """Sleep until the session is connected again (kazoo reconnects by itself, with
+        a new session after an expiry), or until ``until`` (a monotonic time)."""
+        time.sleep(0.01)
+        while not self.connected() and time.monotonic() < until:
+            time.sleep(0.02)
 
     def close(self) -> None:
         """End this process' session (its ephemeral nodes go at once) and the client."""
@@ -153,54 +165,72 @@ class Client:
 
     # -- calls --------------------------------------------------------------------
 
-    def wait(self, result: IAsyncResult, what: str) -> Any:
-        """The value of an async kazoo call, within ``CONNECT_TIMEOUT``.
+    def wait(self, result: IAsyncResult, what: str, until: float | None = None) -> Any:
+        """The value of an async kazoo call, within ``CONNECT_TIMEOUT`` (or by ``until``,
+        a monotonic time, when it comes first).
 
         :raises NoNodeError, NodeExistsError, NotEmptyError: for the caller to handle.
         :raises BackendUnavailable: for any other failure, and a call unanswered in time.
         """
         try:
-            return result.get(timeout=self.settings.connect_timeout)
+            timeout = self.settings.connect_timeout
+            if until is not None:
+                timeout = max(min(timeout, until - time.monotonic()), 0.001)
+            return result.get(timeout=timeout)
         except (NoNodeError, NodeExistsError, NotEmptyError):
             raise
         except ERRORS as exc:
             raise unavailable(exc, what) from exc
 
-    def call(self, what: str, method: str, *args: Any, **kwargs: Any) -> Any:
-        """Call ``kazoo.<method>_async(*args, **kwargs)`` and wait for it (see :meth:`wait`).
+    def call(
+        self, what: str, method: str, *args: Any, until: float | None = None, **kwargs: Any
+    ) -> Any:
+        """Call ``kazoo.<method>_async(*args, **kwargs)`` and wait for it, by ``until`` or
+        within ``CONNECT_TIMEOUT`` (see :meth:`wait`).
 
         A read (``get_children``, ``exists``, ``get``) cut by a connection loss is sent
         again until ``CONNECT_TIMEOUT`` has passed: kazoo reconnects to another server of
-        the ensemble meanwhile, and the session (with its nodes) lives on. Writes are
+        the ensemble meanwhile, and the session (with its nodes) lives on; after a
+        session expiry, kazoo opens a new session, and the read waits for it. Writes are
         not retried here: their callers know what a retry means.
         """
         retry = method in _READS
-        until = time.monotonic() + self.settings.connect_timeout
+        if until is None:
+            until = time.monotonic() + self.settings.connect_timeout
         while True:
             try:
                 result = getattr(self.get(), method + "_async")(*args, **kwargs)
             except ERRORS as exc:
                 raise unavailable(exc, what) from exc
             try:
-                return self.wait(result, what)
+                return self.wait(result, what, until)
             except BackendUnavailable as exc:
-                if not (retry and isinstance(exc.__cause__, ConnectionLoss)):
+                if not (retry and isinstance(exc.__cause__, ConnectionLoss | SessionExpiredError)):
                     raise
                 if time.monotonic() >= until:
                     raise
-                time.sleep(0.05)
+                self.await_connected(until)
 
     def create_parent(self, path: str) -> None:
-        """Create the container node ``path`` (and ``ROOT`` when missing)."""
-        for _ in range(2):
+        """Create the container node ``path``, and its missing ancestors (containers up
+        to ``ROOT``, which is persistent).
+
+        :raises BackendUnavailable: when the server fails.
+        """
+        for _ in range(3):
             try:
                 self._create_container(path)
                 return
             except NodeExistsError:
                 return
             except NoNodeError:
-                self.ensure_root()
-        self._create_container(path)
+                above = path.rsplit("/", 1)[0]
+                if above == self.settings.root:
+                    self._root_ready = False
+                    self.ensure_root()
+                else:
+                    self.create_parent(above)
+        raise BackendUnavailable(f"ZooKeeper kept removing the parents of {path}.")
 
     def _create_container(self, path: str) -> None:
         kazoo = self.get()
@@ -262,6 +292,13 @@ def delete_guid(client: Client, parent: str, guid: str) -> bool:
             with contextlib.suppress(NoNodeError):
                 client.call(f"deleting {parent}/{child}", "delete", f"{parent}/{child}")
     return found
+
+
+def _discard(kazoo: KazooClient) -> None:
+    """Stop and close a client that never connected (in the background)."""
+    with contextlib.suppress(*ERRORS):
+        kazoo.stop()
+        kazoo.close()
 
 
 _clients: weakref.WeakSet[Client] = weakref.WeakSet()

@@ -14,6 +14,10 @@ import re
 #: takes: the lock (exclusive or write side), or its read side (kazoo's names too).
 MARKER = "__lock__"
 READ_MARKER = "__rlock__"
+#: A semaphore's lease (kazoo's ``Semaphore`` names its leases freely; these sort).
+LEASE_MARKER = "__lease__"
+#: The child of a semaphore's parent under which its waiters queue for the gate.
+GATE = "__gate__"
 _SEQUENCE_DIGITS = 10
 _SAFE = frozenset(
     "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_:.,;=+@!~*()[]{}<> '\"$&#^|`?"
@@ -70,7 +74,7 @@ def decode(name: str) -> str:
 def sequence_of(child: str) -> int:
     """The sequence number ZooKeeper appended to a contender's name (-1 if none)."""
     tail = child[-_SEQUENCE_DIGITS:]
-    marked = MARKER in child or READ_MARKER in child
+    marked = MARKER in child or READ_MARKER in child or LEASE_MARKER in child
     return int(tail) if marked and tail.isdigit() else -1
 
 
@@ -91,6 +95,8 @@ def blocker(order: list[str], node: str) -> str | None:
 
 def holders(order: list[str]) -> list[str]:
     """The contenders that hold the lock now: the first, or the leading readers."""
+    if order and LEASE_MARKER in order[0]:
+        return [child for child in order if LEASE_MARKER in child]
     if not order or not is_read(order[0]):
         return order[:1]
     return [child for child in order if blocker(order, child) is None]
