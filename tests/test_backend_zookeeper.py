@@ -594,3 +594,44 @@ def test_semaphore_async(zk, unique) -> None:
         return peak
 
     assert asyncio.run(main()) == 2
+
+
+# -- the decorator form of each kind ------------------------------------------------------
+
+
+def test_decorator_kinds(zk, unique) -> None:
+    from django_distlock import distlock
+
+    name = unique()
+    seen: list[tuple[str, bool]] = []
+
+    @distlock(name, using="zk", kind="read")
+    def read() -> None:
+        seen.append(("read", _try(lambda: zk.read_lock(name))))  # readers share
+        seen.append(("write", _try(lambda: zk.write_lock(name))))
+
+    @distlock(name, using="zk", kind="write")
+    def write() -> None:
+        seen.append(("read", _try(lambda: zk.read_lock(name))))
+
+    @distlock(name + "/sem", using="zk", kind="semaphore", limit=2)
+    def lease() -> None:
+        seen.append(("second lease", _try(lambda: zk.semaphore(name + "/sem", 2))))
+
+    read()
+    write()
+    lease()
+    assert seen == [("read", True), ("write", False), ("read", False), ("second lease", True)]
+
+    @distlock(name, using="locmem", kind="read")
+    def unsupported() -> None:
+        pass
+
+    with pytest.raises(UnsupportedOperation):
+        unsupported()
+    with pytest.raises(ValueError):
+        distlock(name, kind="shared")(lambda: None)
+    with pytest.raises(ValueError):
+        distlock(name, kind="semaphore")(lambda: None)
+    with pytest.raises(ValueError):
+        distlock(name, limit=3)(lambda: None)
