@@ -635,3 +635,14 @@ def test_decorator_kinds(zk, unique) -> None:
         distlock(name, kind="semaphore")(lambda: None)
     with pytest.raises(ValueError):
         distlock(name, limit=3)(lambda: None)
+
+
+def test_write_side_of_a_name_the_thread_reads_is_a_self_deadlock(zk, unique) -> None:
+    from django_distlock import SelfDeadlock
+
+    name = unique()
+    with zk.read_lock(name):
+        started = time.monotonic()
+        with pytest.raises(SelfDeadlock):
+            zk.write_lock(name).acquire(timeout=5)
+        assert time.monotonic() - started < 2

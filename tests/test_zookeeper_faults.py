@@ -12,6 +12,7 @@ import importlib.util
 import itertools
 import multiprocessing
 import os
+import shutil
 import signal
 import tempfile
 import threading
@@ -291,6 +292,7 @@ def ensemble() -> Iterator[Ensemble]:
         yield Ensemble(servers, entries)
     finally:
         servers.stop_entries(entries)
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def _first_server_backend(ensemble: Ensemble) -> ZooKeeperBackend:
