@@ -70,6 +70,8 @@ def distlock(
     on_lost: OnLost = "raise",
     auto_renew: bool | _Default = DEFAULT,
     max_hold: float | None = None,
+    kind: str = "exclusive",
+    limit: int | None = None,
 ) -> Callable[[F], F]:
     """Run the decorated function (sync or async) while holding a lock.
 
@@ -111,6 +113,11 @@ def distlock(
         :class:`~django_distlock.exceptions.UnsupportedOperation`.
     :param max_hold: with ``auto_renew``, stop renewing this many seconds after
         the grant (see ``docs/renewal.md``).
+    :param kind: ``"exclusive"`` (``lock()``), ``"read"`` or ``"write"``
+        (``read_lock()``/``write_lock()``), or ``"semaphore"`` (one of ``limit``
+        leases, ``semaphore()``); an alias without it raises
+        :class:`~django_distlock.exceptions.UnsupportedOperation` at call time.
+    :param limit: the semaphore's number of leases (``kind="semaphore"`` only).
     :raises TypeError, ValueError: when decorating, for a bad option or a
         malformed template, or one naming an argument the function does not
         have; the message names the template and the function.
@@ -120,6 +127,7 @@ def distlock(
         where = _describe(key, func)
         _check_options(where, using, ttl, timeout, blocking, on_fail)
         _check_renewal(where, auto_renew, max_hold)
+        _check_kind(where, kind, limit)
         _check_policy(where, "on_lost", on_lost, ("raise", "log"))
         name_of = _key_function(key, func, where)
         raise_lost = on_lost == "raise"
@@ -136,9 +144,9 @@ def distlock(
 
             @functools.wraps(func)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                held = locks[using].lock(
-                    name_of(args, kwargs), ttl=ttl, timeout=timeout, blocking=blocking,
-                    auto_renew=auto_renew, max_hold=max_hold,
+                held = _handle(
+                    using, kind, limit, name_of(args, kwargs), ttl=ttl, timeout=timeout,
+                    blocking=blocking, auto_renew=auto_renew, max_hold=max_hold,
                 )
                 try:
                     await held.__aenter__()
@@ -167,9 +175,9 @@ def distlock(
 
             @functools.wraps(func)
             def sync_wrapper(*args: Any, **kwargs: Any) -> Any:
-                held = locks[using].lock(
-                    name_of(args, kwargs), ttl=ttl, timeout=timeout, blocking=blocking,
-                    auto_renew=auto_renew, max_hold=max_hold,
+                held = _handle(
+                    using, kind, limit, name_of(args, kwargs), ttl=ttl, timeout=timeout,
+                    blocking=blocking, auto_renew=auto_renew, max_hold=max_hold,
                 )
                 try:
                     held.__enter__()
@@ -246,6 +254,29 @@ def _check_options(
             f"{where}: using must be the str alias of a DISTLOCK entry, not {type(using).__name__}."
         )
     _check_policy(where, "on_fail", on_fail, ("raise", "skip"))
+
+
+_KINDS = ("exclusive", "read", "write", "semaphore")
+
+
+def _check_kind(where: str, kind: object, limit: object) -> None:
+    if kind not in _KINDS:
+        raise ValueError(f"{where}: kind must be one of {_KINDS}, not {kind!r}.")
+    if (kind == "semaphore") != (limit is not None):
+        raise ValueError(f"{where}: limit= goes with kind='semaphore', and only with it.")
+
+
+def _handle(using: str, kind: str, limit: int | None, name: str, **options: Any) -> Lock:
+    """The handle of one call: the alias' lock of that kind."""
+    backend = locks[using]
+    if kind == "read":
+        return backend.read_lock(name, **options)
+    if kind == "write":
+        return backend.write_lock(name, **options)
+    if kind == "semaphore":
+        assert limit is not None
+        return backend.semaphore(name, limit, **options)
+    return backend.lock(name, **options)
 
 
 def _check_renewal(where: str, auto_renew: object, max_hold: object) -> None:

@@ -122,6 +122,16 @@ class Lock:
         self._grant: Grant | None = None
         self._lost = False
         self._busy = False
+        #: Set by a backend while it cannot tell whether the lock is still held (a
+        #: ZooKeeper session suspended: the connection dropped and the session may
+        #: yet expire); stop writing until it turns False again, or ``lost`` True.
+        self.unsure = False
+        #: What the handle takes: ``"exclusive"`` (``lock()``), ``"read"`` or ``"write"``
+        #: (``read_lock()``/``write_lock()``, where ``supports_read_write``), or one lease
+        #: of a ``"semaphore"`` (``semaphore()``, where ``supports_semaphore``).
+        self.kind = "exclusive"
+        #: How many holders a ``"semaphore"`` handle's name admits (``semaphore()``).
+        self.limit: int | None = None
         self._valid_until: float | None = None  # monotonic, conservative
         self._lost_at_release = False
         self._started = 0.0
@@ -313,7 +323,7 @@ class Lock:
                 )
             if self._token is not None:
                 self._check_process()
-            elif blocking and not self.reentrant:
+            elif blocking and not self.reentrant and self.kind in ("exclusive", "write"):
                 with _held_mutex:
                     holders = _held.get((self.backend.alias, self.key), {})
                     if holder in holders.values():

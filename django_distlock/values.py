@@ -124,6 +124,9 @@ class LockInfo:
     thread: str
     #: Clients waiting for it, when the backend can tell; else None.
     waiters: int | None = None
+    #: ``"exclusive"``, or ``"read"``/``"write"`` for read-write locks (read: one of the
+    #: readers that hold it is shown).
+    kind: str = "exclusive"
 
 
 @dataclass(frozen=True, slots=True)

@@ -54,6 +54,18 @@ def require_redis(cluster: bool = False, redlock: bool = False) -> None:
     pytest.skip("Redis not started (run scripts/test for the full suite)")
 
 
+ZK_ALIASES = ["zk", "zk-auth"]
+
+
+def require_zookeeper() -> None:
+    """Fail (full run) or skip (local partial run) when the ZooKeeper ensemble is absent."""
+    if "zk" in settings.DISTLOCK:
+        return
+    if FULL_RUN:
+        pytest.fail("DISTLOCK_SERVERS=1 but DISTLOCK_ZK_HOSTS is not set: ZooKeeper is missing.")
+    pytest.skip("ZooKeeper not started (run scripts/test for the full suite)")
+
+
 def psycopg_params(database: str) -> dict[str, Any]:
     """``psycopg.connect()`` keywords for the database alias ``database`` (a side connection)."""
     db = connections[database].settings_dict

@@ -121,6 +121,27 @@ if REDIS_CLUSTER_URL:
         "KEY_PREFIX": "k:",
     }
 
+# ZooKeeper (started by scripts/test): the 3-node ensemble, and one alias with digest
+# auth whose nodes other ZooKeeper clients cannot delete.
+ZK_HOSTS = os.environ.get("DISTLOCK_ZK_HOSTS", "")
+_ZK = "django_distlock.backends.zookeeper.ZooKeeperBackend"
+if ZK_HOSTS:
+    DISTLOCK["zk"] = {
+        "BACKEND": _ZK,
+        "LOCATION": ZK_HOSTS,
+        "OPTIONS": {"ROOT": "/distlock-tests", "SESSION_TIMEOUT": 4},
+        "KEY_PREFIX": "z:",
+    }
+    DISTLOCK["zk-auth"] = {
+        "BACKEND": _ZK,
+        "LOCATION": ZK_HOSTS,
+        "OPTIONS": {
+            "ROOT": "/distlock-tests-auth",
+            "SESSION_TIMEOUT": 4,
+            "AUTH": ("distlock", "tests-only"),
+        },
+    }
+
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
 from asgiref.sync import sync_to_async
@@ -21,6 +21,7 @@ from django.core import checks
 from ..backoff import Backoff, remaining
 from ..exceptions import InvalidBackendOptions, UnsupportedOperation
 from ..handle import Lock
+from ..multilock import MultiLock
 from ..names import MAX_PREFIX_LENGTH, display_name, storage_key, validate_name
 from ..renewal import validate_max_hold
 from ..values import (
@@ -47,6 +48,9 @@ __all__ = [
     "Miss",
     "validate_page_args",
 ]
+
+#: Most leases ``semaphore()`` accepts.
+MAX_LEASES = 10_000
 
 _PARAM_KEYS = frozenset(
     {"BACKEND", "LOCATION", "OPTIONS", "KEY_PREFIX", "TTL", "TIMEOUT", "AUTO_RENEW"}
@@ -191,6 +195,11 @@ class BaseLockBackend(abc.ABC):
     distributed: ClassVar[bool] = True
     #: ``lock(name, reentrant=True)`` works: the same owner acquires again, counted.
     supports_reentrancy: ClassVar[bool] = False
+    #: ``read_lock(name)`` and ``write_lock(name)`` work: readers share, a writer excludes
+    #: readers and writers (and exclusive locks of the name), served in arrival order.
+    supports_read_write: ClassVar[bool] = False
+    #: ``semaphore(name, limit)`` works: up to ``limit`` holders at once.
+    supports_semaphore: ClassVar[bool] = False
 
     def __init__(self, alias: str, params: Mapping[str, Any]) -> None:
         self.alias = alias
@@ -315,6 +324,69 @@ class BaseLockBackend(abc.ABC):
             reentrant=reentrant, owner_token=owner_token, auto_renew=auto_renew,
             max_hold=max_hold,
         )
+
+    def read_lock(self, name: str, **options: Any) -> Lock:
+        """Build a handle on the shared (read) side of the read-write lock ``name``.
+
+        Takes the options of :meth:`lock`. Readers hold it together; a writer that
+        came first keeps later readers out (writers are not starved).
+
+        :raises UnsupportedOperation: when ``supports_read_write`` is False.
+        """
+        return self._kind_lock("read", name, options)
+
+    def write_lock(self, name: str, **options: Any) -> Lock:
+        """Build a handle on the exclusive (write) side of the read-write lock ``name``;
+        it also excludes ``lock(name)``. Takes the options of :meth:`lock`.
+
+        :raises UnsupportedOperation: when ``supports_read_write`` is False.
+        """
+        return self._kind_lock("write", name, options)
+
+    def _kind_lock(self, kind: str, name: str, options: dict[str, Any]) -> Lock:
+        if not self.supports_read_write:
+            raise UnsupportedOperation(
+                f"{type(self).__name__} (alias {self.alias!r}) has no read-write locks."
+            )
+        if options.get("reentrant"):
+            raise UnsupportedOperation("Read-write locks are not reentrant.")
+        handle = self.lock(name, **options)
+        handle.kind = kind
+        return handle
+
+    def semaphore(self, name: str, limit: int, **options: Any) -> Lock:
+        """Build a handle on one of the ``limit`` leases of the counting semaphore
+        ``name`` (every client of a name must use the same ``limit``). Takes the
+        options of :meth:`lock`; waiters are served in arrival order.
+
+        :raises UnsupportedOperation: when ``supports_semaphore`` is False.
+        :raises TypeError, ValueError: for a ``limit`` that is not an int from 1 to 10,000.
+        """
+        if not self.supports_semaphore:
+            raise UnsupportedOperation(
+                f"{type(self).__name__} (alias {self.alias!r}) has no semaphores."
+            )
+        if isinstance(limit, bool) or not isinstance(limit, int):
+            raise TypeError("limit must be an int.")
+        if not 1 <= limit <= MAX_LEASES:
+            raise ValueError(f"limit must be between 1 and {MAX_LEASES}, got {limit}.")
+        if options.get("reentrant"):
+            raise UnsupportedOperation("Semaphores are not reentrant.")
+        handle = self.lock(name, **options)
+        handle.kind, handle.limit = "semaphore", limit
+        return handle
+
+    def multi_lock(self, names: Iterable[str], **options: Any) -> MultiLock:
+        """Build a handle that takes the exclusive locks of all ``names`` or none.
+
+        They are acquired in one fixed order (their storage keys sorted), so two
+        multi-locks over overlapping names never deadlock, within one shared
+        ``timeout``; released in reverse order. Takes the options of :meth:`lock`.
+
+        :raises InvalidLockName: for a bad name.
+        :raises ValueError: for no names.
+        """
+        return MultiLock(self, names, options)
 
     def make_key(self, name: str) -> str:
         """Return the storage key of ``name``: the alias' ``KEY_PREFIX`` + the name

@@ -1,0 +1,6 @@
+"""The ZooKeeper lock backend: see :class:`~.backend.ZooKeeperBackend` and
+``docs/zookeeper.md``."""
+
+from .backend import ZooKeeperBackend
+
+__all__ = ["ZooKeeperBackend"]

@@ -1,0 +1,298 @@
+"""One acquisition of a ZooKeeper lock: kazoo's ``Lock`` recipe, step by step.
+
+``attempt()`` creates this acquisition's ephemeral sequential node once (its name
+starts with a GUID, so a create retried after a connection loss finds the node the
+first one made) and lists the contenders: the lowest holds the lock (readers: all
+those with no writer ahead). ``wait()`` watches only the node it waits for (no
+herd: a release wakes one waiter, or the readers right behind a writer). The parent
+path is not re-checked before each create (kazoo's ``Lock`` does): a create that
+finds it gone re-creates it, so an uncontended acquire+release is 3 round trips.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from asgiref.sync import sync_to_async
+from kazoo.client import KazooState
+from kazoo.exceptions import ConnectionLoss, NoNodeError, SessionExpiredError
+
+from ...backoff import remaining
+from ...exceptions import BackendUnavailable
+from ...values import short_owner
+from ..base import Acquisition, ExcInfo, Grant, Miss
+from .client import ERRORS, delete_guid, on_done, unavailable
+from .paths import MARKER, READ_MARKER, blocker, contenders, guid_of
+
+if TYPE_CHECKING:
+    from kazoo.interfaces import IAsyncResult
+
+    from ...handle import Lock
+    from .backend import ZooKeeperBackend
+
+#: How often a create is tried (within CONNECT_TIMEOUT) before giving up.
+CREATE_TRIES = 5
+
+
+def holder_data(token: str, lock: Lock) -> bytes:
+    """The holder identity stored in a contender node (listings show it)."""
+    return f"1 {lock.kind} {short_owner(token)} {lock.pid or ''} {lock.host} {lock.thread}".encode()
+
+
+class ZooKeeperAcquisition(Acquisition):
+    backend: ZooKeeperBackend
+
+    def __init__(
+        self,
+        backend: ZooKeeperBackend,
+        lock: Lock,
+        token: str,
+        blocking: bool,
+        deadline: float | None,
+    ) -> None:
+        super().__init__(backend, lock, token, blocking, deadline)
+        self.client = backend.client
+        self.parent = backend.parent_of(lock.key)
+        #: Public in node names, so not the owner token.
+        self.guid = uuid.uuid4().hex
+        self.node: str | None = None  # our contender's name, once created
+        self.fencing: int | None = None
+        self.session = 0  # the id of the session that owns our node
+        self.predecessor: str | None = None
+        #: What the node's name says it takes (see :mod:`.paths`).
+        self.marker = READ_MARKER if lock.kind == "read" else MARKER
+        self.granted = False
+        self._abandoned = False
+        self._uncertain = False  # a create may have happened that we did not see
+        self._wake = threading.Event()
+        self._async_wake: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
+
+    # -- the steps ----------------------------------------------------------------
+
+    def attempt(self) -> Grant | Miss:
+        self.client.watchers.add(self)
+        for _ in range(CREATE_TRIES):
+            if self.node is None:
+                self._create()
+            try:
+                children = self.client.call(f"listing {self.parent}", "get_children", self.parent)
+            except NoNodeError:
+                children = []
+            order = contenders(children)
+            if self.node not in order:  # our session ended while we queued: queue again
+                self.node = None
+                continue
+            ahead = blocker(order, self.node)
+            if ahead is None:
+                self.granted = True
+                self.lock.unsure = False
+                return Grant(self.fencing, datetime.now(UTC), None)
+            self.predecessor = ahead
+            return Miss(None)
+        raise BackendUnavailable(
+            f"ZooKeeper kept dropping the contender node of {self.lock.name!r} (session "
+            "ending while queued)."
+        )
+
+    def _create(self) -> None:
+        """Create our contender node; after a connection loss, look for it by GUID first."""
+        path = f"{self.parent}/{self.guid}{self.marker}"
+        data = holder_data(self.token, self.lock)
+        until = time.monotonic() + self.client.settings.connect_timeout
+        for _ in range(CREATE_TRIES):
+            if self._uncertain and self._adopt(until):
+                return
+            try:
+                result = self.client.get().create_async(
+                    path, data, acl=self.client.acl, ephemeral=True, sequence=True,
+                    include_data=True,
+                )
+            except ERRORS as exc:
+                raise unavailable(exc, "creating a contender node") from exc
+            self._uncertain = True  # until its answer is known
+            on_done(result, self._late_create)
+            try:
+                created, stat = self.client.wait(result, "creating a contender node", until)
+            except NoNodeError:  # the parent is gone (a reaped container): make it again
+                self._uncertain = False
+                self.client.create_parent(self.parent)
+                continue
+            except BackendUnavailable as exc:
+                # A lost connection: kazoo reconnects to another server, and the create is
+                # retried (finding its node by GUID). An unanswered call: no quorum is
+                # reachable within CONNECT_TIMEOUT: the error is the answer.
+                if not isinstance(exc.__cause__, ConnectionLoss | SessionExpiredError):
+                    raise
+                if isinstance(exc.__cause__, SessionExpiredError):
+                    self._uncertain = False  # an ephemeral node of an ended session is gone
+                if time.monotonic() > until:
+                    raise
+                self.client.await_connected(until)  # kazoo reconnects (a new session)
+                continue
+            self._uncertain = False
+            self.node, self.fencing = created.rsplit("/", 1)[1], stat.czxid
+            self.session = stat.ephemeralOwner
+            return
+        raise BackendUnavailable(
+            f"Could not create the contender node of {self.lock.name!r} in ZooKeeper."
+        )
+
+    def _adopt(self, until: float) -> bool:
+        """Find the node an earlier create of ours made (the answer was lost)."""
+        try:
+            children = self.client.call(
+                f"listing {self.parent}", "get_children", self.parent, until=until
+            )
+        except NoNodeError:
+            children = []
+        for child in children:
+            if guid_of(child) == self.guid:
+                stat = self.client.call(
+                    "reading our node", "exists", f"{self.parent}/{child}", until=until
+                )
+                if stat is not None:
+                    self._uncertain = False
+                    self.node, self.fencing = child, stat.czxid
+                    self.session = stat.ephemeralOwner
+                    return True
+        return False
+
+    def _late_create(self, result: IAsyncResult) -> None:
+        """A create answered after we gave up: delete what it made (kazoo's thread)."""
+        if self._abandoned and result.successful():
+            path = result.get()[0]
+            self.client.get().delete_async(path)
+
+    def wait(self, miss: Miss) -> Grant | None:
+        """Watch the node just ahead; return when it goes, the session changes, or at
+        the deadline (the handle then attempts again)."""
+        self._wake.clear()
+        if not self._watch(lambda event: self._wake.set()):
+            return None
+        self._wake.wait(remaining(self.deadline))
+        return None
+
+    def _watch(self, callback: Any) -> bool:
+        """Set a watch on the predecessor; False if it is already gone."""
+        path = f"{self.parent}/{self.predecessor}"
+
+        def fired(event: Any) -> None:
+            self.client.watch_events += 1
+            callback(event)
+
+        return self.client.call(f"watching {path}", "exists", path, watch=fired) is not None
+
+    def close(self) -> None:
+        """No grant: delete our node, or, when that fails, have it deleted on reconnection
+        (it would block the lock for as long as our session lives: kazoo issue 732)."""
+        self._abandoned = True
+        self.client.watchers.discard(self)
+        if self.node is None and not self._uncertain:
+            return
+        if not self.client.connected():
+            # No answer would come before the session is back: the node (if any) is
+            # deleted then (or goes with the session), without holding up the caller.
+            self.client.orphans.add((self.parent, self.guid))
+            return
+        try:
+            if self.node is not None:
+                self._delete()
+            else:
+                delete_guid(self.client, self.parent, self.guid)
+        except BackendUnavailable:
+            self.client.orphans.add((self.parent, self.guid))
+            raise
+
+    def _delete(self) -> bool:
+        """Delete our node; whether it was still there (ours to delete)."""
+        path = f"{self.parent}/{self.node}"
+        for retry in range(CREATE_TRIES):
+            try:
+                self.client.call("deleting our node", "delete", path)
+            except NoNodeError:
+                # Gone. After a delete whose answer was lost, in the session that made
+                # the node: that delete did it. Else the session ended (or a force release).
+                return retry > 0 and self._same_session()
+            except BackendUnavailable as exc:
+                if isinstance(exc.__cause__, SessionExpiredError):
+                    return False  # an ephemeral node of an ended session is gone
+                if isinstance(exc.__cause__, ConnectionLoss) and retry < CREATE_TRIES - 1:
+                    continue  # sent again once kazoo has reconnected
+                raise
+            return True
+        return False  # pragma: no cover (the loop returns or raises)
+
+    def _same_session(self) -> bool:
+        try:
+            return self.client.get().client_id[0] == self.session
+        except (BackendUnavailable, TypeError):
+            return False
+
+    def release(self, exc_info: ExcInfo) -> bool:
+        released = self._delete()
+        self.client.watchers.discard(self)
+        return released
+
+    def extend(self, ttl: float) -> Grant | None:
+        """The lock does not expire: check that our node still exists (one round trip)."""
+        stat = self.client.call("reading our node", "exists", f"{self.parent}/{self.node}")
+        if stat is None:
+            return None
+        return Grant(self.fencing, self.lock.acquired_at, None)
+
+    # -- the session ----------------------------------------------------------------
+
+    def session_changed(self, state: str) -> None:
+        """SUSPENDED: the holder cannot tell whether it still holds (``lock.unsure``);
+        CONNECTED: it does; LOST: it does not (``mark_lost``). Waiters wake up."""
+        if self.granted:
+            if state == KazooState.SUSPENDED:
+                self.lock.unsure = True
+            elif state == KazooState.CONNECTED:
+                self.lock.unsure = False
+            else:
+                self.lock.unsure = False
+                self.client.watchers.discard(self)
+                self.lock.mark_lost()
+            return
+        if state == KazooState.LOST:
+            self._wake.set()
+            if self._async_wake is not None:
+                loop, event = self._async_wake
+                loop.call_soon_threadsafe(event.set)
+
+    # -- async: kazoo is thread-based; calls hop to a worker thread (not the shared one:
+    # a blocking call must not hold up the other tasks' calls), the wait is a watch that
+    # sets an asyncio.Event ----------------------------------------------------------------
+
+    async def aattempt(self) -> Grant | Miss:
+        return await sync_to_async(self.attempt, thread_sensitive=False)()
+
+    async def async_wait(self, miss: Miss) -> Grant | None:
+        loop = asyncio.get_running_loop()
+        event = asyncio.Event()
+        self._async_wake = (loop, event)
+        fire = lambda _event: loop.call_soon_threadsafe(event.set)  # noqa: E731
+        if not await sync_to_async(self._watch, thread_sensitive=False)(fire):
+            return None
+        left = remaining(self.deadline)
+        try:
+            async with asyncio.timeout(left):
+                await event.wait()
+        except TimeoutError:
+            pass
+        return None
+
+    async def aclose(self) -> None:
+        await sync_to_async(self.close, thread_sensitive=False)()
+
+    async def arelease(self, exc_info: ExcInfo) -> bool:
+        return await sync_to_async(self.release, thread_sensitive=False)(exc_info)
+
+    async def aextend(self, ttl: float) -> Grant | None:
+        return await sync_to_async(self.extend, thread_sensitive=False)(ttl)

@@ -1,0 +1,193 @@
+"""The ZooKeeper lock backend: settings, listing, force release, health, checks."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from django.core import checks
+from kazoo.exceptions import NoNodeError
+
+from ... import signals
+from ...exceptions import InvalidBackendOptions
+from ...handle import Lock
+from ..base import BaseLockBackend, LockInfo, LockPage, validate_page_args
+from .acquisition import ZooKeeperAcquisition
+from .client import Client
+from .options import parse
+from .paths import GATE, LEASE_MARKER, contenders, decode, encode, holders
+from .semaphore import SemaphoreAcquisition
+
+_PARENTS_CACHE = 4096
+
+
+class ZooKeeperBackend(BaseLockBackend):
+    """Locks in a ZooKeeper ensemble, through kazoo (``docs/zookeeper.md``).
+
+    ``LOCATION`` is the ensemble's hosts string (``"zk1:2181,zk2:2181,zk3:2181"``,
+    an optional ``/chroot`` last). ``OPTIONS``: ``ROOT`` (the node under which
+    locks live, default ``/django-distlock``), ``SESSION_TIMEOUT`` (seconds, default
+    10: how long after a holder's crash its locks are freed), ``CONNECT_TIMEOUT``
+    (the longest a call waits for an answer, default the session timeout),
+    ``AUTH`` ((username, password): digest auth, and the nodes created get an ACL
+    that gives that user all rights and nobody else any), ``ACL`` (more
+    ``(scheme, id, perms)`` entries), ``CLIENT_OPTIONS`` (more ``KazooClient``
+    keyword arguments).
+
+    Locks are fair (first come, first served) and are held until released or
+    until the holder's session ends; ``ttl`` is not used (``supports_expiry``
+    is False) and ``extend()`` only checks that the lock is still held.
+    """
+
+    supports_expiry = False
+    supports_read_write = True
+    supports_semaphore = True
+
+    def __init__(self, alias: str, params: Mapping[str, Any]) -> None:
+        super().__init__(alias, params)
+        self.settings = parse(alias, self.location, self.options)
+        self.client = Client(self.settings)
+        self._parents: dict[str, str] = {}
+
+    def parent_of(self, key: str) -> str:
+        """The path of the parent node of the lock with storage key ``key`` (memoised)."""
+        parent = self._parents.get(key)
+        if parent is None:
+            if len(self._parents) >= _PARENTS_CACHE:
+                self._parents.clear()
+            parent = self._parents[key] = f"{self.settings.root}/{encode(key)}"
+        return parent
+
+    def _usable(self) -> None:
+        """Refuse, before any server call, what the system checks report."""
+        if self.settings.problems:
+            raise InvalidBackendOptions(self.settings.problems[0].message)
+
+    # -- the contract -----------------------------------------------------------
+
+    def acquisition(
+        self, lock: Lock, token: str, blocking: bool, deadline: float | None
+    ) -> ZooKeeperAcquisition | SemaphoreAcquisition:
+        self._usable()
+        if lock.kind == "semaphore":
+            return SemaphoreAcquisition(self, lock, token, blocking, deadline)
+        return ZooKeeperAcquisition(self, lock, token, blocking, deadline)
+
+    def _contenders(self, parent: str) -> list[str]:
+        try:
+            return contenders(self.client.call(f"listing {parent}", "get_children", parent))
+        except NoNodeError:
+            return []
+
+    def is_locked(self, name: str) -> bool:
+        parent = self.parent_of(self.make_key(name))
+        self._usable()
+        return bool(self._contenders(parent))
+
+    def held_locks(self, prefix: str = "", limit: int = 50, cursor: str | None = None) -> LockPage:
+        """One page of held locks. ZooKeeper lists a node's children whole and unsorted,
+        so this reads the names of every lock parent under ``ROOT`` (one round trip),
+        then only the page's parents and holders, a batch of async calls at a time."""
+        prefix, limit, cursor = validate_page_args(prefix, limit, cursor)
+        self._usable()
+        root = self.settings.root
+        try:
+            names = self.client.call("listing the root", "get_children", root)
+        except NoNodeError:
+            names = []
+        low = self.key_prefix + prefix
+        after = decode(cursor) if cursor is not None else None
+        keys = sorted(
+            key for key in map(decode, names)
+            if key.startswith(low) and (after is None or key > after)
+        )
+        found: list[tuple[str, LockInfo]] = []
+        start = 0
+        while start < len(keys) and len(found) < limit:
+            batch = keys[start : start + limit - len(found)]
+            start += len(batch)
+            found.extend(self._infos(batch))
+        # More parents left unread: the next page starts after the last one read.
+        next_cursor = encode(keys[start - 1]) if start < len(keys) else None
+        return LockPage([info for _, info in found], next_cursor)
+
+    def _infos(self, keys: list[str]) -> list[tuple[str, LockInfo]]:
+        """The held locks among ``keys``: their children, then their holders' nodes,
+        each step one batch of calls sent together (one round trip's wait)."""
+        kazoo = self.client.get()
+        parents = [self.parent_of(key) for key in keys]
+        listed = [kazoo.get_children_async(parent) for parent in parents]
+        queues: list[tuple[str, str, list[str]]] = []
+        for key, parent, result in zip(keys, parents, listed, strict=True):
+            try:
+                queue = contenders(self.client.wait(result, f"listing {parent}"))
+            except NoNodeError:
+                continue
+            if queue:
+                queues.append((key, parent, queue))
+        reads = [kazoo.get_async(f"{parent}/{queue[0]}") for _, parent, queue in queues]
+        infos = []
+        for (key, _parent, queue), result in zip(queues, reads, strict=True):
+            try:
+                data, stat = self.client.wait(result, "reading a holder")
+            except NoNodeError:
+                continue  # released meanwhile
+            waiting = len(queue) - len(holders(queue))
+            if LEASE_MARKER in queue[0]:  # a semaphore's waiters queue at its gate
+                waiting = len(self._contenders(f"{self.parent_of(key)}/{GATE}"))
+            infos.append((key, self._info(key, data, stat, waiting)))
+        return infos
+
+    def _info(self, key: str, data: bytes, stat: Any, waiters: int) -> LockInfo:
+        fields = data.decode(errors="replace").split(" ", 5)
+        _version, kind, owner, pid, host, thread = [*fields, "", "", "", "", "", ""][:6]
+        return LockInfo(
+            alias=self.alias,
+            name=self.name_of(key),
+            owner=owner,
+            fencing_token=stat.czxid,
+            acquired_at=datetime.fromtimestamp(stat.created, UTC),
+            expires_at=None,
+            host=host,
+            pid=int(pid) if pid.isdigit() else None,
+            thread=thread,
+            waiters=waiters,
+            kind=kind or "exclusive",
+        )
+
+    def force_release(self, name: str) -> bool:
+        parent = self.parent_of(self.make_key(name))
+        self._usable()
+        queue = self._contenders(parent)
+        if not queue:
+            return False
+        path = f"{parent}/{queue[0]}"
+        try:
+            stat = self.client.call("reading the holder", "exists", path)
+            if stat is None:
+                return False
+            self.client.call("deleting the holder", "delete", path)
+        except NoNodeError:
+            return False
+        signals.lock_force_released.send(
+            sender=type(self), backend=self, alias=self.alias, name=name,
+            fencing_token=stat.czxid,
+        )
+        return True
+
+    def health(self) -> float:
+        self._usable()
+        self.client.get()
+        started = time.monotonic()
+        self.client.call("checking health", "exists", self.settings.root)
+        return time.monotonic() - started
+
+    def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
+        if kwargs.get("deploy"):
+            return []
+        return [problem.error(self.alias) for problem in self.settings.problems]
+
+    def close(self) -> None:
+        self.client.close()

@@ -1,0 +1,143 @@
+"""One lease of a ZooKeeper semaphore: kazoo's ``Semaphore`` recipe, step by step.
+
+Waiters queue for a gate (an exclusive lock under the semaphore's node, so they
+are served in arrival order and only one watches the leases: no herd). The gate's
+holder counts the lease nodes; below the limit it creates its own lease (ephemeral
+sequential, named by GUID like a lock's contender) and opens the gate; at the limit
+it keeps the gate and watches the leases until one goes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from asgiref.sync import sync_to_async
+from kazoo.client import KazooState
+
+from ...backoff import remaining
+from ..base import Acquisition, ExcInfo, Grant, Miss
+from .acquisition import ZooKeeperAcquisition
+from .paths import GATE, LEASE_MARKER
+
+if TYPE_CHECKING:
+    from ...handle import Lock
+    from .backend import ZooKeeperBackend
+
+
+class SemaphoreAcquisition(Acquisition):
+    backend: ZooKeeperBackend
+
+    def __init__(
+        self,
+        backend: ZooKeeperBackend,
+        lock: Lock,
+        token: str,
+        blocking: bool,
+        deadline: float | None,
+    ) -> None:
+        super().__init__(backend, lock, token, blocking, deadline)
+        assert lock.limit is not None
+        self.limit = lock.limit
+        self.client = backend.client
+        self.parent = backend.parent_of(lock.key)
+        self.gate = ZooKeeperAcquisition(backend, lock, token, blocking, deadline)
+        self.gate.parent = f"{self.parent}/{GATE}"
+        self.lease = ZooKeeperAcquisition(backend, lock, token, blocking, deadline)
+        self.lease.marker = LEASE_MARKER
+        self._gate_held = False
+        self._changed = threading.Event()
+        self._async_changed: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
+
+    def attempt(self) -> Grant | Miss:
+        if not self._gate_held:
+            result = self.gate.attempt()
+            if isinstance(result, Miss):
+                return result
+            self._gate_held = True
+            self.client.watchers.add(self)
+        # Holding the gate: nobody else adds a lease meanwhile.
+        self._changed.clear()
+        watch = self._leases_changed if self.blocking else None
+        children = self.client.call(
+            f"listing {self.parent}", "get_children", self.parent, watch=watch
+        )
+        if sum(LEASE_MARKER in child for child in children) >= self.limit:
+            return Miss(None)  # keep the gate: we are next when a lease goes
+        self.lease._create()
+        self.lease.granted = True
+        self.client.watchers.add(self.lease)
+        self._open_gate()
+        return Grant(self.lease.fencing, datetime.now(UTC), None)
+
+    def _open_gate(self) -> None:
+        self._gate_held = False
+        self.client.watchers.discard(self)
+        self.gate.release((None, None, None))
+
+    def _leases_changed(self, event: Any) -> None:
+        self.client.watch_events += 1
+        self._wake()
+
+    def _wake(self) -> None:
+        self._changed.set()
+        if self._async_changed is not None:
+            loop, event = self._async_changed
+            loop.call_soon_threadsafe(event.set)
+
+    def session_changed(self, state: str) -> None:
+        if state == KazooState.LOST:
+            self._wake()
+
+    def wait(self, miss: Miss) -> Grant | None:
+        if not self._gate_held:
+            return self.gate.wait(miss)
+        self._changed.wait(remaining(self.deadline))
+        return None
+
+    def close(self) -> None:
+        self.client.watchers.discard(self)
+        try:
+            self.lease.close()  # a lease whose create's answer was lost, if any
+        finally:
+            if self._gate_held:
+                self._open_gate()
+            else:
+                self.gate.close()
+
+    def release(self, exc_info: ExcInfo) -> bool:
+        return self.lease.release(exc_info)
+
+    def extend(self, ttl: float) -> Grant | None:
+        return self.lease.extend(ttl)
+
+    # -- async: as for locks (see .acquisition) ---------------------------------------
+
+    async def aattempt(self) -> Grant | Miss:
+        return await sync_to_async(self.attempt, thread_sensitive=False)()
+
+    async def async_wait(self, miss: Miss) -> Grant | None:
+        if not self._gate_held:
+            return await self.gate.async_wait(miss)
+        loop = asyncio.get_running_loop()
+        event = asyncio.Event()
+        self._async_changed = (loop, event)
+        if self._changed.is_set():
+            return None
+        try:
+            async with asyncio.timeout(remaining(self.deadline)):
+                await event.wait()
+        except TimeoutError:
+            pass
+        return None
+
+    async def aclose(self) -> None:
+        await sync_to_async(self.close, thread_sensitive=False)()
+
+    async def arelease(self, exc_info: ExcInfo) -> bool:
+        return await sync_to_async(self.release, thread_sensitive=False)(exc_info)
+
+    async def aextend(self, ttl: float) -> Grant | None:
+        return await sync_to_async(self.extend, thread_sensitive=False)(ttl)

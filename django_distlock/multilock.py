@@ -1,0 +1,190 @@
+"""All-or-nothing locks over several names, on any backend's exclusive locks."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterable
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from .exceptions import DistLockError, LockLost, LockNotAcquired, LockNotHeld, LockTimeout
+from .values import DEFAULT, _Default, validate_timeout
+
+if TYPE_CHECKING:
+    from .backends.base import BaseLockBackend
+    from .handle import Lock
+
+
+class MultiLock:
+    """The exclusive locks of several names, taken all or none (Curator's
+    ``InterProcessMultiLock``), built by ``backend.multi_lock(names)``.
+
+    The names are taken in one fixed order, their storage keys sorted, so that
+    two multi-locks over overlapping names, built in any order, never wait for
+    each other in a cycle. A miss or an error releases what was taken (in reverse
+    order) before returning or raising.
+    """
+
+    def __init__(
+        self, backend: BaseLockBackend, names: Iterable[str], options: dict[str, Any]
+    ) -> None:
+        if isinstance(names, str):
+            raise TypeError("multi_lock() takes a list of names, not one str.")
+        handles: dict[str, Lock] = {}
+        for name in names:
+            handle = backend.lock(name, **options)
+            handles.setdefault(handle.key, handle)
+        if not handles:
+            raise ValueError("multi_lock() needs at least one name.")
+        self.backend = backend
+        #: The handles, in the order they are acquired.
+        self.handles: list[Lock] = [handles[key] for key in sorted(handles)]
+        self.timeout = self.handles[0].timeout
+        self.blocking = self.handles[0].blocking
+        self._taken: list[Lock] = []
+
+    def __repr__(self) -> str:
+        names = ", ".join(repr(h.name) for h in self.handles)
+        return f"<MultiLock alias={self.backend.alias!r} names=[{names}] held={self.held}>"
+
+    @property
+    def held(self) -> bool:
+        """Whether every lock is held (and none lost)."""
+        return bool(self._taken) and all(h.held for h in self.handles)
+
+    @property
+    def lost(self) -> bool:
+        """Whether any of the locks was lost."""
+        return any(h.lost for h in self._taken)
+
+    @property
+    def fencing_tokens(self) -> dict[str, int | None]:
+        """The fencing token of each name's current grant."""
+        return {h.name: h.fencing_token for h in self.handles}
+
+    def _deadline(
+        self, blocking: bool | None, timeout: float | _Default | None
+    ) -> tuple[bool, float | None]:
+        if self._taken:
+            raise DistLockError(f"{self!r} is already acquired.")
+        blocking = self.blocking if blocking is None else blocking
+        timeout = self.timeout if isinstance(timeout, _Default) else validate_timeout(timeout)
+        if not blocking or timeout is None:
+            return blocking, None
+        return blocking, time.monotonic() + timeout
+
+    @staticmethod
+    def _left(deadline: float | None) -> float | None:
+        return None if deadline is None else max(deadline - time.monotonic(), 0.0)
+
+    def acquire(
+        self, blocking: bool | None = None, timeout: float | _Default | None = DEFAULT
+    ) -> bool:
+        """Take every lock, or none; return whether they were taken.
+
+        :raises BackendUnavailable: when the server fails (what was taken is released).
+        """
+        blocking, deadline = self._deadline(blocking, timeout)
+        try:
+            for handle in self.handles:
+                if not handle.acquire(blocking=blocking, timeout=self._left(deadline)):
+                    self._give_back()
+                    return False
+                self._taken.append(handle)
+        except BaseException:
+            self._give_back()
+            raise
+        return True
+
+    async def aacquire(
+        self, blocking: bool | None = None, timeout: float | _Default | None = DEFAULT
+    ) -> bool:
+        """Async :meth:`acquire`."""
+        blocking, deadline = self._deadline(blocking, timeout)
+        try:
+            for handle in self.handles:
+                if not await handle.aacquire(blocking=blocking, timeout=self._left(deadline)):
+                    await self._agive_back()
+                    return False
+                self._taken.append(handle)
+        except BaseException:
+            await self._agive_back()
+            raise
+        return True
+
+    def _give_back(self) -> None:
+        taken, self._taken = self._taken, []
+        for handle in reversed(taken):
+            with contextlib.suppress(DistLockError):  # it is being given back anyway
+                handle.release()
+
+    async def _agive_back(self) -> None:
+        taken, self._taken = self._taken, []
+        for handle in reversed(taken):
+            with contextlib.suppress(DistLockError):
+                await handle.arelease()
+
+    def release(self) -> None:
+        """Release every lock, in reverse order.
+
+        :raises LockNotHeld: when not acquired.
+        :raises LockLost: after releasing the others, when one had been lost.
+        """
+        if not self._taken:
+            raise LockNotHeld(f"{self!r} is not held.")
+        taken, self._taken = self._taken, []
+        lost: LockLost | None = None
+        for handle in reversed(taken):
+            try:
+                handle.release()
+            except LockLost as exc:
+                lost = lost or exc
+        if lost is not None:
+            raise lost
+
+    async def arelease(self) -> None:
+        """Async :meth:`release`."""
+        if not self._taken:
+            raise LockNotHeld(f"{self!r} is not held.")
+        taken, self._taken = self._taken, []
+        lost: LockLost | None = None
+        for handle in reversed(taken):
+            try:
+                await handle.arelease()
+            except LockLost as exc:
+                lost = lost or exc
+        if lost is not None:
+            raise lost
+
+    def _not_acquired(self) -> LockNotAcquired:
+        names = [h.name for h in self.handles]
+        cls = LockTimeout if self.blocking else LockNotAcquired
+        return cls(f"Could not take all of {names!r} on {self.backend.alias!r}.",
+                   alias=self.backend.alias)
+
+    def __enter__(self) -> MultiLock:
+        if not self.acquire():
+            raise self._not_acquired()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+    async def __aenter__(self) -> MultiLock:
+        if not await self.aacquire():
+            raise self._not_acquired()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.arelease()

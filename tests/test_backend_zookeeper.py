@@ -1,0 +1,648 @@
+"""The ZooKeeper backend against the 3-node ensemble that scripts/test starts: the
+shipped contract (plain and with digest auth), round trips, watches, names, listing,
+fencing across a re-created parent, orphans, session states, options and checks."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+import pytest
+from django.core import checks
+from django.test import override_settings
+from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import ConnectionLoss, NoAuthError
+
+from django_distlock import locks, signals
+from django_distlock.backends.zookeeper import ZooKeeperBackend
+from django_distlock.backends.zookeeper.client import unavailable
+from django_distlock.backends.zookeeper.paths import decode, encode
+from django_distlock.exceptions import (
+    BackendUnavailable,
+    InvalidBackendOptions,
+    LockLost,
+    UnsupportedOperation,
+)
+from django_distlock.testing import LockContract
+
+from .conftest import eventually, in_thread, require_zookeeper
+
+HOSTS = os.environ.get("DISTLOCK_ZK_HOSTS", "")
+
+
+class ZooKeeperContract(LockContract):
+    @pytest.fixture(autouse=True)
+    def _zookeeper(self) -> None:
+        require_zookeeper()
+
+
+class TestZooKeeper(ZooKeeperContract):
+    alias = "zk"
+
+
+class TestZooKeeperAuth(ZooKeeperContract):
+    alias = "zk-auth"
+
+
+@pytest.fixture
+def zk() -> ZooKeeperBackend:
+    require_zookeeper()
+    backend = locks["zk"]
+    assert isinstance(backend, ZooKeeperBackend)
+    return backend
+
+
+def _children(backend: ZooKeeperBackend, name: str) -> list[str]:
+    parent = backend.parent_of(backend.make_key(name))
+    kazoo = backend.client.get()
+    return sorted(kazoo.get_children(parent)) if kazoo.exists(parent) else []
+
+
+def _acquire_release(backend: ZooKeeperBackend, name: str) -> bool:
+    handle = backend.lock(name)
+    got = handle.acquire(blocking=False)
+    if got:
+        handle.release()
+    return got
+
+
+# -- round trips and watches ------------------------------------------------------
+
+
+def test_uncontended_acquire_release_is_three_round_trips(zk, unique, monkeypatch) -> None:
+    """create + get_children + delete; kazoo's Lock adds an exists() of the parent."""
+    name = unique()
+    with zk.lock(name):  # creates the parent
+        pass
+    kazoo = zk.client.get()
+    sent: list[str] = []
+    real = kazoo._call
+    monkeypatch.setattr(kazoo, "_call", lambda req, res: sent.append(type(req).__name__)
+                        or real(req, res))
+    for _ in range(3):
+        with zk.lock(name):
+            pass
+    assert sent == ["Create2", "GetChildren", "Delete"] * 3
+
+
+def test_one_watch_event_per_release(zk, unique) -> None:
+    """5 waiters queue behind a holder; each release wakes exactly one of them."""
+    name = unique()
+    holder = zk.lock(name)
+    holder.acquire()
+    order: list[int] = []
+
+    def wait(i: int) -> None:
+        with zk.lock(name, timeout=30):
+            order.append(i)
+            time.sleep(0.02)
+
+    before = zk.client.watch_events
+    threads = []
+    for i in range(5):
+        threads.append(threading.Thread(target=wait, args=(i,)))
+        threads[-1].start()
+        assert eventually(lambda i=i: len(_children(zk, name)) == i + 2)  # queued in order
+    holder.release()
+    for thread in threads:
+        thread.join(30)
+    assert order == [0, 1, 2, 3, 4]  # first come, first served
+    assert zk.client.watch_events - before == 5
+
+
+# -- fencing, parents, names ------------------------------------------------------
+
+
+def test_fencing_grows_after_the_parent_is_recreated(zk, unique) -> None:
+    name = unique()
+    with zk.lock(name) as first:
+        pass
+    parent = zk.parent_of(zk.make_key(name))
+    kazoo = zk.client.get()
+    kazoo.delete(parent)  # as ZooKeeper's container reaper does (test_zookeeper_faults)
+    with zk.lock(name) as second:
+        assert kazoo.exists(parent) is not None
+    assert second.fencing_token > first.fencing_token
+
+
+@pytest.mark.parametrize(
+    "key", ["a/b", ".", "..", "zookeeper", "%2F", "a%b", "sp ace", "ü✓", "x\x1fy", "\ue000"]
+)
+def test_names_encode_injectively(key) -> None:
+    name = encode(key)
+    assert "/" not in name and name not in (".", "..", "zookeeper")
+    assert decode(name) == key
+
+
+def test_node_names_are_readable(zk, unique) -> None:
+    name = unique("stock/sku-1")
+    with zk.lock(name):
+        names = zk.client.get().get_children(zk.settings.root)
+        assert encode("z:" + name) in names
+        assert "z:stock%2Fsku-1:" in encode("z:" + name)
+        assert zk.held_locks(prefix=name).locks[0].name == name
+
+
+def test_listing_shows_holder_and_waiters(zk, unique) -> None:
+    name = unique()
+    handle = zk.lock(name)
+    handle.acquire()
+    waiters = [threading.Thread(target=lambda: zk.lock(name, timeout=1).acquire())
+               for _ in range(2)]
+    for waiter in waiters:
+        waiter.start()
+    try:
+        assert eventually(lambda: len(_children(zk, name)) == 3)
+        [info] = zk.held_locks(prefix=name).locks
+        assert info.waiters == 2 and info.owner == handle.owner_id
+        assert info.pid == os.getpid() and info.fencing_token == handle.fencing_token
+        assert info.expires_at is None and info.thread == handle.thread
+    finally:
+        handle.release()
+        for waiter in waiters:
+            waiter.join(5)
+
+
+def test_listing_pages_skip_empty_parents(zk, unique) -> None:
+    base = unique("pages")
+    handles = [zk.lock(f"{base}/{i}") for i in range(5)]
+    for handle in handles:
+        handle.acquire()
+    handles[1].release()  # its parent stays (until reaped), empty
+    handles[3].release()
+    try:
+        seen, cursor = [], None
+        while True:
+            page = zk.held_locks(prefix=base + "/", limit=2, cursor=cursor)
+            seen.extend(info.name for info in page)
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+        assert seen == [f"{base}/{i}" for i in (0, 2, 4)]
+    finally:
+        for i in (0, 2, 4):
+            handles[i].release()
+
+
+# -- what kazoo issue 732 is about: no orphan contender ------------------------------
+
+
+def test_a_create_whose_answer_is_lost_adopts_its_node(zk, unique, monkeypatch) -> None:
+    """The create happened on the server but the answer was lost: the retry finds the
+    node by its GUID instead of making a second one (which would block the lock)."""
+    name = unique()
+    real = zk.client.wait
+    lost = []
+
+    def wait(result: Any, what: str, until: float | None = None) -> Any:
+        value = real(result, what, until)
+        if what == "creating a contender node" and not lost:
+            lost.append(value)
+            raise unavailable(ConnectionLoss()) from ConnectionLoss()
+        return value
+
+    monkeypatch.setattr(zk.client, "wait", wait)
+    with zk.lock(name):
+        assert len(lost) == 1
+        assert len(_children(zk, name)) == 1
+    assert _children(zk, name) == []
+
+
+def test_a_failed_delete_is_swept_on_reconnection(zk, unique, monkeypatch) -> None:
+    name = unique()
+    holder = zk.lock(name)
+    holder.acquire()
+    real = zk.client.call
+
+    def call(what: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        if what == "deleting our node":
+            raise unavailable(ConnectionLoss()) from ConnectionLoss()
+        return real(what, method, *args, **kwargs)
+
+    monkeypatch.setattr(zk.client, "call", call)
+    with pytest.raises(BackendUnavailable, match="connection to ZooKeeper was lost"):
+        in_thread(lambda: zk.lock(name).acquire(timeout=0.2))
+    assert zk.client.orphans
+    assert len(_children(zk, name)) == 2  # the waiter's node is left: an orphan
+    monkeypatch.setattr(zk.client, "call", real)
+    zk.client._state_changed(KazooState.CONNECTED)  # reconnected: swept
+    assert eventually(lambda: len(_children(zk, name)) == 1)
+    holder.release()
+    assert in_thread(lambda: _acquire_release(zk, name))
+
+
+# -- the session ----------------------------------------------------------------------
+
+
+def test_expired_session_marks_the_holder_lost(zk, unique) -> None:
+    """A real session expiry (kazoo's harness way: another client closes the session)."""
+    name = unique()
+    seen = []
+    receiver = lambda sender, **kw: seen.append(kw["name"])  # noqa: E731
+    signals.lock_lost.connect(receiver, weak=False)
+    try:
+        handle = zk.lock(name)
+        handle.acquire()
+        session, password = zk.client.get().client_id
+        other = KazooClient(hosts=HOSTS, client_id=(session, password))
+        other.start(timeout=10)
+        other.stop()
+        other.close()
+        assert eventually(lambda: handle.lost)
+        assert seen.count(name) == 1
+        assert in_thread(lambda: zk.lock(name).acquire(timeout=5))  # freed
+        with pytest.raises(LockLost):
+            handle.release()
+    finally:
+        signals.lock_lost.disconnect(receiver)
+
+
+def test_suspended_marks_the_holder_unsure(zk, unique) -> None:
+    name = unique()
+    with zk.lock(name) as handle:
+        assert handle.unsure is False
+        zk.client._state_changed(KazooState.SUSPENDED)
+        assert handle.unsure is True and not handle.lost
+        zk.client._state_changed(KazooState.CONNECTED)
+        assert handle.unsure is False and handle.held
+
+
+def test_forked_child_gets_its_own_session(zk, unique) -> None:
+    name = unique()
+    with zk.lock(name):
+        parent_session = zk.client.get().client_id[0]
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: never touch the parent's session
+            code = 1
+            try:
+                other = zk.lock(name + "/child")
+                got = other.acquire(timeout=5) and zk.client.get().client_id[0] != parent_session
+                other.release()
+                code = 0 if got and not zk.lock(name).acquire(blocking=False) else 2
+            finally:
+                os.write(write, bytes([code]))
+                os._exit(code)
+        os.close(write)
+        assert os.read(read, 1) == b"\x00"
+        os.waitpid(pid, 0)
+        assert zk.client.get().client_id[0] == parent_session  # still ours
+        assert zk.is_locked(name)
+
+
+# -- ACLs --------------------------------------------------------------------------------
+
+
+def test_other_clients_cannot_delete_authenticated_nodes(unique) -> None:
+    require_zookeeper()
+    backend = locks["zk-auth"]
+    name = unique()
+    with backend.lock(name):
+        parent = backend.parent_of(backend.make_key(name))
+        stranger = KazooClient(hosts=HOSTS)
+        stranger.start(timeout=10)
+        try:
+            with pytest.raises(NoAuthError):
+                stranger.get_children(parent)
+            [node] = backend.client.get().get_children(parent)
+            with pytest.raises(NoAuthError):
+                stranger.delete(f"{parent}/{node}")
+        finally:
+            stranger.stop()
+            stranger.close()
+
+
+# -- options and checks -----------------------------------------------------------------
+
+_ZK = "django_distlock.backends.zookeeper.ZooKeeperBackend"
+
+
+def _backend(location: Any = "127.0.0.1:2181", **options: Any) -> ZooKeeperBackend:
+    return ZooKeeperBackend("x", {"BACKEND": _ZK, "LOCATION": location, "OPTIONS": options})
+
+
+@pytest.mark.parametrize(
+    ("location", "options", "check_id"),
+    [
+        ("", {}, "distlock.E020"),
+        ("zk1:2181,,zk2", {}, "distlock.E020"),
+        ("zk1:99999", {}, "distlock.E020"),
+        ("zk1:2181/", {}, "distlock.E020"),
+        ("zk1 zk2", {}, "distlock.E020"),
+        ("zk1:2181", {"ROOT": "relative"}, "distlock.E021"),
+        ("zk1:2181", {"ROOT": "/a/"}, "distlock.E021"),
+        ("zk1:2181", {"ROOT": "/a/../b"}, "distlock.E021"),
+        ("zk1:2181", {"ROOT": "/zookeeper/locks"}, "distlock.E021"),
+        ("zk1:2181", {"SESSION_TIMEOUT": 1}, "distlock.E022"),
+        ("zk1:2181", {"SESSION_TIMEOUT": 100}, "distlock.E022"),
+    ],
+)
+def test_checks_and_refusal_before_any_call(location, options, check_id) -> None:
+    backend = _backend(location, **options)
+    [message] = backend.check()
+    assert message.id == check_id and isinstance(message, checks.Error)
+    with pytest.raises(InvalidBackendOptions):  # no server is reached (none is there)
+        backend.lock("a").acquire(blocking=False)
+    with pytest.raises(InvalidBackendOptions):
+        backend.health()
+
+
+def test_good_settings_have_no_check_messages() -> None:
+    assert _backend("zk1:2181,zk2:2182,[::1]:2183/app/chroot", ROOT="/a/b",
+                    SESSION_TIMEOUT=30).check() == []
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"NOPE": 1},
+        {"SESSION_TIMEOUT": "10"},
+        {"SESSION_TIMEOUT": 0},
+        {"AUTH": "user:pass"},
+        {"AUTH": ("us:er", "pass")},
+        {"ACL": [("digest", "a:b", ["EVERYTHING"])]},
+        {"CLIENT_OPTIONS": {"hosts": "other:2181"}},
+        {"CLIENT_OPTIONS": []},
+    ],
+)
+def test_bad_option_types_are_refused(options) -> None:
+    with pytest.raises(InvalidBackendOptions):
+        _backend(**options)
+
+
+def test_system_check_reports_through_the_registry() -> None:
+    config = {"default": {"BACKEND": _ZK, "LOCATION": "zk1:2181", "OPTIONS": {"ROOT": "x"}}}
+    with override_settings(DISTLOCK=config):
+        from django_distlock.checks import check_distlock
+
+        assert [m.id for m in check_distlock()] == ["distlock.E021"]
+
+
+def test_unreachable_ensemble_is_a_clear_error_in_time() -> None:
+    backend = _backend("127.0.0.1:1", CONNECT_TIMEOUT=0.5)
+    started = time.monotonic()
+    with pytest.raises(Exception, match="did not answer in time") as info:
+        backend.lock("a").acquire(blocking=False)
+    assert time.monotonic() - started < 3
+    assert info.value.__cause__ is not None
+
+
+# -- read-write locks -----------------------------------------------------------------
+
+
+def _try(handle_factory: Any) -> bool:
+    """Whether another thread gets the lock at once (and gives it back)."""
+    def run() -> bool:
+        handle = handle_factory()
+        got = handle.acquire(blocking=False)
+        if got:
+            handle.release()
+        return bool(got)
+
+    return bool(in_thread(run))
+
+
+def test_readers_share_and_writers_exclude(zk, unique) -> None:
+    name = unique()
+    first, second = zk.read_lock(name), zk.read_lock(name)
+    assert first.acquire(blocking=False) and second.acquire(timeout=2)  # one thread, waiting
+    assert _try(lambda: zk.read_lock(name))
+    assert not _try(lambda: zk.write_lock(name))
+    assert not _try(lambda: zk.lock(name))  # lock() is the write side too
+    assert zk.is_locked(name)
+    first.release()
+    second.release()
+    with zk.write_lock(name) as writer:
+        assert writer.kind == "write" and isinstance(writer.fencing_token, int)
+        assert not _try(lambda: zk.read_lock(name))
+        assert not _try(lambda: zk.write_lock(name))
+    assert _try(lambda: zk.write_lock(name))
+
+
+def test_a_writer_is_not_starved_by_a_stream_of_readers(zk, unique) -> None:
+    name = unique()
+    reader = zk.read_lock(name)
+    reader.acquire()
+    served: list[str] = []
+
+    def write() -> None:
+        with zk.write_lock(name, timeout=20):
+            served.append("writer")
+            time.sleep(0.05)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    assert eventually(lambda: len(_children(zk, name)) == 2)
+    late_readers = []
+    for i in range(5):  # readers keep coming while the first one holds
+        assert not _try(lambda: zk.read_lock(name))  # queued behind the writer: no barging
+
+        def read(i: int = i) -> None:
+            with zk.read_lock(name, timeout=20):
+                served.append(f"reader{i}")
+
+        late_readers.append(threading.Thread(target=read))
+        late_readers[-1].start()
+    assert eventually(lambda: len(_children(zk, name)) == 7)
+    assert served == []
+    reader.release()
+    writer.join(20)
+    for thread in late_readers:
+        thread.join(20)
+    assert served[0] == "writer" and sorted(served[1:]) == [f"reader{i}" for i in range(5)]
+
+
+def test_readers_behind_a_writer_are_woken_together(zk, unique) -> None:
+    name = unique()
+    writer = zk.write_lock(name)
+    writer.acquire()
+    inside = threading.Barrier(4, timeout=10)  # 3 readers and this test
+    threads = []
+    for _ in range(3):
+        def read() -> None:
+            with zk.read_lock(name, timeout=20):
+                inside.wait()  # all three hold it at once
+                inside.wait()
+
+        threads.append(threading.Thread(target=read))
+        threads[-1].start()
+    assert eventually(lambda: len(_children(zk, name)) == 4)
+    writer.release()
+    inside.wait()
+    [info] = zk.held_locks(prefix=name).locks
+    assert info.kind == "read" and info.waiters == 0
+    inside.wait()
+    for thread in threads:
+        thread.join(10)
+
+
+def test_listing_shows_the_kind_and_who_waits(zk, unique) -> None:
+    name = unique()
+    with zk.read_lock(name), zk.read_lock(name):
+        waiter = threading.Thread(target=lambda: zk.write_lock(name, timeout=1).acquire())
+        waiter.start()
+        assert eventually(lambda: len(_children(zk, name)) == 3)
+        [info] = zk.held_locks(prefix=name).locks
+        assert info.kind == "read" and info.waiters == 1
+        waiter.join(5)
+    with zk.lock(name):
+        assert zk.held_locks(prefix=name).locks[0].kind == "exclusive"
+
+
+def test_read_write_locks_are_refused_where_unsupported() -> None:
+    backend = locks["locmem"]
+    assert backend.supports_read_write is False
+    with pytest.raises(UnsupportedOperation):
+        backend.read_lock("x")
+    with pytest.raises(UnsupportedOperation):
+        backend.write_lock("x")
+
+
+# -- semaphores --------------------------------------------------------------------------
+
+
+def _max_concurrency(intervals: list[tuple[float, float]]) -> int:
+    edges = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])
+    level = peak = 0
+    for _, step in edges:  # an end sorts before a start at the same instant
+        level += step
+        peak = max(peak, level)
+    return peak
+
+
+def test_max_concurrency_can_see_overlaps() -> None:
+    assert _max_concurrency([(0, 2), (1, 3), (1.5, 4), (3.5, 5)]) == 3
+    assert _max_concurrency([(0, 1), (1, 2)]) == 1
+
+
+def test_a_semaphore_never_exceeds_its_limit(zk, unique) -> None:
+    name = unique("sem")
+    intervals: list[tuple[float, float]] = []
+    tokens: list[int] = []
+
+    def work() -> None:
+        for _ in range(4):
+            with zk.semaphore(name, 3, timeout=30) as lease:
+                began = time.monotonic()
+                tokens.append(lease.fencing_token)
+                time.sleep(0.02)
+                intervals.append((began, time.monotonic()))
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert len(intervals) == 32 and len(set(tokens)) == 32
+    assert _max_concurrency(intervals) == 3  # reached, never passed
+    assert not zk.is_locked(name)
+
+
+def test_semaphore_at_its_limit(zk, unique) -> None:
+    name = unique("sem")
+    held = [zk.semaphore(name, 2) for _ in range(2)]
+    for lease in held:
+        assert lease.acquire(blocking=False)
+    assert not _try(lambda: zk.semaphore(name, 2))
+    parent = zk.parent_of(zk.make_key(name))
+    kazoo = zk.client.get()
+    assert kazoo.get_children(f"{parent}/__gate__") == []  # the miss left the gate
+    waiter = threading.Thread(target=lambda: zk.semaphore(name, 2, timeout=1).acquire())
+    waiter.start()
+    assert eventually(lambda: len(kazoo.get_children(f"{parent}/__gate__")) == 1)
+    [info] = zk.held_locks(prefix=name).locks
+    assert info.kind == "semaphore" and info.waiters == 1
+    waiter.join(5)
+    held[0].release()
+    assert _try(lambda: zk.semaphore(name, 2))
+    held[1].release()
+
+
+def test_semaphore_arguments() -> None:
+    require_zookeeper()
+    zk = locks["zk"]
+    for bad in (0, -1, 10_001):
+        with pytest.raises(ValueError):
+            zk.semaphore("s", bad)
+    for bad_type in ("3", 2.5, True, None):
+        with pytest.raises(TypeError):
+            zk.semaphore("s", bad_type)
+    with pytest.raises(UnsupportedOperation):
+        locks["locmem"].semaphore("s", 2)
+
+
+def test_semaphore_async(zk, unique) -> None:
+    import asyncio
+
+    name = unique("sem")
+
+    async def main() -> int:
+        inside = 0
+        peak = 0
+
+        async def one() -> None:
+            nonlocal inside, peak
+            async with zk.semaphore(name, 2, timeout=20):
+                inside += 1
+                peak = max(peak, inside)
+                await asyncio.sleep(0.05)
+                inside -= 1
+
+        await asyncio.gather(*(one() for _ in range(6)))
+        return peak
+
+    assert asyncio.run(main()) == 2
+
+
+# -- the decorator form of each kind ------------------------------------------------------
+
+
+def test_decorator_kinds(zk, unique) -> None:
+    from django_distlock import distlock
+
+    name = unique()
+    seen: list[tuple[str, bool]] = []
+
+    @distlock(name, using="zk", kind="read")
+    def read() -> None:
+        seen.append(("read", _try(lambda: zk.read_lock(name))))  # readers share
+        seen.append(("write", _try(lambda: zk.write_lock(name))))
+
+    @distlock(name, using="zk", kind="write")
+    def write() -> None:
+        seen.append(("read", _try(lambda: zk.read_lock(name))))
+
+    @distlock(name + "/sem", using="zk", kind="semaphore", limit=2)
+    def lease() -> None:
+        seen.append(("second lease", _try(lambda: zk.semaphore(name + "/sem", 2))))
+
+    read()
+    write()
+    lease()
+    assert seen == [("read", True), ("write", False), ("read", False), ("second lease", True)]
+
+    @distlock(name, using="locmem", kind="read")
+    def unsupported() -> None:
+        pass
+
+    with pytest.raises(UnsupportedOperation):
+        unsupported()
+    with pytest.raises(ValueError):
+        distlock(name, kind="shared")(lambda: None)
+    with pytest.raises(ValueError):
+        distlock(name, kind="semaphore")(lambda: None)
+    with pytest.raises(ValueError):
+        distlock(name, limit=3)(lambda: None)
+
+
+def test_write_side_of_a_name_the_thread_reads_is_a_self_deadlock(zk, unique) -> None:
+    from django_distlock import SelfDeadlock
+
+    name = unique()
+    with zk.read_lock(name):
+        started = time.monotonic()
+        with pytest.raises(SelfDeadlock):
+            zk.write_lock(name).acquire(timeout=5)
+        assert time.monotonic() - started < 2

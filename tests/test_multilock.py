@@ -1,0 +1,114 @@
+"""multi_lock(names): all-or-nothing over any backend's exclusive locks, in one fixed
+order (no deadlock between multi-locks over overlapping names in opposite orders)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from django_distlock import locks
+from django_distlock.exceptions import LockLost, LockNotHeld, LockTimeout
+
+from .conftest import in_thread, require_zookeeper
+
+ALIASES = ["locmem", "zk"]
+
+
+@pytest.fixture(params=ALIASES)
+def backend(request):
+    if request.param == "zk":
+        require_zookeeper()
+    return locks[request.param]
+
+
+def test_takes_all_in_key_order(backend, unique) -> None:
+    names = [unique("c"), unique("a"), unique("b"), unique("a")]
+    multi = backend.multi_lock(names)
+    assert [h.name for h in multi.handles] == sorted(set(names))  # KEY_PREFIX is shared
+    with multi:
+        assert multi.held and set(multi.fencing_tokens) == set(names)
+        for name in names:
+            assert in_thread(lambda name=name: backend.lock(name).acquire(blocking=False)) is False
+    for name in names:
+        assert not backend.is_locked(name)
+    with pytest.raises(LockNotHeld):
+        multi.release()
+
+
+def test_all_or_nothing(backend, unique) -> None:
+    a, b, c = unique("a"), unique("b"), unique("c")
+    with backend.lock(b):  # the middle one is taken
+        def attempt() -> tuple[bool, bool, bool]:
+            multi = backend.multi_lock([a, b, c], timeout=0.3)
+            got = multi.acquire()
+            return got, backend.is_locked(a), backend.is_locked(c)
+
+        assert in_thread(attempt) == (False, False, False)  # a was given back
+
+        def with_block() -> type:
+            try:
+                with backend.multi_lock([a, b], timeout=0.1):
+                    return type(None)
+            except LockTimeout as exc:
+                return type(exc)
+
+        assert in_thread(with_block) is LockTimeout
+
+
+def test_opposite_orders_never_deadlock(backend, unique) -> None:
+    """Rounds started together by a barrier, in opposite orders; taken in a fixed order,
+    every round gets both (taken in the given order, rounds would deadlock until the
+    timeout and fail)."""
+    a, b = unique("a"), unique("b")
+    results: list[bool] = []
+    start = threading.Barrier(2, timeout=30)
+
+    def loop(names: list[str]) -> None:
+        for _ in range(20):
+            start.wait()
+            multi = backend.multi_lock(names, timeout=1)
+            got = multi.acquire()
+            results.append(got)
+            if got:
+                multi.release()
+
+    threads = [threading.Thread(target=loop, args=(n,)) for n in ([a, b], [b, a])]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert results == [True] * 40
+
+
+def test_a_lost_member_is_reported_after_releasing_the_others(backend, unique) -> None:
+    a, b = unique("a"), unique("b")
+    multi = backend.multi_lock([a, b])
+    multi.acquire()
+    multi.handles[0].mark_lost()
+    assert multi.lost
+    with pytest.raises(LockLost):
+        multi.release()
+    assert not backend.is_locked(a) and not backend.is_locked(b)
+
+
+def test_async(backend, unique) -> None:
+    a, b = unique("a"), unique("b")
+
+    async def main() -> bool:
+        async with backend.multi_lock([b, a]) as multi:
+            return multi.held and backend.is_locked(a) and backend.is_locked(b)
+
+    assert asyncio.run(main()) is True
+    assert not backend.is_locked(a)
+
+
+def test_bad_arguments() -> None:
+    backend = locks["locmem"]
+    with pytest.raises(TypeError):
+        backend.multi_lock("ab")
+    with pytest.raises(ValueError):
+        backend.multi_lock([])
+    with pytest.raises(ValueError):
+        backend.multi_lock(["a", "b\x00"])
