@@ -61,3 +61,11 @@ if REDLOCK_URLS:
         "LOCATION": REDLOCK_URLS,
         "TTL": 30,
     }
+# ZooKeeper (benchmarks/zookeeper.py): the 3-node ensemble scripts/bench starts.
+ZK_HOSTS = os.environ.get("DISTLOCK_ZK_HOSTS", "")
+if ZK_HOSTS:
+    DISTLOCK["zk"] = {
+        "BACKEND": "django_distlock.backends.zookeeper.ZooKeeperBackend",
+        "LOCATION": ZK_HOSTS,
+        "OPTIONS": {"ROOT": "/distlock-bench-distlock"},  # zookeeper.DISTLOCK_ROOT
+    }

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-from .conftest import FULL_RUN, require_pg, require_redis
+from .conftest import FULL_RUN, require_pg, require_redis, require_zookeeper
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The benchmarks' own database on the tests' server (created and migrated on first use).
@@ -67,10 +67,11 @@ def test_every_benchmark_case_builds_its_client_and_uses_it_once() -> None:
     # benchmarks.redlock DISTLOCK_REDLOCK_URLS, as the tests' "redlock" alias does
     if FULL_RUN:
         require_redis(redlock=True)
+        require_zookeeper()  # and benchmarks.zookeeper DISTLOCK_ZK_HOSTS, as "zk" does
     skipped = {
         case
         for case in cases
-        for alias in ("redis", "redlock")
+        for alias in ("redis", "redlock", "zk")
         if alias not in settings.DISTLOCK and case[1].startswith(alias + ".")
     }
 
