@@ -61,11 +61,12 @@ if REDLOCK_URLS:
         "LOCATION": REDLOCK_URLS,
         "TTL": 30,
     }
-# ZooKeeper (benchmarks/zookeeper.py): the 3-node ensemble scripts/bench starts.
-ZK_HOSTS = os.environ.get("DISTLOCK_ZK_HOSTS", "")
-if ZK_HOSTS:
-    DISTLOCK["zk"] = {
-        "BACKEND": "django_distlock.backends.zookeeper.ZooKeeperBackend",
-        "LOCATION": ZK_HOSTS,
-        "OPTIONS": {"ROOT": "/distlock-bench-distlock"},  # zookeeper.DISTLOCK_ROOT
-    }
+# ZooKeeper (benchmarks/zookeeper.py): the 3-node ensemble and the standalone server
+# scripts/bench starts.
+for _alias, _variable in (("zk", "DISTLOCK_ZK_HOSTS"), ("zk1", "DISTLOCK_ZK_STANDALONE")):
+    if os.environ.get(_variable):
+        DISTLOCK[_alias] = {
+            "BACKEND": "django_distlock.backends.zookeeper.ZooKeeperBackend",
+            "LOCATION": os.environ[_variable],
+            "OPTIONS": {"ROOT": "/distlock-bench-distlock"},  # zookeeper.DISTLOCK_ROOT
+        }

@@ -1,11 +1,12 @@
-"""ZooKeeper cases on the 3-node ensemble of ``DISTLOCK_ZK_HOSTS``.
+"""ZooKeeper cases on the 3-node ensemble of ``DISTLOCK_ZK_HOSTS`` (``zk.*``) and on the
+standalone server of ``DISTLOCK_ZK_STANDALONE`` (``zk1.*``: no quorum behind a write).
 
 ``zk.exists`` is one ``exists()`` round trip (a read the connected server answers
 alone: the floor). kazoo's ``Lock`` is used directly, a new ``Lock`` object per
 acquisition on one started ``KazooClient`` per process (``acquire(timeout=5)``,
 ``release()``), as a user who writes kazoo by hand does; django-distlock's
 ``ZooKeeperBackend`` (alias ``zk``, ``benchmarks/settings.py``) through its public
-API. Lock paths live under ``/distlock-bench``.
+API (aliases ``zk`` and ``zk1``). Lock paths live under ``/distlock-bench``.
 """
 
 from __future__ import annotations
@@ -28,12 +29,16 @@ ROOT = "/distlock-bench"
 DISTLOCK_ROOT = "/distlock-bench-distlock"
 
 
-def _hosts() -> str:
-    return os.environ.get("DISTLOCK_ZK_HOSTS", "")
+#: The environment variable naming the servers of each target.
+TARGETS = {"zk": "DISTLOCK_ZK_HOSTS", "zk1": "DISTLOCK_ZK_STANDALONE"}
 
 
-def _client() -> KazooClient:
-    client = KazooClient(hosts=_hosts(), timeout=10)
+def _hosts(target: str = "zk") -> str:
+    return os.environ.get(TARGETS[target], "")
+
+
+def _client(target: str = "zk") -> KazooClient:
+    client = KazooClient(hosts=_hosts(target), timeout=10)
     client.start(timeout=30)
     return client
 
@@ -44,21 +49,23 @@ def setup() -> None:
     :raises Unavailable: when no ensemble is configured.
     :raises SystemExit: when a host is not 127.0.0.1.
     """
-    if not _hosts():
-        raise Unavailable(
-            "DISTLOCK_ZK_HOSTS is not set: run scripts/bench, or export "
-            "DISTLOCK_ZK_HOSTS=127.0.0.1:PORT,..."
-        )
-    for host in _hosts().split(","):
-        if host.rsplit(":", 1)[0] not in ALLOWED_HOSTS:
-            raise SystemExit(f"benchmarks: refusing to target ZooKeeper on {host!r}")
-    client = _client()
-    try:
-        for root in (ROOT, DISTLOCK_ROOT):
-            client.delete(root, recursive=True)
-    finally:
-        client.stop()
-        client.close()
+    for target, variable in TARGETS.items():
+        if not _hosts(target):
+            raise Unavailable(
+                f"{variable} is not set: run scripts/bench (it starts the ensemble and a "
+                "standalone ZooKeeper), or export both DISTLOCK_ZK_HOSTS and "
+                "DISTLOCK_ZK_STANDALONE"
+            )
+        for host in _hosts(target).split(","):
+            if host.rsplit(":", 1)[0] not in ALLOWED_HOSTS:
+                raise SystemExit(f"benchmarks: refusing to target ZooKeeper on {host!r}")
+        client = _client(target)
+        try:
+            for root in (ROOT, DISTLOCK_ROOT):
+                client.delete(root, recursive=True)
+        finally:
+            client.stop()
+            client.close()
     django_setup()
 
 
@@ -73,14 +80,14 @@ def describe() -> str:
     finally:
         client.stop()
         client.close()
-    return f"ZooKeeper {server} (3-node ensemble); kazoo {version('kazoo')}"
+    return f"ZooKeeper {server} (3-node ensemble, and standalone); kazoo {version('kazoo')}"
 
 
 class Exists:
     """(a) One ``exists()`` round trip; release does nothing."""
 
-    def __init__(self, key: str) -> None:
-        self.client = _client()
+    def __init__(self, key: str, *, target: str = "zk") -> None:
+        self.client = _client(target)
 
     def acquire(self) -> bool:
         self.client.exists("/")
@@ -97,8 +104,8 @@ class Exists:
 class KazooLock:
     """(b) kazoo's ``Lock(client, path)``, a new one per acquisition."""
 
-    def __init__(self, key: str) -> None:
-        self.client = _client()
+    def __init__(self, key: str, *, target: str = "zk") -> None:
+        self.client = _client(target)
         self.path = f"{ROOT}/{key.replace('/', '_')}"
         self.lock: Any = None
 
@@ -119,20 +126,17 @@ class DistLock(lockers.DistLock):
 
 
 _U, _C = uncontended.NAME, contention.NAME
-add_case(_U, "zk.exists", Exists, "(a) `exists()`, one round trip", group=GROUP, reference="RTT")
-add_case(_U, "zk.kazoo", KazooLock, "(b) kazoo `Lock`", group=GROUP, reference="kazoo")
-for _suite in (_U, _C):
-    if _suite == _C:
-        add_case(_C, "zk.kazoo", KazooLock, "kazoo `Lock`", group=GROUP)
-    add_case(
-        _suite,
-        "zk.distlock",
-        functools.partial(DistLock, alias="zk"),
-        "django-distlock `ZooKeeperBackend`",
-        group=GROUP,
-    )
-add_bar(_U, "zk.distlock", "zk.kazoo", 1.0)
-add_bar(_C, "zk.distlock", "zk.kazoo", 1.0)
-add_bar(_C, "zk.distlock", "zk.kazoo", 1.0, metric="rate", at_least=True)
-add_bar(_C, "zk.distlock", None, 0.7, metric="fair_min", at_least=True)
-add_bar(_C, "zk.distlock", None, 1.3, metric="fair_max")
+for _target, _where in (("zk", "ensemble"), ("zk1", "standalone")):
+    _exists = functools.partial(Exists, target=_target)
+    _kazoo = functools.partial(KazooLock, target=_target)
+    _ours = functools.partial(DistLock, alias=_target)
+    add_case(_U, f"{_target}.exists", _exists, f"(a) `exists()`, {_where}", group=GROUP)
+    add_case(_U, f"{_target}.kazoo", _kazoo, f"(b) kazoo `Lock`, {_where}", group=GROUP)
+    add_case(_U, f"{_target}.distlock", _ours, f"(c) django-distlock, {_where}", group=GROUP)
+    add_case(_C, f"{_target}.kazoo", _kazoo, f"kazoo `Lock`, {_where}", group=GROUP)
+    add_case(_C, f"{_target}.distlock", _ours, f"django-distlock, {_where}", group=GROUP)
+    add_bar(_U, f"{_target}.distlock", f"{_target}.kazoo", 1.0)
+    add_bar(_C, f"{_target}.distlock", f"{_target}.kazoo", 1.0)
+    add_bar(_C, f"{_target}.distlock", f"{_target}.kazoo", 1.0, metric="rate", at_least=True)
+    add_bar(_C, f"{_target}.distlock", None, 0.7, metric="fair_min", at_least=True)
+    add_bar(_C, f"{_target}.distlock", None, 1.3, metric="fair_max")

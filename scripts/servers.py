@@ -8,6 +8,9 @@ logs and sockets inside one directory given with --dir:
     scripts/servers.py start --dir DIR [--only redis,zookeeper,postgres,memcached]
     scripts/servers.py stop --dir DIR          # idempotent; does not delete DIR
 
+Kind zookeeper-standalone (only when named: the benchmarks compare the two) starts
+one ZooKeeper of its own (DISTLOCK_ZK_STANDALONE).
+
 Kind redis starts one server (DISTLOCK_REDIS_URL), 5 more for Redlock
 (DISTLOCK_REDLOCK_URLS) and a Redis Cluster of 3 masters without replicas
 (DISTLOCK_REDIS_CLUSTER_URL, one seed node; DISTLOCK_REDIS_CLUSTER_NODES, all).
@@ -33,6 +36,8 @@ import time
 from pathlib import Path
 
 KINDS = ("redis", "zookeeper", "postgres", "memcached")
+#: Started only when named in --only (scripts/bench): a standalone ZooKeeper.
+EXTRA_KINDS = ("zookeeper-standalone",)
 REDLOCK_COUNT = 5  # independent Redis servers for the Redlock backend
 CLUSTER_NODES = 3  # masters of the Redis Cluster (no replicas)
 ZK_NODES = 3
@@ -50,7 +55,13 @@ APT_PACKAGES = [
     "chromium-driver",
 ]
 
-READY_TIMEOUT = {"redis": 30.0, "zookeeper": 60.0, "postgres": 30.0, "memcached": 30.0}
+READY_TIMEOUT = {
+    "redis": 30.0,
+    "zookeeper": 60.0,
+    "zookeeper-standalone": 60.0,
+    "postgres": 30.0,
+    "memcached": 30.0,
+}
 STOP_TIMEOUT = 10.0
 
 # Every process launched by this run, recorded as soon as it exists, so that a failure
@@ -328,26 +339,48 @@ def launch_zookeeper(dir_: Path, ports: list[int]) -> list[dict]:
         wd = dir_ / f"zookeeper{i + 1}"
         wd.mkdir()
         (wd / "myid").write_text(f"{i + 1}\n")
-        (wd / "zoo.cfg").write_text(
-            f"tickTime=2000\ninitLimit=10\nsyncLimit=5\ndataDir={wd}\n"
-            f"clientPort={client[i]}\nclientPortAddress=127.0.0.1\nmaxClientCnxns=0\n"
-            "admin.enableServer=false\n4lw.commands.whitelist=ruok,stat,srvr,mntr,conf,isro\n"
-            + members
+        entry = launch_zookeeper_node(
+            f"zookeeper{i + 1}", "zookeeper", wd, client[i], members,
+            "org.apache.zookeeper.server.quorum.QuorumPeerMain",
         )
-        (wd / "log4j.properties").write_text(  # without it log4j 1.2 logs nothing at all
-            "log4j.rootLogger=INFO, CONSOLE\n"
-            "log4j.appender.CONSOLE=org.apache.log4j.ConsoleAppender\n"
-            "log4j.appender.CONSOLE.layout=org.apache.log4j.PatternLayout\n"
-            "log4j.appender.CONSOLE.layout.ConversionPattern=%d{ISO8601} %-5p [%t] %c{1} - %m%n\n"
-        )
-        argv = ["java", "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1"]
-        argv += [f"-Dlog4j.configuration=file:{wd / 'log4j.properties'}"]
-        argv += ["-cp", ":".join(ZK_CLASSPATH)]
-        argv += ["org.apache.zookeeper.server.quorum.QuorumPeerMain", str(wd / "zoo.cfg")]
-        entry = spawn(f"zookeeper{i + 1}", "zookeeper", client[i], argv, wd, wd / "zk.log")
         entry.update(quorum_port=quorum[i], election_port=election[i])
         entries.append(entry)
     return entries
+
+
+def launch_zookeeper_standalone(dir_: Path, port: int) -> dict:
+    """Launch one ZooKeeper on its own (no quorum: each write is one server's)."""
+    wd = dir_ / "zookeeper-standalone"
+    wd.mkdir()
+    return launch_zookeeper_node(
+        "zookeeper-standalone", "zookeeper-standalone", wd, port, "",
+        "org.apache.zookeeper.server.ZooKeeperServerMain",
+    )
+
+
+def launch_zookeeper_node(
+    name: str, kind: str, wd: Path, port: int, members: str, main_class: str
+) -> dict:
+    """Write ``wd/zoo.cfg`` (``members``: the ensemble's server lines, or none) and
+    start the JVM running ``main_class`` on it."""
+    (wd / "zoo.cfg").write_text(
+        f"tickTime=2000\ninitLimit=10\nsyncLimit=5\ndataDir={wd}\n"
+        f"clientPort={port}\nclientPortAddress=127.0.0.1\nmaxClientCnxns=0\n"
+        "admin.enableServer=false\n4lw.commands.whitelist=ruok,stat,srvr,mntr,conf,isro\n"
+        + members
+    )
+    (wd / "log4j.properties").write_text(  # without it log4j 1.2 logs nothing at all
+        "log4j.rootLogger=INFO, CONSOLE\n"
+        "log4j.appender.CONSOLE=org.apache.log4j.ConsoleAppender\n"
+        "log4j.appender.CONSOLE.layout=org.apache.log4j.PatternLayout\n"
+        "log4j.appender.CONSOLE.layout.ConversionPattern=%d{ISO8601} %-5p [%t] %c{1} - %m%n\n"
+    )
+    argv = ["java", "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1"]
+    argv += [f"-Dlog4j.configuration=file:{wd / 'log4j.properties'}"]
+    argv += ["-cp", ":".join(ZK_CLASSPATH), main_class]
+    # ZooKeeperServerMain takes the config file too
+    argv += [str(wd / "zoo.cfg")]
+    return spawn(name, kind, port, argv, wd, wd / "zk.log")
 
 
 def wait_zookeeper(entries: list[dict]) -> None:
@@ -366,6 +399,14 @@ def wait_zookeeper(entries: list[dict]) -> None:
         return modes.count("leader") == 1
 
     wait_until("zookeeper", check, None, READY_TIMEOUT["zookeeper"], Path(entries[0]["log"]))
+
+
+def wait_zookeeper_standalone(entry: dict) -> None:
+    """Wait until the standalone server answers `srvr` with `Mode: standalone`."""
+    standalone = lambda: b"Mode: standalone" in ask(entry["port"], b"srvr")  # noqa: E731
+    wait_until(
+        "zookeeper-standalone", standalone, entry, READY_TIMEOUT["zookeeper"], Path(entry["log"])
+    )
 
 
 def start_postgres(dir_: Path, port: int) -> dict:
@@ -488,7 +529,7 @@ def cmd_start(dir_: Path, kinds: list[str]) -> int:
                 shutil.rmtree(sub)
     t0 = time.monotonic()
     env = {"DISTLOCK_SERVERS": "1"}
-    ports = iter(free_ports(1 + REDLOCK_COUNT + 2 * CLUSTER_NODES + 3 * ZK_NODES + 2))
+    ports = iter(free_ports(1 + REDLOCK_COUNT + 2 * CLUSTER_NODES + 3 * ZK_NODES + 3))
 
     def save() -> None:
         state = {"dir": str(dir_), "servers": LAUNCHED}
@@ -498,6 +539,9 @@ def cmd_start(dir_: Path, kinds: list[str]) -> int:
     try:
         if "zookeeper" in kinds:  # the JVMs boot in the background while the others come up
             zk = launch_zookeeper(dir_, [next(ports) for _ in range(3 * ZK_NODES)])
+            save()
+        if "zookeeper-standalone" in kinds:
+            zk1 = launch_zookeeper_standalone(dir_, next(ports))
             save()
         if "redis" in kinds:
             cluster = launch_redis_cluster(dir_, [next(ports) for _ in range(2 * CLUSTER_NODES)])
@@ -533,6 +577,9 @@ def cmd_start(dir_: Path, kinds: list[str]) -> int:
         if "zookeeper" in kinds:
             wait_zookeeper(zk)
             env["DISTLOCK_ZK_HOSTS"] = ",".join(f"127.0.0.1:{e['port']}" for e in zk)
+        if "zookeeper-standalone" in kinds:
+            wait_zookeeper_standalone(zk1)
+            env["DISTLOCK_ZK_STANDALONE"] = f"127.0.0.1:{zk1['port']}"
     except (StartError, KeyboardInterrupt) as exc:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second ^C must not cut the cleanup
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -594,9 +641,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "stop":
         return cmd_stop(args.dir.resolve())
     kinds = [k.strip() for k in args.only.split(",") if k.strip()]
-    if not kinds or set(kinds) - set(KINDS):
-        parser.error(f"--only takes a comma-separated subset of {','.join(KINDS)}")
-    return cmd_start(args.dir.resolve(), [k for k in KINDS if k in kinds])
+    known = KINDS + EXTRA_KINDS
+    if not kinds or set(kinds) - set(known):
+        parser.error(f"--only takes a comma-separated subset of {','.join(known)}")
+    return cmd_start(args.dir.resolve(), [k for k in known if k in kinds])
 
 
 if __name__ == "__main__":
