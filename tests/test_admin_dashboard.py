@@ -49,6 +49,7 @@ def held() -> Iterator[dict[str, Lock]]:
                 handle.release()
             except Exception:
                 locks[alias].force_release(handle.name)
+    locks.close_all()  # the sessions of the backends the live server's thread built
 
 
 @pytest.fixture

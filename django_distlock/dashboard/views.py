@@ -101,6 +101,7 @@ def held_locks_view(request: HttpRequest, site: admin.AdminSite) -> HttpResponse
     context = {
         **site.each_context(request),
         "title": "Held locks",
+        "is_nav_sidebar_enabled": False,  # the table needs the width
         "rows": rows,
         "alias_states": page.aliases,
         "all_aliases": list(locks),
