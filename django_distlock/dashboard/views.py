@@ -28,6 +28,7 @@ from .listing import (
     sign_position,
     unsign_position,
 )
+from .recorder import recorded_elsewhere
 
 VIEW_PERM = "django_distlock.view_held_lock"
 RELEASE_PERM = "django_distlock.force_release_lock"
@@ -190,7 +191,8 @@ def force_release_view(request: HttpRequest, site: admin.AdminSite) -> HttpRespo
                     f"fencing token {info.fencing_token}) than the one shown; not released."
                 )
             else:
-                freed = backend.force_release(name)
+                with recorded_elsewhere():  # this event, with who and why, is written below
+                    freed = backend.force_release(name)
                 _audit(request, info, form.cleaned_data["reason"], freed)
                 if freed:
                     messages.success(request, f"Released {name} on {alias}.")
