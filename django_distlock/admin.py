@@ -8,7 +8,7 @@ from django.contrib import admin
 from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, path
 
-from .dashboard import views
+from .dashboard import activity, views
 from .models import LockEvent
 
 
@@ -44,6 +44,7 @@ class LockEventAdmin(admin.ModelAdmin):
 
         return [
             path("held/", wrap(views.held_locks_view), name="django_distlock_held_locks"),
+            path("activity/", wrap(activity.activity_view), name="django_distlock_activity"),
             path("held/lock/", wrap(views.lock_detail_view), name="django_distlock_held_lock"),
             path(
                 "held/release/",

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import re
 import shutil
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ from django.test import Client, override_settings
 
 import django_distlock
 from django_distlock import locks
+from django_distlock.dashboard.recorder import recorder
 from django_distlock.handle import Lock
 from django_distlock.models import LockEvent
 
@@ -169,3 +172,42 @@ def test_operator_and_viewer_in_a_browser(
         assert banner.text.startswith("redis-down (RedisBackend) could not be listed:")
         assert ("locmem", "dash:locmem") in rows(boss)
         _shot(boss, screenshots, "admin-held-locks-server-down.png")
+
+    # Real lock traffic on an audited alias, then its activity charts.
+    audited = {**settings.DISTLOCK["locmem"], "AUDIT": True, "KEY_PREFIX": "audited:"}
+    with override_settings(DISTLOCK={**settings.DISTLOCK, "audited": audited}):
+        contend("audited")
+        recorder.flush()
+        boss.get(f"{base}/admin/")
+        click(boss, "caption a[href$='/admin/django_distlock/']", By.CSS_SELECTOR)
+        click(boss, "Lock activity")
+        Select(boss.find_element(By.NAME, "window")).select_by_value("1h")
+        _submit(boss, "#changelist-search input[type=submit]")
+        charts = boss.find_elements(By.CSS_SELECTOR, "svg.distlock-chart")
+        assert len(charts) == 6
+        row = boss.find_element(By.CSS_SELECTOR, "tr[data-alias=audited][data-prefix='report:']")
+        cells = [cell.text for cell in row.find_elements(By.TAG_NAME, "td")]
+        assert int(cells[2]) >= 41 and int(cells[3]) > 0  # 40 + report:busy; busy misses
+        _shot(boss, screenshots, "admin-activity.png")
+
+
+def contend(alias: str) -> None:
+    """Four threads take "report:<n>" locks ten times each; short waits time out."""
+
+    def worker(index: int) -> None:
+        for round_ in range(10):
+            handle = locks[alias].lock(f"report:{round_ % 3}", ttl=5, timeout=0.3)
+            while not handle.acquire():
+                pass
+            time.sleep(0.002 * (1 + index))
+            handle.release()
+        busy = locks[alias].lock("report:busy", ttl=5, blocking=False)
+        if busy.acquire():
+            time.sleep(0.05)
+            busy.release()
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
