@@ -39,6 +39,7 @@ class Recorder:
         self.dropped = 0
         self.written = 0
         self._mutex = threading.Lock()
+        self._writing = threading.Lock()  # a flush() waits for the one under way
         self._queue: list[dict[str, Any]] = []
         self._pid: int | None = None  # of the process whose writer thread runs
 
@@ -56,6 +57,10 @@ class Recorder:
 
     def flush(self) -> int:
         """Write the queued events now; return how many were written."""
+        with self._writing:
+            return self._flush()
+
+    def _flush(self) -> int:
         with self._mutex:
             rows, self._queue = self._queue, []
         if not rows:
