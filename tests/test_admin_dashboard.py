@@ -172,6 +172,15 @@ def test_a_server_down_shows_a_banner_while_the_others_list(
     assert 'data-name="dash:default"' in page
 
 
+def test_a_misconfigured_alias_is_a_banner_and_a_400(boss: Client, settings: Any) -> None:
+    broken = {"BACKEND": "django_distlock.backends.nope.Nope"}
+    with override_settings(DISTLOCK={**settings.DISTLOCK, "broken": broken}):
+        page = boss.get(reverse(LIST)).content.decode()
+        assert 'data-alias="broken">broken (?) could not be listed: misconfigured' in page
+        for url in (DETAIL, RELEASE):
+            assert boss.get(reverse(url), {"alias": "broken", "name": "x"}).status_code == 400
+
+
 def test_detail_page(boss: Client, held: dict[str, Lock]) -> None:
     handle = held["default"]
     page = boss.get(reverse(DETAIL), {"alias": "default", "name": "dash:default"})

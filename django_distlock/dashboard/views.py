@@ -14,7 +14,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 
-from ..exceptions import DistLockError, InvalidLockName
+from ..exceptions import DistLockError, InvalidLockName, LockConfigurationError
 from ..handler import locks
 from ..models import LockEvent
 from ..names import validate_name
@@ -53,6 +53,10 @@ def _lock_arg(request: HttpRequest, data: Any) -> tuple[str, str]:
     alias, name = data.get("alias", ""), data.get("name", "")
     if alias not in locks:
         raise Http404(f"No lock alias {alias!r} is configured.")
+    try:
+        locks[alias]
+    except LockConfigurationError as exc:
+        raise _BadRequest(f"the alias {alias!r} is misconfigured: {exc}") from exc
     try:
         validate_name(name)
     except (InvalidLockName, ValueError, TypeError) as exc:
