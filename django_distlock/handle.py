@@ -135,6 +135,7 @@ class Lock:
         self._valid_until: float | None = None  # monotonic, conservative
         self._lost_at_release = False
         self._started = 0.0
+        self._granted_at: float | None = None  # monotonic, of the first grant
         self._depth = 0  # acquisitions held by this handle (above 1 only when reentrant)
 
     # -- state ----------------------------------------------------------
@@ -153,6 +154,11 @@ class Lock:
     def expires_at(self) -> datetime | None:
         """Server time the current lease ends; None when it does not expire."""
         return self._grant.expires_at if self._grant else None
+
+    @property
+    def held_for(self) -> float | None:
+        """Seconds since the current (or last) grant on this process' clock; None before."""
+        return None if self._granted_at is None else time.monotonic() - self._granted_at
 
     @property
     def held(self) -> bool:
@@ -208,6 +214,7 @@ class Lock:
             alias=self.backend.alias,
             name=self.name,
             fencing_token=self.fencing_token,
+            handle=self,
             **extra,
         )
 
@@ -236,6 +243,12 @@ class Lock:
         :raises BackendUnavailable: when the server fails.
         """
         blocking, deadline = self._begin(blocking, timeout)
+        if self._acquire(blocking, deadline):
+            return True
+        self._send(signals.lock_not_acquired, waited=time.monotonic() - self._started)
+        return False
+
+    def _acquire(self, blocking: bool, deadline: float | None) -> bool:
         try:
             while True:
                 acquisition = self.backend.acquisition(self, self._new_token(), blocking, deadline)
@@ -272,6 +285,12 @@ class Lock:
     ) -> bool:
         """Async :meth:`acquire`: waits never block the event loop."""
         blocking, deadline = self._begin(blocking, timeout)
+        if await self._aacquire(blocking, deadline):
+            return True
+        self._send(signals.lock_not_acquired, waited=time.monotonic() - self._started)
+        return False
+
+    async def _aacquire(self, blocking: bool, deadline: float | None) -> bool:
         try:
             while True:
                 acquisition = self.backend.acquisition(self, self._new_token(), blocking, deadline)
@@ -382,7 +401,8 @@ class Lock:
             self._renewal = renewal.watch(self, acquisition, asynchronous)
         with _held_mutex:
             _held.setdefault((self.backend.alias, self.key), {})[id(self)] = current_holder()
-        self._send(signals.lock_acquired, waited=time.monotonic() - self._started)
+        self._granted_at = time.monotonic()
+        self._send(signals.lock_acquired, waited=self._granted_at - self._started)
         return True
 
     def _drop_late_grant(self, acquisition: Acquisition) -> None:

@@ -45,3 +45,54 @@ class LockRecord(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class LockEvent(models.Model):
+    """One line of the audit trail: a lock event, or a force release with who and why.
+
+    Its Meta holds the permissions of the held-locks pages of the admin.
+    """
+
+    ACQUIRED = "acquired"
+    RELEASED = "released"
+    LOST = "lost"
+    FAILED = "failed"
+    FORCE_RELEASED = "force_released"
+    KINDS = [
+        (ACQUIRED, "acquired"),
+        (RELEASED, "released"),
+        (LOST, "expired or lost"),
+        (FAILED, "failed to acquire"),
+        (FORCE_RELEASED, "force-released"),
+    ]
+
+    at = models.DateTimeField(db_index=True)
+    kind = models.CharField(max_length=20, choices=KINDS)
+    alias = models.CharField(max_length=100)
+    name = models.CharField(max_length=255)
+    fencing_token = models.BigIntegerField(null=True, blank=True)
+    #: The short, non-secret owner id of the holder (never the owner token).
+    owner = models.CharField(max_length=16, blank=True, default="")
+    host = models.CharField(max_length=255, blank=True, default="")
+    pid = models.IntegerField(null=True, blank=True)
+    thread = models.CharField(max_length=255, blank=True, default="")
+    #: Seconds waited before the grant (acquired, failed).
+    waited = models.FloatField(null=True, blank=True)
+    #: Seconds the lock was held (released, lost, force-released when known).
+    held = models.FloatField(null=True, blank=True)
+    #: Who forced a release (a username, or "command:<user>" for the management command).
+    actor = models.CharField(max_length=150, blank=True, default="")
+    reason = models.TextField(blank=True, default="")
+
+    class Meta:
+        db_table = "django_distlock_event"
+        verbose_name = "lock event"
+        ordering = ["-at", "-id"]
+        indexes = [models.Index(fields=["alias", "name", "at"], name="distlock_event_name_idx")]
+        permissions = [
+            ("view_held_lock", "Can see the held locks"),
+            ("force_release_lock", "Can force-release a held lock"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.alias}:{self.name}"

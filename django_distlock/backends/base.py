@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 from asgiref.sync import sync_to_async
 from django.core import checks
 
+from ..auditing import AuditSettings, parse_audit
 from ..backoff import Backoff, remaining
 from ..exceptions import InvalidBackendOptions, UnsupportedOperation
 from ..handle import Lock
@@ -53,7 +54,7 @@ __all__ = [
 MAX_LEASES = 10_000
 
 _PARAM_KEYS = frozenset(
-    {"BACKEND", "LOCATION", "OPTIONS", "KEY_PREFIX", "TTL", "TIMEOUT", "AUTO_RENEW"}
+    {"BACKEND", "LOCATION", "OPTIONS", "KEY_PREFIX", "TTL", "TIMEOUT", "AUTO_RENEW", "AUDIT"}
 )
 
 
@@ -237,6 +238,8 @@ class BaseLockBackend(abc.ABC):
             )
         #: Whether ``lock()`` renews leases while held by default (``AUTO_RENEW``).
         self.default_auto_renew: bool = auto_renew
+        #: Whether and how the audit trail records this alias' lock events (``AUDIT``).
+        self.audit: AuditSettings | None = parse_audit(alias, params.get("AUDIT"))
         options = params.get("OPTIONS", {})
         if not isinstance(options, Mapping):
             raise InvalidBackendOptions(f"DISTLOCK[{alias!r}]['OPTIONS'] must be a dict.")

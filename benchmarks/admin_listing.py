@@ -1,0 +1,209 @@
+"""Server time of the admin's held-locks page with 100,000 locks held (issue 13).
+
+Not a suite of ``python -m benchmarks`` and not a test: a script that builds
+its own throw-away databases (Django's test-database machinery), holds
+``--locks`` leases on each database alias (rows written directly, as the
+lease backend writes them, in one transaction) and, when
+``DISTLOCK_REDIS_URL`` is set, as many real Redis locks (acquired through the
+backend, pipelined by threads), then times the page through Django's test
+client (the whole request: middleware, admin view, listing, template) and
+prints a markdown table::
+
+    . /tmp/srv/env    # scripts/servers.py start: DISTLOCK_PG_*, DISTLOCK_REDIS_URL
+    python -m benchmarks.admin_listing [--locks 100000] [--repeat 20]
+
+The bar (issue 13): a page renders in under 300 ms of server time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+BAR_MS = 300.0
+
+
+def configure(locks: int) -> list[str]:
+    import django
+    from django.conf import settings
+
+    folder = tempfile.mkdtemp(prefix="distlock-admin-bench-")
+    databases: dict[str, Any] = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": os.path.join(folder, "db.sqlite3"),
+            "TEST": {"NAME": os.path.join(folder, "test.sqlite3")},
+        }
+    }
+    db = "django_distlock.backends.database.DatabaseBackend"
+    distlock: dict[str, Any] = {"sqlite": {"BACKEND": db, "KEY_PREFIX": "s:"}}
+    if os.environ.get("DISTLOCK_PG_PORT"):
+        if os.environ.get("DISTLOCK_PG_HOST", "127.0.0.1") != "127.0.0.1":
+            sys.exit("Only 127.0.0.1 may be a target.")
+        databases["pg"] = {
+            "ENGINE": "django.db.backends.postgresql",
+            "HOST": "127.0.0.1",
+            "PORT": os.environ["DISTLOCK_PG_PORT"],
+            "USER": os.environ.get("DISTLOCK_PG_USER", "postgres"),
+            "NAME": os.environ.get("DISTLOCK_PG_NAME", "postgres"),
+            "TEST": {"NAME": "distlock_bench_admin"},
+        }
+        distlock["pg"] = {"BACKEND": db, "OPTIONS": {"DATABASE": "pg"}, "KEY_PREFIX": "p:"}
+    url = os.environ.get("DISTLOCK_REDIS_URL", "")
+    if url:
+        if not url.startswith("redis://127.0.0.1:"):
+            sys.exit("Only 127.0.0.1 may be a target.")
+        distlock["redis"] = {
+            "BACKEND": "django_distlock.backends.redis.RedisBackend",
+            "LOCATION": url,
+            "KEY_PREFIX": f"adminbench{uuid.uuid4().hex[:6]}:",
+        }
+    settings.configure(
+        SECRET_KEY="bench",
+        USE_TZ=True,
+        ALLOWED_HOSTS=["testserver"],
+        ROOT_URLCONF="benchmarks.admin_listing_urls",
+        INSTALLED_APPS=[
+            "django.contrib.auth",
+            "django.contrib.contenttypes",
+            "django.contrib.sessions",
+            "django.contrib.messages",
+            "django.contrib.admin",
+            "django_distlock",
+        ],
+        MIDDLEWARE=[
+            "django.contrib.sessions.middleware.SessionMiddleware",
+            "django.contrib.auth.middleware.AuthenticationMiddleware",
+            "django.contrib.messages.middleware.MessageMiddleware",
+        ],
+        TEMPLATES=[
+            {
+                "BACKEND": "django.template.backends.django.DjangoTemplates",
+                "APP_DIRS": True,
+                "OPTIONS": {
+                    "context_processors": [
+                        "django.template.context_processors.request",
+                        "django.contrib.auth.context_processors.auth",
+                        "django.contrib.messages.context_processors.messages",
+                    ]
+                },
+            }
+        ],
+        STATIC_URL="/static/",
+        DATABASES=databases,
+        DISTLOCK=distlock,
+    )
+    django.setup()
+    return list(distlock)
+
+
+def hold_rows(alias: str, count: int) -> None:
+    """Write ``count`` held leases of ``alias`` as the lease backend stores them."""
+    from django.db import connections, transaction
+
+    from django_distlock import locks
+
+    backend = locks[alias]
+    database = backend.options.get("DATABASE", "default")
+    now = datetime.now(UTC)
+    rows = [
+        (
+            backend.make_key(f"bench:{i:06d}"),
+            uuid.uuid4().hex,
+            1,
+            now,
+            now + timedelta(hours=1),
+            "bench-host",
+            4242,
+            "MainThread",
+        )
+        for i in range(count)
+    ]
+    with transaction.atomic(using=database), connections[database].cursor() as cursor:
+        cursor.executemany(
+            "INSERT INTO django_distlock_lock (name, owner, fencing, acquired_at, expires_at,"
+            " host, pid, thread) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+            rows,
+        )
+
+
+def hold_redis(alias: str, count: int) -> list[Any]:
+    from django_distlock import locks
+
+    def take(start: int) -> list[Any]:
+        taken = []
+        for i in range(start, min(start + 1000, count)):
+            handle = locks[alias].lock(f"bench:{i:06d}", ttl=3600, timeout=5)
+            handle.acquire()
+            taken.append(handle)
+        return taken
+
+    with ThreadPoolExecutor(4) as pool:
+        return [h for chunk in pool.map(take, range(0, count, 1000)) for h in chunk]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--locks", type=int, default=100_000)
+    parser.add_argument("--repeat", type=int, default=20)
+    args = parser.parse_args()
+    aliases = configure(args.locks)
+
+    from django.contrib.auth.models import User
+    from django.test import Client
+    from django.test.utils import setup_databases, teardown_databases
+
+    from django_distlock import locks
+
+    state = setup_databases(verbosity=0, interactive=False)
+    handles: list[Any] = []
+    try:
+        for alias in aliases:
+            started = time.perf_counter()
+            if alias == "redis":
+                handles = hold_redis(alias, args.locks)
+            else:
+                hold_rows(alias, args.locks)
+            print(f"{alias}: {args.locks} locks held in {time.perf_counter() - started:.1f} s",
+                  file=sys.stderr)  # fmt: skip
+        client = Client()
+        client.force_login(User.objects.create_superuser("bench", "b@example.com", "pw"))
+        url = "/admin/django_distlock/lockevent/held/"
+        cases = [("all aliases, page 1", {})]
+        for alias in aliases:
+            cases += [
+                (f"{alias}, page 1", {"alias": alias}),
+                (f"{alias}, search bench:05", {"alias": alias, "q": "bench:05"}),
+            ]
+        head = f"| page ({args.locks:,} locks per alias) | rows | median ms | max ms |"
+        print(f"{head} bar {BAR_MS:.0f} ms |")
+        print("| --- | ---: | ---: | ---: | --- |")
+        for label, query in cases:
+            times = []
+            for _ in range(args.repeat):
+                started = time.perf_counter()
+                response = client.get(url, query)
+                times.append((time.perf_counter() - started) * 1000)
+                assert response.status_code == 200, response.status_code
+            rows = response.content.decode().count('class="distlock-row"')
+            median = statistics.median(times)
+            verdict = "within" if median < BAR_MS else "OVER"
+            print(f"| {label} | {rows} | {median:.1f} | {max(times):.1f} | {verdict} |")
+    finally:
+        for handle in handles:
+            handle.release()
+        locks.close_all()
+        teardown_databases(state, verbosity=0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The admin pages of held locks: listing across aliases, detail, force release."""

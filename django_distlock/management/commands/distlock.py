@@ -1,0 +1,184 @@
+"""``manage.py distlock``: list, inspect and force-release held locks, purge the audit
+trail, check each alias' health (exit status 1 when one fails: a container probe)."""
+
+from __future__ import annotations
+
+import getpass
+import json
+from datetime import timedelta
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.utils import timezone
+
+from ...dashboard.health import check_health
+from ...dashboard.listing import BadPosition, find_lock, read_page
+from ...dashboard.recorder import recorded_elsewhere
+from ...exceptions import DistLockError, InvalidLockName
+from ...handler import locks
+from ...models import LockEvent
+from ...values import LockInfo
+
+
+def _as_dict(info: LockInfo) -> dict[str, Any]:
+    return {
+        "alias": info.alias,
+        "name": info.name,
+        "owner": info.owner,
+        "fencing_token": info.fencing_token,
+        "acquired_at": info.acquired_at.isoformat() if info.acquired_at else None,
+        "expires_at": info.expires_at.isoformat() if info.expires_at else None,
+        "host": info.host,
+        "pid": info.pid,
+        "thread": info.thread,
+        "waiters": info.waiters,
+    }
+
+
+class Command(BaseCommand):
+    help = "List, inspect or force-release held locks; purge the audit trail; check health."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        sub = parser.add_subparsers(dest="action", required=True)
+        listing = sub.add_parser("list", help="held locks of every alias that can list")
+        listing.add_argument("--alias", action="append", help="only this alias (repeatable)")
+        listing.add_argument("--prefix", default="", help="only names starting with this")
+        listing.add_argument("--limit", type=int, default=100, help="at most this many (100)")
+        listing.add_argument("--json", action="store_true")
+        inspect = sub.add_parser("inspect", help="one lock")
+        inspect.add_argument("alias")
+        inspect.add_argument("name")
+        inspect.add_argument("--json", action="store_true")
+        release = sub.add_parser("release", help="force-release one lock (audited)")
+        release.add_argument("alias")
+        release.add_argument("name")
+        release.add_argument("--reason", required=True)
+        release.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+        purge = sub.add_parser("purge", help="delete old audit rows")
+        purge.add_argument(
+            "--days", type=float, help="older than this (default: each alias' RETENTION_DAYS)"
+        )
+        health = sub.add_parser("health", help="one round trip per alias; exit 1 if one fails")
+        health.add_argument("--json", action="store_true")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        getattr(self, f"do_{options['action']}")(**options)
+
+    def _alias(self, alias: str) -> None:
+        if alias not in locks:
+            raise CommandError(f"No lock alias {alias!r}; DISTLOCK has {sorted(locks)}.")
+
+    def do_list(self, *, alias: list[str] | None, prefix: str, limit: int, **options: Any) -> None:
+        for one in alias or []:
+            self._alias(one)
+        if limit < 1:
+            raise CommandError("--limit must be at least 1.")
+        rows: list[LockInfo] = []
+        position = None
+        errors: dict[str, str] = {}
+        try:
+            while len(rows) < limit:
+                page = read_page(
+                    alias or list(locks), prefix, min(limit - len(rows), 1000), position
+                )
+                rows += [row.info for row in page.rows]
+                errors.update({s.alias: s.error for s in page.aliases if s.error})
+                if page.next_position is None:
+                    break
+                position = page.next_position
+        except (InvalidLockName, ValueError, BadPosition) as exc:
+            raise CommandError(f"--prefix: {exc}") from exc
+        if options["json"]:
+            self.stdout.write(json.dumps({"locks": [_as_dict(i) for i in rows], "errors": errors}))
+        else:
+            for info in rows:
+                self.stdout.write(
+                    f"{info.alias}\t{info.name}\t{info.host} pid {info.pid} {info.thread}\t"
+                    f"token {info.fencing_token}\texpires {info.expires_at}"
+                )
+        for failed, why in errors.items():
+            self.stderr.write(f"{failed}: {why}")
+        if errors:
+            raise CommandError("Some aliases could not be listed.", returncode=2)
+
+    def _find(self, alias: str, name: str) -> LockInfo | None:
+        self._alias(alias)
+        try:
+            return find_lock(alias, name)
+        except (InvalidLockName, ValueError) as exc:
+            raise CommandError(str(exc)) from exc
+        except DistLockError as exc:
+            raise CommandError(f"{alias}: {exc}") from exc
+
+    def do_inspect(self, *, alias: str, name: str, **options: Any) -> None:
+        info = self._find(alias, name)
+        if info is None:
+            raise CommandError(f"{name!r} is not held on {alias!r}.", returncode=3)
+        if options["json"]:
+            self.stdout.write(json.dumps(_as_dict(info)))
+        else:
+            for key, value in _as_dict(info).items():
+                self.stdout.write(f"{key}: {value}")
+
+    def do_release(self, *, alias: str, name: str, reason: str, yes: bool, **_: Any) -> None:
+        info = self._find(alias, name)
+        if info is None:
+            raise CommandError(f"{name!r} is not held on {alias!r}.", returncode=3)
+        backend = locks[alias]
+        if not backend.supports_force_release:
+            raise CommandError(f"The alias {alias!r} cannot force-release.")
+        if not yes:
+            answer = input(
+                f"Force-release {name!r} on {alias!r}, held by {info.host} pid {info.pid} "
+                f"{info.thread} (token {info.fencing_token})? [y/N] "
+            )
+            if answer.strip().lower() not in ("y", "yes"):
+                raise CommandError("Not released.", returncode=1)
+        with recorded_elsewhere():
+            freed = backend.force_release(name)
+        held = None if info.acquired_at is None else (timezone.now() - info.acquired_at)
+        LockEvent.objects.create(
+            at=timezone.now(),
+            kind=LockEvent.FORCE_RELEASED,
+            alias=alias,
+            name=name,
+            fencing_token=info.fencing_token,
+            owner=info.owner,
+            host=info.host,
+            pid=info.pid,
+            thread=info.thread,
+            held=None if held is None else held.total_seconds(),
+            actor=f"command:{getpass.getuser()}",
+            reason=reason if freed else f"(already free) {reason}",
+        )
+        self.stdout.write(f"Released {name} on {alias}." if freed else f"{name} was already free.")
+
+    def do_purge(self, *, days: float | None, **_: Any) -> None:
+        now, deleted = timezone.now(), 0
+        if days is not None:
+            if days < 0:
+                raise CommandError("--days must be >= 0.")
+            deleted = LockEvent.objects.filter(at__lt=now - timedelta(days=days)).delete()[0]
+        else:
+            for alias in locks:
+                audit = locks[alias].audit
+                keep = 30.0 if audit is None else audit.retention_days
+                if keep is not None:
+                    old = LockEvent.objects.filter(alias=alias, at__lt=now - timedelta(days=keep))
+                    deleted += old.delete()[0]
+        self.stdout.write(f"Deleted {deleted} audit rows.")
+
+    def do_health(self, **options: Any) -> None:
+        results = check_health()
+        if options["json"]:
+            self.stdout.write(
+                json.dumps(
+                    {h.alias: {"ok": h.ok, "latency": h.latency, "error": h.error} for h in results}
+                )
+            )
+        else:
+            for h in results:
+                state = f"ok {h.latency * 1000:.2f} ms" if h.latency is not None else h.error
+                self.stdout.write(f"{h.alias}\t{state}")
+        if not all(h.ok for h in results):
+            raise CommandError("Some aliases are unavailable.", returncode=1)

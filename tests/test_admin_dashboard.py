@@ -1,0 +1,274 @@
+"""The held-locks pages of the admin, through the test client, with real locks held.
+
+Locks are held on every listing alias of the test settings (SQLite and
+PostgreSQL leases, locmem, Redis); the transaction-mode SQLite alias cannot
+list and must say so.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.test import Client, override_settings
+from django.urls import reverse
+
+from django_distlock import locks
+from django_distlock.dashboard import listing, views
+from django_distlock.handle import Lock
+from django_distlock.models import LockEvent
+
+from .conftest import DATABASES, PG_ALIASES, REDIS_ALIASES
+
+pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
+
+LIST = "admin:django_distlock_held_locks"
+DETAIL = "admin:django_distlock_held_lock"
+RELEASE = "admin:django_distlock_force_release"
+
+
+def listing_aliases() -> list[str]:
+    return [a for a in locks if locks[a].supports_listing]
+
+
+@pytest.fixture
+def held() -> Iterator[dict[str, Lock]]:
+    """One lock ``dash:<alias>`` held on every alias that lists."""
+    handles = {}
+    for alias in listing_aliases():
+        handle = locks[alias].lock(f"dash:{alias}", ttl=60, timeout=2)
+        handle.acquire()
+        handles[alias] = handle
+    yield handles
+    for alias, handle in handles.items():
+        if handle.held:
+            try:
+                handle.release()
+            except Exception:
+                locks[alias].force_release(handle.name)
+    locks.close_all()  # the sessions of the backends the live server's thread built
+
+
+@pytest.fixture
+def boss() -> Client:
+    client = Client()
+    client.force_login(User.objects.create_superuser("boss", "boss@example.com", "pw"))
+    return client
+
+
+def staff_with(*codenames: str) -> Client:
+    user = User.objects.create_user("viewer", "v@example.com", "pw", is_staff=True)
+    for codename in codenames:
+        user.user_permissions.add(Permission.objects.get(codename=codename))
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def test_lists_the_locks_of_every_listing_alias(boss: Client, held: dict[str, Lock]) -> None:
+    assert {"default", "locmem"} <= set(held)
+    response = boss.get(reverse(LIST), {"q": "dash:"})
+    assert response.status_code == 200
+    page = response.content.decode()
+    for alias, handle in held.items():
+        assert f'data-alias="{alias}" data-name="dash:{alias}"' in page
+        if listing.lock_kind(locks[alias]) != "transaction":  # its row lock has no owner id
+            assert f"owner {handle.owner_id}" in page
+        assert handle._token not in page  # type: ignore[attr-defined]
+    assert "sqlite-tx (SqliteTransactionBackend) cannot list its locks." in page
+    assert "distlock-countdown" in page and "django_distlock/countdown.js" in page
+
+
+def test_owner_tokens_are_never_shown(boss: Client, held: dict[str, Lock]) -> None:
+    tokens = [h._token for h in held.values()]  # type: ignore[attr-defined]
+    assert all(len(t) == 32 for t in tokens)
+    for url in [reverse(LIST)] + [f"{reverse(DETAIL)}?alias={a}&name=dash:{a}" for a in held]:
+        page = boss.get(url).content.decode()
+        assert not any(token in page for token in tokens)
+
+
+def test_filter_by_alias_and_search_by_prefix(boss: Client, held: dict[str, Lock]) -> None:
+    page = boss.get(reverse(LIST), {"alias": "locmem"}).content.decode()
+    assert 'data-name="dash:locmem"' in page and 'data-name="dash:default"' not in page
+    page = boss.get(reverse(LIST), {"q": "dash:loc"}).content.decode()
+    assert 'data-name="dash:locmem"' in page and 'data-name="dash:default"' not in page
+    page = boss.get(reverse(LIST), {"q": "nothing-here:"}).content.decode()
+    assert "No lock held" in page
+
+
+def test_pages_walk_every_alias_with_the_backends_cursors(
+    boss: Client, held: dict[str, Lock], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    extra = [locks["default"].lock(f"dash:default:{i}", ttl=60) for i in range(3)]
+    for handle in extra:
+        handle.acquire()
+    limits: list[int] = []
+    real = type(locks["default"]).held_locks
+
+    def spy(self: Any, prefix: str = "", limit: int = 50, cursor: str | None = None) -> Any:
+        limits.append(limit)
+        return real(self, prefix, limit, cursor)
+
+    monkeypatch.setattr(type(locks["default"]), "held_locks", spy)
+    monkeypatch.setattr(views, "PAGE_SIZE", 2)
+    seen: list[str] = []
+    url: str | None = reverse(LIST) + "?q=dash:"
+    pages = 0
+    while url:
+        page = boss.get(url).content.decode()
+        names = re.findall(r'data-name="([^"]+)"', page)
+        assert 1 <= len(names) <= 2
+        seen += names
+        found = re.search(r'id="distlock-next" href="([^"]+)"', page)
+        url = reverse(LIST) + found.group(1).replace("&amp;", "&") if found else None
+        pages += 1
+        assert pages < 20
+    expected = [f"dash:{a}" for a in held] + [h.name for h in extra]
+    assert sorted(seen) == sorted(expected)
+    assert limits and max(limits) <= 2  # the backend is asked for one page, never for all
+    for handle in extra:
+        handle.release()
+
+
+@pytest.mark.parametrize(
+    ("url", "query", "status"),
+    [
+        (LIST, {"cursor": "forged"}, 400),
+        (LIST, {"alias": "nope"}, 404),
+        (LIST, {"q": "bad\x00name"}, 400),
+        (LIST, {"o": "name"}, 400),
+        (DETAIL, {"alias": "default", "name": ""}, 400),
+        (DETAIL, {"alias": "nope", "name": "x"}, 404),
+        (RELEASE, {"alias": "default", "name": "bad\x07"}, 400),
+        (RELEASE, {"alias": "sqlite-tx", "name": "x"}, 400),
+    ],
+)
+def test_bad_arguments_are_400_or_404(
+    boss: Client, url: str, query: dict[str, str], status: int
+) -> None:
+    assert boss.get(reverse(url), query).status_code == status
+
+
+def test_a_cursor_of_another_filter_is_refused(boss: Client, held: dict[str, Lock]) -> None:
+    cursor = listing.sign_position(("default", None), ("", "dash:"))
+    assert boss.get(reverse(LIST), {"q": "dash:", "cursor": cursor}).status_code == 200
+    assert boss.get(reverse(LIST), {"q": "other:", "cursor": cursor}).status_code == 400
+
+
+def test_a_server_down_shows_a_banner_while_the_others_list(
+    boss: Client, held: dict[str, Lock], settings: Any
+) -> None:
+    down = {
+        "BACKEND": "django_distlock.backends.redis.RedisBackend",
+        "LOCATION": "redis://127.0.0.1:1/0",
+    }
+    with override_settings(DISTLOCK={**settings.DISTLOCK, "redis-down": down}):
+        page = boss.get(reverse(LIST), {"q": "dash:"}).content.decode()
+    assert re.search(r'class="error distlock-alias-error" data-alias="redis-down">redis-down', page)
+    assert 'data-name="dash:default"' in page
+
+
+def test_a_misconfigured_alias_is_a_banner_and_a_400(boss: Client, settings: Any) -> None:
+    broken = {"BACKEND": "django_distlock.backends.nope.Nope"}
+    with override_settings(DISTLOCK={**settings.DISTLOCK, "broken": broken}):
+        page = boss.get(reverse(LIST)).content.decode()
+        assert 'data-alias="broken">broken (?) could not be listed: misconfigured' in page
+        for url in (DETAIL, RELEASE):
+            assert boss.get(reverse(url), {"alias": "broken", "name": "x"}).status_code == 400
+
+
+def test_detail_page(boss: Client, held: dict[str, Lock]) -> None:
+    handle = held["default"]
+    page = boss.get(reverse(DETAIL), {"alias": "default", "name": "dash:default"})
+    assert page.status_code == 200
+    text = page.content.decode()
+    assert f"<td>{handle.fencing_token}</td>" in text and "Force release" in text
+    text = boss.get(reverse(DETAIL), {"alias": "default", "name": "free"}).content.decode()
+    assert 'id="distlock-not-held"' in text
+
+
+def confirm(client: Client, alias: str, name: str) -> dict[str, str]:
+    """GET the confirmation page; return its form's hidden fields."""
+    page = client.get(reverse(RELEASE), {"alias": alias, "name": name})
+    assert page.status_code == 200
+    fields = re.findall(r'<input type="hidden" name="(\w+)" value="([^"]*)"', page.content.decode())
+    return dict(fields)
+
+
+@pytest.mark.parametrize("alias", ["default", "locmem", *PG_ALIASES[:1], *REDIS_ALIASES[:1]])
+def test_force_release_is_confirmed_and_audited(
+    boss: Client, held: dict[str, Lock], alias: str
+) -> None:
+    if alias not in held:
+        pytest.skip(f"{alias} is not configured")
+    form = confirm(boss, alias, f"dash:{alias}")
+    assert form["owner"] == held[alias].owner_id
+    response = boss.post(reverse(RELEASE), {**form, "reason": "stuck after deploy"})
+    assert response.status_code == 302
+    assert not locks[alias].is_locked(f"dash:{alias}")
+    event = LockEvent.objects.get()
+    assert (event.kind, event.alias, event.name) == ("force_released", alias, f"dash:{alias}")
+    assert (event.actor, event.reason, event.owner) == ("boss", "stuck after deploy", form["owner"])
+    assert event.fencing_token == held[alias].fencing_token
+
+
+def test_a_release_needs_a_reason(boss: Client, held: dict[str, Lock]) -> None:
+    form = confirm(boss, "default", "dash:default")
+    assert boss.post(reverse(RELEASE), form).status_code == 200
+    assert locks["default"].is_locked("dash:default")
+
+
+def test_a_lock_taken_by_another_holder_since_is_not_released(
+    boss: Client, held: dict[str, Lock]
+) -> None:
+    form = confirm(boss, "default", "dash:default")
+    held["default"].release()
+    other = locks["default"].lock("dash:default", ttl=60)
+    other.acquire()
+    response = boss.post(reverse(RELEASE), {**form, "reason": "x"})
+    assert response.status_code == 409
+    assert "held now by another holder" in response.content.decode()
+    assert other.held and locks["default"].is_locked("dash:default")
+    assert not LockEvent.objects.exists()
+    other.release()
+
+
+def test_view_only_staff_sees_no_button_and_a_forged_post_is_refused(
+    boss: Client, held: dict[str, Lock]
+) -> None:
+    form = confirm(boss, "default", "dash:default")
+    viewer = staff_with("view_held_lock")
+    page = viewer.get(reverse(LIST)).content.decode()
+    assert 'data-name="dash:default"' in page and "Force release" not in page
+    detail = viewer.get(reverse(DETAIL), {"alias": "default", "name": "dash:default"})
+    assert "Force release" not in detail.content.decode()
+    assert viewer.get(reverse(RELEASE), {"alias": "default", "name": "x"}).status_code == 403
+    assert viewer.post(reverse(RELEASE), {**form, "reason": "x"}).status_code == 403
+    assert locks["default"].is_locked("dash:default") and not LockEvent.objects.exists()
+
+
+def test_staff_without_permission_and_non_staff_get_nothing(held: dict[str, Lock]) -> None:
+    assert staff_with().get(reverse(LIST)).status_code == 403
+    outsider = Client()
+    outsider.force_login(User.objects.create_user("joe", "j@example.com", "pw"))
+    for url in (LIST, DETAIL, RELEASE):
+        response = outsider.get(reverse(url), {"alias": "default", "name": "dash:default"})
+        assert response.status_code == 302 and "/login/" in response["Location"]
+
+
+def test_the_release_post_needs_the_csrf_token(held: dict[str, Lock]) -> None:
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(User.objects.create_superuser("boss", "boss@example.com", "pw"))
+    form = confirm(client, "default", "dash:default")
+    form.pop("csrfmiddlewaretoken", None)
+    assert client.post(reverse(RELEASE), {**form, "reason": "x"}).status_code == 403
+    assert locks["default"].is_locked("dash:default")
+
+
+def test_the_app_index_links_the_dashboard(boss: Client) -> None:
+    page = boss.get(reverse("admin:app_list", args=["django_distlock"])).content.decode()
+    assert reverse(LIST) in page
+    assert "Distributed locks" in boss.get(reverse("admin:index")).content.decode()

@@ -1,0 +1,99 @@
+"""``manage.py distlock`` and the JSON health view, with real locks held."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from io import StringIO
+from typing import Any
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.test import Client, override_settings
+from django.utils import timezone
+
+from django_distlock import locks
+from django_distlock.models import LockEvent
+
+from .conftest import DATABASES
+
+pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
+
+DOWN = {
+    "BACKEND": "django_distlock.backends.redis.RedisBackend",
+    "LOCATION": "redis://127.0.0.1:1/0",
+}
+
+
+def run(*args: str, **kwargs: Any) -> str:
+    out = StringIO()
+    call_command("distlock", *args, stdout=out, stderr=StringIO(), **kwargs)
+    return out.getvalue()
+
+
+def test_list_json_over_aliases_with_filters() -> None:
+    handles = [locks[a].lock(f"cmd:{a}", ttl=60) for a in ("default", "locmem")]
+    for handle in handles:
+        handle.acquire()
+    found = json.loads(run("list", "--prefix", "cmd:", "--json"))
+    assert {(i["alias"], i["name"]) for i in found["locks"]} >= {
+        ("default", "cmd:default"),
+        ("locmem", "cmd:locmem"),
+    }
+    assert all(len(i["owner"]) == 8 for i in found["locks"])
+    only = json.loads(run("list", "--alias", "locmem", "--prefix", "cmd:", "--json"))
+    assert [i["alias"] for i in only["locks"]] == ["locmem"]
+    assert len(json.loads(run("list", "--prefix", "cmd:", "--limit", "1", "--json"))["locks"]) == 1
+    for handle in handles:
+        handle.release()
+
+
+@pytest.mark.parametrize(
+    "args", [("list", "--alias", "nope"), ("list", "--prefix", "a\x00"), ("inspect", "nope", "x")]
+)
+def test_bad_arguments_are_command_errors(args: tuple[str, ...]) -> None:
+    with pytest.raises(CommandError):
+        run(*args)
+
+
+def test_inspect_and_release_with_audit(monkeypatch: pytest.MonkeyPatch) -> None:
+    handle = locks["default"].lock("cmd:x", ttl=60)
+    handle.acquire()
+    assert json.loads(run("inspect", "default", "cmd:x", "--json"))["owner"] == handle.owner_id
+    monkeypatch.setattr("builtins.input", lambda prompt: "n")
+    with pytest.raises(CommandError, match="Not released"):
+        run("release", "default", "cmd:x", "--reason", "test")
+    assert locks["default"].is_locked("cmd:x")
+    monkeypatch.setattr("builtins.input", lambda prompt: "y")
+    assert "Released" in run("release", "default", "cmd:x", "--reason", "stuck")
+    assert not locks["default"].is_locked("cmd:x")
+    event = LockEvent.objects.get()
+    assert event.actor.startswith("command:") and event.reason == "stuck"
+    with pytest.raises(CommandError, match="not held"):
+        run("release", "default", "cmd:x", "--reason", "again", "--yes")
+
+
+def test_purge_keeps_what_is_recent() -> None:
+    now = timezone.now()
+    for age in (1, 40):
+        LockEvent.objects.create(
+            at=now - timedelta(days=age), kind="acquired", alias="default", name="n"
+        )
+    assert "Deleted 1 audit rows." in run("purge")
+    assert LockEvent.objects.count() == 1
+    assert "Deleted 1 audit rows." in run("purge", "--days", "0")
+
+
+def test_health_exit_status_and_view(settings: Any) -> None:
+    assert "default\tok" in run("health")
+    body = Client().get("/distlock/health/")
+    assert body.status_code == 200 and body.json()["aliases"]["locmem"]["ok"]
+    with override_settings(DISTLOCK={**settings.DISTLOCK, "down": DOWN}):
+        with pytest.raises(CommandError) as failed:
+            run("health")
+        assert failed.value.returncode == 1
+        body = Client().get("/distlock/health/")
+        assert body.status_code == 503
+        down = body.json()["aliases"]["down"]
+        assert down == {"ok": False, "latency_ms": None, "error": "BackendUnavailable"}
+        assert body.json()["aliases"]["default"]["ok"]
