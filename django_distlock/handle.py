@@ -204,7 +204,7 @@ class Lock:
             if self._token is None or self._lost:
                 return
             self._lost = True
-        self._stop_renewal()
+        self._forget()  # the thread holds it no more: a new handle may wait for it
         self._send(signals.lock_lost)
 
     def _send(self, signal: Any, **extra: Any) -> None:

@@ -391,6 +391,15 @@ class LockContract:
         assert events.count(("lock_lost", name)) == 1
         assert in_thread(lambda: _acquire_release(backend, name)) is True  # released anyway
 
+    def test_a_lost_handle_no_longer_counts_as_held_by_its_thread(self, backend, unique) -> None:
+        name = unique()
+        with pytest.raises(LockLost), backend.lock(name) as handle:
+            handle.mark_lost()  # (a session ended, a renewal failed, a force release)
+            # the thread may wait for the name again: not a SelfDeadlock
+            other = backend.lock(name)
+            if other.acquire(timeout=0.2):
+                other.release()
+
     def test_health_and_close(self, backend, unique) -> None:
         assert backend.health() >= 0
         backend.close()
