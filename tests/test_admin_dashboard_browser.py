@@ -28,6 +28,7 @@ from django_distlock.dashboard.recorder import recorder
 from django_distlock.handle import Lock
 from django_distlock.models import LockEvent
 
+from .browser import wait_until_left
 from .conftest import DATABASES
 from .test_admin_dashboard import held  # noqa: F401  (fixture)
 from .test_optimistic_browser import (  # noqa: F401  (fixtures)
@@ -76,12 +77,10 @@ def rows(browser: Any) -> list[tuple[str, str]]:
 
 def click(browser: Any, text: str, by: str = "link text") -> None:
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions
-    from selenium.webdriver.support.wait import WebDriverWait
 
     page = browser.find_element(By.TAG_NAME, "html")
     browser.find_element(by, text).click()
-    WebDriverWait(browser, 15).until(expected_conditions.staleness_of(page))
+    wait_until_left(browser, page)
 
 
 def test_operator_and_viewer_in_a_browser(

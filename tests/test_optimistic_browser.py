@@ -29,6 +29,7 @@ from django.test import Client, override_settings
 
 from testproject.shop.models import Product
 
+from .browser import wait_until_left
 from .conftest import FULL_RUN, require_pg
 
 CHROMIUM = "/usr/bin/chromium"
@@ -152,14 +153,14 @@ def _save(browser: Any) -> None:
 def _submit(browser: Any, selector: str) -> None:
     """Click the button ``selector`` and wait for the page that answers."""
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions
     from selenium.webdriver.support.wait import WebDriverWait
 
     page = browser.find_element(By.TAG_NAME, "html")
     browser.find_element(By.CSS_SELECTOR, selector).click()
-    wait = WebDriverWait(browser, 15)
-    wait.until(expected_conditions.staleness_of(page))
-    wait.until(lambda b: b.execute_script("return document.readyState") == "complete")
+    wait_until_left(browser, page)
+    WebDriverWait(browser, 15).until(
+        lambda b: b.execute_script("return document.readyState") == "complete"
+    )
 
 
 def _messages(browser: Any) -> list[str]:
