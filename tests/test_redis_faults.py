@@ -9,8 +9,6 @@ different processes compare). Holders are SIGKILLed and SIGSTOPped; a private
 from __future__ import annotations
 
 import asyncio
-import itertools
-import multiprocessing
 import os
 import signal
 import socket
@@ -22,7 +20,6 @@ from typing import Any
 
 import pytest
 import redis
-from django.db import connections
 
 from django_distlock import locks, signals
 from django_distlock.backends.redis import RedisBackend
@@ -30,65 +27,13 @@ from django_distlock.backends.redis.acquisition import READ_GRACE
 from django_distlock.exceptions import BackendUnavailable, LockLost, LockNotHeld
 
 from .conftest import eventually, require_redis
-
-FORK = multiprocessing.get_context("fork")
-
-
-def _fork_ready() -> None:
-    """Leave nothing a child could share with the parent."""
-    connections.close_all()
-    locks.close_all()
-
-
-def _done() -> None:
-    locks.close_all()
-    connections.close_all()
-
-
-def _overlaps(history: list[tuple[int, ...]]) -> list[tuple[tuple[int, ...], ...]]:
-    return [(a, b) for a, b in itertools.pairwise(history) if b[0] < a[1]]
-
+from .histories import FORK
+from .histories import done as _done
+from .histories import fork_ready as _fork_ready
+from .histories import history as _history
+from .histories import overlaps as _overlaps
 
 # -- 1. mutual exclusion of 8 processes ---------------------------------------------
-
-
-def _worker(alias: str | None, name: str, rounds: int, start: Any, out: Any) -> None:
-    start.wait()
-    held = []
-    for _ in range(rounds):
-        if alias is None:  # no lock: the check must see overlaps
-            began = time.monotonic_ns()
-            time.sleep(0.002)
-            held.append((began, time.monotonic_ns(), os.getpid()))
-            continue
-        with locks[alias].lock(name, ttl=30, timeout=60):
-            began = time.monotonic_ns()
-            time.sleep(0.002)
-            held.append((began, time.monotonic_ns(), os.getpid()))
-    out.put(held)
-    _done()
-
-
-def _history(alias: str | None, name: str, workers: int, rounds: int) -> list[tuple[int, ...]]:
-    _fork_ready()
-    start, out = FORK.Event(), FORK.Queue()
-    procs = [
-        FORK.Process(target=_worker, args=(alias, name, rounds, start, out)) for _ in range(workers)
-    ]
-    for proc in procs:
-        proc.start()
-    start.set()
-    try:
-        history = [interval for _ in procs for interval in out.get(timeout=60)]
-    finally:
-        for proc in procs:
-            proc.join(30)
-            if proc.is_alive():
-                proc.kill()
-    assert [proc.exitcode for proc in procs] == [0] * workers
-    history.sort()
-    assert len(history) == workers * rounds
-    return history
 
 
 def test_the_overlap_check_sees_unlocked_workers(unique) -> None:

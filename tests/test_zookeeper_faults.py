@@ -9,8 +9,6 @@ the tests that kill ZooKeeper servers start a private 3-node ensemble of their o
 from __future__ import annotations
 
 import importlib.util
-import itertools
-import multiprocessing
 import os
 import shutil
 import signal
@@ -22,73 +20,22 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db import connections
 
 from django_distlock import locks
 from django_distlock.backends.zookeeper import ZooKeeperBackend
 from django_distlock.exceptions import BackendUnavailable, LockLost
 
 from .conftest import eventually, require_zookeeper
+from .histories import FORK
+from .histories import done as _done
+from .histories import fork_ready as _fork_ready
+from .histories import history as _history
+from .histories import overlaps as _overlaps
 
-FORK = multiprocessing.get_context("fork")
 SESSION_TIMEOUT = 4.0  # the "zk" alias' (tests/settings.py)
 
 
-def _fork_ready() -> None:
-    connections.close_all()
-    locks.close_all()
-
-
-def _done() -> None:
-    locks.close_all()
-    connections.close_all()
-
-
-def _overlaps(history: list[tuple[int, ...]]) -> list[tuple[tuple[int, ...], ...]]:
-    return [(a, b) for a, b in itertools.pairwise(history) if b[0] < a[1]]
-
-
 # -- mutual exclusion of 8 processes -----------------------------------------------
-
-
-def _worker(alias: str | None, name: str, rounds: int, start: Any, out: Any) -> None:
-    start.wait()
-    held = []
-    for _ in range(rounds):
-        if alias is None:  # no lock: the check must see overlaps
-            began = time.monotonic_ns()
-            time.sleep(0.002)
-            held.append((began, time.monotonic_ns(), os.getpid()))
-            continue
-        with locks[alias].lock(name, timeout=60):
-            began = time.monotonic_ns()
-            time.sleep(0.002)
-            held.append((began, time.monotonic_ns(), os.getpid()))
-    out.put(held)
-    _done()
-
-
-def _history(alias: str | None, name: str, workers: int, rounds: int) -> list[tuple[int, ...]]:
-    _fork_ready()
-    start, out = FORK.Event(), FORK.Queue()
-    procs = [
-        FORK.Process(target=_worker, args=(alias, name, rounds, start, out))
-        for _ in range(workers)
-    ]
-    for proc in procs:
-        proc.start()
-    start.set()
-    try:
-        history = [interval for _ in procs for interval in out.get(timeout=90)]
-    finally:
-        for proc in procs:
-            proc.join(30)
-            if proc.is_alive():
-                proc.kill()
-    assert [proc.exitcode for proc in procs] == [0] * workers
-    history.sort()
-    assert len(history) == workers * rounds
-    return history
 
 
 def test_the_overlap_check_sees_unlocked_workers(unique) -> None:
