@@ -44,7 +44,33 @@ def holder_data(token: str, lock: Lock) -> bytes:
     return f"1 {lock.kind} {short_owner(token)} {lock.pid or ''} {lock.host} {lock.thread}".encode()
 
 
-class ZooKeeperAcquisition(Acquisition):
+class ThreadHops(Acquisition):
+    """kazoo is thread-based: the async twins run the sync steps in a worker thread of
+    their own (not the shared one: a blocking call must not hold up the other tasks')."""
+
+    async def aattempt(self) -> Grant | Miss:
+        return await sync_to_async(self.attempt, thread_sensitive=False)()
+
+    async def aclose(self) -> None:
+        await sync_to_async(self.close, thread_sensitive=False)()
+
+    async def arelease(self, exc_info: ExcInfo) -> bool:
+        return await sync_to_async(self.release, thread_sensitive=False)(exc_info)
+
+    async def aextend(self, ttl: float) -> Grant | None:
+        return await sync_to_async(self.extend, thread_sensitive=False)(ttl)
+
+
+async def wait_until(event: asyncio.Event, deadline: float | None) -> None:
+    """Wait for ``event`` until ``deadline`` (a monotonic time; None: for ever)."""
+    try:
+        async with asyncio.timeout(remaining(deadline)):
+            await event.wait()
+    except TimeoutError:
+        pass
+
+
+class ZooKeeperAcquisition(ThreadHops):
     backend: ZooKeeperBackend
 
     def __init__(
@@ -270,9 +296,6 @@ class ZooKeeperAcquisition(Acquisition):
     # a blocking call must not hold up the other tasks' calls), the wait is a watch that
     # sets an asyncio.Event ----------------------------------------------------------------
 
-    async def aattempt(self) -> Grant | Miss:
-        return await sync_to_async(self.attempt, thread_sensitive=False)()
-
     async def async_wait(self, miss: Miss) -> Grant | None:
         loop = asyncio.get_running_loop()
         event = asyncio.Event()
@@ -280,19 +303,5 @@ class ZooKeeperAcquisition(Acquisition):
         fire = lambda _event: loop.call_soon_threadsafe(event.set)  # noqa: E731
         if not await sync_to_async(self._watch, thread_sensitive=False)(fire):
             return None
-        left = remaining(self.deadline)
-        try:
-            async with asyncio.timeout(left):
-                await event.wait()
-        except TimeoutError:
-            pass
+        await wait_until(event, self.deadline)
         return None
-
-    async def aclose(self) -> None:
-        await sync_to_async(self.close, thread_sensitive=False)()
-
-    async def arelease(self, exc_info: ExcInfo) -> bool:
-        return await sync_to_async(self.release, thread_sensitive=False)(exc_info)
-
-    async def aextend(self, ttl: float) -> Grant | None:
-        return await sync_to_async(self.extend, thread_sensitive=False)(ttl)

@@ -14,12 +14,11 @@ import threading
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from asgiref.sync import sync_to_async
 from kazoo.client import KazooState
 
 from ...backoff import remaining
-from ..base import Acquisition, ExcInfo, Grant, Miss
-from .acquisition import ZooKeeperAcquisition
+from ..base import ExcInfo, Grant, Miss
+from .acquisition import ThreadHops, ZooKeeperAcquisition, wait_until
 from .paths import GATE, LEASE_MARKER
 
 if TYPE_CHECKING:
@@ -27,7 +26,7 @@ if TYPE_CHECKING:
     from .backend import ZooKeeperBackend
 
 
-class SemaphoreAcquisition(Acquisition):
+class SemaphoreAcquisition(ThreadHops):
     backend: ZooKeeperBackend
 
     def __init__(
@@ -115,9 +114,6 @@ class SemaphoreAcquisition(Acquisition):
 
     # -- async: as for locks (see .acquisition) ---------------------------------------
 
-    async def aattempt(self) -> Grant | Miss:
-        return await sync_to_async(self.attempt, thread_sensitive=False)()
-
     async def async_wait(self, miss: Miss) -> Grant | None:
         if not self._gate_held:
             return await self.gate.async_wait(miss)
@@ -126,18 +122,5 @@ class SemaphoreAcquisition(Acquisition):
         self._async_changed = (loop, event)
         if self._changed.is_set():
             return None
-        try:
-            async with asyncio.timeout(remaining(self.deadline)):
-                await event.wait()
-        except TimeoutError:
-            pass
+        await wait_until(event, self.deadline)
         return None
-
-    async def aclose(self) -> None:
-        await sync_to_async(self.close, thread_sensitive=False)()
-
-    async def arelease(self, exc_info: ExcInfo) -> bool:
-        return await sync_to_async(self.release, thread_sensitive=False)(exc_info)
-
-    async def aextend(self, ttl: float) -> Grant | None:
-        return await sync_to_async(self.extend, thread_sensitive=False)(ttl)
