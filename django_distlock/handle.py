@@ -204,7 +204,12 @@ class Lock:
             if self._token is None or self._lost:
                 return
             self._lost = True
-        self._forget()  # the thread holds it no more: a new handle may wait for it
+        self._declare_lost()
+
+    def _declare_lost(self) -> None:
+        """After ``_lost`` was set: stop renewing, count the lock no more as held by its
+        thread (a new handle may wait for the name), send ``lock_lost``."""
+        self._forget()
         self._send(signals.lock_lost)
 
     def _send(self, signal: Any, **extra: Any) -> None:
@@ -638,8 +643,7 @@ class Lock:
                 return True
             self._lost = True
         logger.warning("Lock %r was lost: %s.", self, why)
-        self._stop_renewal()
-        self._send(signals.lock_lost)
+        self._declare_lost()
         return True
 
     # -- context managers ---------------------------------------------------

@@ -421,6 +421,24 @@ def test_a_decorated_function_learns_of_the_loss(unique, lost_events) -> None:
     assert lost_events == [name]
 
 
+def test_a_lease_the_renewal_found_gone_no_longer_counts_as_held(unique, lost_events) -> None:
+    """The renewal thread's loss, like mark_lost(), lets the holder's thread take the name
+    again with a new handle (it raised SelfDeadlock: the lost handle stayed registered)."""
+    name = unique()
+    handle = locks["locmem"].lock(name, ttl=0.3, auto_renew=True)
+    assert handle.acquire()
+    locks["locmem"].force_release(name)
+    deadline = time.monotonic() + 2
+    while not lost_events and time.monotonic() < deadline:
+        time.sleep(0.01)  # the next renewal (within 0.1 s) finds it gone
+    assert lost_events == [name]
+    again = locks["locmem"].lock(name)
+    assert again.acquire(timeout=1)
+    again.release()
+    with pytest.raises(LockLost):
+        handle.release()
+
+
 def test_decorator_checks_the_renewal_options() -> None:
     with pytest.raises(TypeError, match="auto_renew"):
         distlock("k:{x}", auto_renew="yes")(lambda x: x)
