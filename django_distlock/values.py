@@ -143,9 +143,27 @@ class LockPage:
         return len(self.locks)
 
 
+#: Length of the short owner id (:func:`short_owner`).
+SHORT_OWNER = 8
+
+
 def short_owner(token: str) -> str:
     """Return the non-secret id listings show for an owner token (32 of its 128 bits)."""
-    return token[:8]
+    return token[:SHORT_OWNER]
+
+
+def validate_owner_id(owner: object) -> str:
+    """Return ``owner``, a short owner id as listed in :attr:`LockInfo.owner` (None: ""),
+    or raise TypeError/ValueError saying why it is not one."""
+    if owner is None:
+        return ""
+    if not isinstance(owner, str):
+        raise TypeError(f"owner must be a str or None, not {type(owner).__name__}.")
+    if len(owner) != SHORT_OWNER or any(char not in "0123456789abcdef" for char in owner):
+        raise ValueError(
+            f"owner must be the {SHORT_OWNER}-hex-digit owner id a listing shows, got {owner!r}."
+        )
+    return owner
 
 
 #: Longest accepted explicit ``owner=``.

@@ -18,10 +18,19 @@ from django.urls import reverse
 
 from django_distlock import locks
 from django_distlock.dashboard import listing, views
+from django_distlock.dashboard.release import NOT_FREED
 from django_distlock.handle import Lock
 from django_distlock.models import LockEvent
 
-from .conftest import DATABASES, PG_ALIASES, REDIS_ALIASES, require_pg, require_redis
+from .conftest import (
+    DATABASES,
+    PG_ALIASES,
+    REDIS_ALIASES,
+    ZK_ALIASES,
+    require_pg,
+    require_redis,
+    require_zookeeper,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
 
@@ -198,14 +207,24 @@ def confirm(client: Client, alias: str, name: str) -> dict[str, str]:
     return dict(fields)
 
 
-@pytest.mark.parametrize("alias", ["default", "locmem", *PG_ALIASES[:1], *REDIS_ALIASES[:1]])
+RELEASING = ["default", "locmem", *PG_ALIASES[:1], *REDIS_ALIASES[:1], *ZK_ALIASES[:1]]
+
+
+def require(alias: str) -> None:
+    """A failure in a full run, never a skip that hides the server."""
+    if alias in PG_ALIASES:
+        require_pg()
+    elif alias in REDIS_ALIASES:
+        require_redis()
+    elif alias in ZK_ALIASES:
+        require_zookeeper()
+
+
+@pytest.mark.parametrize("alias", RELEASING)
 def test_force_release_is_confirmed_and_audited(
     boss: Client, held: dict[str, Lock], alias: str
 ) -> None:
-    if alias in PG_ALIASES:
-        require_pg()  # a failure in a full run, never a skip that hides the server
-    elif alias in REDIS_ALIASES:
-        require_redis()
+    require(alias)
     form = confirm(boss, alias, f"dash:{alias}")
     assert form["owner"] == held[alias].owner_id
     response = boss.post(reverse(RELEASE), {**form, "reason": "stuck after deploy"})
@@ -236,6 +255,34 @@ def test_a_lock_taken_by_another_holder_since_is_not_released(
     assert other.held and locks["default"].is_locked("dash:default")
     assert not LockEvent.objects.exists()
     other.release()
+
+
+@pytest.mark.parametrize("alias", RELEASING)
+def test_a_lock_that_changes_hands_after_the_check_is_not_released(
+    boss: Client, held: dict[str, Lock], alias: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The holder changes between the view's read and its release: the server checks the
+    owner shown as it frees, so the new holder keeps its lock."""
+    require(alias)
+    name = f"dash:{alias}"
+    form = confirm(boss, alias, name)
+    read, taken = views._info_or_error, []
+
+    def read_then_hand_over(alias: str, name: str) -> Any:
+        found = read(alias, name)
+        held[alias].release()
+        taken.append(locks[alias].lock(name, ttl=60, timeout=2))
+        taken[0].acquire()
+        return found
+
+    monkeypatch.setattr(views, "_info_or_error", read_then_hand_over)
+    response = boss.post(reverse(RELEASE), {**form, "reason": "stuck"})
+    assert response.status_code == 302
+    assert locks[alias].is_locked(name)
+    taken[0].extend()  # still its holder
+    event = LockEvent.objects.get()
+    assert event.reason == f"{NOT_FREED} stuck" and event.owner == form["owner"]
+    taken[0].release()
 
 
 def test_view_only_staff_sees_no_button_and_a_forged_post_is_refused(

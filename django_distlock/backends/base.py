@@ -34,6 +34,7 @@ from ..values import (
     Miss,
     _Default,
     owner_token_of,
+    validate_owner_id,
     validate_page_args,
     validate_timeout,
     validate_ttl,
@@ -47,6 +48,7 @@ __all__ = [
     "LockInfo",
     "LockPage",
     "Miss",
+    "validate_owner_id",
     "validate_page_args",
 ]
 
@@ -434,14 +436,20 @@ class BaseLockBackend(abc.ABC):
         """
 
     @abc.abstractmethod
-    def force_release(self, name: str) -> bool:
+    def force_release(self, name: str, *, owner: str | None = None) -> bool:
         """Free ``name`` whoever holds it; return whether a held lock was freed.
 
-        The former holder finds out at its next ``extend()`` or ``release()``
-        (:class:`~django_distlock.exceptions.LockLost`). Send
+        With ``owner`` (a holder's short owner id, as :attr:`LockInfo.owner` lists it)
+        the lock is freed only while that holder has it, checked and freed in one
+        step on the server: a lock taken by someone else since it was listed stays
+        (False). The former holder finds out at its next ``extend()`` or
+        ``release()`` (:class:`~django_distlock.exceptions.LockLost`). Send
         :data:`~django_distlock.signals.lock_force_released` when one was freed.
+        Validate the arguments (:func:`validate_owner_id`) before any I/O.
 
         :raises UnsupportedOperation: when ``supports_force_release`` is False.
+        :raises InvalidLockName: for a bad name.
+        :raises TypeError, ValueError: for an ``owner`` that is not a short owner id.
         :raises BackendUnavailable: when the server fails.
         """
 

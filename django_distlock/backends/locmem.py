@@ -21,7 +21,7 @@ from .. import signals
 from ..backoff import remaining
 from ..exceptions import UnsupportedOperation
 from ..handle import Lock
-from ..values import short_owner
+from ..values import short_owner, validate_owner_id
 from .base import (
     Acquisition,
     BaseLockBackend,
@@ -177,10 +177,12 @@ class LocMemBackend(BaseLockBackend):
             waiters=self.store.waiting.get(key, 0),
         )
 
-    def force_release(self, name: str) -> bool:
+    def force_release(self, name: str, *, owner: str | None = None) -> bool:
         key = self.make_key(name)
+        expected = validate_owner_id(owner)
         with self.store.cond:
-            freed = self.store.current(key) is not None
+            entry = self.store.current(key)
+            freed = entry is not None and short_owner(entry.owner).startswith(expected)
             if freed:
                 del self.store.held[key]
                 self.store.cond.notify_all()

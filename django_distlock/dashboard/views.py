@@ -16,7 +16,6 @@ from django.views.decorators.http import require_http_methods
 
 from ..exceptions import DistLockError, InvalidLockName, LockConfigurationError
 from ..handler import locks
-from ..models import LockEvent
 from ..names import validate_name
 from ..values import LockInfo, validate_page_args
 from .listing import (
@@ -28,7 +27,7 @@ from .listing import (
     sign_position,
     unsign_position,
 )
-from .recorder import recorded_elsewhere
+from .release import release_audited
 
 VIEW_PERM = "django_distlock.view_held_lock"
 RELEASE_PERM = "django_distlock.force_release_lock"
@@ -195,13 +194,16 @@ def force_release_view(request: HttpRequest, site: admin.AdminSite) -> HttpRespo
                     f"fencing token {info.fencing_token}) than the one shown; not released."
                 )
             else:
-                with recorded_elsewhere():  # this event, with who and why, is written below
-                    freed = backend.force_release(name)
-                _audit(request, info, form.cleaned_data["reason"], freed)
+                reason, actor = form.cleaned_data["reason"], request.user.get_username()
+                freed = release_audited(name, info, actor, reason)
                 if freed:
                     messages.success(request, f"Released {name} on {alias}.")
                 else:
-                    messages.warning(request, f"{name} on {alias} was freed before the release.")
+                    messages.warning(
+                        request,
+                        f"{name} on {alias} was freed, or taken by another holder, before the "
+                        "release; not released.",
+                    )
                 return redirect(list_url)
     else:
         form = ForceReleaseForm(
@@ -223,24 +225,4 @@ def force_release_view(request: HttpRequest, site: admin.AdminSite) -> HttpRespo
     }
     return TemplateResponse(
         request, "admin/django_distlock/force_release.html", context, status=status
-    )
-
-
-def _audit(request: HttpRequest, info: LockInfo, reason: str, freed: bool) -> None:
-    held = None
-    if info.acquired_at is not None:
-        held = (timezone.now() - info.acquired_at).total_seconds()
-    LockEvent.objects.create(
-        at=timezone.now(),
-        kind=LockEvent.FORCE_RELEASED,
-        alias=info.alias,
-        name=info.name,
-        fencing_token=info.fencing_token,
-        owner=info.owner,
-        host=info.host,
-        pid=info.pid,
-        thread=info.thread,
-        held=held,
-        actor=request.user.get_username(),
-        reason=reason if freed else f"(already free) {reason}",
     )

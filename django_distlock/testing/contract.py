@@ -14,6 +14,7 @@ It needs pytest and Django; it makes no assumption about what stores the locks.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 import uuid
@@ -309,6 +310,36 @@ class LockContract:
         assert in_thread(lambda: _acquire_release(backend, name)) is True
         with pytest.raises(LockLost):
             handle.release()
+
+    def test_force_release_of_the_holder_shown(self, backend, unique) -> None:
+        """With ``owner``, only that holder's lock is freed (checked on the server): a
+        lock taken by someone else since it was listed stays."""
+        name = unique()
+        for bad in ("", "0123456", "0123456789", "ABCDEF01", "zzzzzzzz"):
+            with pytest.raises(ValueError):
+                backend.force_release(name, owner=bad)
+        with pytest.raises(TypeError):
+            backend.force_release(name, owner=12345678)
+        if not backend.supports_force_release:
+            return
+        first = backend.lock(name)
+        first.acquire()
+        shown = first.owner_id
+        first.release()
+        second = backend.lock(name)
+        second.acquire()
+        try:
+            assert second.owner_id != shown
+            assert in_thread(lambda: backend.force_release(name, owner=shown)) is False
+            assert backend.is_locked(name)
+            second.extend()  # still the holder
+            now = second.owner_id
+            assert in_thread(lambda: backend.force_release(name, owner=now)) is True
+            assert not backend.is_locked(name)
+        finally:
+            with contextlib.suppress(LockLost):
+                second.release()
+        assert in_thread(lambda: backend.force_release(name, owner=now)) is False
 
     # -- names ------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ from django.db import connections
 from ... import signals
 from ...backoff import remaining
 from ...exceptions import BackendUnavailable
-from ...values import short_owner
+from ...values import short_owner, validate_owner_id
 from ..base import Acquisition, ExcInfo, Grant, LockInfo, LockPage, Miss, validate_page_args
 from .common import DatabaseBackend, is_busy, server_wait
 from .sessions import ERRORS, WATCHDOG, AsyncSessions, Session, connection_lost
@@ -74,9 +74,11 @@ class LeaseBackend(DatabaseBackend, mode="lease"):
             thread=thread,
         )
 
-    def force_release(self, name: str) -> bool:
+    def force_release(self, name: str, *, owner: str | None = None) -> bool:
         key = self.make_key(name)
-        freed = bool(self.run(self.dialect.force_release, [key], "force-releasing a lock"))
+        expected = validate_owner_id(owner)
+        params = [key, len(expected), expected]
+        freed = bool(self.run(self.dialect.force_release, params, "force-releasing a lock"))
         if freed:
             signals.lock_force_released.send(
                 sender=type(self), backend=self, alias=self.alias, name=name, fencing_token=None

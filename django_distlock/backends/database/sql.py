@@ -51,7 +51,8 @@ class Dialect:
     is_locked: str
     #: Params: lower bound (exclusive), prefix, upper bound, limit.
     held: str
-    #: Params: key. Row when a held lock was freed.
+    #: Params: key, length of the expected owner id (0: any owner), that id. Row when a
+    #: held lock was freed.
     force_release: str
     #: Transaction mode: bump fencing, holding the row lock until the transaction ends.
     #: Params: host, pid, thread, key. Row: (fencing, acquired_at); none if no row yet.
@@ -115,7 +116,8 @@ WHERE owner IS NOT NULL AND (name COLLATE "C") > %s AND (name COLLATE "C") >= %s
 ORDER BY (name COLLATE "C") LIMIT %s""",
     force_release=f"""
 UPDATE {TABLE} SET owner = NULL, next_owner = NULL
-WHERE name = %s AND owner IS NOT NULL AND expires_at > now() RETURNING 1""",
+WHERE name = %s AND owner IS NOT NULL AND expires_at > now() AND substr(owner, 1, %s) = %s
+RETURNING 1""",
     tx_grant=f"""
 UPDATE {TABLE} SET fencing = fencing + 1, acquired_at = clock_timestamp(), host = %s, pid = %s,
     thread = %s
@@ -205,7 +207,8 @@ WHERE owner IS NOT NULL AND name > %s AND name >= %s AND name < %s AND expires_a
 ORDER BY name LIMIT %s""",
     force_release=f"""
 UPDATE {TABLE} SET owner = NULL
-WHERE name = %s AND owner IS NOT NULL AND expires_at > {_NOW} RETURNING 1""",
+WHERE name = %s AND owner IS NOT NULL AND expires_at > {_NOW} AND substr(owner, 1, %s) = %s
+RETURNING 1""",
     tx_grant=f"""
 UPDATE {TABLE} SET fencing = fencing + 1, acquired_at = {_NOW}, host = %s, pid = %s, thread = %s
 WHERE name = %s RETURNING fencing, acquired_at""",

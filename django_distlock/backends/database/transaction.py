@@ -22,6 +22,7 @@ from django.db import connections, transaction
 
 from ...backoff import remaining
 from ...exceptions import BackendUnavailable, LockLost, UnsupportedOperation
+from ...values import validate_owner_id
 from ..base import Acquisition, ExcInfo, Grant, LockInfo, LockPage, Miss, validate_page_args
 from .common import DatabaseBackend, is_busy, server_wait
 from .sessions import ERRORS, connection_lost
@@ -83,8 +84,9 @@ class TransactionBackend(DatabaseBackend, mode="transaction"):
         ]
         return LockPage(infos, rows[-1][0] if len(rows) == limit else None)
 
-    def force_release(self, name: str) -> bool:
+    def force_release(self, name: str, *, owner: str | None = None) -> bool:
         self.make_key(name)
+        validate_owner_id(owner)
         raise UnsupportedOperation(
             "A transaction-mode lock is held by its holder's open transaction; "
             "it ends when that transaction does."

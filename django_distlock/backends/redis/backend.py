@@ -13,7 +13,7 @@ from redis.exceptions import RedisError
 from ... import signals
 from ...exceptions import InvalidBackendOptions
 from ...handle import Lock
-from ...values import short_owner
+from ...values import short_owner, validate_owner_id
 from ..base import BaseLockBackend, LockInfo, LockPage, validate_page_args
 from .acquisition import SERVER_TICK, Calls, RedisAcquisition
 from .caches import cache_problem
@@ -195,12 +195,13 @@ class RedisBackend(BaseLockBackend):
             waiters=waiters,
         )
 
-    def force_release(self, name: str) -> bool:
+    def force_release(self, name: str, *, owner: str | None = None) -> bool:
         keys = self.keys_for(self.make_key(name))
+        expected = validate_owner_id(owner)
         fencing = self.redis.run(
             SCRIPTS["force_release"],
             (keys.lock, keys.queue, keys.waiters, keys.listing),
-            (keys.member,),
+            (keys.member, expected),
         )
         if not fencing:
             return False

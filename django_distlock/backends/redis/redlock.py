@@ -33,6 +33,7 @@ from ..base import (
     Grant,
     LockPage,
     Miss,
+    validate_owner_id,
     validate_page_args,
 )
 from .acquisition import Calls
@@ -195,11 +196,14 @@ class RedlockBackend(BaseLockBackend):
             "a majority holds."
         )
 
-    def force_release(self, name: str) -> bool:
+    def force_release(self, name: str, *, owner: str | None = None) -> bool:
         k = self.calls_for(self.make_key(name)).keys
+        expected = validate_owner_id(owner)
         replies, _ = self.on_masters(
             lambda m: m.run(
-                SCRIPTS["force_release"], (k.lock, k.queue, k.waiters, k.listing), (k.member,)
+                SCRIPTS["force_release"],
+                (k.lock, k.queue, k.waiters, k.listing),
+                (k.member, expected),
             )
         )
         if not any(replies):

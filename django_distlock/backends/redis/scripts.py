@@ -180,8 +180,10 @@ return 1
 """
 )
 
-#: KEYS: lock, queue, waiters, index. ARGV: member.
-#: Frees the lock whoever holds it. Returns the fencing token freed, or 0 if not held.
+#: KEYS: lock, queue, waiters, index. ARGV: member, owner (a prefix of the holder's
+#: token, '' for any holder).
+#: Frees the lock if that owner holds it. Returns the fencing token freed, or 0 if not held
+#: (by that owner).
 FORCE_RELEASE = (
     _NOW
     + _HEAD
@@ -191,6 +193,7 @@ if not held then
   redis.call('ZREM', KEYS[4], ARGV[1])
   return 0
 end
+if string.sub(held, 1, #ARGV[2]) ~= ARGV[2] then return 0 end
 redis.call('DEL', KEYS[1])
 redis.call('ZREM', KEYS[4], ARGV[1])
 wake_head(KEYS[2], KEYS[3])

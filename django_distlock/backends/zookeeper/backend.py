@@ -13,7 +13,7 @@ from kazoo.exceptions import NoNodeError
 from ... import signals
 from ...exceptions import InvalidBackendOptions
 from ...handle import Lock
-from ..base import BaseLockBackend, LockInfo, LockPage, validate_page_args
+from ..base import BaseLockBackend, LockInfo, LockPage, validate_owner_id, validate_page_args
 from .acquisition import ZooKeeperAcquisition
 from .client import Client
 from .options import parse
@@ -21,6 +21,13 @@ from .paths import GATE, LEASE_MARKER, contenders, decode, encode, holders
 from .semaphore import SemaphoreAcquisition
 
 _PARENTS_CACHE = 4096
+
+
+def _fields(data: bytes) -> list[str]:
+    """A contender node's data (see ``acquisition.holder_data``): version, kind, owner id,
+    pid, host, thread."""
+    fields = data.decode(errors="replace").split(" ", 5)
+    return [*fields, "", "", "", "", "", ""][:6]
 
 
 class ZooKeeperBackend(BaseLockBackend):
@@ -141,8 +148,7 @@ class ZooKeeperBackend(BaseLockBackend):
         return infos
 
     def _info(self, key: str, data: bytes, stat: Any, waiters: int) -> LockInfo:
-        fields = data.decode(errors="replace").split(" ", 5)
-        _version, kind, owner, pid, host, thread = [*fields, "", "", "", "", "", ""][:6]
+        _version, kind, owner, pid, host, thread = _fields(data)
         return LockInfo(
             alias=self.alias,
             name=self.name_of(key),
@@ -157,16 +163,19 @@ class ZooKeeperBackend(BaseLockBackend):
             kind=kind or "exclusive",
         )
 
-    def force_release(self, name: str) -> bool:
+    def force_release(self, name: str, *, owner: str | None = None) -> bool:
         parent = self.parent_of(self.make_key(name))
+        expected = validate_owner_id(owner)
         self._usable()
         queue = self._contenders(parent)
         if not queue:
             return False
+        # A contender's node is never re-created under its path: the holder read here
+        # is the one deleted.
         path = f"{parent}/{queue[0]}"
         try:
-            stat = self.client.call("reading the holder", "exists", path)
-            if stat is None:
+            data, stat = self.client.call("reading the holder", "get", path)
+            if expected and _fields(data)[2] != expected:
                 return False
             self.client.call("deleting the holder", "delete", path)
         except NoNodeError:

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from ...dashboard.health import check_health
 from ...dashboard.listing import BadPosition, find_lock, read_page
-from ...dashboard.recorder import recorded_elsewhere
+from ...dashboard.release import release_audited
 from ...exceptions import DistLockError, InvalidLockName
 from ...handler import locks
 from ...models import LockEvent
@@ -134,24 +134,11 @@ class Command(BaseCommand):
             )
             if answer.strip().lower() not in ("y", "yes"):
                 raise CommandError("Not released.", returncode=1)
-        with recorded_elsewhere():
-            freed = backend.force_release(name)
-        held = None if info.acquired_at is None else (timezone.now() - info.acquired_at)
-        LockEvent.objects.create(
-            at=timezone.now(),
-            kind=LockEvent.FORCE_RELEASED,
-            alias=alias,
-            name=name,
-            fencing_token=info.fencing_token,
-            owner=info.owner,
-            host=info.host,
-            pid=info.pid,
-            thread=info.thread,
-            held=None if held is None else held.total_seconds(),
-            actor=f"command:{getpass.getuser()}",
-            reason=reason if freed else f"(already free) {reason}",
+        freed = release_audited(name, info, f"command:{getpass.getuser()}", reason)
+        self.stdout.write(
+            f"Released {name} on {alias}." if freed
+            else f"{name} was freed, or taken by another holder, meanwhile; not released."
         )
-        self.stdout.write(f"Released {name} on {alias}." if freed else f"{name} was already free.")
 
     def do_purge(self, *, days: float | None, **_: Any) -> None:
         now, deleted = timezone.now(), 0
