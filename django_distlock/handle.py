@@ -119,6 +119,7 @@ class Lock:
         self._mutex = threading.Lock()
         self._acquisition: Acquisition | None = None
         self._token: str | None = None
+        self._owner_id: str | None = None
         self._grant: Grant | None = None
         self._lost = False
         self._busy = False
@@ -183,8 +184,9 @@ class Lock:
 
     @property
     def owner_id(self) -> str | None:
-        """A short, non-secret id of the owner token, as listings show it."""
-        return short_owner(self._token) if self._token else None
+        """A short, non-secret id of the owner token of the current (or last) grant, as
+        listings show it (None before any)."""
+        return self._owner_id
 
     def locked(self) -> bool:
         """Return whether anyone holds this lock now (asks the backend).
@@ -399,6 +401,7 @@ class Lock:
         with self._mutex:
             self._acquisition = acquisition
             self._token = acquisition.token
+            self._owner_id = short_owner(acquisition.token)
             self._grant = grant
             self._lost = False
             self._valid_until = valid_until

@@ -53,6 +53,7 @@ def test_acquire_release_and_failure_are_recorded_with_durations(audited: None) 
     assert released.held is not None and released.held >= 0
     assert acquired.host == handle.host and acquired.pid == handle.pid
     assert acquired.owner == owner and released.host == handle.host
+    assert released.owner == owner and failed.owner != owner
 
 
 def test_no_query_on_the_hot_path_and_the_thread_writes_later(audited: None) -> None:
