@@ -13,6 +13,7 @@ from typing import Any, Literal, TypeVar, cast
 from .exceptions import LockLost, LockNotAcquired
 from .handle import Lock
 from .handler import DEFAULT_LOCK_ALIAS, locks
+from .multilock import MultiLock
 from .names import validate_name
 from .renewal import validate_max_hold
 from .values import DEFAULT, _Default, validate_timeout, validate_ttl
@@ -22,8 +23,8 @@ logger = logging.getLogger("django_distlock")
 F = TypeVar("F", bound=Callable[..., Any])
 OnFail = Literal["raise", "skip"] | Callable[..., Any]
 OnLost = Literal["raise", "log"] | Callable[..., Any]
-#: ``(args, kwargs) -> str``: renders one call's lock name.
-_Render = Callable[[tuple[Any, ...], dict[str, Any]], str]
+#: ``(args, kwargs) -> name``: renders one call's lock name (a list: a multi-lock's names).
+_Render = Callable[[tuple[Any, ...], dict[str, Any]], "str | list[str]"]
 #: ``bound arguments -> str``: renders one field of a template.
 _Field = Callable[[dict[str, Any]], str]
 
@@ -59,7 +60,7 @@ def lock(
 
 
 def distlock(
-    key: str | Callable[..., str],
+    key: str | list[str] | tuple[str, ...] | Callable[..., str | list[str]],
     *,
     using: str = DEFAULT_LOCK_ALIAS,
     ttl: float | _Default = DEFAULT,
@@ -86,7 +87,11 @@ def distlock(
         ``\\\\``), so any argument gives an accepted name and distinct values
         distinct names. Or a callable taking the call's arguments and returning
         the name as it is (checked at call time: a bad one raises
-        :class:`~django_distlock.exceptions.InvalidLockName`).
+        :class:`~django_distlock.exceptions.InvalidLockName`). A list of templates
+        (or a callable returning a list of names) takes the exclusive locks of all
+        those names or none, through
+        :meth:`~django_distlock.backends.base.BaseLockBackend.multi_lock` (a fixed
+        order, so two calls over overlapping names never deadlock).
     :param using: the ``DISTLOCK`` alias, looked up at each call (so
         ``override_settings`` applies); an unknown one raises
         :class:`~django_distlock.exceptions.InvalidLockAlias` at call time.
@@ -128,6 +133,8 @@ def distlock(
         _check_options(where, using, ttl, timeout, blocking, on_fail)
         _check_renewal(where, auto_renew, max_hold)
         _check_kind(where, kind, limit)
+        if isinstance(key, list | tuple) and kind != "exclusive":
+            raise ValueError(f"{where}: a list of names takes exclusive locks only (kind).")
         _check_policy(where, "on_lost", on_lost, ("raise", "log"))
         name_of = _key_function(key, func, where)
         raise_lost = on_lost == "raise"
@@ -207,17 +214,18 @@ def distlock(
     return decorator
 
 
-def _log_lost(exc: LockLost, held: Lock, where: str) -> None:
+def _log_lost(exc: LockLost, held: Lock | MultiLock, where: str) -> None:
     """The ``on_lost="log"`` policy's warning."""
     alias = held.backend.alias
+    name = held.name if isinstance(held, Lock) else ", ".join(h.name for h in held.handles)
     logger.warning(
         "Lock %r on %r was lost before %s returned: part of its run was not protected; "
         "returning its result (on_lost='log').",
-        held.name,
+        name,
         alias,
         where,
         exc_info=exc,
-        extra={"lock_name": held.name, "lock_alias": alias},
+        extra={"lock_name": name, "lock_alias": alias},
     )
 
 
@@ -266,9 +274,16 @@ def _check_kind(where: str, kind: object, limit: object) -> None:
         raise ValueError(f"{where}: limit= goes with kind='semaphore', and only with it.")
 
 
-def _handle(using: str, kind: str, limit: int | None, name: str, **options: Any) -> Lock:
-    """The handle of one call: the alias' lock of that kind."""
+def _handle(
+    using: str, kind: str, limit: int | None, name: str | list[str], **options: Any
+) -> Lock | MultiLock:
+    """The handle of one call: the alias' lock of that kind, or the multi-lock of a list
+    of names."""
     backend = locks[using]
+    if isinstance(name, list | tuple):
+        if kind != "exclusive":
+            raise ValueError("A list of lock names takes exclusive locks only (kind).")
+        return backend.multi_lock(name, **options)
     if kind == "read":
         return backend.read_lock(name, **options)
     if kind == "write":
@@ -307,15 +322,22 @@ def _check_policy(where: str, option: str, policy: object, names: tuple[str, ...
 
 
 def _key_function(key: object, func: Callable[..., Any], where: str) -> _Render:
-    """Return ``(args, kwargs) -> lock name`` for a template or a callable."""
+    """Return ``(args, kwargs) -> lock name`` for a template or a callable, or
+    ``-> list of names`` for a list of templates."""
     if isinstance(key, str):
         return _template_function(key, inspect.signature(func), where)
+    if isinstance(key, list | tuple):
+        if not key or not all(isinstance(template, str) for template in key):
+            raise TypeError(f"{where}: a list of keys must hold one str template or more.")
+        signature = inspect.signature(func)
+        renders = [_template_function(template, signature, where) for template in key]
+        return lambda args, kwargs: [cast(str, render(args, kwargs)) for render in renders]
     if callable(key):
         key_callable = key
         return lambda args, kwargs: key_callable(*args, **kwargs)
     raise TypeError(
-        f"{where}: key must be a str template or a callable returning the lock name, "
-        f"not {type(key).__name__}."
+        f"{where}: key must be a str template, a list of them, or a callable returning the "
+        f"lock name, not {type(key).__name__}."
     )
 
 

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from django_distlock import locks
+from django_distlock import distlock, locks
 from django_distlock.exceptions import LockLost, LockNotHeld, LockTimeout
 
 from .conftest import in_thread, require_zookeeper
@@ -112,3 +112,39 @@ def test_bad_arguments() -> None:
         backend.multi_lock([])
     with pytest.raises(ValueError):
         backend.multi_lock(["a", "b\x00"])
+
+
+def test_decorator_takes_a_list_of_names(backend, unique) -> None:
+    """``@distlock([...])``: every name of the call or none, sync and async."""
+    prefix = unique("")
+
+    @distlock([prefix + "stock:{sku}", prefix + "order:{order}"], using=backend.alias, timeout=2)
+    def pay(sku: str, order: int) -> list[bool]:
+        return [backend.is_locked(name) for name in pay.lock_name(sku, order)]
+
+    @distlock(
+        [prefix + "order:{order}", prefix + "stock:{sku}"], using=backend.alias,
+        blocking=False, on_fail="skip", skip_value="busy",
+    )
+    async def refund(sku: str, order: int) -> str:
+        return "done"
+
+    assert pay.lock_name("x", 7) == [prefix + "stock:x", prefix + "order:7"]
+    assert pay("x", 7) == [True, True]
+    assert not backend.is_locked(prefix + "stock:x")
+    holder = backend.lock(prefix + "stock:x")
+    with holder:  # one of the names held elsewhere: nothing is taken
+        assert in_thread(lambda: asyncio.run(refund("x", 7))) == "busy"
+        assert not backend.is_locked(prefix + "order:7")
+    assert asyncio.run(refund("x", 7)) == "done"
+
+
+def test_decorator_list_needs_exclusive_templates() -> None:
+    with pytest.raises(ValueError, match="exclusive"):
+        distlock(["a:{x}", "b:{x}"], using="locmem", kind="read")(lambda x: x)
+    with pytest.raises(TypeError):
+        distlock([], using="locmem")(lambda x: x)
+    with pytest.raises(TypeError):
+        distlock(["a:{x}", 3], using="locmem")(lambda x: x)
+    with pytest.raises(ValueError, match="'y'"):
+        distlock(["a:{x}", "b:{y}"], using="locmem")(lambda x: x)
