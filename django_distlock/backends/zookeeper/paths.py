@@ -68,6 +68,8 @@ _ESCAPE = re.compile(r"%(?:u([0-9A-F]{4})|U([0-9A-F]{8})|([0-9A-F]{2}))")
 
 def decode(name: str) -> str:
     """Return the storage key of a znode name made by :func:`encode`."""
+    if "%" not in name:  # most names: listings decode every lock's name
+        return name
     return _ESCAPE.sub(lambda m: chr(int(m.group(1) or m.group(2) or m.group(3), 16)), name)
 
 
