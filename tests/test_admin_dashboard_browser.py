@@ -29,7 +29,7 @@ from django_distlock.handle import Lock
 from django_distlock.models import LockEvent
 
 from .browser import wait_until_left
-from .conftest import DATABASES
+from .conftest import DATABASES, FULL_RUN, require_zookeeper
 from .test_admin_dashboard import held  # noqa: F401  (fixture)
 from .test_optimistic_browser import (  # noqa: F401  (fixtures)
     ADMIN_STATIC,
@@ -159,6 +159,23 @@ def test_operator_and_viewer_in_a_browser(
     )
     assert status == 403
     assert locks["default"].is_locked("dash:default") and LockEvent.objects.count() == 1
+
+    # A ZooKeeper lock (a session lock: no expiry): filtered, opened, force-released.
+    if "zk" in settings.DISTLOCK or FULL_RUN:
+        require_zookeeper()
+        boss.get(f"{base}/admin/django_distlock/lockevent/held/")
+        Select(boss.find_element(By.NAME, "alias")).select_by_value("zk")
+        _submit(boss, "#changelist-search input[type=submit]")
+        assert rows(boss) == [("zk", "dash:zk")]
+        click(boss, "dash:zk")
+        detail = boss.find_element(By.ID, "held-lock").text
+        assert "ZooKeeperBackend" in detail and str(held["zk"].fencing_token) in detail
+        click(boss, "Force release…")
+        boss.find_element(By.NAME, "reason").send_keys("session of a frozen worker")
+        _submit(boss, "#distlock-confirm")
+        assert "Released dash:zk on zk." in _messages(boss)
+        assert not locks["zk"].is_locked("dash:zk")
+        assert LockEvent.objects.filter(alias="zk", actor="boss").count() == 1
 
     # A server that is down: its banner, and the other aliases still listed.
     down = {
