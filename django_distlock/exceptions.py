@@ -63,6 +63,11 @@ class BackendUnavailable(DistLockError):
     """The lock server failed or could not be reached; chained to the client error."""
 
 
+class TooManyLocks(DistLockError):
+    """The process holds (or waits for) as many locks as the backend can safely keep in
+    one session; nothing was sent (ZooKeeper: ``OPTIONS["MAX_SESSION_BYTES"]``)."""
+
+
 class UnsupportedOperation(DistLockError):
     """The backend, in its configured mode, cannot do this operation."""
 

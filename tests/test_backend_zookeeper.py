@@ -23,6 +23,7 @@ from django_distlock.exceptions import (
     BackendUnavailable,
     InvalidBackendOptions,
     LockLost,
+    TooManyLocks,
     UnsupportedOperation,
 )
 from django_distlock.testing import LockContract
@@ -365,6 +366,9 @@ def test_good_settings_have_no_check_messages() -> None:
         {"ACL": [("digest", "a:b", ["EVERYTHING"])]},
         {"CLIENT_OPTIONS": {"hosts": "other:2181"}},
         {"CLIENT_OPTIONS": []},
+        {"MAX_SESSION_BYTES": 100},
+        {"MAX_SESSION_BYTES": "1MB"},
+        {"MAX_SESSION_BYTES": 1.5e6},
     ],
 )
 def test_bad_option_types_are_refused(options) -> None:
@@ -646,3 +650,55 @@ def test_write_side_of_a_name_the_thread_reads_is_a_self_deadlock(zk, unique) ->
         with pytest.raises(SelfDeadlock):
             zk.write_lock(name).acquire(timeout=5)
         assert time.monotonic() - started < 2
+
+
+# -- the session's size ---------------------------------------------------------------
+
+
+def _hold_briefly(backend: ZooKeeperBackend, name: str) -> bool:
+    handle = backend.lock(name, timeout=10)
+    got = handle.acquire()
+    if got:
+        handle.release()
+    return got
+
+
+def test_a_session_is_kept_under_max_session_bytes(unique) -> None:
+    """The end of a session writes one transaction naming all its ephemeral nodes; past
+    about 2 MB it breaks a 3.6+ ensemble (ZOOKEEPER-4306, seen here with 40,000 locks
+    in one session). The backend refuses the node that would pass MAX_SESSION_BYTES,
+    before sending it; waiters' nodes count; a release makes room again."""
+    require_zookeeper()
+    backend = ZooKeeperBackend("sized", {
+        "BACKEND": _ZK, "LOCATION": HOSTS, "OPTIONS": {"MAX_SESSION_BYTES": 1024},
+    })
+    other = ZooKeeperBackend("other", {"BACKEND": _ZK, "LOCATION": HOSTS})
+    base = unique("")
+    held = []
+    try:
+        with pytest.raises(TooManyLocks, match="MAX_SESSION_BYTES"):
+            for index in range(100):
+                handle = backend.lock(f"{base}{index:03d}", timeout=1)
+                handle.acquire()
+                held.append(handle)
+        assert 5 <= len(held) < 100 and backend.client.claimed <= 1024
+        assert _children(backend, f"{base}{len(held):03d}") == []  # nothing was created
+        held.pop().release()  # room for one node
+        busy, outcome = f"{base}busy", []
+        with other.lock(busy):  # held elsewhere: waiting for it needs a node of our own
+            full = backend.client.claimed
+            waiter = threading.Thread(target=lambda: outcome.append(_hold_briefly(backend, busy)))
+            waiter.start()
+            assert eventually(lambda: backend.client.claimed > full)
+            with pytest.raises(TooManyLocks):
+                backend.lock(f"{base}x").acquire(blocking=False)
+        waiter.join()
+        assert outcome == [True]  # granted once the other let go, then released
+        held.append(backend.lock(f"{base}x"))
+        assert held[-1].acquire(blocking=False)
+    finally:
+        for handle in held:
+            handle.release()
+        backend.close()
+        other.close()
+    assert backend.client.claimed == 0

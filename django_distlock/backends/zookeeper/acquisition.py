@@ -128,6 +128,7 @@ class ZooKeeperAcquisition(ThreadHops):
     def _create(self) -> None:
         """Create our contender node; after a connection loss, look for it by GUID first."""
         path = f"{self.parent}/{self.guid}{self.marker}"
+        self.client.claim(self, path)
         data = holder_data(self.token, self.lock)
         until = time.monotonic() + self.client.settings.connect_timeout
         for _ in range(CREATE_TRIES):
@@ -218,6 +219,7 @@ class ZooKeeperAcquisition(ThreadHops):
         (it would block the lock for as long as our session lives: kazoo issue 732)."""
         self._abandoned = True
         self.client.watchers.discard(self)
+        self.client.unclaim(self)
         if self.node is None and not self._uncertain:
             return
         if not self.client.connected():
@@ -262,6 +264,7 @@ class ZooKeeperAcquisition(ThreadHops):
     def release(self, exc_info: ExcInfo) -> bool:
         released = self._delete()
         self.client.watchers.discard(self)
+        self.client.unclaim(self)
         return released
 
     def extend(self, ttl: float) -> Grant | None:

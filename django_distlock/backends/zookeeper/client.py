@@ -27,7 +27,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.serialization import Create2
 from kazoo.security import ACL, Id, make_acl, make_digest_acl
 
-from ...exceptions import BackendUnavailable
+from ...exceptions import BackendUnavailable, TooManyLocks
 from .options import ZooKeeperSettings
 from .paths import guid_of
 
@@ -84,6 +84,11 @@ class Client:
         self.orphans: set[tuple[str, str]] = set()
         #: Watch events delivered to waiters (tests count them: one per release).
         self.watch_events = 0
+        #: The path bytes of the contender nodes each acquisition has in the session.
+        self._claims: dict[Any, int] = {}
+        self.claimed = 0
+        self._claims_mutex = threading.Lock()
+        self._claims_pid = os.getpid()
         self.acl: list[ACL] | None = self._acl()
         _clients.add(self)
 
@@ -254,6 +259,8 @@ class Client:
         """kazoo's listener (its event thread: must not block)."""
         if state == KazooState.LOST:
             self._root_ready = False
+            with self._claims_mutex:  # the session's nodes are gone
+                self._claims, self.claimed = {}, 0
         for watcher in list(self.watchers):
             try:
                 watcher.session_changed(state)
@@ -261,6 +268,35 @@ class Client:
                 logger.exception("Passing the ZooKeeper state %s on failed", state)
         if state == KazooState.CONNECTED and self.orphans:
             threading.Thread(target=self.sweep_orphans, daemon=True).start()
+
+    # -- the session's size --------------------------------------------------------
+
+    def claim(self, owner: Any, path: str) -> None:
+        """Count the node ``owner`` is about to create at ``path`` (+ its sequence).
+
+        :raises TooManyLocks: when the session's nodes would pass ``MAX_SESSION_BYTES``.
+        """
+        size = len(path.encode()) + _NODE_OVERHEAD
+        with self._claims_mutex:
+            if self._claims_pid != os.getpid():  # a forked child: its session is its own
+                self._claims, self.claimed, self._claims_pid = {}, 0, os.getpid()
+            if owner in self._claims:
+                return
+            if self.claimed + size > self.settings.max_session_bytes:
+                raise TooManyLocks(
+                    f"This process' ZooKeeper session already has {len(self._claims)} lock "
+                    f"nodes ({self.claimed} bytes of paths); one more would pass "
+                    f"MAX_SESSION_BYTES ({self.settings.max_session_bytes}). The end of a "
+                    "session with too many nodes breaks the ensemble (ZOOKEEPER-4306): "
+                    "release locks, or spread them over processes."
+                )
+            self._claims[owner] = size
+            self.claimed += size
+
+    def unclaim(self, owner: Any) -> None:
+        """``owner``'s node is gone (or will be, with the session)."""
+        with self._claims_mutex:
+            self.claimed -= self._claims.pop(owner, 0)
 
     def sweep_orphans(self) -> None:
         """Delete the contender nodes whose deletion failed before (a reconnection)."""
@@ -273,6 +309,8 @@ class Client:
 
 
 _OPEN = [ACL(31, Id("world", "anyone"))]
+#: A node's sequence suffix (10 digits) and the length prefix of its path in a transaction.
+_NODE_OVERHEAD = 14
 _READS = frozenset({"get_children", "exists", "get"})
 
 

@@ -11,7 +11,14 @@ from django.core import checks
 
 from ...exceptions import InvalidBackendOptions
 
-_OPTIONS = {"ROOT", "SESSION_TIMEOUT", "CONNECT_TIMEOUT", "AUTH", "ACL", "CLIENT_OPTIONS"}
+_OPTIONS = {
+    "ROOT", "SESSION_TIMEOUT", "CONNECT_TIMEOUT", "AUTH", "ACL", "CLIENT_OPTIONS",
+    "MAX_SESSION_BYTES",
+}
+#: ZooKeeper's default ``jute.maxbuffer``. When a session ends, ZooKeeper 3.6+ writes one
+#: transaction naming all its ephemeral nodes; one larger than about twice this breaks the
+#: ensemble (ZOOKEEPER-4306), so a session's nodes' paths are kept under it.
+DEFAULT_MAX_SESSION_BYTES = 0xFFFFF
 #: KazooClient arguments the backend sets itself.
 _OWN_KWARGS = {"hosts", "timeout", "auth_data", "default_acl", "handler"}
 DEFAULT_ROOT = "/django-distlock"
@@ -47,6 +54,8 @@ class ZooKeeperSettings:
     acl: tuple[tuple[str, str, tuple[str, ...]], ...]
     client_options: Mapping[str, Any] = field(default_factory=dict)
     problems: tuple[Problem, ...] = ()
+    #: Most bytes of node paths the locks of one session may hold (MAX_SESSION_BYTES).
+    max_session_bytes: int = DEFAULT_MAX_SESSION_BYTES
 
 
 def hosts_problem(hosts: object) -> str | None:
@@ -126,6 +135,12 @@ def parse(alias: str, location: object, options: Mapping[str, Any]) -> ZooKeeper
             )
         auth = (auth[0], auth[1])
     acl = _acl(where, options.get("ACL", ()))
+    max_bytes = options.get("MAX_SESSION_BYTES", DEFAULT_MAX_SESSION_BYTES)
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1024:
+        raise InvalidBackendOptions(
+            f"{where}['OPTIONS']['MAX_SESSION_BYTES'] must be an int of at least 1024 "
+            f"(bytes), got {max_bytes!r}."
+        )
     client_options = options.get("CLIENT_OPTIONS", {})
     if not isinstance(client_options, Mapping):
         raise InvalidBackendOptions(f"{where}['OPTIONS']['CLIENT_OPTIONS'] must be a dict.")
@@ -144,6 +159,7 @@ def parse(alias: str, location: object, options: Mapping[str, Any]) -> ZooKeeper
         acl=acl,
         client_options=dict(client_options),
         problems=tuple(problems),
+        max_session_bytes=max_bytes,
     )
 
 
