@@ -5,7 +5,10 @@ Service addresses come from the environment only:
 - ``DISTLOCK_SQLITE_PATH``: the SQLite file (default: ``db.sqlite3`` in the repo root);
 - ``DISTLOCK_PG_PORT``: when set, the ``default`` database is PostgreSQL instead,
   at ``DISTLOCK_PG_HOST`` (127.0.0.1), as ``DISTLOCK_PG_USER`` (postgres), database
-  ``DISTLOCK_PG_NAME`` (distlock).
+  ``DISTLOCK_PG_NAME`` (distlock);
+- ``DISTLOCK_REDIS_URL``, ``DISTLOCK_ZK_HOSTS``: when set (``scripts/servers.py``
+  exports both), the aliases ``redis`` and ``zk`` lock on that Redis server and
+  ZooKeeper ensemble, and the flash sale compares them too.
 """
 
 import os
@@ -102,6 +105,21 @@ DISTLOCK = {
         "TIMEOUT": 10,
     },
 }
+
+if os.environ.get("DISTLOCK_REDIS_URL"):
+    DISTLOCK["redis"] = {
+        "BACKEND": "django_distlock.backends.redis.RedisBackend",
+        "LOCATION": os.environ["DISTLOCK_REDIS_URL"],
+        "KEY_PREFIX": "shop:",
+        "TIMEOUT": 10,
+    }
+if os.environ.get("DISTLOCK_ZK_HOSTS"):
+    DISTLOCK["zk"] = {
+        "BACKEND": "django_distlock.backends.zookeeper.ZooKeeperBackend",
+        "LOCATION": os.environ["DISTLOCK_ZK_HOSTS"],
+        "OPTIONS": {"ROOT": "/distlock-shop"},
+        "TIMEOUT": 10,
+    }
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
