@@ -7,9 +7,6 @@ no two intervals may overlap.
 
 from __future__ import annotations
 
-import contextlib
-import itertools
-import multiprocessing
 import os
 import random
 import signal
@@ -30,65 +27,23 @@ from .conftest import (
     needs_pg,
     require_pg,
 )
+from .histories import FORK, fork_ready, history, overlaps
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
 ALIASES = SQLITE_ALIASES + PG_ALIASES
-FORK = multiprocessing.get_context("fork")
-
-
-def _fork_ready() -> None:
-    """Leave nothing a child could share with the parent."""
-    connections.close_all()
-    locks.close_all()
-
-
-def _worker(alias: str | None, name: str, rounds: int, start: Any, out: Any) -> None:
-    start.wait()
-    backend = locks[alias] if alias else None
-    held = []
-    for _ in range(rounds):
-        with backend.lock(name, ttl=30, timeout=60) if backend else contextlib.nullcontext():
-            began = time.monotonic_ns()
-            time.sleep(0.002)
-            held.append((began, time.monotonic_ns(), os.getpid()))
-    out.put(held)
-    locks.close_all()
-    connections.close_all()
-
-
-def _history(alias: str | None, name: str, workers: int, rounds: int) -> list[tuple[int, ...]]:
-    _fork_ready()
-    start, out = FORK.Event(), FORK.Queue()
-    args = (alias, name, rounds, start, out)
-    procs = [FORK.Process(target=_worker, args=args) for _ in range(workers)]
-    for proc in procs:
-        proc.start()
-    start.set()
-    history = [interval for _ in procs for interval in out.get(timeout=120)]
-    for proc in procs:
-        proc.join(30)
-        assert proc.exitcode == 0
-    history.sort()
-    assert len(history) == workers * rounds
-    return history
-
-
-def _overlaps(history: list[tuple[int, ...]]) -> list[tuple[tuple[int, ...], ...]]:
-    return [(a, b) for a, b in itertools.pairwise(history) if b[0] < a[1]]
-
 
 def test_the_overlap_check_sees_unlocked_workers(unique) -> None:
-    assert _overlaps(_history(None, unique(), workers=4, rounds=10)) != []
+    assert overlaps(history(None, unique(), workers=4, rounds=10)) != []
 
 
 @pytest.mark.parametrize("alias", ALIASES)
 def test_no_two_holders_overlap(alias: str, unique) -> None:
     if needs_pg(alias):
         require_pg()
-    history = _history(alias, unique("exclusion"), workers=5, rounds=12)
-    pids = {pid for _, _, pid in history}
+    found = history(alias, unique("exclusion"), workers=5, rounds=12)
+    pids = {pid for _, _, pid in found}
     assert len(pids) == 5  # every process served
-    assert _overlaps(history) == []
+    assert overlaps(found) == []
 
 
 def _hold_forever(alias: str, name: str, ready: Any) -> None:
@@ -103,7 +58,7 @@ def test_sigkilled_holder_frees_the_lock(alias: str, unique) -> None:
     if needs_pg(alias):
         require_pg()
     name = unique("crash")
-    _fork_ready()
+    fork_ready()
     ready = FORK.Event()
     proc = FORK.Process(target=_hold_forever, args=(alias, name, ready))
     proc.start()
@@ -135,7 +90,7 @@ def test_sigkilled_waiter_is_not_handed_the_lock(unique) -> None:
     backend = locks["pg-lease"]
     holder = backend.lock(unique("waiter-crash"), ttl=30)
     assert holder.acquire()
-    _fork_ready()
+    fork_ready()
     proc = FORK.Process(target=_wait_for, args=("pg-lease", holder.name))
     proc.start()
     cursor = backend.sessions.get().cursor
@@ -167,7 +122,7 @@ def test_dead_head_and_dead_holder_free_the_name_at_the_holders_expiry(unique) -
     head's reservation would have (it waited the holder's TTL plus the head's)."""
     require_pg()
     backend, name = locks["pg-lease"], unique("dead-head")
-    _fork_ready()
+    fork_ready()
     ready = FORK.Event()
     holder = FORK.Process(target=_hold_for, args=("pg-lease", name, 3.0, ready))
     holder.start()
@@ -217,7 +172,7 @@ def test_waits_timing_out_leave_no_head_behind(unique) -> None:
     times out), which would stall every other waiter and serve one process only."""
     require_pg()
     name = unique("short-waits")
-    _fork_ready()
+    fork_ready()
     out = FORK.Queue()
     procs = [
         FORK.Process(target=_short_waits, args=("pg-lease", name, 4.0, out)) for _ in range(5)
