@@ -1,5 +1,6 @@
 """Distributed locks for Django, with the backend chosen in settings."""
 
+from .context import holder_context
 from .decorators import distlock, lock
 from .handle import Lock, SelfDeadlock
 from .handler import DEFAULT_LOCK_ALIAS, locks
@@ -15,6 +16,7 @@ __all__ = [
     "LockPage",
     "SelfDeadlock",
     "distlock",
+    "holder_context",
     "lock",
     "locks",
 ]

@@ -16,7 +16,9 @@ from .models import LockEvent
 class LockEventAdmin(admin.ModelAdmin):
     """The audit trail (read-only), and the URLs of the held-locks pages."""
 
-    list_display = ["at", "kind", "alias", "name", "fencing_token", "owner", "host", "actor"]
+    list_display = [
+        "at", "kind", "alias", "name", "fencing_token", "owner", "host", "context", "actor",
+    ]
     list_filter = ["kind", "alias"]
     search_fields = ["name"]
     date_hierarchy = "at"

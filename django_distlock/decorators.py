@@ -10,6 +10,7 @@ import string
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar, cast
 
+from .context import describer, holder_context
 from .exceptions import LockLost, LockNotAcquired
 from .handle import Lock
 from .handler import DEFAULT_LOCK_ALIAS, locks
@@ -137,6 +138,7 @@ def distlock(
             raise ValueError(f"{where}: a list of names takes exclusive locks only (kind).")
         _check_policy(where, "on_lost", on_lost, ("raise", "log"))
         name_of = _key_function(key, func, where)
+        describe = describer(func)
         raise_lost = on_lost == "raise"
         call_lost = None if isinstance(on_lost, str) else on_lost
 
@@ -156,7 +158,8 @@ def distlock(
                     blocking=blocking, auto_renew=auto_renew, max_hold=max_hold,
                 )
                 try:
-                    await held.__aenter__()
+                    with holder_context(describe(args)):
+                        await held.__aenter__()
                 except LockNotAcquired as exc:
                     result = failed(exc, args, kwargs)
                     return await result if inspect.isawaitable(result) else result
@@ -187,7 +190,8 @@ def distlock(
                     blocking=blocking, auto_renew=auto_renew, max_hold=max_hold,
                 )
                 try:
-                    held.__enter__()
+                    with holder_context(describe(args)):
+                        held.__enter__()
                 except LockNotAcquired as exc:
                     return failed(exc, args, kwargs)
                 try:

@@ -14,8 +14,17 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from . import renewal, signals
+from .context import current_context
 from .exceptions import DistLockError, LockLost, LockNotAcquired, LockNotHeld, LockTimeout
-from .values import DEFAULT, Grant, _Default, short_owner, validate_timeout, validate_ttl
+from .values import (
+    DEFAULT,
+    Grant,
+    _Default,
+    join_holder,
+    short_owner,
+    validate_timeout,
+    validate_ttl,
+)
 
 if TYPE_CHECKING:
     from .backends.base import Acquisition, BaseLockBackend
@@ -116,6 +125,10 @@ class Lock:
         self.host = _HOST
         self.pid: int | None = None
         self.thread = ""
+        #: What the holder is doing (request path, task name; see ``context.py``), or "".
+        self.context = ""
+        #: The thread label and the context as backends store them (``join_holder``).
+        self.holder_field = ""
         self._mutex = threading.Lock()
         self._acquisition: Acquisition | None = None
         self._token: str | None = None
@@ -364,6 +377,8 @@ class Lock:
         if self._token is None:
             self.pid = os.getpid()
             self.thread = holder_label()
+            self.context = current_context()
+            self.holder_field = join_holder(self.thread, self.context)
         self._started = time.monotonic()
         deadline = None if timeout is None or not blocking else self._started + timeout
         return blocking, deadline

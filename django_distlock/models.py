@@ -76,6 +76,8 @@ class LockEvent(models.Model):
     host = models.CharField(max_length=255, blank=True, default="")
     pid = models.IntegerField(null=True, blank=True)
     thread = models.CharField(max_length=255, blank=True, default="")
+    #: What the holder was doing: the request path or task name (``context.py``).
+    context = models.CharField(max_length=255, blank=True, default="")
     #: Seconds waited before the grant (acquired, failed).
     waited = models.FloatField(null=True, blank=True)
     #: Seconds the lock was held (released, lost, force-released when known).

@@ -11,6 +11,7 @@ from datetime import datetime
 from types import TracebackType
 from typing import Final
 
+from .context import SEPARATOR, clean
 from .names import validate_name
 
 #: ``sys.exc_info()``-shaped: the exception leaving a ``with`` block, or Nones.
@@ -106,9 +107,26 @@ class Miss:
     retry_after: float | None = None
 
 
+#: Longest stored holder field (thread label, separator, context): the database column's.
+MAX_HOLDER = 255
+
+
+def join_holder(thread: str, context: str) -> str:
+    """The holder field a backend stores: the thread label, then the context (see
+    :mod:`django_distlock.context`) after a separator neither can hold."""
+    thread = clean(thread, 100)
+    if not context:
+        return thread
+    return f"{thread}{SEPARATOR}{clean(context, MAX_HOLDER - len(thread) - 1)}"
+
+
 @dataclass(frozen=True, slots=True)
 class LockInfo:
-    """One lock held right now, as listed by ``held_locks()``."""
+    """One lock held right now, as listed by ``held_locks()``.
+
+    Backends pass the stored holder field as ``thread``; it is split into ``thread``
+    and ``context`` here.
+    """
 
     alias: str
     #: The lock's name as given to ``lock()``; a name too long to store whole is shown
@@ -127,6 +145,15 @@ class LockInfo:
     #: ``"exclusive"``, or ``"read"``/``"write"`` for read-write locks (read: one of the
     #: readers that hold it is shown).
     kind: str = "exclusive"
+    #: What the holder was doing: the request path or task name ``@distlock`` (or
+    #: ``holder_context()``) recorded, or "".
+    context: str = ""
+
+    def __post_init__(self) -> None:
+        if SEPARATOR in self.thread:
+            thread, _, context = self.thread.partition(SEPARATOR)
+            object.__setattr__(self, "thread", thread)
+            object.__setattr__(self, "context", self.context or context)
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,16 +7,19 @@ list and must say so.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
+from io import StringIO
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import Permission, User
+from django.core.management import call_command
 from django.test import Client, override_settings
 from django.urls import reverse
 
-from django_distlock import locks
+from django_distlock import holder_context, locks
 from django_distlock.dashboard import listing, views
 from django_distlock.dashboard.release import NOT_FREED
 from django_distlock.handle import Lock
@@ -197,6 +200,30 @@ def test_detail_page(boss: Client, held: dict[str, Lock]) -> None:
     assert f"<td>{handle.fencing_token}</td>" in text and "Force release" in text
     text = boss.get(reverse(DETAIL), {"alias": "default", "name": "free"}).content.decode()
     assert 'id="distlock-not-held"' in text
+
+
+def test_the_holders_context_is_shown_escaped(boss: Client) -> None:
+    """The request path or task name ``@distlock`` stored is on the list and detail pages,
+    escaped like any text from a URL."""
+    handle = locks["default"].lock("dash:ctx", ttl=60)
+    with holder_context("GET /orders/<b>7</b>/pay"):
+        handle.acquire()
+    try:
+        shown = "GET /orders/&lt;b&gt;7&lt;/b&gt;/pay"
+        listed = boss.get(reverse(LIST), {"alias": "default", "q": "dash:ctx"}).content.decode()
+        assert f'<span class="distlock-context">{shown}</span>' in listed
+        detail = boss.get(reverse(DETAIL), {"alias": "default", "name": "dash:ctx"})
+        assert f'<td class="distlock-context">{shown}</td>' in detail.content.decode()
+        found = json.loads(call("list", "--prefix", "dash:ctx", "--json"))
+        assert [i["context"] for i in found["locks"]] == ["GET /orders/<b>7</b>/pay"]
+    finally:
+        handle.release()
+
+
+def call(*args: str) -> str:
+    out = StringIO()
+    call_command("distlock", *args, stdout=out, stderr=StringIO())
+    return out.getvalue()
 
 
 def confirm(client: Client, alias: str, name: str) -> dict[str, str]:

@@ -82,7 +82,7 @@ class LocMemAcquisition(Acquisition):
             now = datetime.now(UTC)
             store.held[lock.key] = _Held(
                 self.token, fencing, now, time.monotonic() + lock.ttl,
-                lock.host, lock.pid, lock.thread,
+                lock.host, lock.pid, lock.holder_field,
             )
         return Grant(fencing, now, now + timedelta(seconds=lock.ttl))
 

@@ -129,7 +129,7 @@ def _receiver(kind: str) -> Any:
         }
         if handle is not None:
             row.update(owner=handle.owner_id or "", host=handle.host, pid=handle.pid)
-            row["thread"] = handle.thread
+            row.update(thread=handle.thread, context=handle.context)
             if kind in (LockEvent.RELEASED, LockEvent.LOST):
                 row["held"] = handle.held_for
         recorder.add(row)

@@ -35,6 +35,7 @@ def release_audited(name: str, info: LockInfo, actor: str, reason: str) -> bool:
         host=info.host,
         pid=info.pid,
         thread=info.thread,
+        context=info.context,
         held=held,
         actor=actor,
         reason=reason if freed else f"{NOT_FREED} {reason}",

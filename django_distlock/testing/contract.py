@@ -26,6 +26,7 @@ from django.db import connections
 
 from .. import signals
 from ..backends.base import BaseLockBackend
+from ..context import holder_context
 from ..exceptions import (
     DistLockError,
     InvalidLockName,
@@ -285,6 +286,36 @@ class LockContract:
             for handle in reversed([*handles, other]):
                 handle.release()
         assert list(backend.held_locks(prefix=base + "/")) == []
+
+    def test_listing_shows_what_the_holder_is_doing(self, backend, unique) -> None:
+        """The context ``@distlock`` or ``holder_context()`` sets is stored with the holder
+        and listed apart from the thread; hostile text (control characters, the
+        separator, 5,000 characters from a URL) is cleaned and cut, never breaking it."""
+        if not backend.supports_listing:
+            return
+        base = unique("ctx")
+        plain, busy, hostile = (backend.lock(f"{base}/{i}") for i in range(3))
+        plain.acquire()
+        with holder_context("GET /orders/7/pay"):
+            busy.acquire()
+        with holder_context("GET /x\x1f\n\x00/" + "é" * 5000):
+            hostile.acquire()
+        try:
+            infos = list(backend.held_locks(prefix=base + "/"))
+        finally:
+            for handle in (hostile, busy, plain):
+                handle.release()
+        assert len(infos) == 3
+        if not infos[0].host:  # a backend that cannot tell who holds (transaction mode)
+            assert {info.context for info in infos} == {""}
+            return
+        assert [info.context for info in infos[:2]] == ["", "GET /orders/7/pay"]
+        assert {info.thread for info in infos} == {plain.thread}
+        context = infos[2].context
+        assert context.startswith("GET /x???/éé") and context.endswith("…")
+        assert len(plain.thread) + 1 + len(context) <= 255 and context == hostile.context[
+            : len(context) - 1
+        ] + "…"
 
     def test_held_locks_validates_arguments(self, backend) -> None:
         with pytest.raises(ValueError):

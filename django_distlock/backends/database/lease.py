@@ -98,7 +98,7 @@ class SqliteLeaseAcquisition(Acquisition):
     def attempt(self) -> Grant | Miss:
         lock, dialect = self.lock, self.backend.dialect
         ttl = sqlite_ttl(lock.ttl)
-        params = [lock.key, self.token, ttl, lock.host, lock.pid, lock.thread]
+        params = [lock.key, self.token, ttl, lock.host, lock.pid, lock.holder_field]
         assert dialect.retry_after is not None  # SQLite's
         try:
             with connections[self.backend.database].cursor() as cursor:
@@ -307,7 +307,7 @@ class PgLeaseAcquisition(Acquisition):
         if self.queued or (self.blocking and session.contended(lock.key)):
             return Miss()  # known contended: the wait queues (and grants if free)
         params = pg_acquire_params(lock.key, self.token, lock.ttl, lock.host, lock.pid,
-                                       lock.thread)
+                                       lock.holder_field)
         try:
             with session.mutex, self._watched(session):
                 row = session.execute(POSTGRESQL.acquire, params).fetchone()
@@ -327,7 +327,7 @@ class PgLeaseAcquisition(Acquisition):
         lock = self.lock
         self.queued = True
         session.note_contended(lock.key)
-        params = [lock.key, self.token, lock.ttl, lock.host, lock.pid, lock.thread,
+        params = [lock.key, self.token, lock.ttl, lock.host, lock.pid, lock.holder_field,
                   server_wait(self.deadline)]
         try:
             with session.mutex, self._watched(session):

@@ -279,7 +279,7 @@ class PgTxAcquisition(_TxAcquisition):
 
     def _grant_row(self, cursor: Any) -> tuple[int, Any] | None:
         lock = self.lock
-        cursor.execute(POSTGRESQL.tx_grant, [lock.host, lock.pid, lock.thread, lock.key])
+        cursor.execute(POSTGRESQL.tx_grant, [lock.host, lock.pid, lock.holder_field, lock.key])
         row: tuple[int, Any] | None = cursor.fetchone()
         return row
 
@@ -313,7 +313,7 @@ class SqliteTxAcquisition(_TxAcquisition):
                             return None
                         raise self.backend.unavailable(exc, "opening the transaction") from exc
                     try:
-                        params = [lock.host, lock.pid, lock.thread, lock.key]
+                        params = [lock.host, lock.pid, lock.holder_field, lock.key]
                         cursor.execute(SQLITE.tx_grant, params)
                         row = cursor.fetchone()
                         if row is None:  # first use of the name; the write lock is ours

@@ -98,7 +98,8 @@ class RedisAcquisition(Acquisition):
             flags += "j"
         if self._queued:
             flags += "q"
-        return (self.token, self._ttl_ms, f"{lock.host} {lock.pid} {lock.thread}", flags, signal)
+        holder = f"{lock.host} {lock.pid} {lock.holder_field}"
+        return (self.token, self._ttl_ms, holder, flags, signal)
 
     def _result(self, reply: Any, granted_after: float = 0.0) -> Grant | Miss:
         if reply[0] == 1:

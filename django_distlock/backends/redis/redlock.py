@@ -252,7 +252,7 @@ class RedlockAcquisition(Acquisition):
     def attempt(self) -> Grant | Miss:
         lock, calls = self.lock, self.calls
         ttl_ms = max(int(lock.ttl * 1000), 1)
-        args = (self.token, ttl_ms, f"{lock.host} {lock.pid} {lock.thread}", "", "")
+        args = (self.token, ttl_ms, f"{lock.host} {lock.pid} {lock.holder_field}", "", "")
         started = time.monotonic()
         try:
             replies = self.backend.call_all(calls.acquire, args)

@@ -41,7 +41,8 @@ CREATE_TRIES = 5
 
 def holder_data(token: str, lock: Lock) -> bytes:
     """The holder identity stored in a contender node (listings show it)."""
-    return f"1 {lock.kind} {short_owner(token)} {lock.pid or ''} {lock.host} {lock.thread}".encode()
+    owner, pid = short_owner(token), lock.pid or ""
+    return f"1 {lock.kind} {owner} {pid} {lock.host} {lock.holder_field}".encode()
 
 
 class ThreadHops(Acquisition):

@@ -31,6 +31,7 @@ def _as_dict(info: LockInfo) -> dict[str, Any]:
         "host": info.host,
         "pid": info.pid,
         "thread": info.thread,
+        "context": info.context,
         "waiters": info.waiters,
     }
 
@@ -94,7 +95,7 @@ class Command(BaseCommand):
             for info in rows:
                 self.stdout.write(
                     f"{info.alias}\t{info.name}\t{info.host} pid {info.pid} {info.thread}\t"
-                    f"token {info.fencing_token}\texpires {info.expires_at}"
+                    f"{info.context or '-'}\ttoken {info.fencing_token}\texpires {info.expires_at}"
                 )
         for failed, why in errors.items():
             self.stderr.write(f"{failed}: {why}")

@@ -1,0 +1,79 @@
+"""What a holder is doing: the request path or task name stored with its locks.
+
+``@distlock`` sets it while it acquires (``"GET /orders/7/pay"`` for a view, the
+task's name otherwise); ``holder_context("nightly import")`` sets it for any
+``with lock(...)`` inside. The admin's held-locks page and ``manage.py distlock
+list`` show it beside host, pid and thread.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any
+
+#: Longest context stored (the database backend's holder column holds 255 characters).
+MAX_CONTEXT = 200
+#: Separates the thread label from the context in a backend's stored holder field.
+SEPARATOR = "\x1f"
+
+_current: ContextVar[str] = ContextVar("django_distlock_holder_context", default="")
+
+
+def clean(text: str, limit: int) -> str:
+    """``text`` with control characters (the separator among them) as ``?``, cut to
+    ``limit`` characters (an ellipsis marks the cut)."""
+    if not text.isprintable():
+        text = "".join(char if char.isprintable() else "?" for char in text)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+@contextmanager
+def holder_context(text: str) -> Iterator[None]:
+    """Within: the locks this thread or task acquires are stored with ``text``
+    (listings show it as the holder's context); restored on exit.
+
+    :raises TypeError: for a ``text`` that is not a str.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"holder_context() takes a str, not {type(text).__name__}.")
+    token = _current.set(clean(text, MAX_CONTEXT))
+    try:
+        yield
+    finally:
+        _current.reset(token)
+
+
+def current_context() -> str:
+    """The context of this thread or task ("" when none is set)."""
+    return _current.get()
+
+
+def describer(func: Callable[..., Any]) -> Callable[[tuple[Any, ...]], str]:
+    """Return ``args -> context`` of a ``@distlock`` call: ``"<METHOD> <path>"`` when a
+    request is among the first two positional arguments (functions and methods), else
+    the running Celery task's name, else ``module.qualname`` of ``func`` (Celery's
+    default task name)."""
+    name = f"{func.__module__}.{getattr(func, '__qualname__', func.__name__)}"
+
+    def describe(args: tuple[Any, ...]) -> str:
+        for arg in args[:2]:
+            method, path = getattr(arg, "method", None), getattr(arg, "path", None)
+            if isinstance(method, str) and isinstance(path, str) and hasattr(arg, "META"):
+                return f"{method} {path}"
+        return _celery_task() or name
+
+    return describe
+
+
+def _celery_task() -> str | None:
+    celery = sys.modules.get("celery")
+    if celery is None:
+        return None
+    try:
+        task = celery.current_task
+        return task.name if task else None
+    except Exception:
+        return None
