@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from typing import Any
 
 #: Longest context stored (the database backend's holder column holds 255 characters).
@@ -46,6 +46,16 @@ def holder_context(text: str) -> Iterator[None]:
         _current.reset(token)
 
 
+def enter(text: str) -> Token[str]:
+    """Set ``text`` (already clean) as the context; pass the token to :func:`leave`."""
+    return _current.set(text)
+
+
+def leave(token: Token[str]) -> None:
+    """Restore the context :func:`enter` replaced."""
+    _current.reset(token)
+
+
 def current_context() -> str:
     """The context of this thread or task ("" when none is set)."""
     return _current.get()
@@ -56,13 +66,14 @@ def describer(func: Callable[..., Any]) -> Callable[[tuple[Any, ...]], str]:
     request is among the first two positional arguments (functions and methods), else
     the running Celery task's name, else ``module.qualname`` of ``func`` (Celery's
     default task name)."""
-    name = f"{func.__module__}.{getattr(func, '__qualname__', func.__name__)}"
+    name = clean(f"{func.__module__}.{getattr(func, '__qualname__', func.__name__)}", MAX_CONTEXT)
 
     def describe(args: tuple[Any, ...]) -> str:
         for arg in args[:2]:
-            method, path = getattr(arg, "method", None), getattr(arg, "path", None)
-            if isinstance(method, str) and isinstance(path, str) and hasattr(arg, "META"):
-                return f"{method} {path}"
+            if hasattr(arg, "META"):
+                method, path = getattr(arg, "method", None), getattr(arg, "path", None)
+                if isinstance(method, str) and isinstance(path, str):
+                    return clean(f"{method} {path}", MAX_CONTEXT)
         return _celery_task() or name
 
     return describe
@@ -74,6 +85,6 @@ def _celery_task() -> str | None:
         return None
     try:
         task = celery.current_task
-        return task.name if task else None
+        return clean(task.name, MAX_CONTEXT) if task else None
     except Exception:
         return None

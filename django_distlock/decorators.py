@@ -10,7 +10,7 @@ import string
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar, cast
 
-from .context import describer, holder_context
+from .context import describer, enter, leave
 from .exceptions import LockLost, LockNotAcquired
 from .handle import Lock
 from .handler import DEFAULT_LOCK_ALIAS, locks
@@ -157,12 +157,14 @@ def distlock(
                     using, kind, limit, name_of(args, kwargs), ttl=ttl, timeout=timeout,
                     blocking=blocking, auto_renew=auto_renew, max_hold=max_hold,
                 )
+                context = enter(describe(args))
                 try:
-                    with holder_context(describe(args)):
-                        await held.__aenter__()
+                    await held.__aenter__()
                 except LockNotAcquired as exc:
                     result = failed(exc, args, kwargs)
                     return await result if inspect.isawaitable(result) else result
+                finally:
+                    leave(context)
                 try:
                     result = await func(*args, **kwargs)
                 except BaseException as exc:
@@ -189,11 +191,13 @@ def distlock(
                     using, kind, limit, name_of(args, kwargs), ttl=ttl, timeout=timeout,
                     blocking=blocking, auto_renew=auto_renew, max_hold=max_hold,
                 )
+                context = enter(describe(args))
                 try:
-                    with holder_context(describe(args)):
-                        held.__enter__()
+                    held.__enter__()
                 except LockNotAcquired as exc:
                     return failed(exc, args, kwargs)
+                finally:
+                    leave(context)
                 try:
                     result = func(*args, **kwargs)
                 except BaseException as exc:
