@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -111,6 +112,54 @@ def test_one_watch_event_per_release(zk, unique) -> None:
         thread.join(30)
     assert order == [0, 1, 2, 3, 4]  # first come, first served
     assert zk.client.watch_events - before == 5
+
+
+def test_the_next_waiter_is_granted_by_the_delete_event(zk, unique, monkeypatch) -> None:
+    """A waiter with only the holder ahead takes the lock when the holder's node goes,
+    without listing the contenders again (later contenders queue behind it)."""
+    name = unique()
+    holder = zk.lock(name)
+    holder.acquire()
+    kazoo = zk.client.get()
+    sent: list[str] = []
+    real = kazoo._call
+    monkeypatch.setattr(kazoo, "_call", lambda req, res: sent.append(type(req).__name__)
+                        or real(req, res))
+    got = threading.Event()
+
+    def wait() -> None:
+        with zk.lock(name, timeout=30):
+            got.set()
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    assert eventually(lambda: sent == ["Create2", "GetChildren", "Exists"])
+    holder.release()
+    waiter.join(30)
+    assert got.is_set()
+    assert sent == ["Create2", "GetChildren", "Exists", "Delete", "Delete"]
+
+
+@pytest.mark.parametrize("kind", ["lock", "read_lock"])
+def test_a_waiter_is_not_granted_when_a_waiter_ahead_gives_up(zk, unique, kind) -> None:
+    """holder, writer W waiting, then X waiting for W: W's timeout deletes W's node (X's
+    watch fires) while the holder still holds: X waits on (it is not next)."""
+    name = unique()
+    holder = zk.lock(name)
+    holder.acquire()
+    later = getattr(zk, kind)(name, timeout=30)
+    with ThreadPoolExecutor(2) as pool:
+        gave_up = pool.submit(lambda: zk.lock(name, timeout=1.5).acquire())
+        assert eventually(lambda: len(_children(zk, name)) == 2)
+        got = pool.submit(later.acquire)
+        assert eventually(lambda: len(_children(zk, name)) == 3)
+        assert gave_up.result(10) is False
+        assert eventually(lambda: len(_children(zk, name)) == 2)
+        time.sleep(0.2)
+        assert not later.held
+        holder.release()
+        assert got.result(10) is True
+    later.release()
 
 
 # -- fencing, parents, names ------------------------------------------------------

@@ -86,13 +86,21 @@ class SemaphoreAcquisition(ThreadHops):
             loop, event = self._async_changed
             loop.call_soon_threadsafe(event.set)
 
+    def _through_gate(self, gate: Grant | None) -> None:
+        """After waiting for the gate: when its wait granted it, hold it (the next
+        attempt counts the leases); never the semaphore's grant itself."""
+        if gate is not None:
+            self._gate_held = True
+            self.client.watchers.add(self)
+
     def session_changed(self, state: str) -> None:
         if state == KazooState.LOST:
             self._wake()
 
     def wait(self, miss: Miss) -> Grant | None:
         if not self._gate_held:
-            return self.gate.wait(miss)
+            self._through_gate(self.gate.wait(miss))
+            return None
         self._changed.wait(remaining(self.deadline))
         return None
 
@@ -116,7 +124,8 @@ class SemaphoreAcquisition(ThreadHops):
 
     async def async_wait(self, miss: Miss) -> Grant | None:
         if not self._gate_held:
-            return await self.gate.async_wait(miss)
+            self._through_gate(await self.gate.async_wait(miss))
+            return None
         loop = asyncio.get_running_loop()
         event = asyncio.Event()
         self._async_changed = (loop, event)
