@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.core import checks
 from django.test import override_settings
 from kazoo.client import KazooClient, KazooState
@@ -24,6 +25,7 @@ from django_distlock.exceptions import (
     BackendUnavailable,
     InvalidBackendOptions,
     LockLost,
+    SemaphoreLimitMismatch,
     TooManyLocks,
     UnsupportedOperation,
 )
@@ -611,6 +613,71 @@ def test_semaphore_at_its_limit(zk, unique) -> None:
     held[0].release()
     assert _try(lambda: zk.semaphore(name, 2))
     held[1].release()
+
+
+def _another(zk: ZooKeeperBackend, alias: str) -> ZooKeeperBackend:
+    """Another client (a session of its own) of the same locks as ``zk``."""
+    return ZooKeeperBackend(alias, settings.DISTLOCK[zk.alias])
+
+
+def test_a_semaphore_limit_is_stored_on_the_server(zk, unique) -> None:
+    """The first use stores the limit in the semaphore's node; a client passing another
+    limit is refused before it takes a lease (it would over-admit), the same one works."""
+    name = unique("sem")
+    other = _another(zk, "other")
+    try:
+        with zk.semaphore(name, 2):
+            parent = zk.parent_of(zk.make_key(name))
+            assert zk.client.get().get(parent)[0] == b"2"
+            before = _children(zk, name)
+            with pytest.raises(SemaphoreLimitMismatch, match=r"is 2; this client gave 1") as exc:
+                other.semaphore(name, 1).acquire(blocking=False)
+            assert (exc.value.stored, exc.value.given) == (2, 1)
+            with pytest.raises(SemaphoreLimitMismatch):
+                other.semaphore(name, 3, timeout=5).acquire()
+            assert _children(zk, name) == before  # no lease taken
+            assert zk.client.get().get_children(f"{parent}/__gate__") == []
+            assert _try(lambda: other.semaphore(name, 2))
+    finally:
+        other.close()
+
+
+def test_clients_first_using_a_semaphore_at_once_store_one_limit(zk, unique) -> None:
+    """Two clients creating the semaphore together: one limit is stored, the other
+    client compares against it."""
+    name = unique("sem")
+    backends = [_another(zk, f"b{index}") for index in range(4)]
+    parent = zk.parent_of(zk.make_key(name))
+    outcomes: dict[int, bytes | None] = {}  # the stored limit a holder saw; None: refused
+    start = threading.Barrier(len(backends))
+
+    def use(index: int) -> None:
+        backend = backends[index]
+        start.wait()
+        try:
+            with backend.semaphore(name, 1 + index % 2, timeout=10):
+                outcomes[index] = backend.client.get().get(parent)[0]
+        except SemaphoreLimitMismatch:
+            outcomes[index] = None
+
+    try:
+        for backend in backends:
+            backend.client.get()
+        threads = [threading.Thread(target=use, args=(i,)) for i in range(len(backends))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        assert len(outcomes) == len(backends)
+        stored = {limit for limit in outcomes.values() if limit is not None}
+        assert len(stored) == 1  # one limit won, and every holder saw it
+        limit = int(stored.pop())
+        assert {i for i, seen in outcomes.items() if seen is not None} == {
+            i for i in range(len(backends)) if 1 + i % 2 == limit
+        }
+    finally:
+        for backend in backends:
+            backend.close()
 
 
 def test_semaphore_arguments() -> None:
