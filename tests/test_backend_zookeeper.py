@@ -642,6 +642,28 @@ def test_a_semaphore_limit_is_stored_on_the_server(zk, unique) -> None:
         other.close()
 
 
+def test_the_gate_holder_checks_the_limit_again_when_the_node_changed(zk, unique) -> None:
+    """A waiter at the limit holds the gate; the node's data changing meanwhile (as when
+    the container is reaped and re-created by a client with another limit) is seen in
+    its listing, and it is refused instead of taking a lease."""
+    name = unique("sem")
+    parent = zk.parent_of(zk.make_key(name))
+    kazoo = zk.client.get()
+    holder = zk.semaphore(name, 1)
+    holder.acquire()
+    waiter = zk.semaphore(name, 1, timeout=20)
+    with ThreadPoolExecutor(1) as pool:
+        outcome = pool.submit(waiter.acquire)
+        assert eventually(lambda: len(kazoo.get_children(f"{parent}/__gate__")) == 1)
+        kazoo.set(parent, b"3")
+        holder.release()
+        with pytest.raises(SemaphoreLimitMismatch, match="is 3; this client gave 1"):
+            outcome.result(20)
+    assert not waiter.held
+    assert [c for c in kazoo.get_children(parent) if "__lease__" in c] == []
+    assert kazoo.get_children(f"{parent}/__gate__") == []
+
+
 def test_clients_first_using_a_semaphore_at_once_store_one_limit(zk, unique) -> None:
     """Two clients creating the semaphore together: one limit is stored, the other
     client compares against it."""
