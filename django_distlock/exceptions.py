@@ -24,6 +24,7 @@ __all__ = [
     "LockNotAcquired",
     "LockNotHeld",
     "LockTimeout",
+    "SemaphoreLimitMismatch",
     "StaleFencingToken",
     "UnsupportedOperation",
     "VersionConflict",
@@ -74,6 +75,20 @@ class UnsupportedOperation(DistLockError):
 
 class InvalidLockName(DistLockError, ValueError):
     """A lock name is not a string, is empty, or holds control characters or lone surrogates."""
+
+
+class SemaphoreLimitMismatch(DistLockError, ValueError):
+    """The semaphore's stored limit and the one given differ (nothing was taken).
+
+    The first use of a semaphore stores its ``limit`` on the server; a client
+    passing another limit would admit more (or fewer) holders than the others.
+    :attr:`stored` and :attr:`given` are the two limits.
+    """
+
+    def __init__(self, message: str, *, stored: int | None = None, given: int | None = None):
+        super().__init__(message)
+        self.stored = stored
+        self.given = given
 
 
 class VersionConflict(DistLockError, DatabaseError):

@@ -7,9 +7,11 @@ from __future__ import annotations
 import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.core import checks
 from django.test import override_settings
 from kazoo.client import KazooClient, KazooState
@@ -23,6 +25,7 @@ from django_distlock.exceptions import (
     BackendUnavailable,
     InvalidBackendOptions,
     LockLost,
+    SemaphoreLimitMismatch,
     TooManyLocks,
     UnsupportedOperation,
 )
@@ -111,6 +114,54 @@ def test_one_watch_event_per_release(zk, unique) -> None:
         thread.join(30)
     assert order == [0, 1, 2, 3, 4]  # first come, first served
     assert zk.client.watch_events - before == 5
+
+
+def test_the_next_waiter_is_granted_by_the_delete_event(zk, unique, monkeypatch) -> None:
+    """A waiter with only the holder ahead takes the lock when the holder's node goes,
+    without listing the contenders again (later contenders queue behind it)."""
+    name = unique()
+    holder = zk.lock(name)
+    holder.acquire()
+    kazoo = zk.client.get()
+    sent: list[str] = []
+    real = kazoo._call
+    monkeypatch.setattr(kazoo, "_call", lambda req, res: sent.append(type(req).__name__)
+                        or real(req, res))
+    got = threading.Event()
+
+    def wait() -> None:
+        with zk.lock(name, timeout=30):
+            got.set()
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    assert eventually(lambda: sent == ["Create2", "GetChildren", "Exists"])
+    holder.release()
+    waiter.join(30)
+    assert got.is_set()
+    assert sent == ["Create2", "GetChildren", "Exists", "Delete", "Delete"]
+
+
+@pytest.mark.parametrize("kind", ["lock", "read_lock"])
+def test_a_waiter_is_not_granted_when_a_waiter_ahead_gives_up(zk, unique, kind) -> None:
+    """holder, writer W waiting, then X waiting for W: W's timeout deletes W's node (X's
+    watch fires) while the holder still holds: X waits on (it is not next)."""
+    name = unique()
+    holder = zk.lock(name)
+    holder.acquire()
+    later = getattr(zk, kind)(name, timeout=30)
+    with ThreadPoolExecutor(2) as pool:
+        gave_up = pool.submit(lambda: zk.lock(name, timeout=1.5).acquire())
+        assert eventually(lambda: len(_children(zk, name)) == 2)
+        got = pool.submit(later.acquire)
+        assert eventually(lambda: len(_children(zk, name)) == 3)
+        assert gave_up.result(10) is False
+        assert eventually(lambda: len(_children(zk, name)) == 2)
+        time.sleep(0.2)
+        assert not later.held
+        holder.release()
+        assert got.result(10) is True
+    later.release()
 
 
 # -- fencing, parents, names ------------------------------------------------------
@@ -562,6 +613,93 @@ def test_semaphore_at_its_limit(zk, unique) -> None:
     held[0].release()
     assert _try(lambda: zk.semaphore(name, 2))
     held[1].release()
+
+
+def _another(zk: ZooKeeperBackend, alias: str) -> ZooKeeperBackend:
+    """Another client (a session of its own) of the same locks as ``zk``."""
+    return ZooKeeperBackend(alias, settings.DISTLOCK[zk.alias])
+
+
+def test_a_semaphore_limit_is_stored_on_the_server(zk, unique) -> None:
+    """The first use stores the limit in the semaphore's node; a client passing another
+    limit is refused before it takes a lease (it would over-admit), the same one works."""
+    name = unique("sem")
+    other = _another(zk, "other")
+    try:
+        with zk.semaphore(name, 2):
+            parent = zk.parent_of(zk.make_key(name))
+            assert zk.client.get().get(parent)[0] == b"2"
+            before = _children(zk, name)
+            with pytest.raises(SemaphoreLimitMismatch, match=r"is 2; this client gave 1") as exc:
+                other.semaphore(name, 1).acquire(blocking=False)
+            assert (exc.value.stored, exc.value.given) == (2, 1)
+            with pytest.raises(SemaphoreLimitMismatch):
+                other.semaphore(name, 3, timeout=5).acquire()
+            assert _children(zk, name) == before  # no lease taken
+            assert zk.client.get().get_children(f"{parent}/__gate__") == []
+            assert _try(lambda: other.semaphore(name, 2))
+    finally:
+        other.close()
+
+
+def test_the_gate_holder_checks_the_limit_again_when_the_node_changed(zk, unique) -> None:
+    """A waiter at the limit holds the gate; the node's data changing meanwhile (as when
+    the container is reaped and re-created by a client with another limit) is seen in
+    its listing, and it is refused instead of taking a lease."""
+    name = unique("sem")
+    parent = zk.parent_of(zk.make_key(name))
+    kazoo = zk.client.get()
+    holder = zk.semaphore(name, 1)
+    holder.acquire()
+    waiter = zk.semaphore(name, 1, timeout=20)
+    with ThreadPoolExecutor(1) as pool:
+        outcome = pool.submit(waiter.acquire)
+        assert eventually(lambda: len(kazoo.get_children(f"{parent}/__gate__")) == 1)
+        kazoo.set(parent, b"3")
+        holder.release()
+        with pytest.raises(SemaphoreLimitMismatch, match="is 3; this client gave 1"):
+            outcome.result(20)
+    assert not waiter.held
+    assert [c for c in kazoo.get_children(parent) if "__lease__" in c] == []
+    assert kazoo.get_children(f"{parent}/__gate__") == []
+
+
+def test_clients_first_using_a_semaphore_at_once_store_one_limit(zk, unique) -> None:
+    """Two clients creating the semaphore together: one limit is stored, the other
+    client compares against it."""
+    name = unique("sem")
+    backends = [_another(zk, f"b{index}") for index in range(4)]
+    parent = zk.parent_of(zk.make_key(name))
+    outcomes: dict[int, bytes | None] = {}  # the stored limit a holder saw; None: refused
+    start = threading.Barrier(len(backends))
+
+    def use(index: int) -> None:
+        backend = backends[index]
+        start.wait()
+        try:
+            with backend.semaphore(name, 1 + index % 2, timeout=10):
+                outcomes[index] = backend.client.get().get(parent)[0]
+        except SemaphoreLimitMismatch:
+            outcomes[index] = None
+
+    try:
+        for backend in backends:
+            backend.client.get()
+        threads = [threading.Thread(target=use, args=(i,)) for i in range(len(backends))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        assert len(outcomes) == len(backends)
+        stored = {limit for limit in outcomes.values() if limit is not None}
+        assert len(stored) == 1  # one limit won, and every holder saw it
+        limit = int(stored.pop())
+        assert {i for i, seen in outcomes.items() if seen is not None} == {
+            i for i in range(len(backends)) if 1 + i % 2 == limit
+        }
+    finally:
+        for backend in backends:
+            backend.close()
 
 
 def test_semaphore_arguments() -> None:

@@ -7,6 +7,11 @@ those with no writer ahead). ``wait()`` watches only the node it waits for (no
 herd: a release wakes one waiter, or the readers right behind a writer). The parent
 path is not re-checked before each create (kazoo's ``Lock`` does): a create that
 finds it gone re-creates it, so an uncontended acquire+release is 3 round trips.
+
+A waiter whose blocker is the only one ahead of it (the usual case: it is next) is
+granted by the watch event of that node's deletion, without listing the contenders
+again (kazoo's ``Lock`` lists them): a contender created later has a higher sequence
+(the parent, holding our node, is not reaped), so nothing can have come ahead of us.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from asgiref.sync import sync_to_async
 from kazoo.client import KazooState
 from kazoo.exceptions import ConnectionLoss, NoNodeError, SessionExpiredError
+from kazoo.protocol.states import EventType
 
 from ...backoff import remaining
 from ...exceptions import BackendUnavailable
@@ -91,6 +97,9 @@ class ZooKeeperAcquisition(ThreadHops):
         self.fencing: int | None = None
         self.session = 0  # the id of the session that owns our node
         self.predecessor: str | None = None
+        #: Whether nothing else is ahead of us once the predecessor is gone.
+        self.next_in_line = False
+        self._gone = False  # the predecessor's deletion was seen (its watch event)
         #: What the node's name says it takes (see :mod:`.paths`).
         self.marker = READ_MARKER if lock.kind == "read" else MARKER
         self.granted = False
@@ -116,15 +125,20 @@ class ZooKeeperAcquisition(ThreadHops):
                 continue
             ahead = blocker(order, self.node)
             if ahead is None:
-                self.granted = True
-                self.lock.unsure = False
-                return Grant(self.fencing, datetime.now(UTC), None)
+                return self._grant()
             self.predecessor = ahead
+            order.remove(ahead)
+            self.next_in_line = blocker(order, self.node) is None
             return Miss(None)
         raise BackendUnavailable(
             f"ZooKeeper kept dropping the contender node of {self.lock.name!r} (session "
             "ending while queued)."
         )
+
+    def _grant(self) -> Grant:
+        self.granted = True
+        self.lock.unsure = False
+        return Grant(self.fencing, datetime.now(UTC), None)
 
     def _create(self) -> None:
         """Create our contender node; after a connection loss, look for it by GUID first."""
@@ -201,19 +215,29 @@ class ZooKeeperAcquisition(ThreadHops):
         the deadline (the handle then attempts again)."""
         self._wake.clear()
         if not self._watch(lambda event: self._wake.set()):
-            return None
+            return self._after_predecessor()
         self._wake.wait(remaining(self.deadline))
-        return None
+        return self._after_predecessor() if self._gone else None
 
     def _watch(self, callback: Any) -> bool:
         """Set a watch on the predecessor; False if it is already gone."""
         path = f"{self.parent}/{self.predecessor}"
+        self._gone = False
 
         def fired(event: Any) -> None:
             self.client.watch_events += 1
+            # Only a deletion: a session's end resets watches with EventType.NONE.
+            self._gone = event.type == EventType.DELETED
             callback(event)
 
         return self.client.call(f"watching {path}", "exists", path, watch=fired) is not None
+
+    def _after_predecessor(self) -> Grant | None:
+        """The predecessor is gone: the grant if nothing else is ahead of us and our node's
+        session is still the connected one, else None (the handle attempts again)."""
+        if self.next_in_line and self.client.connected() and self._same_session():
+            return self._grant()
+        return None
 
     def close(self) -> None:
         """No grant: delete our node, or, when that fails, have it deleted on reconnection
@@ -306,6 +330,6 @@ class ZooKeeperAcquisition(ThreadHops):
         self._async_wake = (loop, event)
         fire = lambda _event: loop.call_soon_threadsafe(event.set)  # noqa: E731
         if not await sync_to_async(self._watch, thread_sensitive=False)(fire):
-            return None
+            return self._after_predecessor()
         await wait_until(event, self.deadline)
-        return None
+        return self._after_predecessor() if self._gone else None

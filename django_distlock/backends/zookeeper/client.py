@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (
+    BadVersionError,
     ConnectionLoss,
     KazooException,
     NoAuthError,
@@ -174,7 +175,8 @@ class Client:
         """The value of an async kazoo call, within ``CONNECT_TIMEOUT`` (or by ``until``,
         a monotonic time, when it comes first).
 
-        :raises NoNodeError, NodeExistsError, NotEmptyError: for the caller to handle.
+        :raises NoNodeError, NodeExistsError, NotEmptyError, BadVersionError: for the
+            caller to handle.
         :raises BackendUnavailable: for any other failure, and a call unanswered in time.
         """
         try:
@@ -182,7 +184,7 @@ class Client:
             if until is not None:
                 timeout = max(min(timeout, until - time.monotonic()), 0.001)
             return result.get(timeout=timeout)
-        except (NoNodeError, NodeExistsError, NotEmptyError):
+        except (NoNodeError, NodeExistsError, NotEmptyError, BadVersionError):
             raise
         except ERRORS as exc:
             raise unavailable(exc, what) from exc

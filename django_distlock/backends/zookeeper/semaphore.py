@@ -5,6 +5,12 @@ are served in arrival order and only one watches the leases: no herd). The gate'
 holder counts the lease nodes; below the limit it creates its own lease (ephemeral
 sequential, named by GUID like a lock's contender) and opens the gate; at the limit
 it keeps the gate and watches the leases until one goes.
+
+The limit is the data of the semaphore's node, stored by its first user (a
+conditional write of the empty data: of clients storing at once one wins, the others
+compare); a client whose limit differs is refused before it queues. The gate's holder
+sees the node's mzxid in its listing: a node re-created meanwhile (a reaped container)
+is checked again before a lease is taken.
 """
 
 from __future__ import annotations
@@ -15,10 +21,12 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from kazoo.client import KazooState
+from kazoo.exceptions import BadVersionError, NoNodeError
 
 from ...backoff import remaining
+from ...exceptions import BackendUnavailable, SemaphoreLimitMismatch
 from ..base import ExcInfo, Grant, Miss
-from .acquisition import ThreadHops, ZooKeeperAcquisition, wait_until
+from .acquisition import CREATE_TRIES, ThreadHops, ZooKeeperAcquisition, wait_until
 from .paths import GATE, LEASE_MARKER
 
 if TYPE_CHECKING:
@@ -47,10 +55,13 @@ class SemaphoreAcquisition(ThreadHops):
         self.lease = ZooKeeperAcquisition(backend, lock, token, blocking, deadline)
         self.lease.marker = LEASE_MARKER
         self._gate_held = False
+        self._checked: int | None = None  # the mzxid of the node whose limit matched ours
         self._changed = threading.Event()
         self._async_changed: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
 
     def attempt(self) -> Grant | Miss:
+        if self._checked is None:
+            self._check_limit()
         if not self._gate_held:
             result = self.gate.attempt()
             if isinstance(result, Miss):
@@ -60,9 +71,12 @@ class SemaphoreAcquisition(ThreadHops):
         # Holding the gate: nobody else adds a lease meanwhile.
         self._changed.clear()
         watch = self._leases_changed if self.blocking else None
-        children = self.client.call(
-            f"listing {self.parent}", "get_children", self.parent, watch=watch
+        children, stat = self.client.call(
+            f"listing {self.parent}", "get_children", self.parent, watch=watch,
+            include_data=True,
         )
+        if stat.mzxid != self._checked:  # re-created (or written) since we read the limit
+            self._check_limit()
         if sum(LEASE_MARKER in child for child in children) >= self.limit:
             return Miss(None)  # keep the gate: we are next when a lease goes
         self.lease._create()
@@ -70,6 +84,44 @@ class SemaphoreAcquisition(ThreadHops):
         self.client.watchers.add(self.lease)
         self._open_gate()
         return Grant(self.lease.fencing, datetime.now(UTC), None)
+
+    def _check_limit(self) -> None:
+        """Store our limit in the semaphore's node if it has none, else compare.
+
+        :raises SemaphoreLimitMismatch: when the stored limit is another one.
+        """
+        given = str(self.limit).encode()
+        for _ in range(CREATE_TRIES):
+            try:
+                stored, stat = self.client.call(
+                    f"reading the limit of {self.parent}", "get", self.parent
+                )
+            except NoNodeError:
+                self.client.create_parent(self.parent)
+                continue
+            if not stored:  # new (or made by a lock of that name): store ours, if first
+                try:
+                    stat = self.client.call(
+                        f"storing the limit of {self.parent}", "set", self.parent, given,
+                        version=stat.version,
+                    )
+                except (BadVersionError, NoNodeError):
+                    continue  # another client stored its limit first: compare with it
+                stored = given
+            if stored != given:
+                text = stored.decode(errors="replace")
+                raise SemaphoreLimitMismatch(
+                    f"The stored limit of the semaphore {self.lock.name!r} is {text}; this "
+                    f"client gave {self.limit}: every client of a semaphore must use "
+                    "the same limit (the stored one goes with the semaphore's node, once no "
+                    "lease or waiter is left).",
+                    stored=int(text) if text.isdigit() else None, given=self.limit,
+                )
+            self._checked = stat.mzxid
+            return
+        raise BackendUnavailable(
+            f"ZooKeeper kept removing the node of the semaphore {self.lock.name!r}."
+        )
 
     def _open_gate(self) -> None:
         self._gate_held = False
@@ -86,13 +138,21 @@ class SemaphoreAcquisition(ThreadHops):
             loop, event = self._async_changed
             loop.call_soon_threadsafe(event.set)
 
+    def _through_gate(self, gate: Grant | None) -> None:
+        """After waiting for the gate: when its wait granted it, hold it (the next
+        attempt counts the leases); never the semaphore's grant itself."""
+        if gate is not None:
+            self._gate_held = True
+            self.client.watchers.add(self)
+
     def session_changed(self, state: str) -> None:
         if state == KazooState.LOST:
             self._wake()
 
     def wait(self, miss: Miss) -> Grant | None:
         if not self._gate_held:
-            return self.gate.wait(miss)
+            self._through_gate(self.gate.wait(miss))
+            return None
         self._changed.wait(remaining(self.deadline))
         return None
 
@@ -116,7 +176,8 @@ class SemaphoreAcquisition(ThreadHops):
 
     async def async_wait(self, miss: Miss) -> Grant | None:
         if not self._gate_held:
-            return await self.gate.async_wait(miss)
+            self._through_gate(await self.gate.async_wait(miss))
+            return None
         loop = asyncio.get_running_loop()
         event = asyncio.Event()
         self._async_changed = (loop, event)
