@@ -12,7 +12,7 @@ from django.core.management import CommandError, call_command
 from django.test import Client, override_settings
 from django.utils import timezone
 
-from django_distlock import locks
+from django_distlock import holder_context, locks
 from django_distlock.models import LockEvent
 
 from .conftest import DATABASES
@@ -58,11 +58,14 @@ def test_bad_arguments_are_command_errors(args: tuple[str, ...]) -> None:
 
 def test_inspect_and_release_with_audit(monkeypatch: pytest.MonkeyPatch) -> None:
     handle = locks["default"].lock("cmd:x", ttl=60)
-    handle.acquire()
+    with holder_context("GET /orders/7/pay"):
+        handle.acquire()
     assert json.loads(run("inspect", "default", "cmd:x", "--json"))["owner"] == handle.owner_id
-    monkeypatch.setattr("builtins.input", lambda prompt: "n")
+    prompts: list[str] = []
+    monkeypatch.setattr("builtins.input", lambda prompt: prompts.append(prompt) or "n")
     with pytest.raises(CommandError, match="Not released"):
         run("release", "default", "cmd:x", "--reason", "test")
+    assert "(GET /orders/7/pay)" in prompts[0]  # what the holder is doing, as listed
     assert locks["default"].is_locked("cmd:x")
     monkeypatch.setattr("builtins.input", lambda prompt: "y")
     assert "Released" in run("release", "default", "cmd:x", "--reason", "stuck")

@@ -5,9 +5,12 @@ Django's test client, hostile paths included), the task name of a function, a
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import close_old_connections
 from django.test import Client, RequestFactory
 
 from django_distlock import distlock, holder_context, locks
@@ -15,7 +18,7 @@ from django_distlock.context import current_context
 from django_distlock.dashboard.recorder import recorder
 from django_distlock.models import LockEvent
 
-from .conftest import DATABASES
+from .conftest import DATABASES, eventually, needs_pg, require_pg
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
 
@@ -93,3 +96,86 @@ def test_the_audit_trail_records_the_context(settings, unique) -> None:
         ("acquired", f"{__name__}.test_the_audit_trail_records_the_context.<locals>.report"),
         ("released", f"{__name__}.test_the_audit_trail_records_the_context.<locals>.report"),
     ]
+
+
+def _listing_cases() -> list[tuple[str, str]]:
+    """(alias, kind) for every alias of the test settings that lists its locks: exclusive,
+    and read locks and semaphores where the alias has them."""
+    cases = []
+    for alias in settings.DISTLOCK:
+        backend = locks[alias]
+        if not backend.supports_listing:
+            continue
+        cases.append((alias, "exclusive"))
+        if backend.supports_read_write:
+            cases.append((alias, "read"))
+        if backend.supports_semaphore:
+            cases.append((alias, "semaphore"))
+    return cases
+
+
+@pytest.mark.parametrize(("alias", "kind"), _listing_cases())
+def test_every_listing_alias_lists_a_views_path_and_a_tasks_name(
+    alias: str, kind: str, unique
+) -> None:
+    """Through the test client, a ``@distlock`` view's lock is listed (from inside the
+    view, while held) with its request, hostile characters cleaned; a decorated function's
+    with its task name; a plain ``with lock()`` with no context."""
+    if needs_pg(alias):
+        require_pg()
+    name = unique(f"ctx-{kind}").replace(":", "-")
+    path = f"/distlock/holding-on/{alias}/{kind}/{name}/a%1Fb%09c"
+    held = Client().get(path).json()["held"]
+    expected = "GET " + path.replace("%1F", "?").replace("%09", "?")
+    mine = [(host, context) for lock, host, context in held if lock.startswith(f"ctx:{name}/")]
+    assert len(mine) == 1
+    # A transaction-mode holder's row is written in its open transaction: listings (other
+    # connections) cannot see who holds it, its context neither.
+    hidden = alias.endswith("-tx")
+    host, context = mine[0]
+    if hidden:
+        assert (host, context) == ("", "")
+    else:
+        assert host and context == expected
+    limit = 2 if kind == "semaphore" else None
+
+    @distlock(f"ctx:{name}/task", using=alias, kind=kind, limit=limit)
+    def nightly() -> list[str]:
+        return _contexts(alias, f"ctx:{name}/task")
+
+    task = f"{__name__}.{test_every_listing_alias_lists_a_views_path_and_a_tasks_name.__name__}"
+    assert nightly() == ([""] if hidden else [f"{task}.<locals>.nightly"])
+    with locks[alias].lock(f"ctx:{name}/plain"):
+        assert _contexts(alias, f"ctx:{name}/plain") == [""]
+
+
+@pytest.mark.parametrize("alias", [a for a, kind in _listing_cases() if kind == "exclusive"])
+def test_a_waiter_granted_on_release_lists_its_own_context(alias: str, unique) -> None:
+    """A waiter granted when the holder releases (PostgreSQL's hand-off row, Redis'
+    queue, ZooKeeper's predecessor watch) is listed with the context it waited with."""
+    if needs_pg(alias):
+        require_pg()
+    if alias.endswith("-tx"):
+        pytest.skip("transaction mode cannot list its holders")
+    name = unique("handoff")
+    first = locks[alias].lock(name, ttl=30)
+    with holder_context("GET /first"):
+        first.acquire()
+    listed: list[str] = []
+
+    def waiter() -> None:
+        with holder_context("task second"), locks[alias].lock(name, ttl=30, timeout=10):
+            listed.extend(_contexts(alias, name))
+        close_old_connections()
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    try:
+        # Release once the waiter waits (backends that count waiters show it; the others
+        # had two seconds to reach their wait).
+        if not eventually(lambda: any(i.waiters for i in locks[alias].held_locks(prefix=name)), 2):
+            assert thread.is_alive()
+    finally:
+        first.release()
+        thread.join(15)
+    assert listed == ["task second"]

@@ -129,9 +129,10 @@ class Command(BaseCommand):
         if not backend.supports_force_release:
             raise CommandError(f"The alias {alias!r} cannot force-release.")
         if not yes:
+            doing = f" ({info.context})" if info.context else ""
             answer = input(
                 f"Force-release {name!r} on {alias!r}, held by {info.host} pid {info.pid} "
-                f"{info.thread} (token {info.fencing_token})? [y/N] "
+                f"{info.thread}{doing} (token {info.fencing_token})? [y/N] "
             )
             if answer.strip().lower() not in ("y", "yes"):
                 raise CommandError("Not released.", returncode=1)
