@@ -642,6 +642,26 @@ def test_a_semaphore_limit_is_stored_on_the_server(zk, unique) -> None:
         other.close()
 
 
+def test_a_process_reads_a_semaphores_limit_once(zk, unique, monkeypatch) -> None:
+    """Later acquisitions of a semaphore whose limit this process found stored skip
+    reading it (the gate holder's listing still shows a changed node)."""
+    name = unique("sem")
+    with zk.semaphore(name, 2):  # stores and remembers the limit
+        pass
+    kazoo = zk.client.get()
+    sent: list[str] = []
+    real = kazoo._call
+    monkeypatch.setattr(kazoo, "_call", lambda req, res: sent.append(type(req).__name__)
+                        or real(req, res))
+    with zk.semaphore(name, 2):
+        pass
+    assert "GetData" not in sent and sent.count("GetChildren") >= 1
+    sent.clear()
+    with pytest.raises(SemaphoreLimitMismatch):  # another limit is read and compared
+        zk.semaphore(name, 3).acquire(blocking=False)
+    assert sent[0] == "GetData"
+
+
 def test_the_gate_holder_checks_the_limit_again_when_the_node_changed(zk, unique) -> None:
     """A waiter at the limit holds the gate; the node's data changing meanwhile (as when
     the container is reaped and re-created by a client with another limit) is seen in

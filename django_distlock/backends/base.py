@@ -48,6 +48,7 @@ __all__ = [
     "LockInfo",
     "LockPage",
     "Miss",
+    "check_option_keys",
     "validate_owner_id",
     "validate_page_args",
 ]
@@ -58,6 +59,16 @@ MAX_LEASES = 10_000
 _PARAM_KEYS = frozenset(
     {"BACKEND", "LOCATION", "OPTIONS", "KEY_PREFIX", "TTL", "TIMEOUT", "AUTO_RENEW", "AUDIT"}
 )
+
+
+def check_option_keys(alias: str, options: Mapping[str, Any], valid: Iterable[str]) -> None:
+    """Raise InvalidBackendOptions naming the keys of an alias' ``OPTIONS`` not in ``valid``."""
+    unknown = set(options) - set(valid)
+    if unknown:
+        raise InvalidBackendOptions(
+            f"DISTLOCK[{alias!r}]['OPTIONS'] has unknown keys {sorted(unknown)}; "
+            f"valid keys are {sorted(valid)}."
+        )
 
 
 class Acquisition(abc.ABC):

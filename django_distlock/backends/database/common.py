@@ -15,7 +15,7 @@ from django.db import DatabaseError, connections
 
 from ...exceptions import BackendUnavailable, InvalidBackendOptions, UnsupportedOperation
 from ...handle import Lock
-from ..base import Acquisition, BaseLockBackend
+from ..base import Acquisition, BaseLockBackend, check_option_keys
 from .sessions import ERRORS, SessionFactory, ThreadSessions, sqlstate
 from .sql import POSTGRESQL, SQLITE, Dialect
 
@@ -72,12 +72,7 @@ class DatabaseBackend(BaseLockBackend):
 
     def __init__(self, alias: str, params: Mapping[str, Any]) -> None:
         super().__init__(alias, params)
-        unknown = set(self.options) - _OPTION_KEYS
-        if unknown:
-            raise InvalidBackendOptions(
-                f"DISTLOCK[{alias!r}]['OPTIONS'] has unknown keys {sorted(unknown)}; "
-                f"the database backend takes {sorted(_OPTION_KEYS)}."
-            )
+        check_option_keys(alias, self.options, _OPTION_KEYS)
         self.database: str = self.options.get("DATABASE", "default")
         if not isinstance(self.database, str):
             raise InvalidBackendOptions(

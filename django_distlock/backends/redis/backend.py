@@ -14,7 +14,7 @@ from ... import signals
 from ...exceptions import InvalidBackendOptions
 from ...handle import Lock
 from ...values import short_owner, validate_owner_id
-from ..base import BaseLockBackend, LockInfo, LockPage, validate_page_args
+from ..base import BaseLockBackend, LockInfo, LockPage, check_option_keys, validate_page_args
 from .acquisition import SERVER_TICK, Calls, RedisAcquisition
 from .caches import cache_problem
 from .client import Redis, socket_timeout, unavailable
@@ -49,12 +49,7 @@ class RedisBackend(BaseLockBackend):
     def __init__(self, alias: str, params: Mapping[str, Any]) -> None:
         super().__init__(alias, params)
         options = self.options
-        unknown = set(options) - _OPTIONS
-        if unknown:
-            raise InvalidBackendOptions(
-                f"DISTLOCK[{alias!r}]['OPTIONS'] has unknown keys {sorted(unknown)}; "
-                f"valid keys are {sorted(_OPTIONS)}."
-            )
+        check_option_keys(alias, options, _OPTIONS)
         cache, location = options.get("CACHE"), self.location
         if (cache is None) == (location is None):
             raise InvalidBackendOptions(

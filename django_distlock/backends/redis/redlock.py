@@ -33,6 +33,7 @@ from ..base import (
     Grant,
     LockPage,
     Miss,
+    check_option_keys,
     validate_owner_id,
     validate_page_args,
 )
@@ -80,12 +81,7 @@ class RedlockBackend(BaseLockBackend):
 
     def __init__(self, alias: str, params: Mapping[str, Any]) -> None:
         super().__init__(alias, params)
-        unknown = set(self.options) - _OPTIONS
-        if unknown:
-            raise InvalidBackendOptions(
-                f"DISTLOCK[{alias!r}]['OPTIONS'] has unknown keys {sorted(unknown)}; "
-                f"valid keys are {sorted(_OPTIONS)}."
-            )
+        check_option_keys(alias, self.options, _OPTIONS)
         location = self.location
         urls = location.split(",") if isinstance(location, str) else location
         if not isinstance(urls, list | tuple) or len(urls) < 3:

@@ -57,6 +57,9 @@ class ZooKeeperBackend(BaseLockBackend):
         self.settings = parse(alias, self.location, self.options)
         self.client = Client(self.settings)
         self._parents: dict[str, str] = {}
+        #: (semaphore node, limit) -> the node's mzxid when this process found that limit
+        #: stored there: later acquisitions skip reading it again.
+        self.checked_limits: dict[tuple[str, int], int] = {}
 
     def parent_of(self, key: str) -> str:
         """The path of the parent node of the lock with storage key ``key`` (memoised)."""
@@ -66,6 +69,12 @@ class ZooKeeperBackend(BaseLockBackend):
                 self._parents.clear()
             parent = self._parents[key] = f"{self.settings.root}/{encode(key)}"
         return parent
+
+    def remember_limit(self, parent: str, limit: int, mzxid: int) -> None:
+        """Note that the semaphore node ``parent`` had ``limit`` stored at ``mzxid``."""
+        if len(self.checked_limits) >= _PARENTS_CACHE:
+            self.checked_limits.clear()
+        self.checked_limits[parent, limit] = mzxid
 
     def _usable(self) -> None:
         """Refuse, before any server call, what the system checks report."""

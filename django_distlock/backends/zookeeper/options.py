@@ -10,6 +10,7 @@ from typing import Any
 from django.core import checks
 
 from ...exceptions import InvalidBackendOptions
+from ..base import check_option_keys
 
 _OPTIONS = {
     "ROOT", "SESSION_TIMEOUT", "CONNECT_TIMEOUT", "AUTH", "ACL", "CLIENT_OPTIONS",
@@ -94,12 +95,7 @@ def parse(alias: str, location: object, options: Mapping[str, Any]) -> ZooKeeper
     record the problems the system checks report (malformed hosts, bad root, session
     timeout out of range) for ``check()`` and for ``acquire()`` to refuse."""
     where = f"DISTLOCK[{alias!r}]"
-    unknown = set(options) - _OPTIONS
-    if unknown:
-        raise InvalidBackendOptions(
-            f"{where}['OPTIONS'] has unknown keys {sorted(unknown)}; "
-            f"valid keys are {sorted(_OPTIONS)}."
-        )
+    check_option_keys(alias, options, _OPTIONS)
     problems: list[Problem] = []
     bad_hosts = hosts_problem(location)
     if bad_hosts:

@@ -55,7 +55,9 @@ class SemaphoreAcquisition(ThreadHops):
         self.lease = ZooKeeperAcquisition(backend, lock, token, blocking, deadline)
         self.lease.marker = LEASE_MARKER
         self._gate_held = False
-        self._checked: int | None = None  # the mzxid of the node whose limit matched ours
+        # The mzxid of the node whose limit matched ours (known from an earlier acquisition
+        # of this process: no read then, the gate holder's listing still compares it).
+        self._checked: int | None = backend.checked_limits.get((self.parent, self.limit))
         self._changed = threading.Event()
         self._async_changed: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
 
@@ -118,6 +120,7 @@ class SemaphoreAcquisition(ThreadHops):
                     stored=int(text) if text.isdigit() else None, given=self.limit,
                 )
             self._checked = stat.mzxid
+            self.backend.remember_limit(self.parent, self.limit, stat.mzxid)
             return
         raise BackendUnavailable(
             f"ZooKeeper kept removing the node of the semaphore {self.lock.name!r}."
