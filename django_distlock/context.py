@@ -39,11 +39,11 @@ def holder_context(text: str) -> Iterator[None]:
     """
     if not isinstance(text, str):
         raise TypeError(f"holder_context() takes a str, not {type(text).__name__}.")
-    token = _current.set(clean(text, MAX_CONTEXT))
+    token = enter(clean(text, MAX_CONTEXT))
     try:
         yield
     finally:
-        _current.reset(token)
+        leave(token)
 
 
 def enter(text: str) -> Token[str]:
@@ -86,5 +86,5 @@ def _celery_task() -> str | None:
     try:
         task = celery.current_task
         return clean(task.name, MAX_CONTEXT) if task else None
-    except Exception:
+    except Exception:  # outside a worker, Celery's proxy may fail in any way: no name
         return None
