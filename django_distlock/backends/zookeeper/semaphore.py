@@ -68,8 +68,7 @@ class SemaphoreAcquisition(ThreadHops):
             result = self.gate.attempt()
             if isinstance(result, Miss):
                 return result
-            self._gate_held = True
-            self.client.watchers.add(self)
+            self._through_gate(result)
         # Holding the gate: nobody else adds a lease meanwhile.
         self._changed.clear()
         watch = self._leases_changed if self.blocking else None
@@ -142,8 +141,8 @@ class SemaphoreAcquisition(ThreadHops):
             loop.call_soon_threadsafe(event.set)
 
     def _through_gate(self, gate: Grant | None) -> None:
-        """After waiting for the gate: when its wait granted it, hold it (the next
-        attempt counts the leases); never the semaphore's grant itself."""
+        """When the gate was granted (by an attempt or a wait), hold it: the next step
+        counts the leases (a gate's grant is never the semaphore's)."""
         if gate is not None:
             self._gate_held = True
             self.client.watchers.add(self)
