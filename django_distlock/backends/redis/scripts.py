@@ -10,8 +10,9 @@ share one hash tag, so a script never spans Redis Cluster slots:
   waiter counts as alive, and how to wake it (``L`` = ``LPUSH`` a list it
   ``BLPOP``s, ``P`` = ``PUBLISH`` its token on a channel its process listens to);
 - ``index``: a sorted set of held names (score 0, in name order) for listings;
-- ``seq``: the fencing counter of the tag, started at the server's clock in
-  microseconds, so tokens keep growing after a Redis restart without persistence.
+- ``seq``: the last fencing token of the tag; the next is the larger of it + 1 and the
+  server's clock in microseconds, so tokens keep growing after a Redis restart with
+  older state (no persistence, an older snapshot, a failover to a lagging replica).
 
 Only the waiters' signal targets are not passed as ``KEYS``: they are read
 from ``waiters`` and carry the same hash tag (built by the client).
@@ -115,9 +116,13 @@ if string.find(flags, 'f', 1, true) then
     return {0, tonumber(string.match(e, '^%d+')) - now}
   end
 end
-local fencing = redis.call('INCR', KEYS[4])
-if fencing == 1 then
-  fencing = now_us
+-- The token is the larger of the last one + 1 and the server's clock in microseconds:
+-- a server back with older state (a snapshot, a lagging replica) still issues tokens
+-- above every one it issued before, as long as its clock has moved on since.
+local fencing = now_us
+local last = redis.call('SET', KEYS[4], string.format('%.0f', now_us), 'GET')
+if last and tonumber(last) >= now_us then
+  fencing = tonumber(last) + 1
   redis.call('SET', KEYS[4], string.format('%.0f', fencing))
 end
 redis.call('SET', lock, token .. ' 1 ' .. string.format('%.0f', fencing) .. ' '

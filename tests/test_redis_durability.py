@@ -1,0 +1,79 @@
+"""Redis servers that come back with older state than they had: a restart from an RDB
+snapshot, a Redlock master restarted empty or from its fsynced append-only file.
+
+Each test starts its own ``redis-server`` (``tests/test_redis_faults.py``'s
+:class:`Server`) and SIGKILLs it under holders.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from django_distlock.backends.redis import RedisBackend
+from django_distlock.exceptions import StaleFencingToken
+from django_distlock.optimistic.fencing import fenced_save
+from tests.testapp.models import FencedItem
+
+from .test_redis_faults import Server
+
+
+@pytest.fixture
+def snapshotted(tmp_path: Path) -> Iterator[Server]:
+    own = Server(tmp_path)
+    own.start()
+    try:
+        yield own
+    finally:
+        own.kill()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_tokens_keep_growing_after_a_restart_from_an_older_snapshot(
+    snapshotted: Server,
+) -> None:
+    """The server comes back from a snapshot taken before the last grants (Redis'
+    default configuration saves one): the fencing counter it restores is older than
+    tokens already issued. The next token must still be larger than every one of them,
+    so that the storage keeps refusing the old holders' writes and accepts the new one's.
+    """
+    backend = RedisBackend("own", {"LOCATION": snapshotted.url(), "TTL": 30})
+    admin = redis.Redis.from_url(snapshotted.url())
+    try:
+        tokens = []
+        first = backend.lock("snap-a", ttl=30)
+        assert first.acquire(blocking=False)
+        tokens.append(first.fencing_token)
+        assert admin.save()  # the snapshot: the counter as it is now
+        first.release()
+        for _ in range(3):  # grants the snapshot does not know of
+            later = backend.lock("snap-a", ttl=30)
+            assert later.acquire(blocking=False)
+            tokens.append(later.fencing_token)
+            later.release()
+        last = backend.lock("snap-a", ttl=30)
+        assert last.acquire(blocking=False)
+        tokens.append(last.fencing_token)
+        item = FencedItem.objects.create(label="init", stock=10)
+        fenced_save(item, last)  # the last holder wrote
+        assert tokens == sorted(set(tokens))
+        snapshotted.kill()  # SIGKILL: no save at exit
+        snapshotted.start()  # loads dump.rdb
+        assert admin.exists(backend.keys_for(backend.make_key("snap-a")).seq)  # old state
+        newcomer = backend.lock("snap-b", ttl=30)  # same tag, same counter
+        assert newcomer.acquire(blocking=False)
+        assert newcomer.fencing_token > max(tokens), (newcomer.fencing_token, tokens)
+        fresh = FencedItem.objects.get(pk=item.pk)
+        fresh.label = "newcomer"
+        fenced_save(fresh, newcomer)  # the new holder's write is accepted ...
+        item.label = "stale"
+        with pytest.raises(StaleFencingToken):
+            fenced_save(item, tokens[-1])  # ... and the old holder's is refused
+        assert FencedItem.objects.get(pk=item.pk).label == "newcomer"
+        newcomer.release()
+    finally:
+        admin.close()
+        backend.close()
