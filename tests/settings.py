@@ -106,6 +106,12 @@ if REDIS_URL:
         "OPTIONS": {"FAIR": False},
         "KEY_PREFIX": "f:",
     }
+    # redis-py's query options: replies decoded to str instead of bytes.
+    DISTLOCK["redis-decoded"] = {
+        "BACKEND": _REDIS,
+        "LOCATION": REDIS_URL + "?decode_responses=True",
+        "KEY_PREFIX": "s:",
+    }
 REDLOCK_URLS = os.environ.get("DISTLOCK_REDLOCK_URLS", "")
 if REDLOCK_URLS:
     DISTLOCK["redlock"] = {

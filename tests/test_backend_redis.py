@@ -57,6 +57,10 @@ class TestRedisUnfair(RedisContract):
     alias = "redis-unfair"
 
 
+class TestRedisDecodedResponses(RedisContract):
+    alias = "redis-decoded"  # the URL sets decode_responses=True: replies are str
+
+
 class TestRedisCluster(LockContract):
     alias = "redis-cluster"
 

@@ -157,10 +157,13 @@ class RedisBackend(BaseLockBackend):
             *flat, last = self.redis.run(
                 SCRIPTS["list"], (base + "i",), (base, low, high, limit, LIST_BUDGET)
             )
+            # A URL with decode_responses=True has redis-py decode the reply to str.
             found.extend(
-                (flat[i], flat[i + 1], flat[i + 2], flat[i + 3]) for i in range(0, len(flat), 4)
+                (_as_bytes(flat[i]), _as_bytes(flat[i + 1]), flat[i + 2], flat[i + 3])
+                for i in range(0, len(flat), 4)
             )
             if last:
+                last = _as_bytes(last)
                 cutoff = last if cutoff is None else min(cutoff, last)
         found.sort()
         if cutoff is not None:
@@ -231,3 +234,8 @@ class RedisBackend(BaseLockBackend):
 
     def close(self) -> None:
         self.redis.close()
+
+
+def _as_bytes(value: bytes | str) -> bytes:
+    """A reply's string as bytes, whether or not the client decodes replies."""
+    return value.encode() if isinstance(value, str) else value
