@@ -8,7 +8,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.core import checks
-from redis.exceptions import RedisError
 
 from ... import signals
 from ...exceptions import InvalidBackendOptions
@@ -17,7 +16,7 @@ from ...values import short_owner, validate_owner_id
 from ..base import BaseLockBackend, LockInfo, LockPage, check_option_keys, validate_page_args
 from .acquisition import SERVER_TICK, Calls, RedisAcquisition
 from .caches import cache_problem
-from .client import Redis, socket_timeout, unavailable
+from .client import CLIENT_ERRORS, Redis, host_port, socket_timeout, unavailable
 from .hub import Hubs
 from .keys import Keys, make_keys, tag_base
 from .scripts import SCRIPTS
@@ -31,13 +30,49 @@ LIST_BUDGET = 2000
 _KEYS_CACHE = 4096
 
 
+def _location_urls(alias: str, location: object, cluster: bool) -> list[str]:
+    """The URLs of ``LOCATION``: one, or a cluster's startup nodes (a list, or one
+    string separated by commas)."""
+    where = f"DISTLOCK[{alias!r}]['LOCATION']"
+    if isinstance(location, str):
+        parts = [url.strip() for url in location.split(",")]
+        # a comma elsewhere (in a password) is one URL's
+        if cluster or any(part.startswith(_SCHEMES) for part in parts[1:]):
+            location = parts
+    if isinstance(location, list | tuple):
+        if not cluster:
+            raise InvalidBackendOptions(
+                f"{where} lists several URLs, the startup nodes of a Redis Cluster: set "
+                "OPTIONS['CLUSTER'] = True, or give one URL."
+            )
+        urls = list(location)
+    else:
+        urls = [location]
+    if not urls or not all(isinstance(url, str) and url.startswith(_SCHEMES) for url in urls):
+        raise InvalidBackendOptions(
+            f"{where} must be a redis://, rediss:// or unix:// URL (a Redis Cluster: one "
+            f"or more redis:// or rediss:// URLs), got {location!r}."
+        )
+    if cluster:
+        if any(url.startswith("unix://") for url in urls):
+            raise InvalidBackendOptions(
+                f"{where}: a Redis Cluster's nodes are redis:// or rediss:// URLs "
+                f"(redis-py has no cluster over unix sockets), got {location!r}."
+            )
+        if len({host_port(url) for url in urls}) != len(urls):
+            raise InvalidBackendOptions(f"{where} names a node twice: {location!r}.")
+    return urls
+
+
 class RedisBackend(BaseLockBackend):
     """Locks in Redis (one server or a Redis Cluster), through redis-py.
 
     Configure with ``OPTIONS["CACHE"]``, the alias of a django-redis cache (or
     Django's own ``RedisCache``) whose connection pool it reuses, or with
     ``LOCATION``, a ``redis://``, ``rediss://`` or ``unix://`` URL (with
-    ``OPTIONS["CLUSTER"] = True`` for a Redis Cluster). Options: ``FAIR``
+    ``OPTIONS["CLUSTER"] = True`` for a Redis Cluster, whose ``LOCATION`` may list
+    several startup nodes: a list of URLs, or one string separated by commas).
+    Options: ``FAIR``
     (default True: waiters are served in arrival order), ``REENTRANT``
     (default False: the default of ``lock(reentrant=...)``), ``SHARDS`` (how
     many hash tags the index of a cluster is spread over; 1 on one server).
@@ -57,19 +92,13 @@ class RedisBackend(BaseLockBackend):
                 f"alias) and LOCATION (a redis:// URL); it has "
                 f"{'both' if cache is not None else 'neither'}."
             )
-        if location is not None and not (
-            isinstance(location, str) and location.startswith(_SCHEMES)
-        ):
-            raise InvalidBackendOptions(
-                f"DISTLOCK[{alias!r}]['LOCATION'] must be a redis://, rediss:// or unix:// "
-                f"URL, got {location!r}."
-            )
         for flag in ("CLUSTER", "FAIR", "REENTRANT"):
             if not isinstance(options.get(flag, False), bool):
                 raise InvalidBackendOptions(
                     f"DISTLOCK[{alias!r}]['OPTIONS'][{flag!r}] must be a bool."
                 )
         cluster = options.get("CLUSTER", False)
+        urls = _location_urls(alias, location, cluster) if location is not None else []
         if cluster and cache is not None:
             raise InvalidBackendOptions(
                 f"DISTLOCK[{alias!r}]: OPTIONS['CLUSTER'] needs LOCATION (a cluster node's URL)."
@@ -90,7 +119,7 @@ class RedisBackend(BaseLockBackend):
         self.default_reentrant = options.get("REENTRANT", False)
         #: The script flags every acquire of this alias sends.
         self.flags = "fi" if self.fair else "i"
-        self.redis = Redis(location, cache, cluster)
+        self.redis = Redis(urls[0] if urls else None, cache, cluster, tuple(urls[1:]))
         self.hubs = Hubs()
         self._calls: dict[str, Calls] = {}
         self._max_block: float | None = None
@@ -134,7 +163,7 @@ class RedisBackend(BaseLockBackend):
         keys = self.keys_for(self.make_key(name))
         try:
             return bool(self.redis.sync().exists(keys.lock))
-        except RedisError as exc:
+        except CLIENT_ERRORS as exc:
             raise unavailable(exc) from exc
 
     def held_locks(self, prefix: str = "", limit: int = 50, cursor: str | None = None) -> LockPage:
@@ -212,7 +241,7 @@ class RedisBackend(BaseLockBackend):
         started = time.monotonic()
         try:
             self.redis.sync().ping()
-        except RedisError as exc:
+        except CLIENT_ERRORS as exc:
             raise unavailable(exc) from exc
         return time.monotonic() - started
 

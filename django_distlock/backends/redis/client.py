@@ -15,12 +15,13 @@ import weakref
 from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any, NamedTuple
+from urllib.parse import urlsplit, urlunsplit
 
 import redis
 import redis.asyncio
 import redis.asyncio.cluster
 import redis.cluster
-from redis.exceptions import ConnectionError, NoScriptError, RedisError
+from redis.exceptions import ConnectionError, NoScriptError, RedisClusterException, RedisError
 
 from ...backoff import remaining
 from ...exceptions import BackendUnavailable
@@ -35,6 +36,9 @@ KEPT = 8
 CLUSTER_NODE_CONNECTIONS = 100
 #: Longest a call without a deadline waits for one of the event loop's connections.
 POOL_WAIT = 20.0
+#: What redis-py raises when Redis fails: a cluster client's RedisClusterException
+#: (no startup node reachable, a slot not covered) is not a RedisError.
+CLIENT_ERRORS = (RedisError, RedisClusterException)
 
 
 class NoConnection(Exception):
@@ -56,12 +60,21 @@ class Redis:
     :param location: a ``redis://``, ``rediss://`` or ``unix://`` URL, or None.
     :param cache: the alias of a Redis cache in ``CACHES`` whose pool is reused, or None.
     :param cluster: whether ``location`` names a Redis Cluster.
+    :param more_nodes: more startup nodes of the cluster (URLs; their host and port
+        are used, the connection options are ``location``'s).
     """
 
-    def __init__(self, location: str | None, cache: str | None, cluster: bool) -> None:
+    def __init__(
+        self,
+        location: str | None,
+        cache: str | None,
+        cluster: bool,
+        more_nodes: tuple[str, ...] = (),
+    ) -> None:
         self.location = location
         self.cache = cache
         self.cluster = cluster
+        self.more_nodes = tuple(host_port(url) for url in more_nodes)
         self._sync: Any = None
         self._mutex = threading.Lock()
         self._async: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
@@ -79,12 +92,18 @@ class Redis:
     # -- clients ------------------------------------------------------------
 
     def sync(self) -> Any:
-        """The sync client (redis-py resets its pools in a forked child)."""
+        """The sync client (redis-py resets its pools in a forked child).
+
+        :raises BackendUnavailable: when a cluster client finds no startup node.
+        """
         client = self._sync
         if client is None:
             with self._mutex:
                 if self._sync is None:
-                    self._sync = self._build_sync()
+                    try:
+                        self._sync = self._build_sync()
+                    except CLIENT_ERRORS as exc:  # a cluster client connects at once
+                        raise unavailable(exc) from exc
                 client = self._sync
         return client
 
@@ -93,7 +112,8 @@ class Redis:
             return cache_client(self.cache)
         assert self.location is not None
         if self.cluster:
-            return redis.cluster.RedisCluster.from_url(self.location)
+            nodes = [redis.cluster.ClusterNode(host, port) for host, port in self.more_nodes]
+            return redis.cluster.RedisCluster.from_url(self.location, startup_nodes=nodes)
         return redis.Redis.from_url(self.location)
 
     def aio(self) -> Any:
@@ -109,21 +129,24 @@ class Redis:
             self._slots[loop] = asyncio.Semaphore(size)
         return client
 
-    def aio_pubsub(self) -> Any:
-        """The async client the loop's wake-up hub subscribes with: its own pool, so
-        the subscription never takes a connection the calls count on. For a cluster,
-        a plain connection to the node ``LOCATION`` names: a ``PUBLISH`` on any node
-        reaches the subscribers of every node."""
+    def aio_pubsub(self) -> list[Any]:
+        """The async clients the loop's wake-up hub subscribes with, in the order it
+        tries them: their own pools, so the subscription never takes a connection the
+        calls count on. One, or for a cluster, a plain client per startup node: a
+        ``PUBLISH`` on any node reaches the subscribers of every node."""
         loop = asyncio.get_running_loop()
-        client = self._async_pubsub.get(loop)
-        if client is None:
+        clients = self._async_pubsub.get(loop)
+        if clients is None:
             if self.cluster:
                 assert self.location is not None
-                client = redis.asyncio.Redis.from_url(self.location)
+                clients = [redis.asyncio.Redis.from_url(self.location)] + [
+                    redis.asyncio.Redis.from_url(node_url(self.location, host, port))
+                    for host, port in self.more_nodes
+                ]
             else:
-                client = self._build_async()
-            self._async_pubsub[loop] = client
-        return client
+                clients = [self._build_async()]
+            self._async_pubsub[loop] = clients
+        return clients
 
     @contextlib.asynccontextmanager
     async def _connection_slot(self, deadline: float | None) -> AsyncIterator[None]:
@@ -152,7 +175,12 @@ class Redis:
     def _build_async(self) -> Any:
         if self.location is not None:
             if self.cluster:
-                return redis.asyncio.cluster.RedisCluster.from_url(self.location)
+                nodes = [
+                    redis.asyncio.cluster.ClusterNode(host, port) for host, port in self.more_nodes
+                ]
+                return redis.asyncio.cluster.RedisCluster.from_url(
+                    self.location, startup_nodes=nodes
+                )
             return redis.asyncio.Redis.from_url(self.location)
         assert self.cache is not None
         return async_client_like(self.sync().connection_pool, self.cache)
@@ -207,7 +235,7 @@ class Redis:
                     conn = pool.get_connection()
                 conn.send_packed_command([payload], check_health=False)
                 return Sent(pool, conn, kept, payload)
-            except RedisError as exc:
+            except CLIENT_ERRORS as exc:
                 self._drop(pool, conn)
                 if kept and isinstance(exc, ConnectionError):
                     conn, kept = None, False
@@ -235,7 +263,7 @@ class Redis:
                 got.append(conn.read_response(**read))
             except NoScriptError as exc:
                 got.append(exc)
-        except RedisError as exc:
+        except CLIENT_ERRORS as exc:
             self._drop(pool, conn)
             if sent.kept and isinstance(exc, ConnectionError):
                 return self.receive(self.send(pool, sent.payload, fresh=True), replies, timeout)
@@ -326,7 +354,7 @@ class Redis:
         if pool is None:
             try:
                 client.blpop([key], timeout=timeout)
-            except RedisError as exc:
+            except CLIENT_ERRORS as exc:
                 raise unavailable(exc) from exc
             return None
         block = b"*3\r\n$5\r\nBLPOP\r\n%s%s" % (bulk(key), bulk(f"{timeout:.3f}"))
@@ -368,14 +396,14 @@ class Redis:
             return await self._arun(client, packed.script, packed.keys, (*packed.args, *args))
         try:
             conn = await pool.get_connection()
-        except RedisError as exc:
+        except CLIENT_ERRORS as exc:
             raise unavailable(exc) from exc
         try:
             await conn.send_packed_command([packed.command(args)], check_health=False)
             return await conn.read_response()
         except NoScriptError:
             pass
-        except RedisError as exc:
+        except CLIENT_ERRORS as exc:
             await conn.disconnect()
             raise unavailable(exc) from exc
         except BaseException:
@@ -387,7 +415,7 @@ class Redis:
             return await client.execute_command(
                 "EVAL", packed.script.text, len(packed.keys), *packed.keys, *packed.args, *args
             )
-        except RedisError as exc:
+        except CLIENT_ERRORS as exc:
             raise unavailable(exc) from exc
 
     def run(self, script: Script, keys: tuple[str, ...], args: tuple[Any, ...]) -> Any:
@@ -401,7 +429,7 @@ class Redis:
             return client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
         except NoScriptError:
             return self._eval(client, script, keys, args)
-        except RedisError as exc:
+        except CLIENT_ERRORS as exc:
             raise unavailable(exc) from exc
 
     @staticmethod
@@ -409,7 +437,7 @@ class Redis:
         """``EVAL`` (runs the script and loads it), after a ``NOSCRIPT``."""
         try:
             return client.execute_command("EVAL", script.text, len(keys), *keys, *args)
-        except RedisError as exc:
+        except CLIENT_ERRORS as exc:
             raise unavailable(exc) from exc
 
     async def arun(self, script: Script, keys: tuple[str, ...], args: tuple[Any, ...]) -> Any:
@@ -430,7 +458,7 @@ class Redis:
                 return await client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
             except NoScriptError:
                 return await client.execute_command("EVAL", script.text, len(keys), *keys, *args)
-        except RedisError as exc:
+        except CLIENT_ERRORS as exc:
             raise unavailable(exc) from exc
 
 
@@ -442,6 +470,20 @@ def socket_timeout(client: Any) -> float | None:
     given = pool.connection_kwargs
     timeout = given.get("socket_timeout", given.get("orig_socket_timeout"))
     return float(timeout) if timeout else None
+
+
+def host_port(url: str) -> tuple[str, int]:
+    """The host and port a ``redis://`` or ``rediss://`` URL names (6379 by default)."""
+    parts = urlsplit(url)
+    return parts.hostname or "localhost", parts.port or 6379
+
+
+def node_url(url: str, host: str, port: int) -> str:
+    """``url`` (its scheme, credentials and options) for the node ``host:port``."""
+    parts = urlsplit(url)
+    credentials = parts.netloc.rpartition("@")[0]
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return urlunsplit(parts._replace(netloc=f"{credentials}@{where}" if credentials else where))
 
 
 def unavailable(exc: BaseException) -> BackendUnavailable:

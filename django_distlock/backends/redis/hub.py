@@ -19,7 +19,7 @@ import secrets
 import weakref
 from typing import Any
 
-from redis.exceptions import RedisError
+from .client import CLIENT_ERRORS
 
 logger = logging.getLogger("django_distlock")
 
@@ -30,8 +30,9 @@ RECONNECT_DELAY = 0.2
 class Hub:
     """The wake-ups of one event loop's waiters on one Redis alias."""
 
-    def __init__(self, client: Any, prefix: str) -> None:
-        self.client = client
+    def __init__(self, clients: list[Any], prefix: str) -> None:
+        #: Tried in turn: the next one when subscribing (or a subscription) fails.
+        self.clients = clients
         self.channel = f"{prefix}distlock:wake:{secrets.token_hex(8)}"
         self.events: dict[bytes, asyncio.Event] = {}
         self._ready: asyncio.Future[None] | None = None
@@ -58,18 +59,25 @@ class Hub:
 
     async def _run(self) -> None:
         assert self._ready is not None
+        turn = 0
         while True:
-            pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+            pubsub = self.clients[turn % len(self.clients)].pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.subscribe(self.channel)
                 if not self._ready.done():
                     self._ready.set_result(None)
                 async for message in pubsub.listen():
                     if message.get("type") == "message":
-                        event = self.events.get(message["data"])
+                        data = message["data"]
+                        if isinstance(data, str):  # a client with decode_responses=True
+                            data = data.encode()
+                        event = self.events.get(data)
                         if event is not None:
                             event.set()
-            except (RedisError, OSError) as exc:
+            except (*CLIENT_ERRORS, OSError) as exc:
+                turn += 1
+                if not self._ready.done() and turn < len(self.clients):
+                    continue  # the first subscription: the next node at once
                 if not self._ready.done():
                     self._ready.set_exception(exc)
                     self._ready = None  # the next waiter tries again
@@ -81,7 +89,7 @@ class Hub:
 
 
 async def _close(pubsub: Any) -> None:
-    with contextlib.suppress(RedisError, OSError):
+    with contextlib.suppress(*CLIENT_ERRORS, OSError):
         await pubsub.aclose()
 
 
@@ -93,9 +101,9 @@ class Hubs:
             weakref.WeakKeyDictionary()
         )
 
-    def get(self, client: Any, prefix: str) -> Hub:
+    def get(self, clients: list[Any], prefix: str) -> Hub:
         loop = asyncio.get_running_loop()
         hub = self._hubs.get(loop)
         if hub is None or (hub._task is not None and hub._task.done()):
-            hub = self._hubs[loop] = Hub(client, prefix)
+            hub = self._hubs[loop] = Hub(clients, prefix)
         return hub

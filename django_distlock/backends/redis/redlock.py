@@ -22,8 +22,6 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from redis.exceptions import RedisError
-
 from ... import signals
 from ...exceptions import BackendUnavailable, InvalidBackendOptions, UnsupportedOperation
 from ..base import (
@@ -38,7 +36,7 @@ from ..base import (
     validate_page_args,
 )
 from .acquisition import Calls
-from .client import Redis, Sent, unavailable
+from .client import CLIENT_ERRORS, Redis, Sent, unavailable
 from .keys import Packed, make_keys
 from .scripts import SCRIPTS
 
@@ -179,7 +177,7 @@ class RedlockBackend(BaseLockBackend):
         def exists(master: Redis) -> int:
             try:
                 return int(master.sync().exists(lock_key))
-            except RedisError as exc:
+            except CLIENT_ERRORS as exc:
                 raise unavailable(exc) from exc
 
         replies, _ = self.on_masters(exists)
@@ -215,7 +213,7 @@ class RedlockBackend(BaseLockBackend):
         def ping(master: Redis) -> None:
             try:
                 master.sync().ping()
-            except RedisError as exc:
+            except CLIENT_ERRORS as exc:
                 raise unavailable(exc) from exc
 
         self.on_masters(ping)
