@@ -375,7 +375,10 @@ def test_a_waiter_is_woken_by_the_release_not_by_a_poll(
     assert granted["at"] - released < 0.2  # woken by the release, not at the heartbeat
 
 
-def test_an_async_waiter_is_woken_by_the_release(backend: RedisBackend, unique) -> None:
+@pytest.mark.parametrize("alias", ["redis", "redis-decoded"])
+def test_an_async_waiter_is_woken_by_the_release(alias: str, unique) -> None:
+    require_redis()
+    backend = locks[alias]
     name = unique()
 
     async def main() -> float:
