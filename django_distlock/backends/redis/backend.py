@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.core import checks
+from redis.exceptions import ResponseError
 
 from ... import signals
-from ...exceptions import InvalidBackendOptions
+from ...exceptions import BackendUnavailable, InvalidBackendOptions, LockConfigurationError
 from ...handle import Lock
 from ...values import short_owner, validate_owner_id
 from ..base import BaseLockBackend, LockInfo, LockPage, check_option_keys, validate_page_args
@@ -21,13 +23,20 @@ from .hub import Hubs
 from .keys import Keys, make_keys, tag_base
 from .scripts import SCRIPTS
 
-_OPTIONS = {"CACHE", "CLUSTER", "FAIR", "REENTRANT", "SHARDS"}
+_OPTIONS = {"ALLOW_EVICTION", "CACHE", "CLUSTER", "FAIR", "REENTRANT", "SHARDS"}
 _SCHEMES = ("redis://", "rediss://", "unix://")
 #: Index tags of a Redis Cluster by default: the locks spread over this many slots.
 CLUSTER_SHARDS = 16
 #: Most index entries one listing call looks at (dropping ended leases on the way).
 LIST_BUDGET = 2000
 _KEYS_CACHE = 4096
+#: What to do about a server that evicts keys.
+EVICTION_HINT = (
+    "Keep the locks on a Redis that does not evict (maxmemory-policy noeviction: it "
+    "refuses writes when full, and the backend raises BackendUnavailable), not on a "
+    "cache's; or set OPTIONS['ALLOW_EVICTION'] = True to accept the risk."
+)
+logger = logging.getLogger("django_distlock")
 
 
 def _location_urls(alias: str, location: object, cluster: bool) -> list[str]:
@@ -92,7 +101,7 @@ class RedisBackend(BaseLockBackend):
                 f"alias) and LOCATION (a redis:// URL); it has "
                 f"{'both' if cache is not None else 'neither'}."
             )
-        for flag in ("CLUSTER", "FAIR", "REENTRANT"):
+        for flag in ("ALLOW_EVICTION", "CLUSTER", "FAIR", "REENTRANT"):
             if not isinstance(options.get(flag, False), bool):
                 raise InvalidBackendOptions(
                     f"DISTLOCK[{alias!r}]['OPTIONS'][{flag!r}] must be a bool."
@@ -117,6 +126,9 @@ class RedisBackend(BaseLockBackend):
         self.shards: int = shards
         self.fair: bool = options.get("FAIR", True)
         self.default_reentrant = options.get("REENTRANT", False)
+        #: Accept a server that may evict lock keys (see :meth:`eviction_problem`).
+        self.allow_eviction: bool = options.get("ALLOW_EVICTION", False)
+        self._server_checked = self.allow_eviction
         #: The script flags every acquire of this alias sends.
         self.flags = "fi" if self.fair else "i"
         self.redis = Redis(urls[0] if urls else None, cache, cluster, tuple(urls[1:]))
@@ -157,7 +169,52 @@ class RedisBackend(BaseLockBackend):
     def acquisition(
         self, lock: Lock, token: str, blocking: bool, deadline: float | None
     ) -> RedisAcquisition:
+        if not self._server_checked:
+            self._check_server()
         return RedisAcquisition(self, lock, token, blocking, deadline)
+
+    def eviction_problem(self) -> str | None:
+        """Ask the server (each master of a cluster) whether it may evict keys when
+        full, which takes held locks' keys too (a lease has a TTL: the volatile
+        policies take it as well); say why it is unsafe, or None.
+
+        :raises BackendUnavailable: when the server fails.
+        """
+        client = self.redis.sync()
+        try:
+            if self.redis.cluster:
+                found = client.info("memory", target_nodes=client.PRIMARIES)
+            else:
+                found = {"": client.info("memory")}
+        except ResponseError:  # INFO disabled (renamed): it cannot be known
+            logger.warning(
+                "DISTLOCK[%r]: Redis refused INFO; cannot tell whether it evicts lock keys.",
+                self.alias,
+            )
+            return None
+        except CLIENT_ERRORS as exc:
+            raise unavailable(exc) from exc
+        for node, info in found.items():
+            policy, limit = str(info.get("maxmemory_policy")), int(info.get("maxmemory", 0))
+            if policy != "noeviction" and limit > 0:
+                where = f"Redis {node}" if node else "Redis"
+                return (
+                    f"{where} evicts keys when full (maxmemory {limit} bytes, maxmemory-policy "
+                    f"{policy}): it can evict a held lock's key and grant the lock to a second "
+                    "holder."
+                )
+        return None
+
+    def _check_server(self) -> None:
+        """The first acquire of this alias in the process asks whether the server
+        evicts keys (one round trip, once; again after a refusal).
+
+        :raises LockConfigurationError: when it does.
+        """
+        problem = self.eviction_problem()
+        if problem is not None:
+            raise LockConfigurationError(f"DISTLOCK[{self.alias!r}]: {problem} {EVICTION_HINT}")
+        self._server_checked = True
 
     def is_locked(self, name: str) -> bool:
         keys = self.keys_for(self.make_key(name))
@@ -238,15 +295,30 @@ class RedisBackend(BaseLockBackend):
         return True
 
     def health(self) -> float:
+        """The latency of a ``PING``.
+
+        :raises BackendUnavailable: when the server fails.
+        :raises LockConfigurationError: when it may evict lock keys (unless
+            ``ALLOW_EVICTION``).
+        """
         started = time.monotonic()
         try:
             self.redis.sync().ping()
         except CLIENT_ERRORS as exc:
             raise unavailable(exc) from exc
-        return time.monotonic() - started
+        latency = time.monotonic() - started
+        if not self.allow_eviction:
+            problem = self.eviction_problem()
+            if problem is not None:
+                raise LockConfigurationError(
+                    f"DISTLOCK[{self.alias!r}]: {problem} {EVICTION_HINT}"
+                )
+        return latency
 
     def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
-        if kwargs.get("deploy") or self.cache is None:
+        if kwargs.get("deploy"):
+            return self._deploy_check()
+        if self.cache is None:
             return []
         problem = cache_problem(self.cache)
         if problem is None:
@@ -258,6 +330,33 @@ class RedisBackend(BaseLockBackend):
                 "give LOCATION instead.",
                 obj=self.alias,
                 id="distlock.E010",
+            )
+        ]
+
+    def _deploy_check(self) -> list[checks.CheckMessage]:
+        """``check --deploy``: ask the server whether it evicts keys (one round trip)."""
+        if self.allow_eviction:
+            return []
+        try:
+            problem = self.eviction_problem()
+        except (BackendUnavailable, LockConfigurationError) as exc:
+            return [
+                checks.Warning(
+                    f"DISTLOCK[{self.alias!r}]: could not ask Redis whether it evicts lock "
+                    f"keys: {exc}",
+                    hint="Run the check where the server can be reached.",
+                    obj=self.alias,
+                    id="distlock.W011",
+                )
+            ]
+        if problem is None:
+            return []
+        return [
+            checks.Error(
+                f"DISTLOCK[{self.alias!r}]: {problem}",
+                hint=EVICTION_HINT,
+                obj=self.alias,
+                id="distlock.E011",
             )
         ]
 
