@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from django_distlock.backends.redis import RedisBackend
-from django_distlock.exceptions import StaleFencingToken
+from django_distlock.backends.redis import RedisBackend, RedlockBackend
+from django_distlock.exceptions import LockLost, StaleFencingToken
 from django_distlock.optimistic.fencing import fenced_save
 from tests.testapp.models import FencedItem
 
@@ -77,3 +77,52 @@ def test_tokens_keep_growing_after_a_restart_from_an_older_snapshot(
     finally:
         admin.close()
         backend.close()
+
+
+#: The configuration the Redlock algorithm needs of each master: every write fsynced
+#: before the reply, so a master restarted after a crash still has the locks it granted.
+FSYNCED = ("--appendonly", "yes", "--appendfsync", "always")
+
+
+@pytest.mark.parametrize(
+    ("options", "second_holder"), [((), True), (FSYNCED, False)], ids=["no-persistence", "fsync"]
+)
+def test_a_redlock_master_restarted_empty_lets_a_second_holder_in(
+    tmp_path: Path, options: tuple[str, ...], second_holder: bool
+) -> None:
+    """Redlock's known requirement (docs/redis.md): a master that forgets the locks it
+    granted (restarted empty) can make a second majority while the first holder still
+    holds. The holder's grant came from A and B (C was down); A restarts: empty, it
+    grants again, and with C, restarted meanwhile, that is a majority. With every
+    write fsynced A comes back with the key and refuses."""
+    masters = []
+    for name in "abc":
+        (tmp_path / name).mkdir()
+        masters.append(Server(tmp_path / name, options))
+    for master in masters:
+        master.start()
+    a, _, c = masters
+    backend = RedlockBackend(
+        "own",
+        {"LOCATION": [m.url() for m in masters], "OPTIONS": {"NODE_TIMEOUT": 0.5}, "TTL": 30},
+    )
+    try:
+        c.kill()
+        holder = backend.lock("restarted", ttl=30)
+        assert holder.acquire(blocking=False)  # granted by A and B
+        c.start()
+        a.kill()  # SIGKILL: a crash
+        a.start()  # empty, or from its append-only file
+        second = backend.lock("restarted", ttl=30)
+        assert second.acquire(blocking=False) is second_holder
+        assert holder.held  # the first holder's lease runs on
+        if second_holder:
+            second.release()
+            with pytest.raises(LockLost):
+                holder.release()  # B alone held it: the holder learns it too late
+        else:
+            holder.release()
+    finally:
+        backend.close()
+        for master in masters:
+            master.kill()

@@ -201,10 +201,12 @@ def _free_port() -> int:
 
 
 class Server:
-    """A ``redis-server`` subprocess of one test (no persistence) on a fixed port."""
+    """A ``redis-server`` subprocess of one test (no persistence unless ``options``,
+    more command-line options, say so) on a fixed port."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, options: tuple[str, ...] = ()) -> None:
         self.directory = directory
+        self.options = options
         self.port = _free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -222,6 +224,7 @@ class Server:
                 "no",
                 "--dir",
                 str(self.directory),
+                *self.options,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
