@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 from datetime import timedelta
 from io import StringIO
 from typing import Any
@@ -13,6 +15,7 @@ from django.test import Client, override_settings
 from django.utils import timezone
 
 from django_distlock import holder_context, locks
+from django_distlock.exceptions import LockLost
 from django_distlock.models import LockEvent
 
 from .conftest import DATABASES
@@ -100,3 +103,43 @@ def test_health_exit_status_and_view(settings: Any) -> None:
         down = body.json()["aliases"]["down"]
         assert down == {"ok": False, "latency_ms": None, "error": "BackendUnavailable"}
         assert body.json()["aliases"]["default"]["ok"]
+
+
+def test_release_without_yes_and_no_terminal_is_a_command_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """stdin at its end (cron, CI, ``< /dev/null``): a clear error, not an EOFError."""
+    handle = locks["default"].lock("cmd:notty", ttl=60)
+    handle.acquire()
+    try:
+        with open(os.devnull) as devnull:
+            monkeypatch.setattr("sys.stdin", devnull)
+            with pytest.raises(CommandError, match="--yes"):
+                run("release", "default", "cmd:notty", "--reason", "stuck")
+        assert locks["default"].is_locked("cmd:notty")
+        assert not LockEvent.objects.exists()
+    finally:
+        with contextlib.suppress(LockLost):
+            handle.release()
+
+
+@pytest.mark.parametrize("days", ["nan", "inf", "-inf", "-1", "1e12"])
+def test_purge_refuses_days_that_are_not_a_usable_number(days: str) -> None:
+    LockEvent.objects.create(at=timezone.now(), kind="acquired", alias="default", name="n")
+    with pytest.raises(CommandError, match="--days"):
+        run("purge", "--days", days)
+    assert LockEvent.objects.count() == 1
+
+
+@pytest.mark.parametrize("reason", ["", "   ", "x" * 2001])
+def test_release_needs_a_reason_like_the_admin(reason: str) -> None:
+    handle = locks["default"].lock("cmd:reason", ttl=60)
+    handle.acquire()
+    try:
+        with pytest.raises(CommandError, match="--reason"):
+            run("release", "default", "cmd:reason", "--reason", reason, "--yes")
+        assert locks["default"].is_locked("cmd:reason")
+        assert not LockEvent.objects.exists()
+    finally:
+        with contextlib.suppress(LockLost):
+            handle.release()
