@@ -5,8 +5,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import subprocess
+import sys
 from datetime import timedelta
 from io import StringIO
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,7 +21,8 @@ from django_distlock import holder_context, locks
 from django_distlock.exceptions import LockLost
 from django_distlock.models import LockEvent
 
-from .conftest import DATABASES
+from .conftest import DATABASES, require_pg
+from .tables import table_missing
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
 
@@ -143,3 +147,44 @@ def test_release_needs_a_reason_like_the_admin(reason: str) -> None:
     finally:
         with contextlib.suppress(LockLost):
             handle.release()
+
+
+def test_health_fails_on_a_database_that_was_never_migrated(tmp_path: Path) -> None:
+    """Every acquire there fails, and the audit trail cannot be written: health says so."""
+    root = Path(__file__).resolve().parent.parent
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(root),
+        "DISTLOCK_SQLITE_DIR": str(tmp_path),
+        "DJANGO_SETTINGS_MODULE": "tests.settings_unmigrated",
+    }
+    done = subprocess.run(
+        [sys.executable, "manage.py", "distlock", "health", "--json"],
+        cwd=root, env=env, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    found = json.loads(done.stdout)
+    assert not found["default"]["ok"] and "migrate" in found["default"]["error"]
+    assert not found["audited"]["ok"] and "audit" in found["audited"]["error"]
+    assert found["quiet"]["ok"]
+
+
+@pytest.mark.parametrize("table", ["django_distlock_lock", LockEvent._meta.db_table])
+def test_health_command_and_view_fail_without_the_tables(settings: Any, table: str) -> None:
+    """The lock table gone (PostgreSQL: both modes), or the audit table gone under an
+    alias that audits."""
+    require_pg()
+    audited = {"BACKEND": "django_distlock.backends.locmem.LocMemBackend", "AUDIT": True}
+    with override_settings(DISTLOCK={**settings.DISTLOCK, "audited": audited}):
+        assert "pg-tx\tok" in run("health") and "audited\tok" in run("health")
+        failing = ["pg-lease", "pg-tx"] if table == "django_distlock_lock" else ["audited"]
+        database = "pg" if table == "django_distlock_lock" else "default"
+        with table_missing(database, table):
+            with pytest.raises(CommandError) as failed:
+                run("health")
+            assert failed.value.returncode == 1
+            body = Client().get("/distlock/health/")
+            assert body.status_code == 503
+            states = body.json()["aliases"]
+            assert [a for a, s in states.items() if not s["ok"]] == failing
+        assert Client().get("/distlock/health/").status_code == 200
