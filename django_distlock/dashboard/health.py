@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from django.apps import apps
 from django.db import DatabaseError, connections, router, transaction
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.cache import never_cache
@@ -36,7 +37,12 @@ def probe(alias: str) -> float:
 
 
 def _check_audit_table(alias: str) -> None:
-    from ..models import LockEvent  # the app is installed where an alias audits
+    if not apps.is_installed("django_distlock"):
+        raise BackendUnavailable(
+            f"Lock alias {alias!r} has AUDIT, whose table comes with the 'django_distlock' "
+            "app: add it to INSTALLED_APPS and run `manage.py migrate django_distlock`."
+        )
+    from ..models import LockEvent  # not at import: the app may be absent
 
     database = router.db_for_write(LockEvent)
     # Within the caller's transaction (ATOMIC_REQUESTS), a savepoint keeps a failure
