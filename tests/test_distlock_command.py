@@ -18,6 +18,7 @@ from django.test import Client, override_settings
 from django.utils import timezone
 
 from django_distlock import holder_context, locks
+from django_distlock.dashboard.health import check_health
 from django_distlock.exceptions import LockLost
 from django_distlock.models import LockEvent
 
@@ -188,3 +189,11 @@ def test_health_command_and_view_fail_without_the_tables(settings: Any, table: s
             states = body.json()["aliases"]
             assert [a for a, s in states.items() if not s["ok"]] == failing
         assert Client().get("/distlock/health/").status_code == 200
+
+
+def test_health_of_an_audited_alias_without_the_app_says_to_add_it() -> None:
+    audited = {"BACKEND": "django_distlock.backends.locmem.LocMemBackend", "AUDIT": True}
+    apps = ["django.contrib.auth", "django.contrib.contenttypes"]
+    with override_settings(DISTLOCK={"default": audited}, INSTALLED_APPS=apps):
+        (found,) = check_health()
+    assert not found.ok and "INSTALLED_APPS" in found.error
