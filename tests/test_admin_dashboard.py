@@ -7,15 +7,20 @@ list and must say so.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import threading
 from collections.abc import Iterator
 from io import StringIO
 from typing import Any
+from urllib.parse import urlencode
 
+import psycopg
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.core.management import call_command
+from django.db import connections
 from django.test import Client, override_settings
 from django.urls import reverse
 
@@ -30,6 +35,7 @@ from .conftest import (
     PG_ALIASES,
     REDIS_ALIASES,
     ZK_ALIASES,
+    psycopg_params,
     require_pg,
     require_redis,
     require_zookeeper,
@@ -348,3 +354,106 @@ def test_the_app_index_links_the_dashboard(boss: Client) -> None:
     page = boss.get(reverse("admin:app_list", args=["django_distlock"])).content.decode()
     assert reverse(LIST) in page
     assert "Distributed locks" in boss.get(reverse("admin:index")).content.decode()
+
+
+@contextlib.contextmanager
+def held_by_another_thread(alias: str, names: list[str]) -> Iterator[None]:
+    """Hold ``names`` on ``alias`` from another thread (for transaction mode: its open
+    transaction on that thread's connection) for the block."""
+    ready, done = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def hold() -> None:
+        handles = []
+        try:
+            for name in names:
+                handle = locks[alias].lock(name, timeout=5)
+                assert handle.acquire()
+                handles.append(handle)
+        except BaseException as exc:
+            errors.append(exc)
+        ready.set()
+        done.wait(60)
+        for handle in reversed(handles):
+            handle.release()
+        connections.close_all()
+        locks[alias].sessions.forget()  # type: ignore[attr-defined]  # the thread's own
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    ready.wait(60)
+    try:
+        assert not errors, errors
+        yield
+    finally:
+        done.set()
+        thread.join(60)
+
+
+def released_rows(alias: str, names: list[str]) -> None:
+    """Rows of names used once and released: transaction mode keeps them."""
+    backend = locks[alias]
+    with psycopg.connect(**psycopg_params(backend.database), autocommit=True) as side:
+        side.execute(
+            "INSERT INTO django_distlock_lock (name, fencing, host, thread) "
+            "SELECT unnest(%s::text[]), 1, '', ''",
+            [[backend.make_key(name) for name in names]],
+        )
+
+
+def walk(client: Client, query: dict[str, str]) -> tuple[list[str], int]:
+    """Follow the "Next page" links from the first page; return the names and page count."""
+    names: list[str] = []
+    url: str | None = reverse(LIST) + "?" + urlencode(query)
+    pages = 0
+    while url:
+        page = client.get(url).content.decode()
+        found = re.findall(r'data-name="([^"]+)"', page)
+        assert len(found) <= views.PAGE_SIZE
+        names += found
+        more = re.search(r'id="distlock-next" href="([^"]+)"', page)
+        url = reverse(LIST) + more.group(1).replace("&amp;", "&") if more else None
+        pages += 1
+        assert pages < 50
+    return names, pages
+
+
+def test_transaction_mode_pages_go_on_past_released_names(boss: Client) -> None:
+    """Released names keep their rows in transaction mode, so its pages come back short
+    with a cursor: the listing reads on in the same alias (it used to take a short page
+    for the end of the alias: 10 of 100 held locks shown, no "Next page")."""
+    require_pg()
+    names = [f"txpage:{i:04d}" for i in range(600)]
+    held = names[::6]
+    released_rows("pg-tx", [n for n in names if n not in held])
+    with held_by_another_thread("pg-tx", held):
+        for query in ({"q": "txpage:"}, {"q": "txpage:", "alias": "pg-tx"}):
+            seen, pages = walk(boss, query)
+            assert seen == held
+            assert pages <= 3
+        found = json.loads(call("list", "--prefix", "txpage:", "--json"))
+        assert [i["name"] for i in found["locks"]] == held
+
+
+def test_one_held_among_thousands_of_released_names_is_listed(boss: Client) -> None:
+    """3,000 old names and one held: the command prints it, the admin's pages reach it,
+    each page asking the backend a bounded number of times."""
+    require_pg()
+    released_rows("pg-tx", [f"txold:{i:05d}" for i in range(3000)])
+    reads: list[int] = []
+    real = type(locks["pg-tx"]).held_locks
+
+    def spy(self: Any, prefix: str = "", limit: int = 50, cursor: str | None = None) -> Any:
+        reads.append(limit)
+        return real(self, prefix, limit, cursor)
+
+    with held_by_another_thread("pg-tx", ["txold:zz"]):
+        found = json.loads(call("list", "--alias", "pg-tx", "--prefix", "txold:", "--json"))
+        assert [i["name"] for i in found["locks"]] == ["txold:zz"]
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(type(locks["pg-tx"]), "held_locks", spy)
+            seen, pages = walk(boss, {"q": "txold:", "alias": "pg-tx"})
+        assert seen == ["txold:zz"]
+        first = boss.get(reverse(LIST), {"q": "txold:", "alias": "pg-tx"}).content.decode()
+        assert 'id="distlock-read-on"' in first and "No lock held" not in first
+        assert len(reads) <= pages * listing.READS_PER_PAGE

@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +24,8 @@ from django_distlock.dashboard import recorder as recorder_module
 from django_distlock.dashboard.recorder import Recorder, recorded_elsewhere, recorder
 from django_distlock.exceptions import InvalidBackendOptions
 from django_distlock.models import LockEvent
+
+from . import audit_exit
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -126,3 +135,59 @@ def test_audit_settings(raw: Any, expected: AuditSettings | None) -> None:
 def test_bad_audit_settings(raw: Any) -> None:
     with pytest.raises(InvalidBackendOptions):
         parse_audit("x", raw)
+
+
+def _run_exiting(database: dict[str, Any], how: str) -> subprocess.Popen[str]:
+    root = Path(__file__).resolve().parent.parent
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.audit_exit", json.dumps(database), how],
+        cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, text=True,
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+
+
+def _sqlite_database() -> dict[str, Any]:
+    db = connections["default"].settings_dict
+    return {"ENGINE": db["ENGINE"], "NAME": str(db["NAME"]), "OPTIONS": {"timeout": 20}}
+
+
+@pytest.mark.parametrize("how", ["exit", "sigterm"])
+def test_events_queued_at_a_graceful_exit_are_written(how: str) -> None:
+    """400 events queued within the last second, then the process exits: by returning
+    from its main, or by a SIGTERM handler that calls sys.exit (gunicorn's workers)."""
+    LockEvent.objects.all().delete()
+    process = _run_exiting(_sqlite_database(), how)
+    try:
+        if how == "sigterm":
+            assert process.stdout is not None and process.stdout.readline() == "ready\n"
+            process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 0, err
+    assert LockEvent.objects.filter(name__startswith=f"exit:{how}:").count() == 400
+
+
+def test_a_database_that_never_answers_does_not_hold_the_exit() -> None:
+    """The exit waits for the last write at most ``EXIT_TIMEOUT`` seconds (shortened to
+    1 s in the process), then says how many events were lost."""
+    with socket.socket() as silent:  # accepts connections (the backlog), never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        database = {
+            "ENGINE": "django.db.backends.postgresql",
+            "HOST": "127.0.0.1",
+            "PORT": silent.getsockname()[1],
+            "NAME": "nothing",
+            "USER": "nobody",
+        }
+        started = time.monotonic()
+        process = _run_exiting(database, "stuck")
+        try:
+            _, err = process.communicate(timeout=60)
+        finally:
+            process.kill()
+        took = time.monotonic() - started
+    assert process.returncode == 0, err
+    assert took < audit_exit.STUCK_EXIT_TIMEOUT + 20, took
+    assert "400 lock events" in err and "not written" in err

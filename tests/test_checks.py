@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
+from django.core import checks
 from django.test import override_settings
 
 from django_distlock.checks import check_distlock
+
+_MODULE = check_distlock.__module__
 
 DB = "django_distlock.backends.database.DatabaseBackend"
 
@@ -61,3 +69,23 @@ def test_database_it_cannot_serve() -> None:
 def test_app_not_installed() -> None:
     apps = ["django.contrib.auth", "django.contrib.contenttypes"]
     assert set(ids(INSTALLED_APPS=apps)) == {"distlock.E005"}
+
+
+def test_app_not_installed_is_reported_by_manage_py_check() -> None:
+    """The checks run although the app (whose ``ready()`` used to register them) is not
+    installed: a site whose code imports the package hears of E005 at startup, not at
+    its first acquire."""
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    done = subprocess.run(
+        [sys.executable, "manage.py", "check", "--settings", "tests.settings_without_app"],
+        cwd=root, env=env, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "distlock.E005" in done.stderr
+    assert done.stderr.count("distlock.E005") == 1  # registered once
+
+
+def test_checks_are_registered_once() -> None:
+    registered = [c for c in checks.registry.registry.get_checks() if c.__module__ == _MODULE]
+    assert len(registered) == 1

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import subprocess
+import sys
 from datetime import timedelta
 from io import StringIO
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,9 +18,12 @@ from django.test import Client, override_settings
 from django.utils import timezone
 
 from django_distlock import holder_context, locks
+from django_distlock.dashboard.health import check_health
+from django_distlock.exceptions import LockLost
 from django_distlock.models import LockEvent
 
-from .conftest import DATABASES
+from .conftest import DATABASES, require_pg
+from .tables import table_missing
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
 
@@ -100,3 +108,92 @@ def test_health_exit_status_and_view(settings: Any) -> None:
         down = body.json()["aliases"]["down"]
         assert down == {"ok": False, "latency_ms": None, "error": "BackendUnavailable"}
         assert body.json()["aliases"]["default"]["ok"]
+
+
+def test_release_without_yes_and_no_terminal_is_a_command_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """stdin at its end (cron, CI, ``< /dev/null``): a clear error, not an EOFError."""
+    handle = locks["default"].lock("cmd:notty", ttl=60)
+    handle.acquire()
+    try:
+        with open(os.devnull) as devnull:
+            monkeypatch.setattr("sys.stdin", devnull)
+            with pytest.raises(CommandError, match="--yes"):
+                run("release", "default", "cmd:notty", "--reason", "stuck")
+        assert locks["default"].is_locked("cmd:notty")
+        assert not LockEvent.objects.exists()
+    finally:
+        with contextlib.suppress(LockLost):
+            handle.release()
+
+
+@pytest.mark.parametrize("days", ["nan", "inf", "-inf", "-1", "1e12"])
+def test_purge_refuses_days_that_are_not_a_usable_number(days: str) -> None:
+    LockEvent.objects.create(at=timezone.now(), kind="acquired", alias="default", name="n")
+    with pytest.raises(CommandError, match="--days"):
+        run("purge", "--days", days)
+    assert LockEvent.objects.count() == 1
+
+
+@pytest.mark.parametrize("reason", ["", "   ", "x" * 2001])
+def test_release_needs_a_reason_like_the_admin(reason: str) -> None:
+    handle = locks["default"].lock("cmd:reason", ttl=60)
+    handle.acquire()
+    try:
+        with pytest.raises(CommandError, match="--reason"):
+            run("release", "default", "cmd:reason", "--reason", reason, "--yes")
+        assert locks["default"].is_locked("cmd:reason")
+        assert not LockEvent.objects.exists()
+    finally:
+        with contextlib.suppress(LockLost):
+            handle.release()
+
+
+def test_health_fails_on_a_database_that_was_never_migrated(tmp_path: Path) -> None:
+    """Every acquire there fails, and the audit trail cannot be written: health says so."""
+    root = Path(__file__).resolve().parent.parent
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(root),
+        "DISTLOCK_SQLITE_DIR": str(tmp_path),
+        "DJANGO_SETTINGS_MODULE": "tests.settings_unmigrated",
+    }
+    done = subprocess.run(
+        [sys.executable, "manage.py", "distlock", "health", "--json"],
+        cwd=root, env=env, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    found = json.loads(done.stdout)
+    assert not found["default"]["ok"] and "migrate" in found["default"]["error"]
+    assert not found["audited"]["ok"] and "audit" in found["audited"]["error"]
+    assert found["quiet"]["ok"]
+
+
+@pytest.mark.parametrize("table", ["django_distlock_lock", LockEvent._meta.db_table])
+def test_health_command_and_view_fail_without_the_tables(settings: Any, table: str) -> None:
+    """The lock table gone (PostgreSQL: both modes), or the audit table gone under an
+    alias that audits."""
+    require_pg()
+    audited = {"BACKEND": "django_distlock.backends.locmem.LocMemBackend", "AUDIT": True}
+    with override_settings(DISTLOCK={**settings.DISTLOCK, "audited": audited}):
+        assert "pg-tx\tok" in run("health") and "audited\tok" in run("health")
+        failing = ["pg-lease", "pg-tx"] if table == "django_distlock_lock" else ["audited"]
+        database = "pg" if table == "django_distlock_lock" else "default"
+        with table_missing(database, table):
+            with pytest.raises(CommandError) as failed:
+                run("health")
+            assert failed.value.returncode == 1
+            body = Client().get("/distlock/health/")
+            assert body.status_code == 503
+            states = body.json()["aliases"]
+            assert [a for a, s in states.items() if not s["ok"]] == failing
+        assert Client().get("/distlock/health/").status_code == 200
+
+
+def test_health_of_an_audited_alias_without_the_app_says_to_add_it() -> None:
+    audited = {"BACKEND": "django_distlock.backends.locmem.LocMemBackend", "AUDIT": True}
+    apps = ["django.contrib.auth", "django.contrib.contenttypes"]
+    with override_settings(DISTLOCK={"default": audited}, INSTALLED_APPS=apps):
+        (found,) = check_health()
+    assert not found.ok and "INSTALLED_APPS" in found.error

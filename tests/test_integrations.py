@@ -18,8 +18,10 @@ from prometheus_client import CollectorRegistry
 from django_distlock import locks
 from django_distlock.integrations import prometheus
 from django_distlock.integrations.health_check import LockBackends
+from django_distlock.models import LockEvent
 
-from .conftest import DATABASES
+from .conftest import DATABASES, require_pg
+from .tables import table_missing
 
 # every alias' health() runs, the database ones included (on every test database)
 pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
@@ -105,3 +107,19 @@ def test_prometheus_uninstalled_counts_nothing(unique: Any) -> None:
     with locks["locmem"].lock(unique()):
         pass
     assert registry.get_sample_value("distlock_acquisitions_total", {"alias": "locmem"}) is None
+
+
+def test_the_health_check_fails_without_the_lock_or_the_audit_table(settings: Any) -> None:
+    """Where ``migrate`` never ran every acquire fails: so must the check."""
+    require_pg()
+    audited = {"BACKEND": "django_distlock.backends.locmem.LocMemBackend", "AUDIT": True}
+    with override_settings(DISTLOCK={**settings.DISTLOCK, "audited": audited}):
+        assert _error(LockBackends(alias="pg-lease")) is None
+        assert _error(LockBackends(alias="audited")) is None
+        with table_missing("pg", "django_distlock_lock"):
+            for alias in ("pg-lease", "pg-tx"):
+                assert isinstance(_error(LockBackends(alias=alias)), ServiceUnavailable)
+            assert _error(LockBackends(alias="audited")) is None
+        with table_missing("default", LockEvent._meta.db_table):
+            assert isinstance(_error(LockBackends(alias="audited")), ServiceUnavailable)
+        assert _error(LockBackends()) is None

@@ -3,7 +3,8 @@
 A page position is ``(alias, backend cursor)``: a page reads the aliases in
 their configured order from that position, asking each backend for only the
 rows still missing, so its cost grows with the page size (and the number of
-aliases), never with the number of locks held.
+aliases), never with the number of locks held; it makes at most
+:data:`READS_PER_PAGE` reads.
 """
 
 from __future__ import annotations
@@ -19,6 +20,10 @@ from ..handler import locks
 from ..values import LockInfo, validate_page_args
 
 CURSOR_SALT = "django_distlock.dashboard.cursor"
+#: Most ``held_locks()`` calls one page makes. A page that reaches it ends short, with the
+#: position to read on from, so that a backend full of names no longer held (transaction
+#: mode) costs each page view a bounded amount of work.
+READS_PER_PAGE = 20
 
 
 class BadPosition(ValueError):
@@ -85,7 +90,9 @@ def read_page(
 ) -> Page:
     """Return up to ``limit`` held locks from ``position`` (None: the start).
 
-    An alias whose server fails is reported in ``Page.aliases`` and skipped.
+    The page is shorter only at the end (``next_position`` None), or when it made
+    :data:`READS_PER_PAGE` reads (``next_position`` set). An alias whose server fails
+    is reported in ``Page.aliases`` and skipped.
     """
     validate_page_args(prefix, limit, None)
     states = alias_states(aliases)
@@ -96,30 +103,42 @@ def read_page(
         if position[0] not in states:
             raise BadPosition(f"The alias {position[0]!r} of this cursor is not listed.")
         start, cursor = order.index(position[0]), position[1]
+    reads = 0
     for index in range(start, len(order)):
         state = states[order[index]]
         if not state.listing or state.error:
             cursor = None
             continue
         backend = locks[state.alias]
-        missing = limit - len(page.rows)
-        try:
-            found = backend.held_locks(prefix=prefix, limit=missing, cursor=cursor)
-        except (DistLockError, UnsupportedOperation) as exc:
-            state.error = str(exc) or type(exc).__name__
-            cursor = None
-            continue
-        except ValueError as exc:  # a cursor the backend rejects
-            raise BadPosition(str(exc)) from exc
-        cursor = None
         kind, release = lock_kind(backend), backend.supports_force_release
-        page.rows.extend(Row(info, state.backend_type, kind, release) for info in found)
+        # A short page with a cursor is not the end of the alias: a backend may read past
+        # names no longer held (transaction mode keeps released names' rows, Redis its
+        # expired index entries), so read on in this alias until it gives no cursor.
+        while True:
+            if reads >= READS_PER_PAGE:
+                page.next_position = (state.alias, cursor)
+                return page
+            missing = limit - len(page.rows)
+            reads += 1
+            try:
+                found = backend.held_locks(prefix=prefix, limit=missing, cursor=cursor)
+            except (DistLockError, UnsupportedOperation) as exc:
+                state.error = str(exc) or type(exc).__name__
+                break
+            except ValueError as exc:  # a cursor the backend rejects
+                raise BadPosition(str(exc)) from exc
+            page.rows.extend(Row(info, state.backend_type, kind, release) for info in found)
+            cursor = found.next_cursor
+            if cursor is None:
+                break
+            if len(page.rows) >= limit:
+                page.next_position = (state.alias, cursor)
+                return page
+        cursor = None
         if len(page.rows) >= limit:
-            if found.next_cursor is not None:
-                page.next_position = (state.alias, found.next_cursor)
-            elif index + 1 < len(order):
+            if index + 1 < len(order):
                 page.next_position = (order[index + 1], None)
-            break
+            return page
     return page
 
 

@@ -10,7 +10,8 @@ django-distlock[health-check]``)::
         ("django_distlock.integrations.health_check.LockBackends", {"alias": "redis"}),
     ])),
 
-Each alias' ``health()`` makes one round trip to its server. A failure is
+Each alias' ``health()`` makes one round trip to its server (the database backend's
+reads its lock table); an alias with ``AUDIT`` also reads the audit trail's table. A failure is
 reported without its details (the health page may be public); they are logged.
 """
 
@@ -24,6 +25,7 @@ from django.core.exceptions import ImproperlyConfigured
 from health_check.base import HealthCheck
 from health_check.exceptions import ServiceUnavailable
 
+from ..dashboard.health import probe
 from ..exceptions import DistLockError
 from ..handler import locks
 
@@ -42,7 +44,7 @@ class LockBackends(HealthCheck):
         failed = []
         for alias in aliases:
             try:
-                locks[alias].health()
+                probe(alias)
             except (DistLockError, ImproperlyConfigured):
                 logger.warning("Lock backend %r failed its health check", alias, exc_info=True)
                 failed.append(alias)

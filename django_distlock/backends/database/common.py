@@ -17,13 +17,14 @@ from ...exceptions import BackendUnavailable, InvalidBackendOptions, Unsupported
 from ...handle import Lock
 from ..base import Acquisition, BaseLockBackend, check_option_keys
 from .sessions import ERRORS, SessionFactory, ThreadSessions, sqlstate
-from .sql import POSTGRESQL, SQLITE, Dialect
+from .sql import POSTGRESQL, SQLITE, TABLE, Dialect
 
 _OPTION_KEYS = frozenset({"DATABASE", "MODE", "PREPARE", "ASYNC_SESSIONS"})
 #: Longest wait sent to the server in one call (PostgreSQL's ``lock_timeout`` stops
 #: at about 24.8 days); a longer timeout waits in several calls.
 MAX_SERVER_WAIT = 86400.0
 _MIGRATE = "run `manage.py migrate django_distlock`"
+_HEALTH = f"SELECT 1 FROM {TABLE} LIMIT 0"  # resolves the table, reads no row
 
 
 class DatabaseBackend(BaseLockBackend):
@@ -160,7 +161,9 @@ class DatabaseBackend(BaseLockBackend):
 
     def health(self) -> float:
         started = time.perf_counter()
-        self.run("SELECT 1", [], "checking health")
+        # Reads the lock table, not just the server: where ``migrate`` never ran, every
+        # acquire fails, and so must this (with the hint to migrate).
+        self.run(_HEALTH, [], "checking health")
         return time.perf_counter() - started
 
     def close(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import math
 from datetime import timedelta
 from typing import Any
 
@@ -18,6 +19,9 @@ from ...exceptions import DistLockError, InvalidLockName
 from ...handler import locks
 from ...models import LockEvent
 from ...values import LockInfo
+
+#: Longest ``--reason``, as the admin's form takes.
+MAX_REASON = 2000
 
 
 def _as_dict(info: LockInfo) -> dict[str, Any]:
@@ -122,6 +126,11 @@ class Command(BaseCommand):
                 self.stdout.write(f"{key}: {value}")
 
     def do_release(self, *, alias: str, name: str, reason: str, yes: bool, **_: Any) -> None:
+        reason = reason.strip()
+        if not reason:
+            raise CommandError("--reason must say why (the audit trail records it).")
+        if len(reason) > MAX_REASON:
+            raise CommandError(f"--reason must be at most {MAX_REASON} characters.")
         info = self._find(alias, name)
         if info is None:
             raise CommandError(f"{name!r} is not held on {alias!r}.", returncode=3)
@@ -130,10 +139,17 @@ class Command(BaseCommand):
             raise CommandError(f"The alias {alias!r} cannot force-release.")
         if not yes:
             doing = f" ({info.context})" if info.context else ""
-            answer = input(
-                f"Force-release {name!r} on {alias!r}, held by {info.host} pid {info.pid} "
-                f"{info.thread}{doing} (token {info.fencing_token})? [y/N] "
-            )
+            try:
+                answer = input(
+                    f"Force-release {name!r} on {alias!r}, held by {info.host} pid {info.pid} "
+                    f"{info.thread}{doing} (token {info.fencing_token})? [y/N] "
+                )
+            except EOFError as exc:
+                raise CommandError(
+                    "Not released: no answer on stdin (not a terminal?); pass --yes to release "
+                    "without asking.",
+                    returncode=1,
+                ) from exc
             if answer.strip().lower() not in ("y", "yes"):
                 raise CommandError("Not released.", returncode=1)
         freed = release_audited(name, info, f"command:{getpass.getuser()}", reason)
@@ -145,9 +161,13 @@ class Command(BaseCommand):
     def do_purge(self, *, days: float | None, **_: Any) -> None:
         now, deleted = timezone.now(), 0
         if days is not None:
-            if days < 0:
-                raise CommandError("--days must be >= 0.")
-            deleted = LockEvent.objects.filter(at__lt=now - timedelta(days=days)).delete()[0]
+            if not math.isfinite(days) or days < 0:
+                raise CommandError(f"--days must be a number >= 0, got {days}.")
+            try:
+                cutoff = now - timedelta(days=days)
+            except OverflowError as exc:
+                raise CommandError(f"--days {days} reaches before year 1.") from exc
+            deleted = LockEvent.objects.filter(at__lt=cutoff).delete()[0]
         else:
             for alias in locks:
                 audit = locks[alias].audit

@@ -1,0 +1,50 @@
+"""A process that records lock events and exits at once (tests/test_audit_recorder.py).
+
+``python -m tests.audit_exit DATABASE_JSON HOW``: ``DATABASE_JSON`` is the
+``DATABASES["default"]`` entry; ``HOW`` is ``exit`` (return from main), ``sigterm``
+(a SIGTERM handler that calls ``sys.exit``, as gunicorn's workers do; "ready" is
+printed when the events are queued) or ``stuck`` (like exit, its database never answers).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from typing import Any
+
+import django
+from django.conf import settings
+
+EVENTS = 400
+STUCK_EXIT_TIMEOUT = 1.0
+
+
+def main(database: dict[str, Any], how: str) -> None:
+    settings.configure(
+        INSTALLED_APPS=["django.contrib.contenttypes", "django.contrib.auth", "django_distlock"],
+        DATABASES={"default": database},
+        DISTLOCK={"default": {"BACKEND": "django_distlock.backends.locmem.LocMemBackend",
+                              "AUDIT": True}},
+        USE_TZ=True,
+    )
+    django.setup()
+    from django_distlock import locks
+    from django_distlock.dashboard import recorder
+
+    if how == "stuck":
+        recorder.EXIT_TIMEOUT = STUCK_EXIT_TIMEOUT  # the bound, shortened for the test
+
+    if how == "sigterm":
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    for index in range(EVENTS // 2):  # an acquired and a released event each
+        with locks["default"].lock(f"exit:{how}:{index}", ttl=30):
+            pass
+    print("ready", flush=True)
+    if how == "sigterm":
+        time.sleep(60)
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]), sys.argv[2])
