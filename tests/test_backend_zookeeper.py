@@ -994,3 +994,48 @@ def test_a_node_found_by_guid_in_another_session_is_not_adopted(zk, unique, monk
     finally:
         stranger.stop()
         stranger.close()
+
+
+# -- a chroot in LOCATION (issue 20, item 14) -------------------------------------------
+
+
+@pytest.mark.parametrize("chroot_exists", [True, False])
+def test_a_chroot_in_location_holds_every_node(unique, chroot_exists) -> None:
+    """``LOCATION`` ending in ``/some/chroot``: locks and semaphores work, every node is
+    made under the chroot (created when missing), and a node outside the chroot with the
+    path of ``ROOT`` is left untouched. Before: the lock's parent was made outside the
+    chroot, or (no such node outside) "ZooKeeper kept removing the parents"."""
+    require_zookeeper()
+    tag = unique("c").replace(":", "-")
+    top = f"/distlock-{tag}"
+    chroot, root = f"{top}/some/chroot", f"/locks-{tag}"
+    raw = KazooClient(hosts=HOSTS)
+    raw.start(timeout=10)
+    try:
+        if chroot_exists:
+            raw.ensure_path(chroot)
+            raw.create(root)  # outside the chroot
+        backend = ZooKeeperBackend("chroot", {
+            "BACKEND": _ZK, "LOCATION": HOSTS + chroot, "OPTIONS": {"ROOT": root},
+        })
+        assert backend.check() == []
+        try:
+            with backend.lock("x"):
+                assert raw.get_children(f"{chroot}{root}") == ["x"]
+                assert len(raw.get_children(f"{chroot}{root}/x")) == 1
+                assert not _try(lambda: backend.lock("x"))
+                assert [info.name for info in backend.held_locks().locks] == ["x"]
+            with backend.semaphore("s", 2), backend.semaphore("s", 2):
+                assert not _try(lambda: backend.semaphore("s", 2))
+                assert sorted(raw.get_children(f"{chroot}{root}")) == ["s", "x"]
+            assert backend.health() >= 0
+            # Nothing made outside the chroot.
+            assert (raw.get_children(root) if chroot_exists else raw.exists(root)) in ([], None)
+        finally:
+            backend.close()
+    finally:
+        raw.delete(top, recursive=True)
+        if raw.exists(root):
+            raw.delete(root, recursive=True)
+        raw.stop()
+        raw.close()
