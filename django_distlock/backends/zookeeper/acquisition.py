@@ -289,12 +289,14 @@ class ZooKeeperAcquisition(ThreadHops):
             self._own_watch = False  # no order is known: the grant reads our node
             return
         if stat is None or stat.ephemeralOwner != self.session:
-            self._own_watch = False
-            self._own_gone = True
+            self._own_watch = False  # the grant, if any, reads our node
+            self._own_gone = stat is None  # no node comes back under its name
 
     def _own_node_changed(self, event: Any) -> None:
         """Any event on our node ends what its watch proves (kazoo's thread); a deletion
         wakes the waiter, which queues again."""
+        if event.path is not None and event.path != f"{self.parent}/{self.node}":
+            return  # the watch of a node we queued with before (we queued again since)
         self._own_watch = False
         if event.type == EventType.DELETED and not self.granted:
             self._own_gone = True
