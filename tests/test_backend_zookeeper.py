@@ -4,6 +4,8 @@ fencing across a re-created parent, orphans, session states, options and checks.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import threading
 import time
@@ -20,7 +22,7 @@ from kazoo.exceptions import ConnectionLoss, NoAuthError
 from django_distlock import locks, signals
 from django_distlock.backends.zookeeper import ZooKeeperBackend
 from django_distlock.backends.zookeeper.client import unavailable
-from django_distlock.backends.zookeeper.paths import decode, encode
+from django_distlock.backends.zookeeper.paths import contenders, decode, encode
 from django_distlock.exceptions import (
     BackendUnavailable,
     InvalidBackendOptions,
@@ -116,13 +118,18 @@ def test_one_watch_event_per_release(zk, unique) -> None:
     assert zk.client.watch_events - before == 5
 
 
-def test_the_next_waiter_is_granted_by_the_delete_event(zk, unique, monkeypatch) -> None:
+@pytest.mark.parametrize("shared", [False, True])
+def test_the_next_waiter_is_granted_by_the_delete_event(zk, unique, monkeypatch, shared):
     """A waiter with only the holder ahead takes the lock when the holder's node goes,
-    without listing the contenders again (later contenders queue behind it)."""
+    without listing the contenders again (later contenders queue behind it). It watches
+    its own node too (sent with the holder's watch), so the events' order shows that its
+    node outlived the holder's. A holder in the waiter's own session proves nothing (a
+    closed session deletes both nodes in one change): the waiter reads its node once."""
     name = unique()
+    waiting = zk if shared else _another(zk, "zk-waiter")
     holder = zk.lock(name)
     holder.acquire()
-    kazoo = zk.client.get()
+    kazoo = waiting.client.get()
     sent: list[str] = []
     real = kazoo._call
     monkeypatch.setattr(kazoo, "_call", lambda req, res: sent.append(type(req).__name__)
@@ -130,16 +137,21 @@ def test_the_next_waiter_is_granted_by_the_delete_event(zk, unique, monkeypatch)
     got = threading.Event()
 
     def wait() -> None:
-        with zk.lock(name, timeout=30):
+        with waiting.lock(name, timeout=30):
             got.set()
 
     waiter = threading.Thread(target=wait)
     waiter.start()
-    assert eventually(lambda: sent == ["Create2", "GetChildren", "Exists"])
+    queued = ["Create2", "GetChildren", "Exists", "Exists"]  # our node's watch, the holder's
+    assert eventually(lambda: sent == queued)
     holder.release()
     waiter.join(30)
     assert got.is_set()
-    assert sent == ["Create2", "GetChildren", "Exists", "Delete", "Delete"]
+    if shared:
+        assert sent == [*queued, "Delete", "Exists", "Delete"]
+    else:
+        assert sent == [*queued, "Delete"]
+        waiting.close()
 
 
 @pytest.mark.parametrize("kind", ["lock", "read_lock"])
@@ -860,3 +872,170 @@ def test_a_session_is_kept_under_max_session_bytes(unique) -> None:
         backend.close()
         other.close()
     assert backend.client.claimed == 0
+
+
+# -- a grant rests on our own node, in the live session (issue 20, item 1) -------------
+
+
+def _node_of(backend: ZooKeeperBackend, name: str, handle: Any) -> str | None:
+    """The contender node behind ``handle``'s grant (its czxid is the fencing token), if
+    it exists now in ``backend``'s live session (seen through the ``zk`` alias' client)."""
+    assert eventually(backend.client.connected)
+    session = backend.client.get().client_id[0]
+    observer = locks["zk"]
+    assert isinstance(observer, ZooKeeperBackend)
+    parent = observer.parent_of(observer.make_key(name))
+    kazoo = observer.client.get()
+    for child in kazoo.get_children(parent) if kazoo.exists(parent) else []:
+        stat = kazoo.exists(f"{parent}/{child}")
+        if stat is not None and stat.czxid == handle.fencing_token:
+            return child if stat.ephemeralOwner == session else None
+    return None
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_waiter_whose_node_was_deleted_is_not_granted_on_it(zk, unique, mode) -> None:
+    """B waits behind A in a session of its own; another client deletes B's node; A
+    releases. B's grant must not rest on the deleted node (it queues again, with a new
+    node), and C's non-blocking acquire must not be granted beside B."""
+    name = unique()
+    waiting, third = _another(zk, "zk-b"), _another(zk, "zk-c")
+    try:
+        holder = zk.lock(name)
+        assert holder.acquire()
+        waiter = waiting.lock(name, timeout=10)
+        run = waiter.acquire if mode == "sync" else lambda: asyncio.run(waiter.aacquire())
+        with ThreadPoolExecutor(1) as pool:
+            got = pool.submit(run)
+            assert eventually(lambda: len(_children(zk, name)) == 2)
+            parent = zk.parent_of(zk.make_key(name))
+            deleted = contenders(_children(zk, name))[1]
+            zk.client.get().delete(f"{parent}/{deleted}")  # an operator, or Curator's tests
+            holder.release()
+            assert got.result(10) is True
+        assert _node_of(waiting, name, waiter) not in (None, deleted)  # a new node
+        assert not _try(lambda: third.lock(name))  # C is not granted beside B
+        waiter.release()
+        assert _try(lambda: third.lock(name))
+    finally:
+        waiting.close()
+        third.close()
+
+
+def test_no_grant_without_a_node_when_the_shared_session_is_closed(zk, unique) -> None:
+    """Holders and their waiters share one client; the session is closed on the server
+    (kazoo's harness way), which deletes all their nodes at once. A holder's delete event
+    can reach its waiter before the client sees the session end: no waiter may be granted
+    on its deleted node (before the fix: about 1 in 10)."""
+    backend = _another(zk, "zk-shared")
+    names = [unique(f"n{index}") for index in range(5)]
+    bogus = []
+    try:
+        for _round in range(20):
+            holders = [backend.lock(name) for name in names]
+            for handle in holders:
+                assert handle.acquire(timeout=5)
+            waiters = [backend.lock(name, timeout=5) for name in names]
+            with ThreadPoolExecutor(len(names)) as pool:
+                futures = [pool.submit(waiter.acquire) for waiter in waiters]
+                assert eventually(lambda: all(len(_children(zk, n)) == 2 for n in names))
+                session, password = backend.client.get().client_id
+                closer = KazooClient(hosts=HOSTS, client_id=(session, password))
+                closer.start(timeout=10)
+                closer.stop()
+                closer.close()
+                for name, waiter, future in zip(names, waiters, futures, strict=True):
+                    try:
+                        granted = future.result(15)
+                    except BackendUnavailable:
+                        granted = False
+                    if granted:
+                        if _node_of(backend, name, waiter) is None:
+                            bogus.append(name)
+                        with contextlib.suppress(LockLost):
+                            waiter.release()
+            for handle in holders:
+                with contextlib.suppress(LockLost):
+                    handle.release()
+        assert bogus == []
+    finally:
+        backend.close()
+
+
+def test_a_node_found_by_guid_in_another_session_is_not_adopted(zk, unique, monkeypatch):
+    """CURATOR-604: a create's answer is lost and the session changes; a node with our
+    GUID still listed belongs to the ended session (here: another live one). Adopting it
+    would grant on a node this session does not own."""
+    name = unique()
+    parent = zk.parent_of(zk.make_key(name))
+    stranger = KazooClient(hosts=HOSTS)
+    stranger.start(timeout=10)
+    real = zk.client.wait
+    lost: list[str] = []
+
+    def wait(result: Any, what: str, until: float | None = None) -> Any:
+        value = real(result, what, until)
+        if what == "creating a contender node" and not lost:
+            path = value[0]
+            lost.append(path)
+            zk.client.get().delete(path)  # our node went with our (old) session...
+            guid = path.rsplit("/", 1)[1].partition("__")[0]
+            # ...and a node named by our GUID, of another session, is still listed.
+            stranger.create(f"{parent}/{guid}__lock__", ephemeral=True, sequence=True)
+            raise unavailable(ConnectionLoss()) from ConnectionLoss()
+        return value
+
+    monkeypatch.setattr(zk.client, "wait", wait)
+    try:
+        handle = zk.lock(name)
+        assert handle.acquire(blocking=False) is False  # the stranger's node is ahead
+        assert lost
+        assert len(contenders(_children(zk, name))) == 1  # ours was deleted again
+    finally:
+        stranger.stop()
+        stranger.close()
+
+
+# -- a chroot in LOCATION (issue 20, item 14) -------------------------------------------
+
+
+@pytest.mark.parametrize("chroot_exists", [True, False])
+def test_a_chroot_in_location_holds_every_node(unique, chroot_exists) -> None:
+    """``LOCATION`` ending in ``/some/chroot``: locks and semaphores work, every node is
+    made under the chroot (created when missing), and a node outside the chroot with the
+    path of ``ROOT`` is left untouched. Before: the lock's parent was made outside the
+    chroot, or (no such node outside) "ZooKeeper kept removing the parents"."""
+    require_zookeeper()
+    tag = unique("c").replace(":", "-")
+    top = f"/distlock-{tag}"
+    chroot, root = f"{top}/some/chroot", f"/locks-{tag}"
+    raw = KazooClient(hosts=HOSTS)
+    raw.start(timeout=10)
+    try:
+        if chroot_exists:
+            raw.ensure_path(chroot)
+            raw.create(root)  # outside the chroot
+        backend = ZooKeeperBackend("chroot", {
+            "BACKEND": _ZK, "LOCATION": HOSTS + chroot, "OPTIONS": {"ROOT": root},
+        })
+        assert backend.check() == []
+        try:
+            with backend.lock("x"):
+                assert raw.get_children(f"{chroot}{root}") == ["x"]
+                assert len(raw.get_children(f"{chroot}{root}/x")) == 1
+                assert not _try(lambda: backend.lock("x"))
+                assert [info.name for info in backend.held_locks().locks] == ["x"]
+            with backend.semaphore("s", 2), backend.semaphore("s", 2):
+                assert not _try(lambda: backend.semaphore("s", 2))
+                assert sorted(raw.get_children(f"{chroot}{root}")) == ["s", "x"]
+            assert backend.health() >= 0
+            # Nothing made outside the chroot.
+            assert (raw.get_children(root) if chroot_exists else raw.exists(root)) in ([], None)
+        finally:
+            backend.close()
+    finally:
+        raw.delete(top, recursive=True)
+        if raw.exists(root):
+            raw.delete(root, recursive=True)
+        raw.stop()
+        raw.close()

@@ -12,6 +12,17 @@ A waiter whose blocker is the only one ahead of it (the usual case: it is next) 
 granted by the watch event of that node's deletion, without listing the contenders
 again (kazoo's ``Lock`` lists them): a contender created later has a higher sequence
 (the parent, holding our node, is not reaped), so nothing can have come ahead of us.
+
+A grant rests on our own node existing, in the session we are connected in, when the
+blocker's deletion was applied. With the blocker's watch the waiter sets one on its own
+node (sent together: no extra wait). ZooKeeper delivers a session's watch events in the
+order of the changes, and kazoo runs them in that order: our node's deletion, had it come
+first, is seen before the blocker's. Where that order says nothing, the waiter reads its
+node once (one round trip) before it takes the grant: when the blocker was a node of our
+own session (a closed session deletes all its nodes in one change, in no stated order),
+when the blocker was gone before its watch was set, or when the watch on our node is not
+in place (it fired, or the connection dropped: kazoo then drops every watch). A waiter
+whose node is gone queues again, at the back, with a new node (kazoo's ``Lock`` too).
 """
 
 from __future__ import annotations
@@ -100,6 +111,10 @@ class ZooKeeperAcquisition(ThreadHops):
         #: Whether nothing else is ahead of us once the predecessor is gone.
         self.next_in_line = False
         self._gone = False  # the predecessor's deletion was seen (its watch event)
+        self._predecessor_session = 0  # the session that owns the predecessor's node
+        #: A watch is set on our own node and has not fired (see the module docstring).
+        self._own_watch = False
+        self._own_gone = False  # our node was found gone while waiting
         #: What the node's name says it takes (see :mod:`.paths`).
         self.marker = READ_MARKER if lock.kind == "read" else MARKER
         self.granted = False
@@ -120,8 +135,10 @@ class ZooKeeperAcquisition(ThreadHops):
             except NoNodeError:
                 children = []
             order = contenders(children)
-            if self.node not in order:  # our session ended while we queued: queue again
-                self.node = None
+            if self.node not in order or not self._same_session():
+                # Our node is gone (deleted, or its session ended while we queued), or it
+                # is a node of an ended session still listed (CURATOR-604): queue again.
+                self._requeue()
                 continue
             ahead = blocker(order, self.node)
             if ahead is None:
@@ -134,6 +151,11 @@ class ZooKeeperAcquisition(ThreadHops):
             f"ZooKeeper kept dropping the contender node of {self.lock.name!r} (session "
             "ending while queued)."
         )
+
+    def _requeue(self) -> None:
+        """Forget our node (it is gone, or goes with its session): the next create makes
+        a new one, at the back of the queue."""
+        self.node, self._own_watch, self._own_gone = None, False, False
 
     def _grant(self) -> Grant:
         self.granted = True
@@ -197,7 +219,9 @@ class ZooKeeperAcquisition(ThreadHops):
                 stat = self.client.call(
                     "reading our node", "exists", f"{self.parent}/{child}", until=until
                 )
-                if stat is not None:
+                # Ours only if made by the session we are in: a node of an ended session
+                # can still be listed for a moment (CURATOR-604), and goes.
+                if stat is not None and stat.ephemeralOwner == self._session_id():
                     self._uncertain = False
                     self.node, self.fencing = child, stat.czxid
                     self.session = stat.ephemeralOwner
@@ -215,14 +239,17 @@ class ZooKeeperAcquisition(ThreadHops):
         the deadline (the handle then attempts again)."""
         self._wake.clear()
         if not self._watch(lambda event: self._wake.set()):
-            return self._after_predecessor()
-        self._wake.wait(remaining(self.deadline))
-        return self._after_predecessor() if self._gone else None
+            return self._after_predecessor(evented=False)
+        if not self._own_gone:
+            self._wake.wait(remaining(self.deadline))
+        return self._after_predecessor(evented=True) if self._gone else None
 
     def _watch(self, callback: Any) -> bool:
-        """Set a watch on the predecessor; False if it is already gone."""
+        """Set a watch on the predecessor (and on our node, unless one is set); False if
+        the predecessor is already gone."""
         path = f"{self.parent}/{self.predecessor}"
         self._gone = False
+        own = self._watch_own()
 
         def fired(event: Any) -> None:
             self.client.watch_events += 1
@@ -230,14 +257,67 @@ class ZooKeeperAcquisition(ThreadHops):
             self._gone = event.type == EventType.DELETED
             callback(event)
 
-        return self.client.call(f"watching {path}", "exists", path, watch=fired) is not None
+        try:
+            stat = self.client.call(f"watching {path}", "exists", path, watch=fired)
+        finally:
+            if own is not None:
+                self._own_watched(own)
+        if stat is None:
+            return False
+        self._predecessor_session = stat.ephemeralOwner
+        return True
 
-    def _after_predecessor(self) -> Grant | None:
-        """The predecessor is gone: the grant if nothing else is ahead of us and our node's
-        session is still the connected one, else None (the handle attempts again)."""
-        if self.next_in_line and self.client.connected() and self._same_session():
+    def _watch_own(self) -> IAsyncResult | None:
+        """Send the watch on our own node (answered with the predecessor's)."""
+        if self._own_watch:
+            return None
+        # Set before sending: an event may come (and clear it) as soon as it is answered.
+        self._own_watch = True
+        try:
+            return self.client.get().exists_async(
+                f"{self.parent}/{self.node}", watch=self._own_node_changed
+            )
+        except ERRORS:
+            self._own_watch = False
+            return None
+
+    def _own_watched(self, result: IAsyncResult) -> None:
+        """The answer to the watch on our node: gone (we queue again) or not ours."""
+        try:
+            stat = self.client.wait(result, "watching our node")
+        except BackendUnavailable:
+            self._own_watch = False  # no order is known: the grant reads our node
+            return
+        if stat is None or stat.ephemeralOwner != self.session:
+            self._own_watch = False  # the grant, if any, reads our node
+            self._own_gone = stat is None  # no node comes back under its name
+
+    def _own_node_changed(self, event: Any) -> None:
+        """Any event on our node ends what its watch proves (kazoo's thread); a deletion
+        wakes the waiter, which queues again."""
+        if event.path is not None and event.path != f"{self.parent}/{self.node}":
+            return  # the watch of a node we queued with before (we queued again since)
+        self._own_watch = False
+        if event.type == EventType.DELETED and not self.granted:
+            self._own_gone = True
+            self._wake_up()
+
+    def _after_predecessor(self, evented: bool) -> Grant | None:
+        """The predecessor is gone: the grant if nothing else is ahead of us and our node
+        still exists in the connected session, else None (the handle attempts again)."""
+        if not (self.next_in_line and self.client.connected() and self._same_session()):
+            return None
+        if self._own_gone:
+            return None
+        # No round trip when the events' order proves our node outlived the predecessor.
+        if evented and self._own_watch and self._predecessor_session != self.session:
             return self._grant()
-        return None
+        return self._grant() if self._own_node_lives() else None
+
+    def _own_node_lives(self) -> bool:
+        """Read our node (one round trip): whether it exists in the session we are in."""
+        stat = self.client.call("reading our node", "exists", f"{self.parent}/{self.node}")
+        return stat is not None and stat.ephemeralOwner == self.session and self._same_session()
 
     def close(self) -> None:
         """No grant: delete our node, or, when that fails, have it deleted on reconnection
@@ -281,10 +361,14 @@ class ZooKeeperAcquisition(ThreadHops):
         return False  # pragma: no cover (the loop returns or raises)
 
     def _same_session(self) -> bool:
+        return self._session_id() == self.session
+
+    def _session_id(self) -> int | None:
+        """The id of the session this process' client is in now (None: none yet)."""
         try:
-            return self.client.get().client_id[0] == self.session
+            return int(self.client.get().client_id[0])
         except (BackendUnavailable, TypeError):
-            return False
+            return None
 
     def release(self, exc_info: ExcInfo) -> bool:
         released = self._delete()
@@ -315,10 +399,14 @@ class ZooKeeperAcquisition(ThreadHops):
                 self.lock.mark_lost()
             return
         if state == KazooState.LOST:
-            self._wake.set()
-            if self._async_wake is not None:
-                loop, event = self._async_wake
-                loop.call_soon_threadsafe(event.set)
+            self._wake_up()
+
+    def _wake_up(self) -> None:
+        """Wake the waiter, sync or async (any thread)."""
+        self._wake.set()
+        if self._async_wake is not None:
+            loop, event = self._async_wake
+            loop.call_soon_threadsafe(event.set)
 
     # -- async: kazoo is thread-based; calls hop to a worker thread (not the shared one:
     # a blocking call must not hold up the other tasks' calls), the wait is a watch that
@@ -330,6 +418,9 @@ class ZooKeeperAcquisition(ThreadHops):
         self._async_wake = (loop, event)
         fire = lambda _event: loop.call_soon_threadsafe(event.set)  # noqa: E731
         if not await sync_to_async(self._watch, thread_sensitive=False)(fire):
-            return self._after_predecessor()
-        await wait_until(event, self.deadline)
-        return self._after_predecessor() if self._gone else None
+            return await sync_to_async(self._after_predecessor, thread_sensitive=False)(False)
+        if not self._own_gone:
+            await wait_until(event, self.deadline)
+        if not self._gone:
+            return None
+        return await sync_to_async(self._after_predecessor, thread_sensitive=False)(True)

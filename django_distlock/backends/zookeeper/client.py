@@ -25,7 +25,7 @@ from kazoo.exceptions import (
     SessionExpiredError,
 )
 from kazoo.handlers.threading import KazooTimeoutError
-from kazoo.protocol.serialization import Create2
+from kazoo.protocol.serialization import Create, Create2
 from kazoo.security import ACL, Id, make_acl, make_digest_acl
 
 from ...exceptions import BackendUnavailable, TooManyLocks
@@ -242,18 +242,47 @@ class Client:
     def _create_container(self, path: str) -> None:
         kazoo = self.get()
         result = kazoo.handler.async_result()
-        request = _CreateContainer(path, b"", self.acl or kazoo.default_acl or _OPEN, _CONTAINER)
+        # A request sent with kazoo's _call() is not given the chroot: the path is.
+        full = f"{kazoo.chroot or ''}{path}"
+        request = _CreateContainer(full, b"", self.acl or kazoo.default_acl or _OPEN, _CONTAINER)
         kazoo._call(request, result)  # no public container mode in kazoo (2.11)
         self.wait(result, f"creating {path}")
 
     def ensure_root(self) -> None:
-        """Create ``ROOT`` (a persistent node) unless this session saw it."""
+        """Create ``ROOT`` (a persistent node) unless this session saw it, and the chroot
+        of ``LOCATION`` when it is missing.
+
+        :raises BackendUnavailable: when the server fails.
+        """
         if self._root_ready:
             return
-        with contextlib.suppress(NodeExistsError):
-            self.call("creating the root", "create", self.settings.root, makepath=True,
-                      acl=self.acl)
-        self._root_ready = True
+        for _ in range(3):
+            try:
+                self.call("creating the root", "create", self.settings.root, makepath=True,
+                          acl=self.acl)
+            except NodeExistsError:
+                pass
+            except NoNodeError:  # kazoo creates no node above the chroot
+                self._create_chroot()
+                continue
+            self._root_ready = True
+            return
+        raise BackendUnavailable(
+            f"ZooKeeper kept removing the chroot of {self.settings.hosts!r}."
+        )
+
+    def _create_chroot(self) -> None:
+        """Create the chroot of ``LOCATION`` and its ancestors (persistent nodes), as
+        Curator creates its namespace."""
+        kazoo = self.get()
+        path = ""
+        for part in (kazoo.chroot or "").split("/")[1:]:
+            path += f"/{part}"
+            result = kazoo.handler.async_result()
+            request = Create(path, b"", self.acl or kazoo.default_acl or _OPEN, 0)
+            kazoo._call(request, result)  # above the chroot: kazoo's create() cannot
+            with contextlib.suppress(NodeExistsError):
+                self.wait(result, f"creating the chroot {path}")
 
     # -- session state -------------------------------------------------------------
 
