@@ -193,8 +193,32 @@ def test_new_instance_with_an_explicit_pk_is_inserted_not_blindly_updated(alias:
         Item(pk=existing.pk, name="intruder").save(using=alias)
     row = _row(Item, alias, existing.pk)
     assert (row["name"], row["version"]) == ("pen", 2)
+    before = time.time_ns() // 1000
     Item(pk=existing.pk + 100, name="new").save(using=alias)
-    assert _row(Item, alias, existing.pk + 100)["version"] == 1
+    assert _row(Item, alias, existing.pk + 100)["version"] >= before  # a given key: the clock
+
+
+def test_a_row_created_again_with_its_pk_never_reuses_a_version(alias: str) -> None:
+    """Issue 20, item 18: a reader of the deleted row must not win over the new one."""
+    item = Item.objects.using(alias).create(name="pen")
+    item.save()  # version 2
+    reader = Item.objects.using(alias).get(pk=item.pk)
+    Item.objects.using(alias).filter(pk=item.pk).delete()
+    before = time.time_ns() // 1000
+    again = Item.objects.using(alias).create(pk=item.pk, name="again", version=1)
+    # The version the instance carries is not the row's (it was never read): the clock.
+    assert again.version >= before and _row(Item, alias, item.pk)["version"] == again.version
+    again.stock = 5
+    again.save()  # edited once: with +1 from 1 this would be the reader's version 2
+    reader.name = "stale"
+    with pytest.raises(VersionConflict):
+        reader.save()
+    assert _row(Item, alias, item.pk)["name"] == "again"
+    Item.objects.using(alias).filter(pk=item.pk).delete()
+    Item.objects.using(alias).bulk_create([Item(pk=item.pk, name="bulk", version=2)])
+    with pytest.raises(VersionConflict):
+        reader.save()
+    assert _row(Item, alias, item.pk)["version"] >= before
 
 
 def test_signals_are_sent_like_djangos_save(alias: str) -> None:
@@ -495,12 +519,14 @@ def test_changing_a_loaded_instances_pk_inserts_like_djangos_save(alias: str) ->
     item.save()  # version 2
     moved = Item.objects.using(alias).get(pk=item.pk)
     moved.pk = item.pk + 1000
-    moved.save()  # Django: no row with the new pk, so an INSERT
-    assert _row(Item, alias, moved.pk)["name"] == "pen" and moved.version == 1
+    before = time.time_ns() // 1000
+    moved.save()  # Django: no row with the new pk, so an INSERT (at the clock: a given key)
+    assert _row(Item, alias, moved.pk)["name"] == "pen" and moved.version >= before
     assert _row(Item, alias, item.pk)["version"] == 2  # the row it was read from is untouched
+    inserted = moved.version
     moved.stock = 1
     moved.save()  # from now on it is that new row
-    assert _row(Item, alias, moved.pk)["version"] == 2
+    assert _row(Item, alias, moved.pk)["version"] == inserted + 1
     # Onto a row that exists: Django would overwrite it unchecked; refused instead.
     onto = Item.objects.using(alias).get(pk=item.pk)
     onto.pk = moved.pk

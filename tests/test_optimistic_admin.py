@@ -10,7 +10,9 @@ the admin's check and its save.
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import Iterator
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -32,6 +34,7 @@ from django_distlock.optimistic.admin import (
     unsign_version,
 )
 from tests.testapp.admin_models import Article, ArticleNoActions, Memo
+from tests.testapp.optimistic_models import Account, Shelf
 
 from .conftest import DATABASES, require_pg
 
@@ -820,3 +823,161 @@ def test_select_all_on_an_annotated_changelist(editor: Client) -> None:
     )
     assert done.status_code == 302
     assert not Product.objects.exists()
+
+
+# -- NULL when the page opened is not the editor's change (issue 20, item 17) ----------
+
+
+NULLABLE = ["username", "limit", "amount", "ratio", "ref", "address", "shelf"]
+
+
+def account_values(name: str, whose: str) -> tuple[str, Any, str]:
+    """(attname, value to store, value as posted) of ``name``, theirs or mine."""
+    if name == "shelf":
+        shelf = Shelf.objects.create(label=whose)
+        return "shelf_id", shelf.pk, str(shelf.pk)
+    value = {
+        "username": {"theirs": "bob", "mine": "alice"},
+        "limit": {"theirs": 5, "mine": 6},
+        "amount": {"theirs": Decimal("1.50"), "mine": Decimal("2.25")},
+        "ratio": {"theirs": 0.5, "mine": 0.25},
+        "ref": {"theirs": uuid.UUID(int=1), "mine": uuid.UUID(int=2)},
+        "address": {"theirs": "10.0.0.1", "mine": "10.0.0.2"},
+    }[name][whose]
+    return name, value, str(value)
+
+
+def account_post(token: str | None, **values: Any) -> dict[str, Any]:
+    """A change form post of every Account field as it opens on a row of NULLs, count 0."""
+    data: dict[str, Any] = {name: "" for name in NULLABLE}
+    data.update({"count": "0", "_save": "Save"})
+    data.update({k: str(v) for k, v in values.items()})
+    if token is not None:
+        data[VERSION_FORM_FIELD] = token
+    return data
+
+
+def shown(response: Any, name: str) -> str:
+    """The value the form of the page shows in the input of ``name``."""
+    return str(response.context["adminform"].form[name].value())
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("name", NULLABLE)
+def test_a_field_null_when_opened_and_set_by_another_is_theirs_not_a_clash(
+    client: Client, name: str
+) -> None:
+    account = Account.objects.create()
+    token = open_form(client, account)
+    attname, theirs, posted = account_values(name, "theirs")
+    someone_else_sets(account, **{attname: theirs})
+
+    response = client.post(change_url(account), account_post(token, count=7))
+
+    # The other changed a field of the form: shown merged, their value in the box.
+    assert response.status_code == 200
+    notes = messages_of(response)
+    assert any("nothing was saved yet" in m for m in notes), notes
+    assert not any("yours is in the box" in m for m in notes), notes
+    assert "theirs: <strong>" not in response.content.decode()
+    assert (shown(response, name), shown(response, "count")) == (posted, "7")
+    saved = client.post(
+        change_url(account),
+        account_post(TOKEN.findall(response.content.decode())[0], count=7, **{name: posted}),
+    )
+    assert saved.status_code == 302
+    account.refresh_from_db()
+    assert (account.count, getattr(account, attname), account.version) == (7, theirs, 3)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("name", NULLABLE)
+def test_a_field_null_when_opened_and_set_by_both_is_still_a_clash(
+    client: Client, name: str
+) -> None:
+    account = Account.objects.create()
+    token = open_form(client, account)
+    attname, theirs, _ = account_values(name, "theirs")
+    someone_else_sets(account, **{attname: theirs})
+    _, _, mine = account_values(name, "mine")
+
+    response = client.post(change_url(account), account_post(token, **{name: mine}))
+
+    assert response.status_code == 200
+    notes = messages_of(response)
+    assert any("yours is in the box and theirs beside it" in m for m in notes), notes
+    assert shown(response, name) == mine
+    assert "theirs: <strong>" in response.content.decode()
+    account.refresh_from_db()
+    assert (getattr(account, attname), account.version) == (theirs, 2)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("opened", "theirs", "posted"),
+    [("None", None, "None"), (None, "None", ""), ("", "None", "")],
+    ids=["text-None-then-null", "null-then-text-None", "empty-then-text-None"],
+)
+def test_null_the_text_none_and_empty_are_three_values(
+    client: Client, opened: str | None, theirs: str | None, posted: str
+) -> None:
+    account = Account.objects.create(username=opened)
+    token = open_form(client, account)
+    someone_else_sets(account, username=theirs)
+
+    response = client.post(change_url(account), account_post(token, count=7, username=posted))
+
+    assert response.status_code == 200  # shown merged, not saved over their change
+    assert not any("yours is in the box" in m for m in messages_of(response))
+    account.refresh_from_db()
+    assert (account.username, account.count, account.version) == (theirs, 0, 2)
+
+
+@pytest.mark.parametrize("name", NULLABLE)
+def test_the_list_does_not_report_an_untouched_row_whose_null_another_set(
+    client: Client, name: str
+) -> None:
+    a = Account.objects.create()
+    b = Account.objects.create()
+    url = reverse("admin:testapp_account_changelist")
+    rows = list_rows(client, url)
+    attname, theirs, _ = account_values(name, "theirs")
+    someone_else_sets(b, **{attname: theirs})
+
+    as_shown = {n: "" for n in NULLABLE}
+    response = client.post(
+        url, list_post(rows, {a.pk: {**as_shown, "count": 3}, b.pk: {**as_shown, "count": 0}})
+    )
+
+    assert response.status_code == 302, messages_of(response)
+    assert not any("changed by someone else" in m for m in messages_of(response))
+    a.refresh_from_db()
+    b.refresh_from_db()
+    assert (a.count, a.version) == (3, 2)
+    assert (getattr(b, attname), b.version) == (theirs, 2)
+
+
+@pytest.mark.django_db
+def test_a_form_signed_before_the_null_encoding_still_works(client: Client) -> None:
+    """A page opened before an upgrade carries value_to_string()'s "None" for NULL."""
+    account = Account.objects.create(username="None")
+    old = {n: Account._meta.get_field(n).value_to_string(account) for n in NULLABLE}
+    old["count"] = "0"
+    salt = f"django_distlock.optimistic_admin:testapp.account:{account.pk}"
+    token = signing.Signer(salt=salt).sign_object(
+        {"v": 1, "f": old, "n": str(account)}, compress=True
+    )
+    someone_else_sets(account, limit=5)  # "None": certainly NULL for a number
+
+    response = client.post(change_url(account), account_post(token, count=7, username="None"))
+
+    assert response.status_code == 200
+    assert not any("yours is in the box" in m for m in messages_of(response))
+    assert (shown(response, "limit"), shown(response, "count")) == ("5", "7")
+    # "None" of a text field is NULL or the text: where the post is not the row's value
+    # now, the field is shown as theirs, never saved over it.
+    someone_else_sets(account, username=None)
+    again = client.post(change_url(account), account_post(token, count=7, username="None"))
+    assert again.status_code == 200
+    account.refresh_from_db()
+    assert (account.username, account.limit, account.count) == (None, 5, 0)

@@ -8,6 +8,7 @@ only (its tables are made and dropped around each test).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -112,19 +113,46 @@ def test_a_revert_never_moves_the_version_back(alias: str) -> None:
     assert _row(alias, article.pk) == ("first", 5)
 
 
-def test_loaddata_keeps_the_newer_version_and_new_rows_their_own(alias: str) -> None:
+def test_a_recovered_row_never_reuses_a_version_a_reader_holds(alias: str) -> None:
+    """Issue 20, item 18: deleted, recovered from any revision, edited: readers conflict."""
+    article, at_1, at_2 = _history(alias)
+    stored = list(Version.objects.get_for_object_reference(Article, article.pk, model_db=alias))
+    assert sorted(v.field_dict["version"] for v in stored) == [1, 2, 3]
+    for version in stored:
+        Article.objects.using(alias).filter(pk=article.pk).delete()
+        version.revert()  # django-reversion's recovery: a raw save of a new row
+        recovered = Article.objects.using(alias).get(pk=article.pk)
+        assert recovered.version > 3
+        recovered.title = "edited"
+        recovered.save()  # edited once: from a stored 1, 2 or 3 plus one, a reader's version
+        for stale in (at_1, at_2, article):
+            stale.title = "stale"
+            with pytest.raises(VersionConflict):
+                stale.save()
+        assert _row(alias, article.pk) == ("edited", recovered.version)
+
+
+def test_loaddata_keeps_the_newer_version_and_new_rows_start_at_the_clock(alias: str) -> None:
     article, at_1, _ = _history(alias)
     place = Place.objects.using(alias).create(name="p")
     shop = Shop.objects.using(alias).create(name="s", stock=1)
     Shop.objects.using(alias).get(pk=shop.pk).save()  # version 2 (in the parent's table)
-    dumped = serializers.serialize("json", [at_1, Place(pk=place.pk + 100, name="new", version=7)])
+    later = time.time_ns() // 1000 + 10**12  # a fixture's version above the clock is kept
+    new_rows = [
+        Place(pk=place.pk + 100, name="new", version=7),
+        Place(pk=place.pk + 101, name="ahead", version=later),
+    ]
+    dumped = serializers.serialize("json", [at_1, *new_rows])
+    before = time.time_ns() // 1000
     dumped_shop = serializers.serialize("json", [Shop.objects.using(alias).get(pk=shop.pk)])
     Shop.objects.using(alias).get(pk=shop.pk).save()  # version 3
     for text in (dumped, dumped_shop):
         for obj in serializers.deserialize("json", text):
             obj.save(using=alias)  # what loaddata does: a raw save_base()
     assert _row(alias, article.pk) == ("first", 4)  # stored 3, fixture 1
-    assert Place.objects.using(alias).get(pk=place.pk + 100).version == 7  # a new row
+    # A new row may reuse a deleted row's key: at the clock, or its own version if higher.
+    assert Place.objects.using(alias).get(pk=place.pk + 100).version >= before
+    assert Place.objects.using(alias).get(pk=place.pk + 101).version == later
     # A child's raw save writes the child's table only; the parent's version stays.
     assert Shop.objects.using(alias).get(pk=shop.pk).version == 3
     at_1.title = "stale"

@@ -21,7 +21,7 @@ from typing import Any, ClassVar, cast
 from django import forms
 from django.contrib.admin.utils import display_for_field
 from django.core import signing
-from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
+from django.core.exceptions import NON_FIELD_ERRORS, FieldDoesNotExist, ValidationError
 from django.db import models
 from django.forms.models import BaseModelFormSet
 from django.utils.html import format_html
@@ -58,19 +58,58 @@ class SignedRead:
     """What a signed read says: the version, each field's value, the object's name."""
 
     version: int
-    #: Field name -> ``field.value_to_string(instance)`` at the read.
+    #: Field name -> ``field.value_to_string(instance)`` at the read, or None for NULL.
     values: Mapping[str, Any]
     #: ``str(instance)`` at the read (shortened), to name a row deleted since.
     name: str
+    #: Fields read as NULL or as the text "None", which a token signed before NULL was
+    #: encoded (version 1 of the format) cannot tell apart.
+    unsure: frozenset[str] = frozenset()
 
 
 def _salt(model: type[models.Model], pk: Any) -> str:
     return f"django_distlock.optimistic_admin:{model._meta.label_lower}:{pk}"
 
 
+_FORMAT = 2
+"""Format of the signed read's values: 2 signs NULL as a JSON null (``"e": 2``). Version 1
+(no ``"e"``) held ``value_to_string()``, which makes NULL the text "None" (or "" for dates)."""
+
+
 def _text(instance: models.Model, name: str) -> Any:
-    """The field's value as serializers and the signed read hold it."""
-    return instance._meta.get_field(name).value_to_string(instance)  # type: ignore[union-attr]
+    """The field's value as the signed read holds it: serializers' text, None for NULL."""
+    model_field = cast("models.Field[Any, Any]", instance._meta.get_field(name))
+    if model_field.value_from_object(instance) is None:
+        return None
+    return model_field.value_to_string(instance)
+
+
+def _from_format_1(
+    model: type[models.Model], values: dict[str, Any]
+) -> tuple[dict[str, Any], frozenset[str]]:
+    """Values signed before NULL was encoded, and those that may be NULL or the text "None".
+
+    A nullable field's text that the field cannot parse was NULL (a number's
+    "None", a date's ""); a text field's "None" may have been either.
+    """
+    decoded = dict(values)
+    unsure = set()
+    for name, text in values.items():
+        try:
+            model_field = cast("models.Field[Any, Any]", model._meta.get_field(name))
+        except FieldDoesNotExist:
+            continue
+        if not model_field.null or not isinstance(text, str):
+            continue
+        try:
+            model_field.to_python(text)
+        except ValidationError:
+            decoded[name] = None
+            continue
+        if text == "None":
+            decoded[name] = None
+            unsure.add(name)
+    return decoded, frozenset(unsure)
 
 
 def sign_version(instance: models.Model, field_names: Iterable[str] = ()) -> str:
@@ -101,6 +140,7 @@ def sign_version(instance: models.Model, field_names: Iterable[str] = ()) -> str
         "v": get_version(instance),
         "f": {name: _text(instance, name) for name in names},
         "n": str(instance)[:_NAME_LENGTH],
+        "e": _FORMAT,
     }
     signer = signing.Signer(salt=_salt(type(instance), instance.pk))
     return signer.sign_object(payload, compress=True)
@@ -127,6 +167,12 @@ def unsign_version(model: type[models.Model], pk: Any, token: str) -> SignedRead
     except (AttributeError, KeyError, TypeError) as exc:  # signed by us: a format change
         raise signing.BadSignature("The signed version has an unknown format.") from exc
     if isinstance(version, bool) or not isinstance(version, int) or not isinstance(values, dict):
+        raise signing.BadSignature("The signed version has an unknown format.")
+    encoding = payload.get("e", 1)
+    if encoding == 1:  # signed by a release before NULL was encoded (a page opened then)
+        values, unsure = _from_format_1(model, values)
+        return SignedRead(version=version, values=values, name=str(name), unsure=unsure)
+    if encoding != _FORMAT:
         raise signing.BadSignature("The signed version has an unknown format.")
     return SignedRead(version=version, values=values, name=str(name))
 
@@ -301,7 +347,7 @@ class OptimisticFormMixin(forms.ModelForm):
             self.distlock_outcome = "nothing"
             self.__dict__["changed_data"] = []  # so has_changed() and the change message agree
             return cleaned
-        theirs = [n for n in names if n not in read.values or _text(instance, n) != read.values[n]]
+        theirs = [n for n in names if self._theirs_changed(n, read)]
         if not theirs:
             # Changed since the read, but none of this form's fields: the instance
             # was loaded for this request, so saving the form's values on top of it
@@ -321,6 +367,14 @@ class OptimisticFormMixin(forms.ModelForm):
             )
         return cleaned
 
+    def _theirs_changed(self, name: str, read: SignedRead) -> bool:
+        """Whether the row's value of ``name`` now differs from its value at the read."""
+        if name in read.unsure:
+            # Read as NULL or "None", unknown which: changed unless the post is the
+            # value now (then saving the post writes back what the row holds).
+            return name in self.changed_data
+        return name not in read.values or _text(self.instance, name) != read.values[name]
+
     def _mine_changed(self, name: str, read: SignedRead) -> bool:
         """Whether the posted value of ``name`` differs from its value at the read.
 
@@ -329,9 +383,15 @@ class OptimisticFormMixin(forms.ModelForm):
         """
         if name not in read.values:
             return name in self.changed_data
+        if name in read.unsure:
+            return self._differs(name, None) and self._differs(name, "None")
+        return self._differs(name, read.values[name])
+
+    def _differs(self, name: str, text: Any) -> bool:
+        """Whether the posted value of ``name`` differs from ``text`` (the read's form)."""
         model_field = self.instance._meta.get_field(name)
         try:
-            read_value = model_field.to_python(read.values[name])
+            read_value = model_field.to_python(text)
         except ValidationError:
             return True
         form_field = self.fields[name]

@@ -20,7 +20,7 @@ from django.db.models.signals import class_prepared, post_save, pre_save
 
 from ..exceptions import VersionConflict
 from .saveplan import SavePlan, direct_update, plan_for
-from .version import VersionField, count_message, version_field, version_fields
+from .version import VersionField, clock_version, count_message, version_field, version_fields
 
 __all__ = ["OptimisticLockMixin"]
 
@@ -77,7 +77,10 @@ class OptimisticLockMixin(models.Model):
 
         Inserts, as in Django: a new instance, ``force_insert``, no primary
         key (the copy idiom), a loaded instance whose primary key was changed.
-        A new row starts at the field's initial version (1). A new instance
+        A new row starts at the field's initial version (1) when the database
+        assigns its key, at the clock when the key is given (it may be a
+        deleted row's; see :class:`VersionField`), whatever version the
+        instance carries. A new instance
         with an explicit primary key, or a changed one, is inserted with
         ``force_insert``: it was never read, so it cannot vouch for the
         version of a row with that key (an existing row gives
@@ -308,16 +311,18 @@ class OptimisticLockMixin(models.Model):
 def _keep_the_version_newest(
     sender: type[models.Model], instance: models.Model, raw: bool, using: str, **kwargs: Any
 ) -> None:
-    """Before a raw save (``loaddata``, django-reversion's revert) of an existing
-    row: never lower its version.
+    """Before a raw save (``loaddata``, django-reversion's revert): never give a
+    row a version that a reader may hold.
 
     A raw save writes the version the instance carries, read from a fixture or
     a stored revision: often lower than the row's, which would let the readers
     of an older version win again. It becomes the row's version plus one (the
     raw save is a write: readers before it must conflict), or the instance's
-    when that is higher. A new row keeps the instance's version. One query, on
-    raw saves only; in a transaction (``loaddata`` and reversion's revert run in
-    one) it locks the row until the commit.
+    when that is higher. A new row (a deleted row recovered, a fixture) may
+    reuse the key of a deleted row whose readers hold its versions: it starts
+    at :func:`clock_version`, or the instance's version when that is higher.
+    One query, on raw saves only; in a transaction (``loaddata`` and
+    reversion's revert run in one) it locks the row until the commit.
     """
     if not raw:
         return
@@ -332,10 +337,11 @@ def _keep_the_version_newest(
     if transaction.get_connection(using).in_atomic_block:
         rows = rows.select_for_update()
     stored = list(rows.values_list(field.attname, flat=True)[:1])
-    if stored:
-        loaded = getattr(instance, field.attname)
-        loaded = loaded if isinstance(loaded, int) and not isinstance(loaded, bool) else 0
-        setattr(instance, field.attname, max(stored[0] + 1, loaded))
+    loaded = getattr(instance, field.attname)
+    loaded = loaded if isinstance(loaded, int) and not isinstance(loaded, bool) else 0
+    # A new row (a recovered deletion, a fixture) may reuse a deleted row's key: the clock
+    # puts it above every version that row reached (see VersionField).
+    setattr(instance, field.attname, max(stored[0] + 1 if stored else clock_version(), loaded))
 
 
 def _guard_raw_saves(sender: type[models.Model], **kwargs: Any) -> None:

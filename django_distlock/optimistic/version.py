@@ -2,17 +2,30 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any, cast
 
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.db import models
 
-__all__ = ["VersionField", "get_version", "version_field"]
+__all__ = ["VersionField", "clock_version", "get_version", "version_field"]
+
+
+def clock_version() -> int:
+    """The wall clock in microseconds since 1970: where a row whose key may be reused starts."""
+    return time.time_ns() // 1000
 
 
 class VersionField(models.PositiveBigIntegerField):
-    """The version column of an optimistic-locking model: starts at 1, +1 per save.
+    """The version column of an optimistic-locking model: +1 per save.
+
+    A new row starts at 1 when the database assigns its primary key (a key
+    never used before); a row inserted with a key given by the caller (an
+    explicit pk, a pk from a default, a recovered or loaded row) may reuse the
+    key of a deleted row that readers still hold versions of, so it starts at
+    :func:`clock_version` instead, above any version that deleted row reached.
+    The version an instance carries is never inserted: it was not read from the row.
 
     Not editable in forms: a form that posted it back could claim any version.
     """
@@ -23,6 +36,17 @@ class VersionField(models.PositiveBigIntegerField):
         kwargs.setdefault("default", 1)
         kwargs.setdefault("editable", False)
         super().__init__(*args, **kwargs)
+
+    def pre_save(self, model_instance: models.Model, add: bool) -> Any:
+        """On an insert (``save()``, ``bulk_create()``): the row's initial version."""
+        if not add:
+            return super().pre_save(model_instance, add)
+        value = self.get_default()
+        owner = cast(type[models.Model], self.model)
+        if getattr(model_instance, owner._meta.pk.attname) is not None:
+            value = max(value, clock_version())
+        setattr(model_instance, self.attname, value)
+        return value
 
     def deconstruct(self) -> Any:
         name, path, args, kwargs = super().deconstruct()

@@ -9,6 +9,7 @@ from django.http import HttpRequest
 from django_distlock.optimistic.admin import OptimisticAdminMixin
 
 from .admin_models import Article, ArticleNoActions, Memo
+from .optimistic_models import Account
 
 
 @admin.register(Article)
@@ -32,3 +33,13 @@ class ArticleNoActionsAdmin(OptimisticAdminMixin, admin.ModelAdmin):  # type: ig
 @admin.register(Memo)
 class MemoAdmin(OptimisticAdminMixin, admin.ModelAdmin):  # type: ignore[type-arg]
     fieldsets = [(None, {"fields": ["text"]})]
+
+
+ACCOUNT_FIELDS = ["username", "count", "limit", "amount", "ratio", "ref", "address", "shelf"]
+
+
+@admin.register(Account)
+class AccountAdmin(OptimisticAdminMixin, admin.ModelAdmin):  # type: ignore[type-arg]
+    fields = ACCOUNT_FIELDS
+    list_display = ["id", *ACCOUNT_FIELDS]
+    list_editable = ACCOUNT_FIELDS

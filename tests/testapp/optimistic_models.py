@@ -7,6 +7,7 @@ from django.db import models
 from django_distlock.optimistic import OptimisticLockMixin, VersionField
 
 __all__ = [
+    "Account",
     "Item",
     "ItemProxy",
     "Place",
@@ -94,3 +95,20 @@ class Tagged(OptimisticLockMixin, models.Model):
     )
     object_id = models.PositiveBigIntegerField(null=True)
     target = GenericForeignKey("content_type", "object_id")
+
+
+class Account(OptimisticLockMixin, models.Model):
+    """Nullable fields of each kind whose NULL the admin's signed read must keep apart
+    from the text "None" and from "" (issue 20, item 17)."""
+
+    username = models.CharField(max_length=30, null=True, blank=True)
+    count = models.IntegerField(default=0)
+    limit = models.IntegerField(null=True, blank=True)
+    amount = models.DecimalField(max_digits=8, decimal_places=2, null=True, blank=True)
+    ratio = models.FloatField(null=True, blank=True)
+    ref = models.UUIDField(null=True, blank=True)
+    address = models.GenericIPAddressField(null=True, blank=True)
+    shelf = models.ForeignKey(Shelf, null=True, blank=True, on_delete=models.SET_NULL)
+
+    def __str__(self) -> str:
+        return f"account {self.pk}"
