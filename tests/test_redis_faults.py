@@ -26,6 +26,7 @@ import redis
 from django_distlock import locks, signals
 from django_distlock.backends.redis import RedisBackend
 from django_distlock.backends.redis.acquisition import READ_GRACE
+from django_distlock.backends.redis.giveback import GIVE_BACKS
 from django_distlock.exceptions import BackendUnavailable, LockLost, LockNotHeld
 
 from .conftest import eventually, in_thread, require_redis
@@ -561,6 +562,15 @@ def test_a_waiter_on_a_frozen_server_returns_within_its_timeout_and_the_grace(
             freeze.join()
             server.resume()
         assert took < 3 + READ_GRACE + 1, took
+        # The give-back thread takes the waiter out of the queue once the server answers.
+        queue = backend.keys_for(backend.make_key("frozen-wait")).queue
+        raw = redis.Redis(port=server.port)
+        try:
+            assert eventually(
+                lambda: GIVE_BACKS.pending() == 0 and raw.zcard(queue) == 0, timeout=8
+            )
+        finally:
+            raw.close()
     finally:
         server.resume()
         backend.close()

@@ -37,6 +37,8 @@ POLL = 0.01
 #: for a reply: a frozen server must not hold an acquire, wait, release or extend for
 #: ever when the connection has no socket timeout (redis-py's default).
 READ_GRACE = 1.0
+#: The acquire script's reply (after a 0) to an attempt that ran after its ``not_after``.
+REFUSED = -2
 
 
 
@@ -121,7 +123,7 @@ class RedisAcquisition(Acquisition):
             self.backend.redis.observe(now)
             return Grant(fencing, _when(acquired), _when(now + self._ttl_ms), granted_after)
         left = reply[1]  # ms until the holder's lease (or the queue head's turn) ends
-        if left == -2:  # refused: it ran too late for this offset; measure it again
+        if left == REFUSED:  # it ran too late for this offset: measure it again
             self.backend.redis.offset = None
             return Miss(0.0)
         self._queued = self.blocking
@@ -163,14 +165,18 @@ class RedisAcquisition(Acquisition):
 
     def attempt(self) -> Grant | Miss:
         redis = self.backend.redis
-        if redis.offset is None:  # once per process and alias (and after a refusal)
-            redis.measure(self._until_deadline())
         signal = "L " + self.keys.signal + self.token
-        timeout = self._until_deadline()
-        args = self._acquire_args(signal, self._not_after(time.monotonic(), timeout))
-        self._pending = True
-        reply = redis.call(self.calls.acquire, args, timeout)
-        self._pending = False
+        for _ in range(2):  # once more after a refusal, with the offset measured again
+            if redis.offset is None:  # once per process and alias
+                redis.measure(self._until_deadline())
+            timeout = self._until_deadline()
+            args = self._acquire_args(signal, self._not_after(time.monotonic(), timeout))
+            self._pending = True
+            reply = redis.call(self.calls.acquire, args, timeout)
+            self._pending = False
+            if reply[0] == 1 or reply[1] != REFUSED:
+                break
+            redis.offset = None
         return self._result(reply)
 
     def wait(self, miss: Miss) -> Grant | None:
@@ -268,19 +274,23 @@ class RedisAcquisition(Acquisition):
         else:
             signal = ""
         try:
-            if redis.offset is None:  # once per process and alias (and after a refusal)
-                await redis.ameasure(self.deadline, self._until_deadline())
-            timeout = self._until_deadline()
-            args = self._acquire_args(signal, self._not_after(time.monotonic(), timeout))
-            self._pending = True
-            reply = await redis.acall(self.calls.acquire, args, self.deadline, timeout)
+            for _ in range(2):  # once more after a refusal, with the offset measured again
+                if redis.offset is None:  # once per process and alias
+                    await redis.ameasure(self.deadline, self._until_deadline())
+                timeout = self._until_deadline()
+                args = self._acquire_args(signal, self._not_after(time.monotonic(), timeout))
+                self._pending = True
+                reply = await redis.acall(self.calls.acquire, args, self.deadline, timeout)
+                self._pending = False
+                if reply[0] == 1 or reply[1] != REFUSED:
+                    break
+                redis.offset = None
         except NoConnection:  # the deadline passed while the loop's connections were busy
             self._pending = False  # nothing was sent
             return Miss(None)
         except BackendUnavailable:
             self._failed = True
             raise
-        self._pending = False
         result = self._result(reply)
         if isinstance(result, Grant) and self._hub is not None:
             self._hub.unregister(self.token)
