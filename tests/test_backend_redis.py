@@ -20,6 +20,7 @@ from redis.cluster import key_slot
 
 from django_distlock import locks
 from django_distlock.backends.redis import RedisBackend
+from django_distlock.backends.redis.acquisition import REFUSED
 from django_distlock.exceptions import (
     InvalidBackendOptions,
     InvalidLockName,
@@ -115,6 +116,7 @@ def test_acquire_release_and_extend_are_one_evalsha_each(
 ) -> None:
     handle = backend.lock(unique(), ttl=10)
     backend.health()  # connect first
+    backend.redis.measure(1.0)  # the server's clock: one TIME per process and alias
     backend.redis.sync().script_flush()
     sent = Sent(monkeypatch)
     assert handle.acquire()
@@ -553,6 +555,41 @@ def test_the_checks_name_a_cache_that_cannot_be_used(cache: str, message: str) -
 def test_the_aliases_pass_the_checks() -> None:
     require_redis()
     call_command("check")
+
+
+def test_an_attempt_run_after_its_not_after_changes_nothing(
+    backend: RedisBackend, raw: redis.Redis, unique
+) -> None:
+    """The acquire script refuses to run later than the server time its client still
+    listens until (a frozen server thawed after the client gave up): no grant, no queue
+    entry; before that time it grants."""
+    name = unique("not-after")
+    calls = backend.calls_for(backend.make_key(name))
+    seconds, micros = raw.time()
+    now = seconds * 1000 + micros // 1000
+    args = ("a" * 32, 30000, "host 1 thread", "fij", "L " + calls.keys.signal + "a" * 32)
+    assert backend.redis.call(calls.acquire, (*args, now - 1000), 1.0) == [0, REFUSED]
+    assert raw.exists(calls.keys.lock, calls.keys.queue, calls.keys.waiters) == 0
+    reply = backend.redis.call(calls.acquire, (*args, now + 60_000), 1.0)
+    assert reply[0] == 1
+    assert backend.is_locked(name)
+    assert backend.redis.call(calls.release, ("a" * 32,), 1.0) == 1
+
+
+def test_a_stale_clock_offset_costs_no_miss(backend: RedisBackend, unique) -> None:
+    """An offset that puts the server's clock a minute early gets the attempt refused;
+    the attempt measures the clock again and asks once more: no spurious miss."""
+    backend.redis.measure(1.0)
+    assert backend.redis.offset is not None
+    for asynchronous in (False, True):
+        backend.redis.offset -= 60_000
+        handle = backend.lock(unique(f"stale-offset-{asynchronous}"), ttl=10)
+        if asynchronous:
+            assert asyncio.run(handle.aacquire(blocking=False))
+        else:
+            assert handle.acquire(blocking=False)
+        handle.release()
+        assert backend.redis.server_time(time.monotonic()) > 0
 
 
 def test_a_lost_lease_cannot_release_the_next_holders_lock(backend: RedisBackend, unique) -> None:

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,9 +26,10 @@ import redis
 from django_distlock import locks, signals
 from django_distlock.backends.redis import RedisBackend
 from django_distlock.backends.redis.acquisition import READ_GRACE
+from django_distlock.backends.redis.giveback import GIVE_BACKS
 from django_distlock.exceptions import BackendUnavailable, LockLost, LockNotHeld
 
-from .conftest import eventually, require_redis
+from .conftest import eventually, in_thread, require_redis
 from .histories import FORK
 from .histories import done as _done
 from .histories import fork_ready as _fork_ready
@@ -448,3 +451,127 @@ def test_watchdog_keeps_a_short_lease_for_a_long_hold(unique) -> None:
     free = locks["redis"].lock(name, ttl=30)
     assert free.acquire(blocking=False)  # released, not left to expire
     free.release()
+
+
+# -- 6. abandoned attempts: cancelled, or given up on a server that did not answer ----
+
+
+@pytest.mark.parametrize("alias", ["redis", "redis-cache", "redlock"])
+def test_a_cancelled_aacquire_leaves_no_lock_behind(alias: str, unique) -> None:
+    """A task is cancelled (``Task.cancel()``, what ``asyncio.wait_for`` and an ASGI
+    server do) at a random point of its acquire, often while its attempt is in the
+    server: what that attempt was granted is given back before the cancellation
+    returns, and the name is free at once."""
+    require_redis(redlock=alias == "redlock")
+    backend = locks[alias]
+    rng = random.Random(f"cancel {alias}")
+
+    async def cancel_many() -> tuple[list[str], list[str]]:
+        # A random number of event loop turns, not a timer: the loop's timers fire
+        # 1 ms late at best (epoll), later than the reply on loopback. A cancellation
+        # that lands as redis-py's write finishes is swallowed (asyncio.wait_for on
+        # Python 3.11): that acquire completes and is released here.
+        cancelled: list[str] = []
+        left: list[str] = []
+        index = 0
+        while len(cancelled) < 40 and index < 2000:
+            index += 1
+            name = unique(f"cancelled-{index}")
+            handle = backend.lock(name, ttl=30)
+            task = asyncio.ensure_future(handle.aacquire(timeout=5))
+            for _ in range(rng.randrange(12)):
+                await asyncio.sleep(0)
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                cancelled.append(name)
+                if backend.is_locked(name):
+                    left.append(name)
+            else:
+                await handle.arelease()
+        return cancelled, left
+
+    cancelled, left = asyncio.run(cancel_many())
+    assert len(cancelled) >= 40
+    assert left == []
+    for name in cancelled[-5:]:
+        other = backend.lock(name, ttl=1)
+        assert other.acquire(blocking=False)
+        other.release()
+
+
+def test_an_attempt_abandoned_on_a_frozen_server_grants_nobody_after_the_thaw(
+    server: Server,
+) -> None:
+    """A waiter (ttl 30) gives up on a frozen server; the attempt written behind its
+    ``BLPOP`` runs when the server resumes. It must not take the lock for 30 s: the
+    next acquirer gets it when the holder's 1 s lease has ended."""
+    backend = RedisBackend("own", {"LOCATION": server.url(), "TTL": 5})
+    other = RedisBackend("other", {"LOCATION": server.url(), "TTL": 5})
+    try:
+        holder = backend.lock("thawed", ttl=1)
+        assert in_thread(holder.acquire)  # another thread's (the newcomer's is this one)
+        waiter = other.lock("thawed", ttl=30)
+        failed: list[BaseException] = []
+
+        def wait() -> None:
+            try:
+                waiter.acquire(timeout=5)
+            except BaseException as exc:
+                failed.append(exc)
+
+        thread = threading.Thread(target=wait)
+        thread.start()
+        time.sleep(0.3)  # the waiter blocks in BLPOP, its next attempt written behind
+        server.pause()
+        try:
+            thread.join(5 + READ_GRACE + 1)
+            assert not thread.is_alive()
+            assert len(failed) == 1 and isinstance(failed[0], BackendUnavailable)
+            time.sleep(max(0.0, 1.2 - 0.3 - READ_GRACE))  # the holder's lease has ended
+        finally:
+            server.resume()
+        newcomer = backend.lock("thawed", ttl=5)
+        assert newcomer.acquire(timeout=2)  # not the waiter's 30 s
+        newcomer.release()
+    finally:
+        server.resume()
+        other.close()
+        backend.close()
+
+
+def test_a_waiter_on_a_frozen_server_returns_within_its_timeout_and_the_grace(
+    server: Server,
+) -> None:
+    """A waiter gives up on a frozen server within its timeout plus READ_GRACE: the
+    queue it leaves is not left on a new connection whose handshake waits redis-py's
+    5 s socket timeout."""
+    backend = RedisBackend("own", {"LOCATION": server.url(), "TTL": 5})
+    try:
+        holder = backend.lock("frozen-wait", ttl=30)
+        assert in_thread(holder.acquire)
+        freeze = threading.Timer(0.3, server.pause)
+        freeze.start()
+        waiter = backend.lock("frozen-wait", ttl=5)
+        began = time.monotonic()
+        try:
+            with pytest.raises(BackendUnavailable):
+                waiter.acquire(timeout=3)
+            took = time.monotonic() - began
+        finally:
+            freeze.join()
+            server.resume()
+        assert took < 3 + READ_GRACE + 1, took
+        # The give-back thread takes the waiter out of the queue once the server answers.
+        queue = backend.keys_for(backend.make_key("frozen-wait")).queue
+        raw = redis.Redis(port=server.port)
+        try:
+            assert eventually(
+                lambda: GIVE_BACKS.pending() == 0 and raw.zcard(queue) == 0, timeout=8
+            )
+        finally:
+            raw.close()
+    finally:
+        server.resume()
+        backend.close()

@@ -13,6 +13,7 @@ from ...backoff import remaining
 from ...exceptions import BackendUnavailable
 from ..base import Acquisition, ExcInfo, Grant, Miss
 from .client import NoConnection, unavailable
+from .giveback import GIVE_BACKS
 from .keys import Keys, Packed
 from .scripts import SCRIPTS
 
@@ -36,6 +37,8 @@ POLL = 0.01
 #: for a reply: a frozen server must not hold an acquire, wait, release or extend for
 #: ever when the connection has no socket timeout (redis-py's default).
 READ_GRACE = 1.0
+#: The acquire script's reply (after a 0) to an attempt that ran after its ``not_after``.
+REFUSED = -2
 
 
 
@@ -86,10 +89,17 @@ class RedisAcquisition(Acquisition):
         self._queued = False
         self._event: asyncio.Event | None = None
         self._hub: Any = None
+        #: An attempt was sent and its reply not read (yet): it may hold the lock.
+        self._pending = False
+        #: The server failed or did not answer that attempt: no cleanup call now.
+        self._failed = False
+        #: The token is this acquisition's own (not a held lock's acquired again, nor an
+        #: explicit owner's): a lock held under it can only be what an attempt got.
+        self._fresh = lock._token is None and lock._owner_token is None
 
     # -- the scripts' arguments and replies ----------------------------------
 
-    def _acquire_args(self, signal: str) -> tuple[str | int, ...]:
+    def _acquire_args(self, signal: str, not_after: int) -> tuple[str | int, ...]:
         lock = self.lock
         flags = self.backend.flags
         if lock.reentrant:
@@ -99,14 +109,24 @@ class RedisAcquisition(Acquisition):
         if self._queued:
             flags += "q"
         holder = f"{lock.host} {lock.pid} {lock.holder_field}"
-        return (self.token, self._ttl_ms, holder, flags, signal)
+        return (self.token, self._ttl_ms, holder, flags, signal, not_after)
+
+    def _not_after(self, sent: float, read_timeout: float) -> int:
+        """The server time (ms) after which an attempt sent at ``sent`` and awaited
+        ``read_timeout`` seconds refuses itself: half of :data:`READ_GRACE` before this
+        process stops waiting for its reply, the other half left for the reply to come."""
+        return self.backend.redis.server_time(sent + read_timeout - READ_GRACE / 2)
 
     def _result(self, reply: Any, granted_after: float = 0.0) -> Grant | Miss:
         if reply[0] == 1:
             _, fencing, acquired, now, _count = reply
+            self.backend.redis.observe(now)
             return Grant(fencing, _when(acquired), _when(now + self._ttl_ms), granted_after)
-        self._queued = self.blocking
         left = reply[1]  # ms until the holder's lease (or the queue head's turn) ends
+        if left == REFUSED:  # it ran too late for this offset: measure it again
+            self.backend.redis.offset = None
+            return Miss(0.0)
+        self._queued = self.blocking
         return Miss(left / 1000 if left >= 0 else None)
 
     def _bound(self, miss: Miss) -> float:
@@ -144,10 +164,19 @@ class RedisAcquisition(Acquisition):
     # -- sync -----------------------------------------------------------------
 
     def attempt(self) -> Grant | Miss:
+        redis = self.backend.redis
         signal = "L " + self.keys.signal + self.token
-        reply = self.backend.redis.call(
-            self.calls.acquire, self._acquire_args(signal), self._until_deadline()
-        )
+        for _ in range(2):  # once more after a refusal, with the offset measured again
+            if redis.offset is None:  # once per process and alias
+                redis.measure(self._until_deadline())
+            timeout = self._until_deadline()
+            args = self._acquire_args(signal, self._not_after(time.monotonic(), timeout))
+            self._pending = True
+            reply = redis.call(self.calls.acquire, args, timeout)
+            self._pending = False
+            if reply[0] == 1 or reply[1] != REFUSED:
+                break
+            redis.offset = None
         return self._result(reply)
 
     def wait(self, miss: Miss) -> Grant | None:
@@ -172,14 +201,19 @@ class RedisAcquisition(Acquisition):
                 if capped:  # a socket timeout too short to block in Redis: poll
                     time.sleep(POLL if left is None else max(min(left, POLL), 0.0))
                 return None
+            if redis.offset is None:  # after a refusal
+                redis.measure(self._until_deadline())
             sent = time.monotonic()
+            read_timeout = bound + SERVER_TICK + READ_GRACE
+            self._pending = True
             replies = redis.block_then_call(
                 signal,
                 bound,
                 self.calls.acquire,
-                self._acquire_args("L " + signal),
-                bound + SERVER_TICK + READ_GRACE,
+                self._acquire_args("L " + signal, self._not_after(sent, read_timeout)),
+                read_timeout,
             )
+            self._pending = False
             if replies is None:  # a cluster (it only blocked), or a miss after NOSCRIPT
                 return None
             before, reply = replies
@@ -192,8 +226,16 @@ class RedisAcquisition(Acquisition):
             miss = result
 
     def close(self) -> None:
-        if self._queued:
+        if self._pending:  # failed or interrupted: the server may not answer now
+            self._give_back_later()
+        elif self._queued:
             self.backend.redis.call(self.calls.leave, (self.token,), READ_GRACE)
+
+    def _give_back_later(self) -> None:
+        """Hand an abandoned attempt's give-back to the process' give-back thread, to
+        be tried until the lease that attempt could have got has ended."""
+        until = time.monotonic() + self.lock.ttl + READ_GRACE
+        GIVE_BACKS.add(self.backend.redis, self.calls, self.token, self._fresh, until)
 
     def release(self, exc_info: ExcInfo) -> bool:
         reply = self.backend.redis.call(
@@ -232,14 +274,23 @@ class RedisAcquisition(Acquisition):
         else:
             signal = ""
         try:
-            reply = await redis.acall(
-                self.calls.acquire,
-                self._acquire_args(signal),
-                self.deadline,
-                self._until_deadline(),
-            )
+            for _ in range(2):  # once more after a refusal, with the offset measured again
+                if redis.offset is None:  # once per process and alias
+                    await redis.ameasure(self.deadline, self._until_deadline())
+                timeout = self._until_deadline()
+                args = self._acquire_args(signal, self._not_after(time.monotonic(), timeout))
+                self._pending = True
+                reply = await redis.acall(self.calls.acquire, args, self.deadline, timeout)
+                self._pending = False
+                if reply[0] == 1 or reply[1] != REFUSED:
+                    break
+                redis.offset = None
         except NoConnection:  # the deadline passed while the loop's connections were busy
+            self._pending = False  # nothing was sent
             return Miss(None)
+        except BackendUnavailable:
+            self._failed = True
+            raise
         result = self._result(reply)
         if isinstance(result, Grant) and self._hub is not None:
             self._hub.unregister(self.token)
@@ -259,8 +310,30 @@ class RedisAcquisition(Acquisition):
     async def aclose(self) -> None:
         if self._hub is not None:
             self._hub.unregister(self.token)
-        if self._queued:
+        if self._pending:
+            # Cancelled (wait_for, a client gone) with its attempt maybe granted: give it
+            # back now (the handle shields this), within READ_GRACE; a server that fails
+            # or does not answer gets it from the give-back thread.
+            if not self._failed:
+                try:
+                    await self._agive_back(time.monotonic() + READ_GRACE)
+                    return
+                except (BackendUnavailable, NoConnection):
+                    pass
+            self._give_back_later()
+        elif self._queued:
             await self.backend.redis.acall(self.calls.leave, (self.token,), None, READ_GRACE)
+
+    async def _agive_back(self, until: float) -> None:
+        """Async :func:`.giveback.give_back`, every call ending by ``until``."""
+        redis = self.backend.redis
+        if self._fresh:
+            await redis.acall(
+                self.calls.release, (self.token,), until, max(until - time.monotonic(), 0.0)
+            )
+        await redis.acall(
+            self.calls.leave, (self.token,), until, max(until - time.monotonic(), 0.0)
+        )
 
     async def arelease(self, exc_info: ExcInfo) -> bool:
         reply = await self.backend.redis.acall(

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import os
 import threading
+import time
 import weakref
 from collections import deque
 from collections.abc import AsyncIterator
@@ -88,6 +89,11 @@ class Redis:
         self._slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
             weakref.WeakKeyDictionary()
         )
+        #: The server's clock (ms) less this process' ``time.monotonic()`` (ms), or None
+        #: before it is measured. Taken as the server's time against when its reply
+        #: arrived, it is never ahead of the truth: a server time computed from it for a
+        #: moment of this process comes at or before that moment.
+        self.offset: float | None = None
 
     # -- clients ------------------------------------------------------------
 
@@ -329,6 +335,46 @@ class Redis:
             return self.receive(sent, 1, timeout)[0]
         except NoScriptError:
             return self._eval(self.sync(), packed.script, packed.keys, (*packed.args, *args))
+
+    def observe(self, server_ms: int) -> None:
+        """Take the offset from a server time (ms) in a reply that just arrived."""
+        self.offset = server_ms - time.monotonic() * 1000
+
+    def server_time(self, local: float) -> int:
+        """The server's time in ms at ``local`` (a ``time.monotonic()`` value), or at
+        most that: 0 when the offset was never measured."""
+        offset = self.offset
+        return 0 if offset is None else int(local * 1000 + offset)
+
+    def measure(self, timeout: float) -> None:
+        """Measure :attr:`offset` (one ``TIME``) unless known; nothing for a cluster,
+        whose nodes each have a clock.
+
+        :raises BackendUnavailable: when Redis fails or does not answer in time.
+        """
+        if self.offset is not None or self.cluster:
+            return
+        (seconds, micros), = self._exchange(
+            self.sync().connection_pool, TIME_COMMAND, 1, timeout
+        )
+        self.observe(int(seconds) * 1000 + int(micros) // 1000)
+
+    async def ameasure(self, deadline: float | None, timeout: float) -> None:
+        """Async :meth:`measure`."""
+        if self.offset is not None or self.cluster:
+            return
+        client = self.aio()
+        async with self._connection_slot(deadline):
+            try:
+                async with asyncio.timeout(timeout):
+                    seconds, micros = await client.time()
+            except TimeoutError as exc:
+                raise BackendUnavailable(
+                    f"Redis did not answer within {timeout:.3g} s (frozen or unreachable?)"
+                ) from exc
+            except RedisError as exc:
+                raise unavailable(exc) from exc
+        self.observe(int(seconds) * 1000 + int(micros) // 1000)
 
     def block_then_call(
         self,

@@ -239,6 +239,10 @@ class RedlockAcquisition(Acquisition):
     ) -> None:
         super().__init__(backend, lock, token, blocking, deadline)
         self.calls = backend.calls_for(lock.key)
+        #: An attempt may have been granted on some masters and not given back: its
+        #: grant did not reach the handle (a task cancelled while the attempt ran in
+        #: its worker thread), or it is still running.
+        self._maybe_held = False
 
     def _drift(self, ttl: float) -> float:
         return ttl * DRIFT + DRIFT_FLOOR
@@ -248,6 +252,7 @@ class RedlockAcquisition(Acquisition):
         ttl_ms = max(int(lock.ttl * 1000), 1)
         args = (self.token, ttl_ms, f"{lock.host} {lock.pid} {lock.holder_field}", "", "")
         started = time.monotonic()
+        self._maybe_held = True
         try:
             replies = self.backend.call_all(calls.acquire, args)
         except BackendUnavailable:
@@ -269,6 +274,14 @@ class RedlockAcquisition(Acquisition):
         """Give back what a failed attempt got (best effort: unreached masters time out)."""
         with contextlib.suppress(BackendUnavailable):
             self.backend.call_all(self.calls.release, (self.token,))
+        self._maybe_held = False
+
+    def close(self) -> None:
+        """Give back what an attempt got if its grant never reached the handle. A
+        cancelled task's :meth:`aclose` runs this in the worker thread that runs its
+        attempts (``sync_to_async``'s one thread), so after the attempt ended."""
+        if self._maybe_held:
+            self._free()
 
     def release(self, exc_info: ExcInfo) -> bool:
         calls = self.calls

@@ -73,9 +73,9 @@ end
 #: ARGV: member (the stored name), alive_ms (how long a joined waiter counts as alive),
 #: then per call: token, ttl_ms, meta, flags (``f`` fair, ``r`` reentrant, ``j`` join the
 #: queue on a miss, ``q`` already queued, ``i`` enter the held name in the index),
-#: signal (``L <list key>`` or ``P <channel>``).
+#: signal (``L <list key>`` or ``P <channel>``), not_after (see below; optional).
 #: Returns ``{1, fencing, acquired_ms, now_ms, count}`` on a grant, ``{0, retry_after_ms}``
-#: on a miss (-1: unknown).
+#: on a miss (-1: unknown), ``{0, -2}`` when refused for running after ``not_after``.
 ACQUIRE = (
     _NOW
     + _HEAD
@@ -83,6 +83,11 @@ ACQUIRE = (
 local lock, queue, waiters = KEYS[1], KEYS[2], KEYS[3]
 local token, flags = ARGV[3], ARGV[6]
 local now, now_us = now_ms()
+-- not_after: the server time (ms) until which the client still waits for this reply
+-- (0 or absent: no limit). Run later (the server was frozen, the client gave up), the
+-- attempt changes nothing: a grant now would go to an owner no handle holds.
+local not_after = tonumber(ARGV[8] or 0)
+if not_after > 0 and now > not_after then return {0, -2} end
 local function join()
   if string.find(flags, 'j', 1, true) then
     redis.call('ZADD', queue, 'NX', now_us, token)
