@@ -9,6 +9,8 @@ import secrets
 import socket
 import threading
 import time
+import weakref
+from collections import deque
 from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -34,13 +36,19 @@ logger = logging.getLogger("django_distlock")
 _HOST = socket.gethostname()
 _NO_EXC: tuple[None, None, None] = (None, None, None)
 
-#: Who is acquiring: (thread ident, id of the asyncio task or 0).
-_Holder = tuple[int, int]
-#: The locks this process holds, per (alias, key): the holder of each handle. Lets a
+#: The handles that hold a lock in this process, per (alias, key), held weakly: lets a
 #: thread or task that waits for a lock it already holds fail at once instead of
-#: waiting out its timeout against itself.
-_held: dict[tuple[str, str], dict[int, _Holder]] = {}
+#: waiting out its timeout against itself. An entry counts only while its handle is
+#: ``held`` (a lease that ran out or was lost does not); it goes at the release, at a
+#: loss, when a release raised, and when the handle is garbage-collected.
+_held: dict[tuple[str, str], set[weakref.ref[Lock]]] = {}
 _held_mutex = threading.Lock()
+#: Entries of handles that were garbage-collected, removed under ``_held_mutex`` by the
+#: next registry operation (a weakref callback runs anywhere, even while that mutex is
+#: held by its own thread, so it only appends here).
+_collected: deque[tuple[tuple[str, str], weakref.ref[Lock]]] = deque()
+#: Each thread's holder identity (see :func:`current_holder`).
+_thread_identity = threading.local()
 
 
 def _forget_held_after_fork() -> None:
@@ -48,18 +56,49 @@ def _forget_held_after_fork() -> None:
     global _held_mutex
     _held_mutex = threading.Lock()
     _held.clear()
+    _collected.clear()
 
 
 os.register_at_fork(after_in_child=_forget_held_after_fork)
 
 
-def current_holder() -> _Holder:
-    """This thread and asyncio task."""
+def current_holder() -> object:
+    """Who is acquiring: this asyncio task, or else this thread, as an object no other
+    task or thread can be while it is referenced.
+
+    For a task, a weak reference to it (CPython gives one task the same reference
+    each time; once the task ends, the reference is dead and a new task at the same
+    address gets a new one). For a thread, a token in its ``threading.local``,
+    dropped when the thread ends. Never a thread's ``ident`` or a task's ``id()``,
+    which new threads and tasks reuse.
+    """
     try:
         task = asyncio.current_task()
     except RuntimeError:
         task = None
-    return threading.get_ident(), id(task) if task is not None else 0
+    if task is not None:
+        return weakref.ref(task)
+    try:
+        return _thread_identity.token
+    except AttributeError:
+        token = _thread_identity.token = object()
+        return token
+
+
+def _purge_collected() -> None:
+    """Drop the entries of handles garbage-collected since (call with ``_held_mutex``)."""
+    while _collected:
+        key, ref = _collected.popleft()
+        _discard(key, ref)
+
+
+def _discard(key: tuple[str, str], ref: weakref.ref[Lock]) -> None:
+    """Drop one entry (call with ``_held_mutex``)."""
+    refs = _held.get(key)
+    if refs is not None:
+        refs.discard(ref)
+        if not refs:
+            del _held[key]
 
 
 def holder_label() -> str:
@@ -151,6 +190,9 @@ class Lock:
         self._started = 0.0
         self._granted_at: float | None = None  # monotonic, of the first grant
         self._depth = 0  # acquisitions held by this handle (above 1 only when reentrant)
+        #: Who acquired it (``current_holder()``), and its entry among the held handles.
+        self._holder: object = None
+        self._held_ref: weakref.ref[Lock] | None = None
 
     # -- state ----------------------------------------------------------
 
@@ -362,17 +404,10 @@ class Lock:
                 )
             if self._token is not None:
                 self._check_process()
-            elif blocking and not self.reentrant and self.kind in ("exclusive", "write"):
-                with _held_mutex:
-                    holders = _held.get((self.backend.alias, self.key), {})
-                    if holder in holders.values():
-                        raise SelfDeadlock(
-                            f"This thread (or task) already holds lock {self.name!r} on "
-                            f"{self.backend.alias!r} through another handle; waiting for it "
-                            "would only end at the timeout. Release that handle first.",
-                            name=self.name,
-                            alias=self.backend.alias,
-                        )
+            else:
+                if blocking and not self.reentrant and self.kind in ("exclusive", "write"):
+                    self._refuse_self_deadlock(holder)
+                self._holder = holder
             self._busy = True
         if self._token is None:
             self.pid = os.getpid()
@@ -382,6 +417,24 @@ class Lock:
         self._started = time.monotonic()
         deadline = None if timeout is None or not blocking else self._started + timeout
         return blocking, deadline
+
+    def _refuse_self_deadlock(self, holder: object) -> None:
+        """Raise SelfDeadlock if ``holder`` holds this lock through another live handle."""
+        key = (self.backend.alias, self.key)
+        with _held_mutex:
+            _purge_collected()
+            for ref in tuple(_held.get(key, ())):
+                other = ref()
+                if other is None or not other.held:  # ran out, lost, being released
+                    _discard(key, ref)
+                elif other is not self and other._holder == holder:
+                    raise SelfDeadlock(
+                        f"This thread (or task) already holds lock {self.name!r} on "
+                        f"{self.backend.alias!r} through another handle; waiting for it "
+                        "would only end at the timeout. Release that handle first.",
+                        name=self.name,
+                        alias=self.backend.alias,
+                    )
 
     def _new_token(self) -> str:
         """The owner token of the next acquisition: the held one when acquiring again,
@@ -422,8 +475,11 @@ class Lock:
             self._valid_until = valid_until
         if self.auto_renew:
             self._renewal = renewal.watch(self, acquisition, asynchronous)
+        key = (self.backend.alias, self.key)
+        self._held_ref = weakref.ref(self, lambda ref: _collected.append((key, ref)))
         with _held_mutex:
-            _held.setdefault((self.backend.alias, self.key), {})[id(self)] = current_holder()
+            _purge_collected()
+            _held.setdefault(key, set()).add(self._held_ref)
         self._granted_at = time.monotonic()
         self._send(signals.lock_acquired, waited=self._granted_at - self._started)
         return True
@@ -512,6 +568,12 @@ class Lock:
                 self._token = acquisition.token
                 self._acquisition = acquisition
                 self._depth = 1
+        if not inner:
+            # Whether the release reached the server is unknown: the thread no longer
+            # counts as the holder (refusing its next wait with SelfDeadlock for good is
+            # worse than a wait that may end at its timeout), and renewing a lease its
+            # holder let go of would keep it past its TTL.
+            self._forget()
 
     def _released(self, released: bool, inner: bool) -> None:
         lost = not released or self._lost_at_release
@@ -529,12 +591,10 @@ class Lock:
     def _forget(self) -> None:
         if self._renewal is not None:
             self._stop_renewal()
-        with _held_mutex:
-            holders = _held.get((self.backend.alias, self.key))
-            if holders is not None:
-                holders.pop(id(self), None)
-                if not holders:
-                    del _held[(self.backend.alias, self.key)]
+        ref, self._held_ref = self._held_ref, None
+        if ref is not None:
+            with _held_mutex:
+                _discard((self.backend.alias, self.key), ref)
 
     def _stop_renewal(self) -> None:
         entry, self._renewal = self._renewal, None

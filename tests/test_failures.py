@@ -6,15 +6,20 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
 
 from django_distlock import locks
 from django_distlock.backends.database.sessions import WATCHDOG_GRACE
+from django_distlock.backends.redis import RedisBackend
 from django_distlock.exceptions import BackendUnavailable
+from django_distlock.handle import Lock
 
-from .conftest import DATABASES, eventually, in_thread, psycopg_params, require_pg
+from .conftest import DATABASES, eventually, in_thread, psycopg_params, require_pg, require_redis
+from .test_redis_faults import Server
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
 
@@ -144,3 +149,67 @@ def test_postgres_a_frozen_server_does_not_hold_an_extend_past_the_lease(unique)
         thaw.cancel()
         os.kill(pid, signal.SIGCONT)
     assert took < 2 + WATCHDOG_GRACE + 1.5
+
+
+# -- a release whose outcome is unknown (a private Redis server, frozen) -------------------
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[Server]:
+    require_redis()  # redis-server and its client are there
+    own = Server(tmp_path)
+    own.start()
+    try:
+        yield own
+    finally:
+        own.kill()
+
+
+def _stalling_backend(server: Server) -> RedisBackend:
+    """A backend on ``server`` whose calls give up after 1 s without an answer, its
+    scripts loaded (a release stalled before its script was known would fail with
+    NOSCRIPT when the server thaws, instead of going through)."""
+    url = server.url("socket_timeout=1&socket_connect_timeout=1")
+    backend = RedisBackend("own", {"LOCATION": url, "TTL": 30})
+    warm = backend.lock("warm", ttl=30)
+    assert warm.acquire()
+    warm.release()
+    return backend
+
+
+def _release_while_frozen(server: Server, handle: Lock) -> None:
+    """Release ``handle`` while ``server`` is frozen: BackendUnavailable. The release
+    written to the socket runs when the server thaws."""
+    server.pause()
+    try:
+        with pytest.raises(BackendUnavailable):
+            handle.release()
+    finally:
+        server.resume()
+
+
+def test_a_release_that_raised_leaves_the_name_to_its_thread(redis_server: Server) -> None:
+    """After a release that raised BackendUnavailable (the server froze), the thread may
+    wait for the name again: the release's outcome is unknown, the thread no longer
+    counts as its holder (it was refused with SelfDeadlock for the life of the process);
+    the same after a ``with`` block whose exit raised."""
+    backend = _stalling_backend(redis_server)
+    try:
+        handle = backend.lock("stalled", ttl=30)
+        assert handle.acquire()
+        _release_while_frozen(redis_server, handle)
+        again = backend.lock("stalled", ttl=30)
+        assert again.acquire(timeout=5)  # once the thawed server ran the release
+        again.release()
+        try:
+            with pytest.raises(BackendUnavailable), backend.lock("stalled", ttl=30):
+                redis_server.pause()  # the exit's release raises
+        finally:
+            redis_server.resume()
+        third = backend.lock("stalled", ttl=30)
+        assert third.acquire(timeout=5)
+        third.release()
+    finally:
+        redis_server.resume()
+        backend.close()
+
