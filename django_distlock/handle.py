@@ -187,6 +187,9 @@ class Lock:
         self.limit: int | None = None
         self._valid_until: float | None = None  # monotonic, conservative
         self._lost_at_release = False
+        #: A release sent while the lease was valid raised (BackendUnavailable): it may
+        #: have gone through. A later release that finds the lock gone is no loss.
+        self._release_unsure = False
         self._started = 0.0
         self._granted_at: float | None = None  # monotonic, of the first grant
         self._depth = 0  # acquisitions held by this handle (above 1 only when reentrant)
@@ -255,13 +258,18 @@ class Lock:
 
         Sends :data:`~django_distlock.signals.lock_lost` once; the ``with`` or
         decorator exit then raises :class:`~django_distlock.exceptions.LockLost`.
-        Does nothing on a handle that holds nothing.
+        Does nothing on a handle that holds nothing, and sends nothing after a
+        release that was sent in time but raised (the holder had let go already).
         """
         with self._mutex:
             if self._token is None or self._lost:
                 return
             self._lost = True
-        self._declare_lost()
+            let_go = self._release_unsure
+        if let_go:
+            self._forget()
+        else:
+            self._declare_lost()
 
     def _declare_lost(self) -> None:
         """After ``_lost`` was set: stop renewing, count the lock no more as held by its
@@ -472,6 +480,7 @@ class Lock:
             self._owner_id = short_owner(acquisition.token)
             self._grant = grant
             self._lost = False
+            self._release_unsure = False
             self._valid_until = valid_until
         if self.auto_renew:
             self._renewal = renewal.watch(self, acquisition, asynchronous)
@@ -497,10 +506,15 @@ class Lock:
         """Release the lock.
 
         :raises LockNotHeld: if this handle does not hold it.
-        :raises LockLost: if it held it but the lease ended or was taken away;
-            the handle is free afterwards either way.
-        :raises BackendUnavailable: when the server fails; the handle still
-            holds the lock and ``release()`` may be called again.
+        :raises LockLost: if it held it but the lease ended or was taken away
+            before the release was sent; the handle is free afterwards either way.
+        :raises BackendUnavailable: when the server fails; the release may or may
+            not have reached it. The handle keeps the lock's token and
+            ``release()`` may be called again (the lease is no longer renewed, and
+            the thread no longer counts as its holder for ``SelfDeadlock``). A
+            retry that finds the lock already free returns (and sends
+            ``lock_released``): the first release went through, or the lease it
+            asked to end ended by itself. See ``docs/architecture.md``.
         """
         self._release(_NO_EXC)
 
@@ -509,8 +523,9 @@ class Lock:
         try:
             released = acquisition.release(exc_info)
         except BaseException as exc:
-            self._after_release_error(acquisition, inner, exc)
-            raise
+            if self._after_release_error(acquisition, inner, exc):
+                raise
+            return
         self._released(released, inner)
 
     async def arelease(self) -> None:
@@ -522,8 +537,9 @@ class Lock:
         try:
             released = await acquisition.arelease(exc_info)
         except BaseException as exc:
-            self._after_release_error(acquisition, inner, exc)
-            raise
+            if self._after_release_error(acquisition, inner, exc):
+                raise
+            return
         self._released(released, inner)
 
     def _take(self) -> tuple[Acquisition, bool]:
@@ -534,8 +550,11 @@ class Lock:
             if self._token is None or acquisition is None:
                 raise LockNotHeld(f"{self!r} is not held by this handle.")
             self._check_process()
-            # Seen as lost during the release: keep it, so the release raises.
-            self._lost_at_release = self._lost or self._expired_locally()
+            # Seen as lost during the release: keep it, so the release raises (not after
+            # a release sent in time that raised: a lease that ended since is no loss).
+            self._lost_at_release = not self._release_unsure and (
+                self._lost or self._expired_locally()
+            )
             inner = self._depth > 1
             if inner:
                 self._depth -= 1
@@ -554,13 +573,17 @@ class Lock:
 
     def _after_release_error(
         self, acquisition: Acquisition, inner: bool, exc: BaseException
-    ) -> None:
+    ) -> bool:
+        """After the backend's release raised ``exc``: return whether to raise it."""
         if isinstance(exc, LockLost):
             with self._mutex:
                 self._clear()
             self._forget()
+            if self._release_unsure and not inner:
+                self._already_released()
+                return False
             self._send_lost()
-            return
+            return True
         with self._mutex:  # still held: the caller may release again
             if inner:
                 self._depth += 1
@@ -573,7 +596,9 @@ class Lock:
             # counts as the holder (refusing its next wait with SelfDeadlock for good is
             # worse than a wait that may end at its timeout), and renewing a lease its
             # holder let go of would keep it past its TTL.
+            self._release_unsure = not self._lost_at_release
             self._forget()
+        return True
 
     def _released(self, released: bool, inner: bool) -> None:
         lost = not released or self._lost_at_release
@@ -583,9 +608,24 @@ class Lock:
         with self._mutex:
             self._clear()
         self._forget()
+        if lost and self._release_unsure and not inner:
+            self._already_released()
+            return
         if lost:
             self._send_lost()
             raise LockLost(f"{self!r} was no longer held when released: its lease ended.")
+        self._release_unsure = False
+        self._send(signals.lock_released)
+
+    def _already_released(self) -> None:
+        """A retried release found the lock gone after a release that was sent while the
+        lease was valid and raised: that release went through, or the lease ended after
+        the holder let go. Either way no critical section ran unprotected: no loss."""
+        self._release_unsure = False
+        logger.info(
+            "%r was already released when release() was retried: the release that raised "
+            "went through, or its lease ended after it was sent.", self,
+        )
         self._send(signals.lock_released)
 
     def _forget(self) -> None:
@@ -720,6 +760,10 @@ class Lock:
             if self._lost:
                 return True
             self._lost = True
+            let_go = self._release_unsure
+        if let_go:  # a release that raised was sent in time: not a loss
+            self._forget()
+            return True
         logger.warning("Lock %r was lost: %s.", self, why)
         self._declare_lost()
         return True
