@@ -591,12 +591,14 @@ class Lock:
                 self._token = acquisition.token
                 self._acquisition = acquisition
                 self._depth = 1
+                # Set with the token, so that a mark_lost() from another thread (a
+                # session listener) sees both or neither.
+                self._release_unsure = not self._lost_at_release
         if not inner:
             # Whether the release reached the server is unknown: the thread no longer
             # counts as the holder (refusing its next wait with SelfDeadlock for good is
             # worse than a wait that may end at its timeout), and renewing a lease its
             # holder let go of would keep it past its TTL.
-            self._release_unsure = not self._lost_at_release
             self._forget()
         return True
 
