@@ -9,6 +9,8 @@ import secrets
 import socket
 import threading
 import time
+import weakref
+from collections import deque
 from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -34,13 +36,19 @@ logger = logging.getLogger("django_distlock")
 _HOST = socket.gethostname()
 _NO_EXC: tuple[None, None, None] = (None, None, None)
 
-#: Who is acquiring: (thread ident, id of the asyncio task or 0).
-_Holder = tuple[int, int]
-#: The locks this process holds, per (alias, key): the holder of each handle. Lets a
+#: The handles that hold a lock in this process, per (alias, key), held weakly: lets a
 #: thread or task that waits for a lock it already holds fail at once instead of
-#: waiting out its timeout against itself.
-_held: dict[tuple[str, str], dict[int, _Holder]] = {}
+#: waiting out its timeout against itself. An entry counts only while its handle is
+#: ``held`` (a lease that ran out or was lost does not); it goes at the release, at a
+#: loss, when a release raised, and when the handle is garbage-collected.
+_held: dict[tuple[str, str], set[weakref.ref[Lock]]] = {}
 _held_mutex = threading.Lock()
+#: Entries of handles that were garbage-collected, removed under ``_held_mutex`` by the
+#: next registry operation (a weakref callback runs anywhere, even while that mutex is
+#: held by its own thread, so it only appends here).
+_collected: deque[tuple[tuple[str, str], weakref.ref[Lock]]] = deque()
+#: Each thread's holder identity (see :func:`current_holder`).
+_thread_identity = threading.local()
 
 
 def _forget_held_after_fork() -> None:
@@ -48,18 +56,49 @@ def _forget_held_after_fork() -> None:
     global _held_mutex
     _held_mutex = threading.Lock()
     _held.clear()
+    _collected.clear()
 
 
 os.register_at_fork(after_in_child=_forget_held_after_fork)
 
 
-def current_holder() -> _Holder:
-    """This thread and asyncio task."""
+def current_holder() -> object:
+    """Who is acquiring: this asyncio task, or else this thread, as an object no other
+    task or thread can be while it is referenced.
+
+    For a task, a weak reference to it (CPython gives one task the same reference
+    each time; once the task ends, the reference is dead and a new task at the same
+    address gets a new one). For a thread, a token in its ``threading.local``,
+    dropped when the thread ends. Never a thread's ``ident`` or a task's ``id()``,
+    which new threads and tasks reuse.
+    """
     try:
         task = asyncio.current_task()
     except RuntimeError:
         task = None
-    return threading.get_ident(), id(task) if task is not None else 0
+    if task is not None:
+        return weakref.ref(task)
+    try:
+        return _thread_identity.token
+    except AttributeError:
+        token = _thread_identity.token = object()
+        return token
+
+
+def _purge_collected() -> None:
+    """Drop the entries of handles garbage-collected since (call with ``_held_mutex``)."""
+    while _collected:
+        key, ref = _collected.popleft()
+        _discard(key, ref)
+
+
+def _discard(key: tuple[str, str], ref: weakref.ref[Lock]) -> None:
+    """Drop one entry (call with ``_held_mutex``)."""
+    refs = _held.get(key)
+    if refs is not None:
+        refs.discard(ref)
+        if not refs:
+            del _held[key]
 
 
 def holder_label() -> str:
@@ -148,9 +187,15 @@ class Lock:
         self.limit: int | None = None
         self._valid_until: float | None = None  # monotonic, conservative
         self._lost_at_release = False
+        #: A release sent while the lease was valid raised (BackendUnavailable): it may
+        #: have gone through. A later release that finds the lock gone is no loss.
+        self._release_unsure = False
         self._started = 0.0
         self._granted_at: float | None = None  # monotonic, of the first grant
         self._depth = 0  # acquisitions held by this handle (above 1 only when reentrant)
+        #: Who acquired it (``current_holder()``), and its entry among the held handles.
+        self._holder: object = None
+        self._held_ref: weakref.ref[Lock] | None = None
 
     # -- state ----------------------------------------------------------
 
@@ -213,13 +258,18 @@ class Lock:
 
         Sends :data:`~django_distlock.signals.lock_lost` once; the ``with`` or
         decorator exit then raises :class:`~django_distlock.exceptions.LockLost`.
-        Does nothing on a handle that holds nothing.
+        Does nothing on a handle that holds nothing, and sends nothing after a
+        release that was sent in time but raised (the holder had let go already).
         """
         with self._mutex:
             if self._token is None or self._lost:
                 return
             self._lost = True
-        self._declare_lost()
+            let_go = self._release_unsure
+        if let_go:
+            self._forget()
+        else:
+            self._declare_lost()
 
     def _declare_lost(self) -> None:
         """After ``_lost`` was set: stop renewing, count the lock no more as held by its
@@ -362,17 +412,10 @@ class Lock:
                 )
             if self._token is not None:
                 self._check_process()
-            elif blocking and not self.reentrant and self.kind in ("exclusive", "write"):
-                with _held_mutex:
-                    holders = _held.get((self.backend.alias, self.key), {})
-                    if holder in holders.values():
-                        raise SelfDeadlock(
-                            f"This thread (or task) already holds lock {self.name!r} on "
-                            f"{self.backend.alias!r} through another handle; waiting for it "
-                            "would only end at the timeout. Release that handle first.",
-                            name=self.name,
-                            alias=self.backend.alias,
-                        )
+            else:
+                if blocking and not self.reentrant and self.kind in ("exclusive", "write"):
+                    self._refuse_self_deadlock(holder)
+                self._holder = holder
             self._busy = True
         if self._token is None:
             self.pid = os.getpid()
@@ -382,6 +425,24 @@ class Lock:
         self._started = time.monotonic()
         deadline = None if timeout is None or not blocking else self._started + timeout
         return blocking, deadline
+
+    def _refuse_self_deadlock(self, holder: object) -> None:
+        """Raise SelfDeadlock if ``holder`` holds this lock through another live handle."""
+        key = (self.backend.alias, self.key)
+        with _held_mutex:
+            _purge_collected()
+            for ref in tuple(_held.get(key, ())):
+                other = ref()
+                if other is None or not other.held:  # ran out, lost, being released
+                    _discard(key, ref)
+                elif other is not self and other._holder == holder:
+                    raise SelfDeadlock(
+                        f"This thread (or task) already holds lock {self.name!r} on "
+                        f"{self.backend.alias!r} through another handle; waiting for it "
+                        "would only end at the timeout. Release that handle first.",
+                        name=self.name,
+                        alias=self.backend.alias,
+                    )
 
     def _new_token(self) -> str:
         """The owner token of the next acquisition: the held one when acquiring again,
@@ -419,11 +480,15 @@ class Lock:
             self._owner_id = short_owner(acquisition.token)
             self._grant = grant
             self._lost = False
+            self._release_unsure = False
             self._valid_until = valid_until
         if self.auto_renew:
             self._renewal = renewal.watch(self, acquisition, asynchronous)
+        key = (self.backend.alias, self.key)
+        self._held_ref = weakref.ref(self, lambda ref: _collected.append((key, ref)))
         with _held_mutex:
-            _held.setdefault((self.backend.alias, self.key), {})[id(self)] = current_holder()
+            _purge_collected()
+            _held.setdefault(key, set()).add(self._held_ref)
         self._granted_at = time.monotonic()
         self._send(signals.lock_acquired, waited=self._granted_at - self._started)
         return True
@@ -441,10 +506,15 @@ class Lock:
         """Release the lock.
 
         :raises LockNotHeld: if this handle does not hold it.
-        :raises LockLost: if it held it but the lease ended or was taken away;
-            the handle is free afterwards either way.
-        :raises BackendUnavailable: when the server fails; the handle still
-            holds the lock and ``release()`` may be called again.
+        :raises LockLost: if it held it but the lease ended or was taken away
+            before the release was sent; the handle is free afterwards either way.
+        :raises BackendUnavailable: when the server fails; the release may or may
+            not have reached it. The handle keeps the lock's token and
+            ``release()`` may be called again (the lease is no longer renewed, and
+            the thread no longer counts as its holder for ``SelfDeadlock``). A
+            retry that finds the lock already free returns (and sends
+            ``lock_released``): the first release went through, or the lease it
+            asked to end ended by itself. See ``docs/architecture.md``.
         """
         self._release(_NO_EXC)
 
@@ -453,8 +523,9 @@ class Lock:
         try:
             released = acquisition.release(exc_info)
         except BaseException as exc:
-            self._after_release_error(acquisition, inner, exc)
-            raise
+            if self._after_release_error(acquisition, inner, exc):
+                raise
+            return
         self._released(released, inner)
 
     async def arelease(self) -> None:
@@ -466,8 +537,9 @@ class Lock:
         try:
             released = await acquisition.arelease(exc_info)
         except BaseException as exc:
-            self._after_release_error(acquisition, inner, exc)
-            raise
+            if self._after_release_error(acquisition, inner, exc):
+                raise
+            return
         self._released(released, inner)
 
     def _take(self) -> tuple[Acquisition, bool]:
@@ -478,8 +550,11 @@ class Lock:
             if self._token is None or acquisition is None:
                 raise LockNotHeld(f"{self!r} is not held by this handle.")
             self._check_process()
-            # Seen as lost during the release: keep it, so the release raises.
-            self._lost_at_release = self._lost or self._expired_locally()
+            # Seen as lost during the release: keep it, so the release raises (not after
+            # a release sent in time that raised: a lease that ended since is no loss).
+            self._lost_at_release = not self._release_unsure and (
+                self._lost or self._expired_locally()
+            )
             inner = self._depth > 1
             if inner:
                 self._depth -= 1
@@ -498,13 +573,17 @@ class Lock:
 
     def _after_release_error(
         self, acquisition: Acquisition, inner: bool, exc: BaseException
-    ) -> None:
+    ) -> bool:
+        """After the backend's release raised ``exc``: return whether to raise it."""
         if isinstance(exc, LockLost):
             with self._mutex:
                 self._clear()
             self._forget()
+            if self._release_unsure and not inner:
+                self._already_released()
+                return False
             self._send_lost()
-            return
+            return True
         with self._mutex:  # still held: the caller may release again
             if inner:
                 self._depth += 1
@@ -512,6 +591,16 @@ class Lock:
                 self._token = acquisition.token
                 self._acquisition = acquisition
                 self._depth = 1
+                # Set with the token, so that a mark_lost() from another thread (a
+                # session listener) sees both or neither.
+                self._release_unsure = not self._lost_at_release
+        if not inner:
+            # Whether the release reached the server is unknown: the thread no longer
+            # counts as the holder (refusing its next wait with SelfDeadlock for good is
+            # worse than a wait that may end at its timeout), and renewing a lease its
+            # holder let go of would keep it past its TTL.
+            self._forget()
+        return True
 
     def _released(self, released: bool, inner: bool) -> None:
         lost = not released or self._lost_at_release
@@ -521,20 +610,33 @@ class Lock:
         with self._mutex:
             self._clear()
         self._forget()
+        if lost and self._release_unsure and not inner:
+            self._already_released()
+            return
         if lost:
             self._send_lost()
             raise LockLost(f"{self!r} was no longer held when released: its lease ended.")
+        self._release_unsure = False
+        self._send(signals.lock_released)
+
+    def _already_released(self) -> None:
+        """A retried release found the lock gone after a release that was sent while the
+        lease was valid and raised: that release went through, or the lease ended after
+        the holder let go. Either way no critical section ran unprotected: no loss."""
+        self._release_unsure = False
+        logger.info(
+            "%r was already released when release() was retried: the release that raised "
+            "went through, or its lease ended after it was sent.", self,
+        )
         self._send(signals.lock_released)
 
     def _forget(self) -> None:
         if self._renewal is not None:
             self._stop_renewal()
-        with _held_mutex:
-            holders = _held.get((self.backend.alias, self.key))
-            if holders is not None:
-                holders.pop(id(self), None)
-                if not holders:
-                    del _held[(self.backend.alias, self.key)]
+        ref, self._held_ref = self._held_ref, None
+        if ref is not None:
+            with _held_mutex:
+                _discard((self.backend.alias, self.key), ref)
 
     def _stop_renewal(self) -> None:
         entry, self._renewal = self._renewal, None
@@ -660,6 +762,10 @@ class Lock:
             if self._lost:
                 return True
             self._lost = True
+            let_go = self._release_unsure
+        if let_go:  # a release that raised was sent in time: not a loss
+            self._forget()
+            return True
         logger.warning("Lock %r was lost: %s.", self, why)
         self._declare_lost()
         return True

@@ -3,17 +3,27 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Iterable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from .exceptions import DistLockError, LockLost, LockNotAcquired, LockNotHeld, LockTimeout
+from .exceptions import (
+    BackendUnavailable,
+    DistLockError,
+    LockLost,
+    LockNotAcquired,
+    LockNotHeld,
+    LockTimeout,
+)
 from .values import DEFAULT, _Default, validate_timeout
 
 if TYPE_CHECKING:
     from .backends.base import BaseLockBackend
     from .handle import Lock
+
+logger = logging.getLogger("django_distlock")
 
 
 class MultiLock:
@@ -23,7 +33,8 @@ class MultiLock:
     The names are taken in one fixed order, their storage keys sorted, so that
     two multi-locks over overlapping names, built in any order, never wait for
     each other in a cycle. A miss or an error releases what was taken (in reverse
-    order) before returning or raising.
+    order) before returning or raising. A release releases every member even when
+    some raise, and keeps those for ``release()`` again.
     """
 
     def __init__(
@@ -43,6 +54,9 @@ class MultiLock:
         self.timeout = self.handles[0].timeout
         self.blocking = self.handles[0].blocking
         self._taken: list[Lock] = []
+        #: A member found lost by a release that left others to release again: raised
+        #: once they are released.
+        self._pending_lost: LockLost | None = None
 
     def __repr__(self) -> str:
         names = ", ".join(repr(h.name) for h in self.handles)
@@ -126,34 +140,75 @@ class MultiLock:
                 await handle.arelease()
 
     def release(self) -> None:
-        """Release every lock, in reverse order.
+        """Release every lock, in reverse order, even when some raise.
 
         :raises LockNotHeld: when not acquired.
+        :raises BackendUnavailable: after releasing the others, when some could not
+            be released (named in the message; chained to the first one's error).
+            Those stay taken: ``release()`` again releases them.
         :raises LockLost: after releasing the others, when one had been lost.
         """
-        if not self._taken:
-            raise LockNotHeld(f"{self!r} is not held.")
-        taken, self._taken = self._taken, []
-        lost: LockLost | None = None
-        for handle in reversed(taken):
+        taken = self._releasing()
+        failed: list[tuple[Lock, Exception]] = []
+        for index, handle in enumerate(reversed(taken)):
             try:
                 handle.release()
             except LockLost as exc:
-                lost = lost or exc
-        if lost is not None:
-            raise lost
+                self._pending_lost = self._pending_lost or exc
+            except Exception as exc:
+                self._failed(handle, exc, failed)
+            except BaseException:  # an interrupt: keep what is not released yet
+                self._keep(taken, failed, taken[: len(taken) - index])
+                raise
+        self._finish(taken, failed)
 
     async def arelease(self) -> None:
         """Async :meth:`release`."""
-        if not self._taken:
-            raise LockNotHeld(f"{self!r} is not held.")
-        taken, self._taken = self._taken, []
-        lost: LockLost | None = None
-        for handle in reversed(taken):
+        taken = self._releasing()
+        failed: list[tuple[Lock, Exception]] = []
+        for index, handle in enumerate(reversed(taken)):
             try:
                 await handle.arelease()
             except LockLost as exc:
-                lost = lost or exc
+                self._pending_lost = self._pending_lost or exc
+            except Exception as exc:
+                self._failed(handle, exc, failed)
+            except BaseException:  # a cancellation: keep what is not released yet
+                self._keep(taken, failed, taken[: len(taken) - index])
+                raise
+        self._finish(taken, failed)
+
+    def _releasing(self) -> list[Lock]:
+        if not self._taken:
+            raise LockNotHeld(f"{self!r} is not held.")
+        taken, self._taken = self._taken, []
+        return taken
+
+    def _failed(self, handle: Lock, exc: Exception, failed: list[tuple[Lock, Exception]]) -> None:
+        failed.append((handle, exc))
+        logger.warning(
+            "Releasing %r of %r failed; releasing the others", handle, self, exc_info=exc
+        )
+
+    def _keep(
+        self, taken: list[Lock], failed: list[tuple[Lock, Exception]], more: list[Lock]
+    ) -> None:
+        """Keep the members not released (in the order taken), for a later release()."""
+        left = {id(handle) for handle, _ in failed} | {id(handle) for handle in more}
+        self._taken = [handle for handle in taken if id(handle) in left]
+
+    def _finish(self, taken: list[Lock], failed: list[tuple[Lock, Exception]]) -> None:
+        if failed:
+            self._keep(taken, failed, [])
+            first = failed[0][1]
+            if not all(isinstance(exc, BackendUnavailable) for _, exc in failed):
+                raise first  # not a server failure (a bug, or a forked process): as is
+            names = [handle.name for handle in self._taken]
+            raise BackendUnavailable(
+                f"{self!r}: releasing {names!r} failed (the others were released); "
+                "release() again releases them."
+            ) from first
+        lost, self._pending_lost = self._pending_lost, None
         if lost is not None:
             raise lost
 

@@ -78,7 +78,7 @@ class Renewal:
         state = handle._renewal_state(acquisition)
         if state == "lost":
             return None
-        if state == "busy":  # a release is under way (it may fail and keep the lock)
+        if state == "busy":  # a release is under way (if it fails, the handle stops this)
             return now + _retry_delay(handle)
         until = handle._valid_until
         if until is None:

@@ -6,15 +6,21 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 
-from django_distlock import locks
+from django_distlock import locks, signals
 from django_distlock.backends.database.sessions import WATCHDOG_GRACE
-from django_distlock.exceptions import BackendUnavailable
+from django_distlock.backends.redis import RedisBackend
+from django_distlock.exceptions import BackendUnavailable, LockLost, LockNotHeld
+from django_distlock.handle import Lock
 
-from .conftest import DATABASES, eventually, in_thread, psycopg_params, require_pg
+from .conftest import DATABASES, eventually, in_thread, psycopg_params, require_pg, require_redis
+from .test_redis_faults import Server
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
 
@@ -144,3 +150,144 @@ def test_postgres_a_frozen_server_does_not_hold_an_extend_past_the_lease(unique)
         thaw.cancel()
         os.kill(pid, signal.SIGCONT)
     assert took < 2 + WATCHDOG_GRACE + 1.5
+
+
+# -- a release whose outcome is unknown (a private Redis server, frozen) -------------------
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[Server]:
+    require_redis()  # redis-server and its client are there
+    own = Server(tmp_path)
+    own.start()
+    try:
+        yield own
+    finally:
+        own.kill()
+
+
+@pytest.fixture
+def sent() -> Iterator[list[tuple[str, str]]]:
+    """The lock_released and lock_lost signals sent, as (signal, name)."""
+    seen: list[tuple[str, str]] = []
+    receivers = []
+    for label in ("lock_released", "lock_lost"):
+        def receiver(sender: Any, label: str = label, **kwargs: Any) -> None:
+            seen.append((label, kwargs["name"]))
+
+        getattr(signals, label).connect(receiver, weak=False)
+        receivers.append((label, receiver))
+    yield seen
+    for label, receiver in receivers:
+        getattr(signals, label).disconnect(receiver)
+
+
+def _stalling_backend(server: Server) -> RedisBackend:
+    """A backend on ``server`` whose calls give up after 1 s without an answer, its
+    scripts loaded (a release stalled before its script was known would fail with
+    NOSCRIPT when the server thaws, instead of going through)."""
+    url = server.url("socket_timeout=1&socket_connect_timeout=1")
+    backend = RedisBackend("own", {"LOCATION": url, "TTL": 30})
+    warm = backend.lock("warm", ttl=30)
+    assert warm.acquire()
+    warm.release()
+    return backend
+
+
+def _release_while_frozen(server: Server, handle: Lock, frozen_for: float = 0) -> None:
+    """Release ``handle`` while ``server`` is frozen: BackendUnavailable. The server
+    thaws ``frozen_for`` seconds later (at least when the release gave up); the release
+    written to the socket runs then."""
+    server.pause()
+    began = time.monotonic()
+    try:
+        with pytest.raises(BackendUnavailable):
+            handle.release()
+        time.sleep(max(0.0, frozen_for - (time.monotonic() - began)))
+    finally:
+        server.resume()
+
+
+def test_a_release_that_raised_leaves_the_name_to_its_thread(redis_server: Server) -> None:
+    """After a release that raised BackendUnavailable (the server froze), the thread may
+    wait for the name again: the release's outcome is unknown, the thread no longer
+    counts as its holder (it was refused with SelfDeadlock for the life of the process);
+    the same after a ``with`` block whose exit raised."""
+    backend = _stalling_backend(redis_server)
+    try:
+        handle = backend.lock("stalled", ttl=30)
+        assert handle.acquire()
+        _release_while_frozen(redis_server, handle)
+        again = backend.lock("stalled", ttl=30)
+        assert again.acquire(timeout=5)  # once the thawed server ran the release
+        again.release()
+        try:
+            with pytest.raises(BackendUnavailable), backend.lock("stalled", ttl=30):
+                redis_server.pause()  # the exit's release raises
+        finally:
+            redis_server.resume()
+        third = backend.lock("stalled", ttl=30)
+        assert third.acquire(timeout=5)
+        third.release()
+    finally:
+        redis_server.resume()
+        backend.close()
+
+
+def test_a_retried_release_recognises_the_release_already_done(
+    redis_server: Server, sent: list[tuple[str, str]]
+) -> None:
+    """A release that raised BackendUnavailable went through once the server thawed; the
+    retry the docs invite finds the lock free: it returns quietly and sends
+    lock_released, not LockLost and lock_lost (a false alert)."""
+    backend = _stalling_backend(redis_server)
+    try:
+        handle = backend.lock("retried", ttl=30)
+        assert handle.acquire()
+        _release_while_frozen(redis_server, handle)
+        assert eventually(lambda: not backend.is_locked("retried"))  # it went through
+        handle.release()
+        assert not handle.held
+        assert [seen for seen in sent if seen[1] == "retried"] == [("lock_released", "retried")]
+        with pytest.raises(LockNotHeld):
+            handle.release()
+    finally:
+        backend.close()
+
+
+def test_a_retried_release_still_reports_a_lease_that_ended_before_it(
+    redis_server: Server, sent: list[tuple[str, str]]
+) -> None:
+    """The first release was sent after the lease had run out (and raised): the retry
+    that finds the lock gone raises LockLost and sends lock_lost, as a release without
+    the stall would have (the critical section may have run unprotected)."""
+    backend = _stalling_backend(redis_server)
+    try:
+        handle = backend.lock("late", ttl=0.3)
+        assert handle.acquire()
+        time.sleep(0.45)
+        _release_while_frozen(redis_server, handle)
+        with pytest.raises(LockLost):
+            handle.release()
+        assert [seen for seen in sent if seen[1] == "late"] == [("lock_lost", "late")]
+    finally:
+        backend.close()
+
+
+def test_no_loss_is_reported_for_a_renewed_lease_whose_release_raised(
+    redis_server: Server, sent: list[tuple[str, str]]
+) -> None:
+    """An ``auto_renew`` lease whose release raised (the server froze) is renewed no
+    more: the holder let go. It used to be renewed again, fail, and be reported lost
+    once its lease ran out: a false lock_lost."""
+    backend = _stalling_backend(redis_server)
+    try:
+        handle = backend.lock("renewed", ttl=1, auto_renew=True)
+        assert handle.acquire()
+        # Frozen past the lease's end: the watchdog would renew, fail, declare it lost.
+        _release_while_frozen(redis_server, handle, frozen_for=1.5)
+        time.sleep(0.2)
+        handle.release()
+        assert [seen for seen in sent if seen[1] == "renewed"] == [("lock_released", "renewed")]
+    finally:
+        backend.close()

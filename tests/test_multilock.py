@@ -4,14 +4,19 @@ order (no deadlock between multi-locks over overlapping names in opposite orders
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
+from pathlib import Path
+from typing import Any
 
 import pytest
 
-from django_distlock import distlock, locks
-from django_distlock.exceptions import LockLost, LockNotHeld, LockTimeout
+from django_distlock import distlock, locks, signals
+from django_distlock.backends.redis import RedisBackend
+from django_distlock.exceptions import BackendUnavailable, LockLost, LockNotHeld, LockTimeout
 
-from .conftest import in_thread, require_zookeeper
+from .conftest import in_thread, require_redis, require_zookeeper
+from .test_redis_faults import Server
 
 ALIASES = ["locmem", "zk"]
 
@@ -148,3 +153,63 @@ def test_decorator_list_needs_exclusive_templates() -> None:
         distlock(["a:{x}", 3], using="locmem")(lambda x: x)
     with pytest.raises(ValueError, match="'y'"):
         distlock(["a:{x}", "b:{y}"], using="locmem")(lambda x: x)
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_a_member_whose_release_fails_does_not_stop_the_others(
+    tmp_path: Path, asynchronous: bool
+) -> None:
+    """A private Redis freezes after the first member's release (c): the next one (b)
+    raises BackendUnavailable; the server thaws and the last one (a) is released all the
+    same. The error names b, is chained to b's, and b stays taken: release() again
+    releases it (it stopped at b: a stayed held and a retry raised LockNotHeld)."""
+    require_redis()
+    server = Server(tmp_path)
+    server.start()
+    url = server.url("socket_timeout=1&socket_connect_timeout=1")
+    backend = RedisBackend("own", {"LOCATION": url, "TTL": 30})
+    lost: list[str] = []
+
+    def freeze_after_c(sender: Any, **kwargs: Any) -> None:
+        if kwargs["backend"] is backend and kwargs["name"] == "c":
+            server.pause()
+
+    def record_lost(sender: Any, **kwargs: Any) -> None:
+        lost.append(kwargs["name"])
+
+    class ThawAfterAFailure(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            server.resume()  # (the release of b failed: let the others through)
+
+    thaw = ThawAfterAFailure(logging.WARNING)
+    try:
+        with backend.lock("warm", ttl=30):  # the scripts are loaded before the freeze
+            pass
+        multi = backend.multi_lock(["b", "c", "a"], ttl=30)
+        assert multi.acquire()
+        signals.lock_released.connect(freeze_after_c, weak=False)
+        signals.lock_lost.connect(record_lost, weak=False)
+        logging.getLogger("django_distlock").addHandler(thaw)
+        try:
+            with pytest.raises(BackendUnavailable) as caught:
+                if asynchronous:
+                    asyncio.run(multi.arelease())
+                else:
+                    multi.release()
+        finally:
+            logging.getLogger("django_distlock").removeHandler(thaw)
+            signals.lock_released.disconnect(freeze_after_c)
+            server.resume()
+        assert "['b']" in str(caught.value)
+        assert isinstance(caught.value.__cause__, BackendUnavailable)
+        assert not backend.is_locked("a") and not backend.is_locked("c")
+        assert not multi.held
+        multi.release()  # b (which the thawed server may have released already)
+        assert not backend.is_locked("b")
+        with pytest.raises(LockNotHeld):
+            multi.release()
+        assert lost == []
+    finally:
+        signals.lock_lost.disconnect(record_lost)
+        backend.close()
+        server.kill()

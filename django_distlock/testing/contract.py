@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import threading
 import time
 import uuid
@@ -461,6 +462,48 @@ class LockContract:
             other = backend.lock(name)
             if other.acquire(timeout=0.2):
                 other.release()
+
+    def test_an_expired_lease_no_longer_counts_as_held_by_its_thread(
+        self, backend, unique
+    ) -> None:
+        """A lease that ran out (on this process' clock) is not held: the thread that
+        held it waits for the name again through a new handle (it raised SelfDeadlock
+        until that handle's release)."""
+        if not backend.supports_expiry:
+            return
+        name = unique()
+        handle = backend.lock(name, ttl=0.3)
+        assert handle.acquire()
+        time.sleep(0.45)
+        assert handle.lost
+        other = backend.lock(name, ttl=30)
+        assert other.acquire(timeout=5) is True
+        other.release()
+        with pytest.raises(LockLost):
+            handle.release()
+
+    def test_a_dropped_handle_no_longer_counts_as_held_by_its_thread(
+        self, backend, unique
+    ) -> None:
+        """A handle dropped by an exception before its release is not held by the thread
+        any more once its lease ended: a new handle of the thread waits for the name
+        instead of raising SelfDeadlock. (Where locks do not expire, the dropped lease
+        stays held, by the session or the transaction, and SelfDeadlock is right.)"""
+        if not backend.supports_expiry:
+            return
+        name = unique()
+
+        def take_and_fail() -> None:
+            handle = backend.lock(name, ttl=0.3)
+            assert handle.acquire()
+            raise RuntimeError("the critical section failed before its release")
+
+        with contextlib.suppress(RuntimeError):
+            take_and_fail()
+        gc.collect()  # the handle and its acquisition refer to each other
+        other = backend.lock(name, ttl=30)
+        assert other.acquire(timeout=5) is True  # once the dropped lease ended
+        other.release()
 
     def test_health_and_close(self, backend, unique) -> None:
         assert backend.health() >= 0
