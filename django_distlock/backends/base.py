@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import logging
+import threading
 import time
-from collections.abc import Iterable, Mapping
-from typing import Any, ClassVar
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, ClassVar, TypeVar
 
 from asgiref.sync import sync_to_async
 from django.core import checks
 
 from ..auditing import AuditSettings, parse_audit
 from ..backoff import Backoff, remaining
-from ..exceptions import InvalidBackendOptions, UnsupportedOperation
+from ..exceptions import DistLockError, InvalidBackendOptions, UnsupportedOperation
 from ..handle import Lock
 from ..multilock import MultiLock
 from ..names import MAX_PREFIX_LENGTH, display_name, storage_key, validate_name
@@ -39,6 +41,9 @@ from ..values import (
     validate_timeout,
     validate_ttl,
 )
+
+T = TypeVar("T")
+logger = logging.getLogger("django_distlock")
 
 __all__ = [
     "Acquisition",
@@ -154,8 +159,45 @@ class Acquisition(abc.ABC):
     # -- async twins -------------------------------------------------------------
 
     async def aattempt(self) -> Grant | Miss:
-        """Async :meth:`attempt`."""
-        return await sync_to_async(self.attempt)()
+        """Async :meth:`attempt`; a grant it gets after its task was cancelled is released."""
+        return await self.abandonable(self.attempt, Miss())
+
+    async def abandonable(self, call: Callable[[], T], nothing: T) -> T:
+        """Run ``call`` (which may grant) in ``sync_to_async``'s thread for a task that
+        may be cancelled meanwhile: the call runs on in its thread, so a grant it makes
+        is released, not left held by nobody for its lease (or its transaction)."""
+        mutex, state = threading.Lock(), {"abandoned": False, "delivered": False}
+
+        def run() -> T:
+            result = call()
+            with mutex:
+                if not state["abandoned"]:
+                    state["delivered"] = True
+                    return result
+            if isinstance(result, Grant):
+                self._release_abandoned()
+            return nothing
+
+        future = asyncio.ensure_future(sync_to_async(run)())
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            # Either the thread sees the flag (and releases), or the result was handed
+            # over before: release it here, in the same thread (thread-sensitive).
+            with mutex:
+                state["abandoned"] = True
+                delivered = state["delivered"]
+            if delivered and isinstance(await future, Grant):
+                await asyncio.shield(sync_to_async(self._release_abandoned)())
+            raise
+
+    def _release_abandoned(self) -> None:
+        """Release a grant that came for a cancelled task."""
+        try:
+            self.release((None, None, None))
+        except DistLockError:
+            logger.warning("Releasing %r after its task was cancelled failed", self.lock,
+                           exc_info=True)
 
     async def async_wait(self, miss: Miss) -> Grant | None:
         """Async :meth:`wait`; must not block the event loop."""

@@ -1,0 +1,324 @@
+"""The same hostile scenarios on every backend and mode (issue 20: each backend's own
+suite tried only the faults its authors thought of for that backend).
+
+Each scenario runs on every lock alias of ``tests/settings.py`` where it applies;
+where it does not, the reason is stated in code next to the alias list. A missing
+server fails a full run (the ``require_*`` helpers of ``conftest.py``).
+
+1. a mixed run on one name: asyncio tasks, threads and forked processes, fenced holds
+   recorded and checked (no overlap, tokens strictly growing in grant order);
+2. ``aacquire()`` cancelled at random points while another holder holds and releases;
+3. a release that fails (the server frozen, or the session cut, under the release);
+4. the server restarted from its saved state while a lock is held;
+5. a waiter's entry (queue member, node, reservation) deleted under it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+import threading
+import time
+from typing import Any, NamedTuple
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.db import connections
+
+from django_distlock import locks
+
+from .conftest import DATABASES, eventually, require_pg, require_redis, require_zookeeper
+from .histories import FORK, done, fork_ready
+
+pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
+
+#: Every lock alias of tests/settings.py (full run).
+ALIASES = [
+    "default", "sqlite-lease", "sqlite-tx", "locmem", "pg-lease", "pg-tx", "redis",
+    "redis-cache", "redis-djcache", "redis-unfair", "redis-decoded", "redlock",
+    "redis-cluster", "zk", "zk-auth",
+]
+
+
+def require(alias: str) -> None:
+    """Fail (full run) or skip (local partial run) when ``alias``' server is absent."""
+    if alias.startswith("pg"):
+        require_pg()
+    elif alias == "redlock":
+        require_redis(redlock=True)
+    elif alias == "redis-cluster":
+        require_redis(cluster=True)
+    elif alias.startswith("redis"):
+        require_redis()
+    elif alias.startswith("zk"):
+        require_zookeeper()
+
+
+# -- the recorded history, and its check --------------------------------------------
+# One small function to swap for django_distlock.testing.history's checker once shipped.
+
+
+class Hold(NamedTuple):
+    """One grant as its holder saw it: monotonic ns (system-wide on Linux), who, token."""
+
+    began: int
+    ended: int
+    who: str
+    token: int | None
+
+
+def check_history(holds: list[Hold], fenced: bool = True) -> list[str]:
+    """What is wrong with ``holds``: overlapping holds, and (``fenced``) fencing tokens
+    that repeat or do not grow in grant order. Empty when nothing is."""
+    ordered = sorted(holds)
+    pairs = itertools.pairwise(ordered)
+    problems = [f"overlap: {a} and {b}" for a, b in pairs if b.began < a.ended]
+    if fenced:
+        problems += [f"token missing: {h}" for h in ordered if h.token is None]
+        tokens = [h for h in ordered if h.token is not None]
+        problems += [
+            f"token not growing: {a} then {b}"
+            for a, b in itertools.pairwise(tokens)
+            if b.token <= a.token  # type: ignore[operator]
+        ]
+    return problems
+
+
+def test_the_history_check_sees_overlaps_and_repeated_tokens() -> None:
+    good = [Hold(0, 10, "a", 1), Hold(10, 20, "b", 2), Hold(25, 30, "c", 7)]
+    assert check_history(good) == []
+    assert len(check_history([Hold(0, 10, "a", 1), Hold(9, 20, "b", 2)])) == 1
+    assert len(check_history([Hold(0, 10, "a", 3), Hold(11, 20, "b", 3)])) == 1
+    assert len(check_history([Hold(0, 10, "a", 3), Hold(11, 20, "b", 2)])) == 1
+    assert check_history([Hold(0, 10, "a", None)], fenced=False) == []
+
+
+# -- 1. a mixed run on one name -----------------------------------------------------
+
+TASKS, THREADS, PROCESSES = 20, 4, 3
+ROUNDS = 8  # per worker, unless the deadline comes first
+RUN_FOR = 3.0  # seconds after which no worker starts another round
+GIVE_UP = 8.0  # seconds after which a waiting worker stops waiting
+
+
+def _sync_rounds(alias: str, name: str, who: str, start: float) -> list[Hold]:
+    """A thread's or a process' rounds: acquire, a fenced hold of 1 ms, release."""
+    backend, holds = locks[alias], []
+    for _ in range(ROUNDS):
+        if time.monotonic() > start + RUN_FOR:
+            break
+        handle = backend.lock(name, ttl=30)
+        if not handle.acquire(timeout=max(0.1, start + GIVE_UP - time.monotonic())):
+            break
+        began = time.monotonic_ns()
+        token = handle.fencing_token
+        time.sleep(0.001)
+        ended = time.monotonic_ns()
+        handle.release()
+        holds.append(Hold(began, ended, who, token))
+    return holds
+
+
+async def _task_rounds(alias: str, name: str, who: str, start: float) -> list[Hold]:
+    backend, holds = locks[alias], []
+    for _ in range(ROUNDS):
+        if time.monotonic() > start + RUN_FOR:
+            break
+        handle = backend.lock(name, ttl=30)
+        if not await handle.aacquire(timeout=max(0.1, start + GIVE_UP - time.monotonic())):
+            break
+        began = time.monotonic_ns()
+        token = handle.fencing_token
+        await asyncio.sleep(0.001)
+        ended = time.monotonic_ns()
+        await handle.arelease()
+        holds.append(Hold(began, ended, who, token))
+    return holds
+
+
+def _process(alias: str, name: str, index: int, go: Any, out: Any) -> None:
+    try:
+        go.wait(30)
+        out.put(("ok", _sync_rounds(alias, name, f"process-{index}", time.monotonic())))
+    except BaseException as exc:
+        out.put(("error", repr(exc)))
+    finally:
+        done()
+
+
+def _thread(alias: str, name: str, index: int, start: float, out: list[Any]) -> None:
+    try:
+        out.append(("ok", _sync_rounds(alias, name, f"thread-{index}", start)))
+    except BaseException as exc:
+        out.append(("error", repr(exc)))
+    finally:
+        connections.close_all()
+
+
+def mixed_run(alias: str, name: str, processes: int) -> list[Hold]:
+    """The holds of TASKS tasks, THREADS threads and ``processes`` forked processes."""
+    fork_ready()  # fork first: no thread or event loop of ours is copied
+    go, out = FORK.Event(), FORK.Queue()
+    procs = [
+        FORK.Process(target=_process, args=(alias, name, i, go, out)) for i in range(processes)
+    ]
+    for proc in procs:
+        proc.start()
+    results: list[Any] = []
+    try:
+        go.set()
+        start = time.monotonic()
+        threads = [
+            threading.Thread(target=_thread, args=(alias, name, i, start, results))
+            for i in range(THREADS)
+        ]
+        for thread in threads:
+            thread.start()
+
+        async def tasks() -> list[Any]:
+            try:
+                return await asyncio.gather(
+                    *(_task_rounds(alias, name, f"task-{i}", start) for i in range(TASKS)),
+                    return_exceptions=True,
+                )
+            finally:
+                await sync_to_async(connections.close_all)()  # sync_to_async's thread's
+
+        for found in asyncio.run(tasks()):
+            results.append(("error", repr(found)) if isinstance(found, BaseException)
+                           else ("ok", found))
+        for thread in threads:
+            thread.join(GIVE_UP + 30)
+            assert not thread.is_alive()
+        results += [out.get(timeout=GIVE_UP + 30) for _ in procs]
+    finally:
+        for proc in procs:
+            proc.join(30)
+            if proc.is_alive():
+                proc.kill()
+    assert [proc.exitcode for proc in procs] == [0] * processes
+    errors = [found for kind, found in results if kind == "error"]
+    assert errors == []
+    return [hold for _, found in results for hold in found]
+
+
+#: locmem is process-local: forked processes would each have a lock table of their own,
+#: so its run has no processes (tasks and threads only).
+PROCESS_LOCAL = {"locmem"}
+
+
+class TasksGrantedTogether(AssertionError):
+    """Only holds of asyncio tasks overlapped (each other's)."""
+
+
+_TASKS_SHARE_THE_CONNECTION = pytest.mark.xfail(
+    strict=True,
+    raises=TasksGrantedTogether,
+    reason="issue 20, database transaction mode item 2 (fixed on another branch): asyncio "
+    "tasks of one thread share its connection, whose transaction holds the row (or write) "
+    "lock, and are granted together",
+)
+
+
+def _mixed_params() -> list[Any]:
+    return [
+        pytest.param(alias, marks=_TASKS_SHARE_THE_CONNECTION) if alias.endswith("-tx") else alias
+        for alias in ALIASES
+    ]
+
+
+@pytest.mark.parametrize("alias", _mixed_params())
+def test_a_mixed_run_never_overlaps_and_fences(alias: str, unique) -> None:
+    require(alias)
+    processes = 0 if alias in PROCESS_LOCAL else PROCESSES
+    holds = mixed_run(alias, unique("mixed"), processes)
+    kinds = {hold.who.split("-")[0] for hold in holds}
+    assert kinds == {"task", "thread"} | ({"process"} if processes else set()), kinds
+    problems = check_history(holds, fenced=locks[alias].supports_fencing)
+    # Only task-with-task overlaps (the known bug) may fail as expected; the rest is checked.
+    untasked = [hold for hold in holds if not hold.who.startswith("task")]
+    assert check_history(untasked, fenced=locks[alias].supports_fencing) == []
+    if problems and all(p.startswith("overlap") and p.count("who='task-") == 2 for p in problems):
+        raise TasksGrantedTogether(f"{len(problems)} problems: {problems[:3]}")
+    assert problems == [], (len(problems), problems[:5])
+
+
+# -- 2. cancelled acquires ------------------------------------------------------------
+
+CANCELS = 40
+
+
+def _cancel_many(alias: str, name: str) -> tuple[int, int]:
+    """Start ``aacquire()``s on ``name`` and cancel each after 0..11 loop turns (a timer
+    fires too late: the reply comes first on loopback); release those that got it.
+    Return (cancelled, granted)."""
+    backend, rng = locks[alias], random.Random(f"cancel {alias}")
+
+    async def run() -> tuple[int, int]:
+        cancelled = granted = 0
+        try:
+            for _ in range(CANCELS * 3):
+                if cancelled >= CANCELS:
+                    break
+                handle = backend.lock(name, ttl=30)
+                task = asyncio.ensure_future(handle.aacquire(timeout=5))
+                for _ in range(rng.randrange(12)):
+                    await asyncio.sleep(0)
+                task.cancel()
+                try:
+                    got = await task
+                except asyncio.CancelledError:
+                    cancelled += 1
+                    continue
+                if got:
+                    granted += 1
+                    await handle.arelease()
+            return cancelled, granted
+        finally:
+            await sync_to_async(connections.close_all)()
+
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize("alias", ALIASES)
+def test_cancelled_acquires_leave_the_name_free(alias: str, unique) -> None:
+    """Every backend takes ``aacquire()`` (natively or through ``sync_to_async``)."""
+    require(alias)
+    backend, name = locks[alias], unique("cancelled")
+    stop, missed, cycles = threading.Event(), [], [0]
+
+    def holder() -> None:
+        try:
+            while not stop.is_set():
+                handle = backend.lock(name, ttl=30)
+                if handle.acquire(timeout=2):
+                    time.sleep(0.003)
+                    handle.release()
+                    cycles[0] += 1
+                else:
+                    missed.append(time.monotonic())
+                time.sleep(0.002)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    try:
+        cancelled, _ = _cancel_many(alias, name)
+    finally:
+        stop.set()
+        thread.join(30)
+    assert not thread.is_alive()
+    assert cancelled >= CANCELS // 2
+    assert cycles[0] > 0
+
+    def free() -> bool:
+        handle = backend.lock(name, ttl=30)
+        if handle.acquire(blocking=False):
+            handle.release()
+            return True
+        return False
+
+    assert eventually(free, timeout=5)  # not the 30 s of a lease nobody will release
+    assert missed == []  # no cancelled acquire kept the name from the holder for 2 s
