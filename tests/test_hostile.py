@@ -16,20 +16,41 @@ server fails a full run (the ``require_*`` helpers of ``conftest.py``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
+import os
 import random
+import signal
 import threading
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, NamedTuple
+from urllib.parse import urlsplit
 
+import psycopg
 import pytest
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.db import connections
+from django.utils.module_loading import import_string
 
-from django_distlock import locks
+from django_distlock import locks, signals
+from django_distlock.backends.base import BaseLockBackend
+from django_distlock.backends.database.sessions import WATCHDOG_GRACE
+from django_distlock.exceptions import BackendUnavailable, LockLost, LockNotHeld
 
-from .conftest import DATABASES, eventually, require_pg, require_redis, require_zookeeper
+from .conftest import (
+    DATABASES,
+    eventually,
+    psycopg_params,
+    require_pg,
+    require_redis,
+    require_zookeeper,
+)
 from .histories import FORK, done, fork_ready
+from .test_redis_faults import Server
+from .test_zookeeper_faults import _servers as zk_servers
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
 
@@ -322,3 +343,251 @@ def test_cancelled_acquires_leave_the_name_free(alias: str, unique) -> None:
 
     assert eventually(free, timeout=5)  # not the 30 s of a lease nobody will release
     assert missed == []  # no cancelled acquire kept the name from the holder for 2 s
+
+
+# -- private servers ------------------------------------------------------------------
+
+
+@pytest.fixture
+def sent() -> Iterator[list[tuple[str, str]]]:
+    """The lock_released and lock_lost signals sent, as (signal, name)."""
+    seen: list[tuple[str, str]] = []
+    receivers = []
+    for label in ("lock_released", "lock_lost"):
+
+        def receiver(sender: Any, label: str = label, **kwargs: Any) -> None:
+            seen.append((label, kwargs["name"]))
+
+        getattr(signals, label).connect(receiver, weak=False)
+        receivers.append((label, receiver))
+    yield seen
+    for label, receiver in receivers:
+        getattr(signals, label).disconnect(receiver)
+
+
+def private_backend(alias: str, location: Any, **options: Any) -> BaseLockBackend:
+    """A backend configured as ``alias`` but on the private server(s) at ``location``
+    (its URL query, such as decode_responses, kept)."""
+    params = dict(settings.DISTLOCK[alias])
+    query = urlsplit(params["LOCATION"]).query if alias.startswith("redis") else ""
+    if query and isinstance(location, str):
+        location += ("&" if "?" in location else "?") + query
+    params["LOCATION"] = location
+    params["OPTIONS"] = {**params.get("OPTIONS", {}), **options}
+    backend: BaseLockBackend = import_string(params["BACKEND"])(f"private-{alias}", params)
+    return backend
+
+
+class ZooKeeper:
+    """A private standalone ZooKeeper (one JVM) whose data dir survives a restart."""
+
+    def __init__(self, directory: Path) -> None:
+        self.servers = zk_servers()
+        self.directory = directory
+        self.port = self.servers.free_ports(1)[0]
+        self.entry: dict[str, Any] | None = None
+
+    def start(self) -> None:
+        """Start it on its data dir (kept from a previous run: a restart)."""
+        self.directory.mkdir(exist_ok=True)
+        self.entry = self.servers.launch_zookeeper_node(
+            "zookeeper-private", "zookeeper-standalone", self.directory, self.port, "",
+            "org.apache.zookeeper.server.ZooKeeperServerMain",
+        )
+        self.servers.wait_zookeeper_standalone(self.entry)
+
+    def signal(self, signum: int) -> None:
+        assert self.entry is not None
+        os.kill(self.entry["pid"], signum)
+
+    def stop(self) -> None:
+        if self.entry is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.entry["pid"], signal.SIGCONT)
+            self.servers.stop_entries([self.entry])
+        self.entry = None
+
+    @property
+    def hosts(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
+@pytest.fixture(scope="module")
+def zookeeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKeeper]:
+    """One private ZooKeeper for the module (a JVM start costs seconds)."""
+    require_zookeeper()
+    own = ZooKeeper(tmp_path_factory.mktemp("zk"))
+    own.start()
+    try:
+        yield own
+    finally:
+        own.stop()
+
+
+@pytest.fixture
+def redis_servers(tmp_path: Path) -> Iterator[list[Server]]:
+    """Three private redis-servers (one for a Redis alias, all three for Redlock)."""
+    require_redis()
+    own = [Server(tmp_path / str(i)) for i in range(3)]
+    try:
+        for server in own:
+            server.directory.mkdir()
+            server.start()
+        yield own
+    finally:
+        for server in own:
+            server.kill()
+
+
+# -- 3. a release that fails ------------------------------------------------------------
+
+FAULT_TTL = 2.0  # the lease of the holder whose release fails
+
+#: Where a release cannot be made to fail by the server, and why.
+NO_RELEASE_FAULT = {
+    "default": "SQLite is a file this process opens: no server to stop, no connection to cut",
+    "sqlite-lease": "SQLite is a file this process opens: no server to stop, no connection to cut",
+    "sqlite-tx": "SQLite is a file this process opens: no server to stop, no connection to cut",
+    "locmem": "process-local: nothing between the handle and its lock table can fail",
+    "redis-cache": "the 'redis' scripts through django-redis' client (a CACHES entry): frozen "
+    "on a private server as 'redis', 'redis-unfair' and 'redis-decoded' are",
+    "redis-djcache": "the 'redis' scripts through Django's RedisCache (a CACHES entry): frozen "
+    "on a private server as 'redis', 'redis-unfair' and 'redis-decoded' are",
+    "redis-cluster": "a private 3-master cluster takes longer to start than this module's "
+    "budget; its scripts and release are those of 'redis' on one hash tag",
+}
+#: The aliases the release fault runs on, and its kind there.
+RELEASE_FAULTS = {
+    "redis": "frozen", "redis-unfair": "frozen", "redis-decoded": "frozen",
+    "redlock": "frozen", "pg-lease": "frozen", "pg-tx": "terminated", "zk": "frozen",
+    "zk-auth": "frozen",
+}
+
+
+def test_every_alias_is_taken_or_left_with_a_reason() -> None:
+    assert sorted(RELEASE_FAULTS) + sorted(NO_RELEASE_FAULT) != []
+    assert set(RELEASE_FAULTS) | set(NO_RELEASE_FAULT) == set(ALIASES)
+    assert not set(RELEASE_FAULTS) & set(NO_RELEASE_FAULT)
+
+
+def _pg_backend_pid(backend: Any, transaction_mode: bool) -> int:
+    """The server process of the session holding this thread's lock."""
+    if transaction_mode:
+        pid: int = connections[backend.database].connection.info.backend_pid
+        return pid
+    pid = backend.sessions.get().cursor.connection.info.backend_pid
+    return pid
+
+
+def _terminate(database: str, pid: int) -> None:
+    with psycopg.connect(**psycopg_params(database), autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", [pid])
+
+
+@contextlib.contextmanager
+def _release_fault(alias: str, request: pytest.FixtureRequest) -> Iterator[tuple[Any, Any]]:
+    """The backend to hold on, and a context manager factory: the fault, active inside
+    the block, over once it exits (the server thawed)."""
+    if alias.startswith("redis") or alias == "redlock":
+        servers = request.getfixturevalue("redis_servers")
+        query = "socket_timeout=1&socket_connect_timeout=1"
+        if alias == "redlock":
+            backend = private_backend(alias, [s.url(query) for s in servers], NODE_TIMEOUT=1)
+            frozen = servers[:2]  # a majority
+        else:
+            backend = private_backend(alias, servers[0].url(query))
+            frozen = servers[:1]
+
+        @contextlib.contextmanager
+        def fault(handle: Any) -> Iterator[None]:
+            for server in frozen:
+                server.pause()
+            try:
+                yield
+            finally:
+                for server in frozen:
+                    server.resume()
+
+        try:
+            yield backend, fault
+        finally:
+            for server in servers:
+                server.resume()
+            backend.close()
+    elif alias.startswith("pg"):
+        require_pg()
+        backend = locks[alias]
+        tx = alias == "pg-tx"
+
+        @contextlib.contextmanager
+        def fault(handle: Any) -> Iterator[None]:
+            pid = _pg_backend_pid(backend, tx)
+            if tx:  # the holding connection cut: its transaction (the lock) ends with it
+                _terminate(backend.database, pid)
+                yield
+                return
+            os.kill(pid, signal.SIGSTOP)
+            thaw = threading.Timer(FAULT_TTL + WATCHDOG_GRACE + 8, os.kill, (pid, signal.SIGCONT))
+            thaw.start()
+            try:
+                yield
+            finally:
+                thaw.cancel()
+                os.kill(pid, signal.SIGCONT)
+
+        yield backend, fault
+    else:
+        zookeeper = request.getfixturevalue("zookeeper")
+        backend = private_backend(alias, zookeeper.hosts, SESSION_TIMEOUT=6, CONNECT_TIMEOUT=1)
+
+        @contextlib.contextmanager
+        def fault(handle: Any) -> Iterator[None]:
+            zookeeper.signal(signal.SIGSTOP)
+            try:
+                yield
+            finally:
+                zookeeper.signal(signal.SIGCONT)
+
+        try:
+            yield backend, fault
+        finally:
+            zookeeper.signal(signal.SIGCONT)
+            backend.close()
+
+
+@pytest.mark.parametrize("alias", sorted(RELEASE_FAULTS))
+def test_a_release_that_fails(alias: str, request: pytest.FixtureRequest, sent: list) -> None:
+    """The release raises a library exception chained to the cause, within the lease's
+    end plus a grace; a retry reports no false loss; the same thread takes the name
+    again (no SelfDeadlock) once it is free, within its bound."""
+    require(alias)
+    name = f"released-under-fault-{alias}"
+    with _release_fault(alias, request) as (backend, fault):
+        handle = backend.lock(name, ttl=FAULT_TTL)
+        assert handle.acquire(timeout=5)
+        began = time.monotonic()
+        with fault(handle), pytest.raises((BackendUnavailable, LockLost)) as caught:
+            handle.release()
+        took = time.monotonic() - began
+        assert caught.value.__cause__ is not None
+        assert took < FAULT_TTL + WATCHDOG_GRACE + 2, took  # the lease's end, and a grace
+        if isinstance(caught.value, LockLost):  # the session ended: so did its lock
+            assert RELEASE_FAULTS[alias] == "terminated"
+            with pytest.raises(LockNotHeld):
+                handle.release()
+        else:
+            # Retried (once the server answers): the release went through, or this one
+            # does it; either way no loss to report.
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    handle.release()
+                    break
+                except BackendUnavailable:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.2)
+            assert ("lock_lost", name) not in sent, sent
+            assert ("lock_released", name) in sent
+        again = backend.lock(name, ttl=FAULT_TTL)
+        assert again.acquire(timeout=FAULT_TTL + 2)  # this thread, no SelfDeadlock
+        again.release()

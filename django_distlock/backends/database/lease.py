@@ -372,9 +372,16 @@ class PgLeaseAcquisition(Acquisition):
                 return released
         generation = self.generation if held_on is session else None
         params = pg_release_params(self.lock.key, self.token, generation)
-        rows = self._call(session, "releasing a lock",
-                          lambda: session.execute(POSTGRESQL.release, params).fetchall())
+        with self._watched(session, self._release_deadline()):
+            rows = self._call(session, "releasing a lock",
+                              lambda: session.execute(POSTGRESQL.release, params).fetchall())
         return bool(rows and rows[0][0])
+
+    def _release_deadline(self) -> float:
+        """A frozen server holds a release no longer than the lease it ends (or, for a
+        lease that ran out already, than the watchdog's grace from now)."""
+        until, now = self.lock._valid_until, time.monotonic()
+        return now + self.lock.ttl if until is None else max(until, now)
 
     def _release_through(self, session: Session) -> bool | None:
         assert self.generation is not None
@@ -385,7 +392,8 @@ class PgLeaseAcquisition(Acquisition):
             return None
         try:
             params = pg_release_params(self.lock.key, self.token, self.generation)
-            row = session.execute(POSTGRESQL.release, params).fetchone()
+            with self._watched(session, self._release_deadline()):
+                row = session.execute(POSTGRESQL.release, params).fetchone()
             return bool(row and row[0])
         except ERRORS:
             return None  # that connection broke (and its locks went with it): use ours
