@@ -3,6 +3,7 @@ and real runs of forked workers pass on shared backends and fail on a process-lo
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import sys
@@ -14,7 +15,7 @@ import pytest
 
 from django_distlock import locks
 from django_distlock.backends.redis import RedisBackend
-from django_distlock.exceptions import BackendUnavailable, LockTimeout, StaleFencingToken
+from django_distlock.exceptions import BackendUnavailable, LockLost, LockTimeout, StaleFencingToken
 from django_distlock.testing.history import HistoryRecorder, HistoryReport, check, load, stock
 
 from .conftest import DATABASES, in_thread, needs_pg, require_pg, require_redis
@@ -279,6 +280,29 @@ def test_hold_records_a_grant_a_miss_and_an_error(rec: HistoryRecorder, unique) 
     assert events[1]["token"] == token and events[1]["until"] > events[1]["t"]
     assert events[3]["error"].startswith("LockTimeout(") and events[5]["kind"] == "exclusive"
     assert checked(rec).ok
+
+
+@pytest.mark.django_db(transaction=True, databases=DATABASES)
+def test_hold_records_a_lease_that_ran_out_as_lost_when_it_ended(
+    rec: HistoryRecorder, unique
+) -> None:
+    with pytest.raises(LockLost), rec.hold(locks["locmem"].lock(unique("short"), ttl=0.05)):
+        time.sleep(0.1)
+    granted, lost, released = load(rec.path)[1:]
+    assert (lost["ev"], released["ev"]) == ("lost", "released")
+    assert lost["at"] == granted["until"] < lost["t"]
+
+
+@pytest.mark.django_db(transaction=True, databases=DATABASES)
+def test_ahold_records_the_task(rec: HistoryRecorder, unique) -> None:
+    async def main() -> None:
+        async with rec.ahold(locks["locmem"].lock(unique("async"))):
+            pass
+
+    asyncio.run(main())
+    events = load(rec.path)
+    assert [e["ev"] for e in events] == ["invoke", "granted", "released"]
+    assert all(e["task"] for e in events) and checked(rec).ok
 
 
 def test_hold_records_an_unknown_outcome_when_the_server_fails(rec: HistoryRecorder) -> None:

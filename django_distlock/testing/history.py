@@ -25,8 +25,8 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -195,28 +195,53 @@ class HistoryRecorder:
         ``lost`` or ``unsure`` at the exit records that, at the time its lease could
         have ended. Every exception propagates.
         """
-        from django_distlock.exceptions import BackendUnavailable
-
         op = self.invoke(handle.name, handle.kind, handle.limit)
         try:
             handle.__enter__()
-        except BackendUnavailable:
-            self.unknown(op, handle.ttl if handle.backend.supports_expiry else None)
-            raise
         except BaseException as exc:
-            self.failed(op, exc)
+            self._not_had(op, handle, exc)
             raise
-        until = handle._valid_until  # the handle's conservative lease end, as renewal.py reads
-        self.granted(op, handle.fencing_token, until)
+        until = self._granted(op, handle)
         try:
             yield handle
         except BaseException as exc:
             self._exit(op, handle, until)
-            if not handle.__exit__(type(exc), exc, exc.__traceback__):
-                raise
-        else:
+            handle.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        self._exit(op, handle, until)
+        handle.__exit__(None, None, None)
+
+    @asynccontextmanager
+    async def ahold(self, handle: Any) -> AsyncIterator[Any]:
+        """``async with recorder.ahold(handle):``, the async :meth:`hold`."""
+        op = self.invoke(handle.name, handle.kind, handle.limit)
+        try:
+            await handle.__aenter__()
+        except BaseException as exc:
+            self._not_had(op, handle, exc)
+            raise
+        until = self._granted(op, handle)
+        try:
+            yield handle
+        except BaseException as exc:
             self._exit(op, handle, until)
-            handle.__exit__(None, None, None)
+            await handle.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        self._exit(op, handle, until)
+        await handle.__aexit__(None, None, None)
+
+    def _not_had(self, op: Op, handle: Any, exc: BaseException) -> None:
+        from django_distlock.exceptions import BackendUnavailable
+
+        if isinstance(exc, BackendUnavailable):
+            self.unknown(op, handle.ttl if handle.backend.supports_expiry else None)
+        else:
+            self.failed(op, exc)
+
+    def _granted(self, op: Op, handle: Any) -> float | None:
+        until: float | None = handle._valid_until  # the handle's conservative lease end
+        self.granted(op, handle.fencing_token, until)
+        return until
 
     def _exit(self, op: Op, handle: Any, until: float | None) -> None:
         now = time.monotonic()
