@@ -14,6 +14,8 @@ one that both holders believed in. It is *valid* until the earliest of its
 release, a ``lost``/``unsure`` notice, and the time its lease could have ended
 (``valid_until``); holds that overlap only after one stopped being valid are
 allowed (a paused holder) and reported apart, in ``overlaps_after_loss``.
+The checker lives in :mod:`django_distlock.testing.checker`, re-exported here.
+See docs/testing.md.
 """
 
 from __future__ import annotations
@@ -58,6 +60,15 @@ __all__ = [
 ]
 
 KINDS = ("exclusive", "read", "write", "semaphore")
+_opening = threading.Lock()
+
+
+def _new_lock_in_child() -> None:
+    global _opening
+    _opening = threading.Lock()  # another thread may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_new_lock_in_child)
 
 
 class Op(NamedTuple):
@@ -88,9 +99,12 @@ class HistoryRecorder:
 
     def _open(self) -> None:
         """Open (again, in a forked child) the file, with a new operation id prefix."""
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        self._pid, self._tag = os.getpid(), secrets.token_hex(3)
-        self._count = itertools.count(1)
+        with _opening:
+            if self._pid == os.getpid():  # another thread opened it
+                return
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            self._tag, self._count = secrets.token_hex(3), itertools.count(1)
+            self._pid = os.getpid()
 
     def close(self) -> None:
         """Close the file (the recorder re-opens it on its next event)."""
