@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -375,3 +376,58 @@ def test_a_shared_lock_across_processes_passes_the_check(
     report = _sell(tmp_path, alias, unique("sale"), initial=25)
     report.raise_if_bad()
     assert (report.holds, report.processes, report.writes) == (32, 4, 25)
+
+
+def _paused_holder(path: str, alias: str, name: str, pk: int, ready: Any, resumed: Any) -> None:
+    recorder = HistoryRecorder(path)
+    with pytest.raises(LockLost), recorder.hold(locks[alias].lock(name, ttl=1)) as lease:
+        item = FencedItem.objects.get(pk=pk)
+        ready.set()
+        while not resumed.is_set():  # SIGSTOPped in here, past the lease
+            time.sleep(0.01)
+        item.stock -= 1
+        began, accepted = time.monotonic_ns(), True
+        try:  # the token as an int: the storage, not the handle, must refuse it
+            item.fenced_save(lease.fencing_token, update_fields=["stock"])
+        except StaleFencingToken:
+            accepted = False
+        value = {"sold": 1, "left": item.stock}
+        recorder.write(name, lease.fencing_token, accepted, value, began=began)
+    done()
+    os._exit(0)
+
+
+@pytest.mark.django_db(transaction=True, databases=DATABASES)
+@pytest.mark.parametrize("alias", ["sqlite-lease", "redis"])
+def test_a_paused_holder_overlaps_legitimately_and_fencing_and_stock_still_pass(
+    tmp_path: Path, alias: str, unique
+) -> None:
+    """A holder SIGSTOPped past its 1 s lease: the next holder's hold overlaps its claimed
+    hold (allowed, reported apart), its stale write is refused, and stock adds up."""
+    if alias == "redis":
+        require_redis()
+    name, item, path = unique("paused"), FencedItem.objects.create(stock=10), tmp_path / "h.jsonl"
+    fork_ready()
+    ready, resumed = FORK.Event(), FORK.Event()
+    paused = FORK.Process(target=_paused_holder, args=(path, alias, name, item.pk, ready, resumed))
+    paused.start()
+    try:
+        assert ready.wait(30)
+        os.kill(paused.pid, signal.SIGSTOP)
+        rec = HistoryRecorder(path)
+        with rec.hold(locks[alias].lock(name, ttl=30, timeout=10)) as lease:
+            item.refresh_from_db()
+            item.stock -= 1
+            began = time.monotonic_ns()
+            item.fenced_save(lease, update_fields=["stock"])
+            rec.write(name, lease.fencing_token, True, {"sold": 1, "left": 9}, began=began)
+    finally:
+        os.kill(paused.pid, signal.SIGCONT)
+        resumed.set()
+        paused.join(30)
+    assert paused.exitcode == 0
+    item.refresh_from_db()
+    report = check(load(path), invariant=stock(10, final=item.stock))
+    report.raise_if_bad()
+    assert report.overlaps == [] and len(report.overlaps_after_loss) == 1
+    assert [e["accepted"] for e in load(path) if e["ev"] == "write"] == [True, False]
