@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from django_distlock import locks
-from django_distlock.exceptions import BackendUnavailable, LockLost
+from django_distlock.exceptions import BackendUnavailable, LockConfigurationError, LockLost
 from django_distlock.testing import LockContract
 
 from .conftest import (
@@ -420,3 +420,18 @@ def test_postgres_a_cancelled_async_waiter_leaves_nothing_behind(settings, uniqu
         assert asyncio.run(main())
     finally:
         backend.close()
+
+
+@pytest.mark.parametrize("mode", ["lease", "transaction"])
+def test_an_unknown_database_alias_is_a_configuration_error(settings, mode: str) -> None:
+    """OPTIONS["DATABASE"] naming no alias of DATABASES: the documented
+    LockConfigurationError naming both aliases, at construction, before any query (it was
+    Django's ConnectionDoesNotExist from the first call)."""
+    settings.DISTLOCK = {
+        "nowhere": {"BACKEND": "django_distlock.backends.database.DatabaseBackend",
+                    "OPTIONS": {"DATABASE": "no-such-db", "MODE": mode}},
+    }
+    with pytest.raises(LockConfigurationError) as info:
+        locks["nowhere"].lock("x").acquire(blocking=False)
+    assert "'nowhere'" in str(info.value) and "'no-such-db'" in str(info.value)
+    assert "DATABASES" in str(info.value)
