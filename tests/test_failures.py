@@ -144,3 +144,30 @@ def test_postgres_a_frozen_server_does_not_hold_an_extend_past_the_lease(unique)
         thaw.cancel()
         os.kill(pid, signal.SIGCONT)
     assert took < 2 + WATCHDOG_GRACE + 1.5
+
+
+def test_postgres_a_frozen_server_does_not_hold_a_release_past_the_lease(unique) -> None:
+    """The server process of a holder's session is frozen (as in a partition): release()
+    (a ``with`` exit, so a request) ends with BackendUnavailable by the lease's local end
+    plus the watchdog's grace, as acquire and extend do (it waited for the server to come
+    back: 54 s through a 45 s partition for a 2 s lease)."""
+    require_pg()
+    backend = locks["pg-lease"]
+    handle = backend.lock(unique(), ttl=2)
+    assert handle.acquire()
+    session = backend.sessions.get()  # this thread's: the one release() uses here
+    pid = session.cursor.connection.info.backend_pid
+    os.kill(pid, signal.SIGSTOP)  # idle between statements: it holds no server-wide lock
+    thaw = threading.Timer(15, os.kill, (pid, signal.SIGCONT))  # if release() hangs
+    thaw.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(BackendUnavailable, match="did not answer"):
+            handle.release()
+        took = time.monotonic() - started
+    finally:
+        thaw.cancel()
+        os.kill(pid, signal.SIGCONT)
+    assert took < 2 + WATCHDOG_GRACE + 1.5
+    assert handle.held or handle.lost  # not released: the caller may call release() again
+    assert eventually(lambda: not backend.is_locked(handle.name))  # the lease runs out
