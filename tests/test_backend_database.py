@@ -11,6 +11,8 @@ import time
 
 import psycopg
 import pytest
+from asgiref.sync import sync_to_async
+from django.db import connections, transaction
 
 from django_distlock import locks
 from django_distlock.exceptions import BackendUnavailable, LockConfigurationError, LockLost
@@ -435,3 +437,54 @@ def test_an_unknown_database_alias_is_a_configuration_error(settings, mode: str)
         locks["nowhere"].lock("x").acquire(blocking=False)
     assert "'nowhere'" in str(info.value) and "'no-such-db'" in str(info.value)
     assert "DATABASES" in str(info.value)
+
+
+def _timeouts(database: str) -> tuple[str, str]:
+    with connections[database].cursor() as cursor:
+        cursor.execute("SELECT current_setting('lock_timeout'), current_setting('statement_timeout')")
+        row = cursor.fetchone()
+    return row[0], row[1]
+
+
+def test_postgres_transaction_mode_wait_bounds_end_with_the_wait(unique) -> None:
+    """The acquire's lock_timeout and statement_timeout bound its wait only: the locked
+    block's queries run under the transaction's own settings (a 1.5 s query inside a lock
+    taken with timeout=1 was cancelled at 1.0 s; timeout=None set one day)."""
+    require_pg()
+    backend = locks["pg-tx"]
+
+    def run() -> list[tuple[str, str]]:
+        seen = []
+        with transaction.atomic(using="pg"):
+            with connections["pg"].cursor() as cursor:
+                cursor.execute("SET LOCAL statement_timeout = '9s'")
+            before = _timeouts("pg")
+            for timeout in (1, None):
+                with backend.lock(unique(), timeout=timeout):
+                    seen.append(_timeouts("pg"))
+                    with connections["pg"].cursor() as cursor:
+                        cursor.execute("SELECT pg_sleep(1.2)")
+            seen.append(_timeouts("pg"))
+        return [before, *seen]
+
+    before, *seen = in_thread(run)
+    assert before[1] == "9s"
+    assert seen == [before] * 3
+
+
+def test_postgres_transaction_mode_async_wait_bounds_end_with_the_wait(unique) -> None:
+    """The same for asyncio tasks, which wait in 50 ms slices: a 0.2 s query inside
+    the lock is not cancelled (it was, at the slice's end)."""
+    require_pg()
+    backend = locks["pg-tx"]
+
+    def query() -> tuple[str, str]:
+        with connections["pg"].cursor() as cursor:
+            cursor.execute("SELECT pg_sleep(0.2)")
+        return _timeouts("pg")
+
+    async def main() -> tuple[str, str]:
+        async with backend.lock(unique(), timeout=1):
+            return await sync_to_async(query)()
+
+    assert asyncio.run(main()) == in_thread(lambda: _timeouts("pg"))

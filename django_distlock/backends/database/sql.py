@@ -139,10 +139,28 @@ PG_SESSION_SETUP = (
     "SELECT set_config('lock_timeout', %s, false),"
     " set_config('client_connection_check_interval', %s, false)"
 )
-#: PostgreSQL transaction mode: bound every lock wait, and each statement as a whole, of
-#: this transaction (a statement may wait for several locks in turn). Params: both
-#: limits (the same value).
-PG_TX_TIMEOUTS = (
+#: PostgreSQL transaction mode, blocking: bound the grant's lock waits, and the grant as a
+#: whole (one statement may wait for several locks in turn), for the wait only:
+#: ``PG_TX_GRANT_WAITED`` puts the settings read here back in the same statement (the
+#: settings in force before, the caller's own included). Params: both limits (the same
+#: value). Row: (lock_timeout, statement_timeout) as they were.
+PG_TX_TIMEOUTS = """
+WITH was AS MATERIALIZED (
+    SELECT current_setting('lock_timeout') AS l, current_setting('statement_timeout') AS s
+)
+SELECT l, s, set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true)
+FROM was"""
+#: PostgreSQL transaction mode, blocking: ``tx_grant``, then (the wait over, the row
+#: locked) the settings ``PG_TX_TIMEOUTS`` read put back. The statement's own timeout was
+#: armed when it began, so the reset bounds nothing after it. Params: host, pid, thread,
+#: key, lock_timeout, statement_timeout. Row: (fencing, acquired_at, _, _).
+PG_TX_GRANT_WAITED = (
+    POSTGRESQL.tx_grant
+    + ", set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true)"
+)
+#: PostgreSQL transaction mode: put the settings ``PG_TX_TIMEOUTS`` read back (when the
+#: grant found no row). Params: lock_timeout, statement_timeout.
+PG_TX_RESTORE = (
     "SELECT set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true)"
 )
 #: PostgreSQL transaction mode: one page of names with the held ones marked. A

@@ -30,7 +30,9 @@ from .sql import (
     ENSURE_ROW,
     PG_TX_HELD,
     PG_TX_IS_LOCKED,
+    PG_TX_GRANT_WAITED,
     PG_TX_NOWAIT,
+    PG_TX_RESTORE,
     PG_TX_TIMEOUTS,
     POSTGRESQL,
     SQLITE,
@@ -254,13 +256,10 @@ class PgTxAcquisition(_TxAcquisition):
                 with self.connection.cursor() as cursor:
                     if wait is None:
                         cursor.execute(PG_TX_NOWAIT, [lock.key])
-                        found = cursor.fetchone() is not None
+                        # The UPDATE keeps the row lock NOWAIT took.
+                        row = self._grant_row(cursor) if cursor.fetchone() else None
                     else:
-                        limit = f"{max(1, math.ceil(wait * 1000))}ms"
-                        cursor.execute(PG_TX_TIMEOUTS, [limit, limit])
-                        found = True
-                    # The UPDATE takes (or, after NOWAIT, keeps) the row lock.
-                    row = self._grant_row(cursor) if found else None
+                        row = self._grant_waited(cursor, wait)
             except ERRORS as exc:
                 self._abort(atomic, exc, "acquiring a lock")
                 return None
@@ -282,6 +281,22 @@ class PgTxAcquisition(_TxAcquisition):
         cursor.execute(POSTGRESQL.tx_grant, [lock.host, lock.pid, lock.holder_field, lock.key])
         row: tuple[int, Any] | None = cursor.fetchone()
         return row
+
+    def _grant_waited(self, cursor: Any, wait: float) -> tuple[int, Any] | None:
+        """Take the row lock waiting at most ``wait`` s: two round trips, as before the
+        bounds were put back (the grant's statement restores them). On a failure the
+        rollback of the block restores them (a savepoint's too)."""
+        lock = self.lock
+        limit = f"{max(1, math.ceil(wait * 1000))}ms"
+        cursor.execute(PG_TX_TIMEOUTS, [limit, limit])
+        previous = list(cursor.fetchone()[:2])
+        cursor.execute(PG_TX_GRANT_WAITED, [lock.host, lock.pid, lock.holder_field, lock.key,
+                                            *previous])
+        row = cursor.fetchone()
+        if row is None:  # no row yet (a name's first use): nothing ran the reset
+            cursor.execute(PG_TX_RESTORE, previous)
+            return None
+        return row[0], row[1]
 
     def _create_row(self) -> bool:
         """Create the name's row (committed, apart from the caller's transaction);
