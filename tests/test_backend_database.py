@@ -441,7 +441,9 @@ def test_an_unknown_database_alias_is_a_configuration_error(settings, mode: str)
 
 def _timeouts(database: str) -> tuple[str, str]:
     with connections[database].cursor() as cursor:
-        cursor.execute("SELECT current_setting('lock_timeout'), current_setting('statement_timeout')")
+        cursor.execute(
+            "SELECT current_setting('lock_timeout'), current_setting('statement_timeout')"
+        )
         row = cursor.fetchone()
     return row[0], row[1]
 
@@ -488,3 +490,25 @@ def test_postgres_transaction_mode_async_wait_bounds_end_with_the_wait(unique) -
             return await sync_to_async(query)()
 
     assert asyncio.run(main()) == in_thread(lambda: _timeouts("pg"))
+
+
+def test_postgres_transaction_mode_token_passes_a_row_above_the_sequence(unique) -> None:
+    """A row whose token is above the fencing sequence (a name used in lease mode before,
+    say): the grant draws past it, so its token is still higher, and the next one too."""
+    require_pg()
+    backend, name = locks["pg-tx"], unique()
+    key = backend.make_key(name)
+    with psycopg.connect(**psycopg_params("pg"), autocommit=True) as admin:
+        top = admin.execute("SELECT last_value FROM django_distlock_fencing").fetchone()[0]
+        admin.execute(
+            "INSERT INTO django_distlock_lock (name, fencing, host, thread)"
+            " VALUES (%s, %s, '', '')",
+            [key, top + 500],
+        )
+    tokens = [in_thread(lambda: _grant_token(backend, name)) for _ in range(2)]
+    assert top + 500 < tokens[0] < tokens[1]
+
+
+def _grant_token(backend, name: str) -> int:
+    with backend.lock(name, timeout=5) as lease:
+        return lease.fencing_token

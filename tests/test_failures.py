@@ -9,10 +9,11 @@ import time
 
 import psycopg
 import pytest
+from django.db import connections
 
 from django_distlock import locks
 from django_distlock.backends.database.sessions import WATCHDOG_GRACE
-from django_distlock.exceptions import BackendUnavailable
+from django_distlock.exceptions import BackendUnavailable, LockLost
 
 from .conftest import DATABASES, eventually, in_thread, psycopg_params, require_pg
 
@@ -171,3 +172,36 @@ def test_postgres_a_frozen_server_does_not_hold_a_release_past_the_lease(unique)
     assert took < 2 + WATCHDOG_GRACE + 1.5
     assert handle.held or handle.lost  # not released: the caller may call release() again
     assert eventually(lambda: not backend.is_locked(handle.name))  # the lease runs out
+
+
+def _terminate(pid: int) -> None:
+    with psycopg.connect(**psycopg_params("pg"), autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", [pid])
+
+
+def _token_of_a_grant(backend, name: str) -> int:
+    def grant() -> int:
+        with backend.lock(name, timeout=5) as other:
+            return other.fencing_token
+
+    return in_thread(grant)
+
+
+def test_postgres_transaction_mode_tokens_increase_past_rolled_back_grants(unique) -> None:
+    """A grant rolled back (the block raised) or whose session died (terminated, as in a
+    server restart) does not give its token again: the next grant's is higher (it was
+    the same, while the dead holder's handle still said held)."""
+    require_pg()
+    backend, name = locks["pg-tx"], unique()
+    with pytest.raises(RuntimeError), backend.lock(name) as first:
+        raise RuntimeError("rolled back")
+    second = backend.lock(name)
+    assert second.acquire()
+    try:
+        _terminate(connections["pg"].connection.info.backend_pid)
+        third = _token_of_a_grant(backend, name)
+        with pytest.raises(LockLost):
+            second.release()
+    finally:
+        connections["pg"].close()
+    assert first.fencing_token < second.fencing_token < third

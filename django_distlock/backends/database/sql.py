@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 TABLE = "django_distlock_lock"
+#: PostgreSQL: the sequence transaction-mode tokens come from (migration 0007).
+_FENCING = "django_distlock_fencing"
 _COLUMNS = "name, owner, fencing, acquired_at, expires_at, host, pid, thread"
 #: PostgreSQL: until when a waiter's reservation keeps the lock (NULL: none); see
 #: docs/database.md.
@@ -118,9 +120,18 @@ ORDER BY (name COLLATE "C") LIMIT %s""",
 UPDATE {TABLE} SET owner = NULL, next_owner = NULL
 WHERE name = %s AND owner IS NOT NULL AND expires_at > now() AND substr(owner, 1, %s) = %s
 RETURNING 1""",
+    # The token comes from a sequence (migration 0007), whose numbers are not
+    # transactional: a grant rolled back, or whose session died, never gives its number
+    # again. Above the row's last token: a row whose token (from lease mode, say) is not
+    # below the sequence draws as many numbers as it takes to pass it (at least one: other
+    # sessions may have drawn between the two reads of the sequence).
     tx_grant=f"""
-UPDATE {TABLE} SET fencing = fencing + 1, acquired_at = clock_timestamp(), host = %s, pid = %s,
-    thread = %s
+UPDATE {TABLE} SET fencing = CASE WHEN (SELECT last_value FROM {_FENCING}) >= fencing
+        THEN nextval('{_FENCING}')
+        ELSE (SELECT max(nextval('{_FENCING}'))
+              FROM generate_series(0, GREATEST(0, fencing - (SELECT last_value FROM {_FENCING}))))
+    END,
+    acquired_at = clock_timestamp(), host = %s, pid = %s, thread = %s
 WHERE name = %s RETURNING fencing, acquired_at""",
 )
 

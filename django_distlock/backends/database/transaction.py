@@ -22,15 +22,16 @@ from django.db import connections, transaction
 
 from ...backoff import remaining
 from ...exceptions import BackendUnavailable, LockLost, UnsupportedOperation
+from ...handle import Lock
 from ...values import validate_owner_id
 from ..base import Acquisition, ExcInfo, Grant, LockInfo, LockPage, Miss, validate_page_args
 from .common import DatabaseBackend, is_busy, server_wait
 from .sessions import ERRORS, connection_lost
 from .sql import (
     ENSURE_ROW,
+    PG_TX_GRANT_WAITED,
     PG_TX_HELD,
     PG_TX_IS_LOCKED,
-    PG_TX_GRANT_WAITED,
     PG_TX_NOWAIT,
     PG_TX_RESTORE,
     PG_TX_TIMEOUTS,
@@ -86,6 +87,13 @@ class TransactionBackend(DatabaseBackend, mode="transaction"):
         ]
         return LockPage(infos, rows[-1][0] if len(rows) == limit else None)
 
+    def check_fenced_write(self, lock: Lock, using: str) -> None:
+        """Refuse, before any query, a fenced write of ``lock`` outside the transaction
+        that holds it (see ``_TxAcquisition.check_fenced_write``)."""
+        acquisition = lock._acquisition
+        if isinstance(acquisition, _TxAcquisition):
+            acquisition.check_fenced_write(using)
+
     def force_release(self, name: str, *, owner: str | None = None) -> bool:
         self.make_key(name)
         validate_owner_id(owner)
@@ -137,6 +145,7 @@ class _TxAcquisition(Acquisition):
         super().__init__(*args)
         self.atomic: transaction.Atomic | None = None
         self.thread = 0  # the thread whose connection holds the transaction
+        self.raw: Any = None  # the driver's connection that holds it
 
     @property
     def connection(self) -> Any:
@@ -190,8 +199,35 @@ class _TxAcquisition(Acquisition):
     def _granted(self, atomic: transaction.Atomic, fencing: int, acquired_at: Any) -> Grant:
         self.atomic = atomic
         self.thread = threading.get_ident()
+        self.raw = self.connection.connection
         self.backend.stack.keys.append(self.lock.key)
         return Grant(fencing, as_datetime(acquired_at), None)
+
+    def check_fenced_write(self, using: str) -> None:
+        """A fenced write of this lock must be part of the transaction that holds it: on
+        its database, by its thread, while its block is open on the same connection.
+        Then a write made after the holder's session died cannot commit (it fails with
+        the session, or is rolled back with the lock), whatever its token.
+
+        :raises UnsupportedOperation: the write is elsewhere.
+        :raises LockLost: the holding connection is closed or was replaced.
+        """
+        if using != self.backend.database or self.thread != threading.get_ident():
+            raise UnsupportedOperation(
+                f"{self.lock!r}: a transaction-mode lock fences only the writes of its own "
+                f"transaction: on database {self.backend.database!r}, by the thread that "
+                f"acquired it, inside its block (this write: database {using!r}"
+                f"{'' if self.thread == threading.get_ident() else ', another thread'})."
+            )
+        connection = self.connection
+        raw = connection.connection
+        if (self.atomic is None or raw is None or raw is not self.raw
+                or not connection.in_atomic_block or getattr(raw, "closed", False)):
+            self.lock.mark_lost()
+            raise LockLost(
+                f"{self.lock!r}: the transaction that held the lock is gone (its connection "
+                "was closed or replaced); a fenced write with it is refused."
+            )
 
     def _check_thread(self, doing: str) -> transaction.Atomic:
         if self.atomic is None:
