@@ -15,7 +15,12 @@ from asgiref.sync import sync_to_async
 from django.db import connections, transaction
 
 from django_distlock import locks
-from django_distlock.exceptions import BackendUnavailable, LockConfigurationError, LockLost
+from django_distlock.exceptions import (
+    BackendUnavailable,
+    ConnectionInUse,
+    LockConfigurationError,
+    LockLost,
+)
 from django_distlock.testing import LockContract
 
 from .conftest import (
@@ -512,3 +517,80 @@ def test_postgres_transaction_mode_token_passes_a_row_above_the_sequence(unique)
 def _grant_token(backend, name: str) -> int:
     with backend.lock(name, timeout=5) as lease:
         return lease.fencing_token
+
+
+# -- transaction mode: asyncio tasks of one event loop share one connection ------------
+
+
+def _tasks_take(alias: str, names: list[str], blocking: bool) -> list[tuple[str, int]]:
+    """Tasks of one event loop each take ``names[i]`` in transaction mode (``async with``,
+    0.1 s holds); return what happened, in order: ("in", i, token), ("out", i, token) or
+    ("refused", i, 0)."""
+    events: list[tuple[str, int, int]] = []
+
+    async def task(index: int) -> None:
+        try:
+            async with locks[alias].lock(names[index], blocking=blocking, timeout=10) as lease:
+                events.append(("in", index, lease.fencing_token))
+                await asyncio.sleep(0.1)
+                events.append(("out", index, lease.fencing_token))
+        except ConnectionInUse:
+            events.append(("refused", index, 0))
+
+    async def main() -> None:
+        await asyncio.gather(*(task(i) for i in range(len(names))))
+
+    in_thread(lambda: asyncio.run(main()))
+    return events
+
+
+@pytest.mark.parametrize("alias", ["sqlite-tx", "pg-tx"])
+def test_transaction_mode_tasks_of_one_loop_are_served_one_at_a_time(alias: str,
+                                                                     unique) -> None:
+    """Three tasks of one event loop take one name: they hold it one after another, with
+    increasing tokens (they shared the thread's connection, so the second UPDATE ran in
+    the transaction that held the row lock: all three held at once, tokens 1, 2, 3). A
+    task taking another name while one holds waits too (its block would be a savepoint
+    of the holder's transaction); without waiting, it is refused with ConnectionInUse
+    before any SQL, and so is sync code of another task on the loop's thread."""
+    if alias.startswith("pg"):
+        require_pg()
+    for names in ([unique("one")] * 3, [unique("a"), unique("b"), unique("c")]):
+        events = _tasks_take(alias, names, blocking=True)
+        assert [kind for kind, _, _ in events] == ["in", "out"] * 3, events
+        assert [index for _, index, _ in events[::2]] == [index for _, index, _ in events[1::2]]
+        tokens = [token for _, _, token in events[::2]]
+        assert len(set(names)) > 1 or tokens == sorted(set(tokens)), tokens
+    events = _tasks_take(alias, [unique("x"), unique("y")], blocking=False)
+    assert sorted(kind for kind, _, _ in events) == ["in", "out", "refused"], events
+
+    backend = locks[alias]
+
+    def sync_take() -> None:
+        with backend.lock(unique("z")):
+            pass
+
+    async def holder_and_sync_code() -> None:
+        async with backend.lock(unique("x")):
+            with pytest.raises(ConnectionInUse):
+                await asyncio.ensure_future(sync_to_async(sync_take)())  # another task
+
+    in_thread(lambda: asyncio.run(holder_and_sync_code()))
+
+
+@pytest.mark.parametrize("alias", ["sqlite-tx", "pg-tx"])
+def test_transaction_mode_one_task_nests_its_own_locks(alias: str, unique) -> None:
+    """One task may still nest transaction-mode locks, and take them one after another."""
+    if alias.startswith("pg"):
+        require_pg()
+    backend = locks[alias]
+
+    async def main() -> list[bool]:
+        seen = []
+        async with backend.lock(unique("outer")) as outer, backend.lock(unique("in")) as inner:
+            seen += [outer.held, inner.held]
+        async with backend.lock(unique("outer")) as again:
+            seen.append(again.held)
+        return seen
+
+    assert in_thread(lambda: asyncio.run(main())) == [True, True, True]

@@ -21,8 +21,8 @@ from asgiref.sync import sync_to_async
 from django.db import connections, transaction
 
 from ...backoff import remaining
-from ...exceptions import BackendUnavailable, LockLost, UnsupportedOperation
-from ...handle import Lock
+from ...exceptions import BackendUnavailable, ConnectionInUse, LockLost, UnsupportedOperation
+from ...handle import Lock, current_holder
 from ...values import validate_owner_id
 from ..base import Acquisition, ExcInfo, Grant, LockInfo, LockPage, Miss, validate_page_args
 from .common import DatabaseBackend, is_busy, server_wait
@@ -43,13 +43,17 @@ from .sql import (
 
 #: Longest an asyncio task's attempt waits in the server (see ``async_wait``).
 _ASYNC_SLICE = 0.05
+#: ``_slice``: the key is held on this connection by this owner's other handle.
+_HELD = object()
 
 
 class _Stack(threading.local):
-    """This thread's transaction-mode acquisitions, innermost last."""
+    """This thread's transaction-mode acquisitions, innermost last: their keys, and who
+    took each (thread ident, id of the asyncio task or 0)."""
 
     def __init__(self) -> None:
         self.keys: list[str] = []
+        self.owners: list[tuple[int, int]] = []
 
 
 class TransactionBackend(DatabaseBackend, mode="transaction"):
@@ -146,34 +150,80 @@ class _TxAcquisition(Acquisition):
         self.atomic: transaction.Atomic | None = None
         self.thread = 0  # the thread whose connection holds the transaction
         self.raw: Any = None  # the driver's connection that holds it
+        #: Who acquires: the asyncio task (seen from its loop) or the thread.
+        self.owner: tuple[int, int] | None = None
 
     @property
     def connection(self) -> Any:
         return connections[self.backend.database]
 
     def attempt(self) -> Grant | Miss:
-        if self.lock.key in self.backend.stack.keys:
-            # Held by another handle on this thread's connection (another task of the
-            # same thread, say): the row lock would let us in; we don't.
+        if self.owner is None:
+            self.owner = current_holder()
+        if self._held_here():
             return Miss()
         if self.blocking:
             return Miss()  # the wait takes the lock, bounded by the deadline
         return self._take(None) or Miss()
 
     def wait(self, miss: Miss) -> Grant | None:
-        if self.lock.key in self.backend.stack.keys:
+        if self._held_here():
             return super().wait(miss)
         return self._take(server_wait(self.deadline))
 
+    def _held_here(self) -> bool:
+        """Whether this owner holds the key on this thread's connection through another
+        handle (the row lock would let us in; we don't). Runs in the connection's thread,
+        before any SQL.
+
+        :raises ConnectionInUse: the connection's transaction holds a lock of someone
+            else: another asyncio task of the loop whose sync calls run in this thread.
+            Its row lock would let us in, and our block would be a savepoint of its
+            transaction (committed, or rolled back, with its lock, not ours). A blocking
+            task waits for it instead (``aattempt``, ``async_wait``); sync code in
+            this thread must not (the holder's release needs the thread).
+        """
+        stack = self.backend.stack
+        pairs = zip(stack.keys, stack.owners, strict=True)
+        others = [key for key, owner in pairs if owner != self.owner]
+        if others:
+            names = ", ".join(repr(self.backend.name_of(key)) for key in others)
+            raise ConnectionInUse(
+                f"{self.lock!r}: this thread's connection to {self.backend.database!r} is "
+                f"in the transaction of another task's transaction-mode lock ({names}); "
+                "asyncio tasks of one event loop share that connection, so one of them at "
+                "a time may hold transaction-mode locks (a blocking acquire of a task waits "
+                "for it). Nothing was sent. Retry after it is released, or use lease mode "
+                "for locks that tasks hold concurrently."
+            )
+        return self.lock.key in stack.keys
+
+    async def aattempt(self) -> Grant | Miss:
+        self.owner = current_holder()  # the task, seen from its loop
+        try:
+            return await sync_to_async(self.attempt)()
+        except ConnectionInUse:
+            if not self.blocking:
+                raise
+            return Miss()  # wait, in the loop, for the other task to release
+
     async def async_wait(self, miss: Miss) -> Grant | None:
         """Tasks of one event loop share one thread's connection (``sync_to_async``): a
-        wait there would hold up the other tasks, so take the lock in short slices."""
-        if self.lock.key not in self.backend.stack.keys:
-            wait = server_wait(self.deadline)
-            grant = await sync_to_async(self._take)(min(wait, _ASYNC_SLICE))
-            if grant is not None or wait <= _ASYNC_SLICE:
-                return grant
+        wait there would hold up the other tasks, so take the lock in short slices; while
+        another task holds locks on the connection, back off in the loop (within the
+        timeout, as for a held lock)."""
+        wait = server_wait(self.deadline)
+        try:
+            grant = await sync_to_async(self._slice)(min(wait, _ASYNC_SLICE))
+        except ConnectionInUse:
+            grant = _HELD
+        if grant is not _HELD and (grant is not None or wait <= _ASYNC_SLICE):
+            return grant if isinstance(grant, Grant) else None
         return await super().async_wait(miss)
+
+    def _slice(self, wait: float) -> Grant | object | None:
+        """One slice of an asyncio task's wait, in the connection's thread."""
+        return _HELD if self._held_here() else self._take(wait)
 
     @abc.abstractmethod
     def _take(self, wait: float | None) -> Grant | None:
@@ -201,6 +251,7 @@ class _TxAcquisition(Acquisition):
         self.thread = threading.get_ident()
         self.raw = self.connection.connection
         self.backend.stack.keys.append(self.lock.key)
+        self.backend.stack.owners.append(self.owner or current_holder())
         return Grant(fencing, as_datetime(acquired_at), None)
 
     def check_fenced_write(self, using: str) -> None:
@@ -248,6 +299,7 @@ class _TxAcquisition(Acquisition):
                 f"reverse order of acquisition ({stack[-1]!r} first)."
             )
         stack.pop()
+        self.backend.stack.owners.pop()
         self.atomic = None
         try:
             atomic.__exit__(*exc_info)  # commit, or roll back on an exception
