@@ -134,3 +134,12 @@ class InvalidLockAlias(LockConfigurationError, KeyError):
 
 class InvalidBackendOptions(LockConfigurationError):
     """A backend's ``OPTIONS``, ``TTL``, ``TIMEOUT`` or ``KEY_PREFIX`` is unusable."""
+
+
+class ConnectionInUse(UnsupportedOperation):
+    """A database transaction-mode lock was asked for on a connection whose transaction
+    holds another asyncio task's transaction-mode lock (tasks of one event loop share
+    their thread's connection). Nothing was sent. See ``docs/database.md``."""
+
+
+__all__.append("ConnectionInUse")

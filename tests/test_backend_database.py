@@ -11,9 +11,16 @@ import time
 
 import psycopg
 import pytest
+from asgiref.sync import sync_to_async
+from django.db import connections, transaction
 
 from django_distlock import locks
-from django_distlock.exceptions import BackendUnavailable, LockLost
+from django_distlock.exceptions import (
+    BackendUnavailable,
+    ConnectionInUse,
+    LockConfigurationError,
+    LockLost,
+)
 from django_distlock.testing import LockContract
 
 from .conftest import (
@@ -420,3 +427,170 @@ def test_postgres_a_cancelled_async_waiter_leaves_nothing_behind(settings, uniqu
         assert asyncio.run(main())
     finally:
         backend.close()
+
+
+@pytest.mark.parametrize("mode", ["lease", "transaction"])
+def test_an_unknown_database_alias_is_a_configuration_error(settings, mode: str) -> None:
+    """OPTIONS["DATABASE"] naming no alias of DATABASES: the documented
+    LockConfigurationError naming both aliases, at construction, before any query (it was
+    Django's ConnectionDoesNotExist from the first call)."""
+    settings.DISTLOCK = {
+        "nowhere": {"BACKEND": "django_distlock.backends.database.DatabaseBackend",
+                    "OPTIONS": {"DATABASE": "no-such-db", "MODE": mode}},
+    }
+    with pytest.raises(LockConfigurationError) as info:
+        locks["nowhere"].lock("x").acquire(blocking=False)
+    assert "'nowhere'" in str(info.value) and "'no-such-db'" in str(info.value)
+    assert "DATABASES" in str(info.value)
+
+
+def _timeouts(database: str) -> tuple[str, str]:
+    with connections[database].cursor() as cursor:
+        cursor.execute(
+            "SELECT current_setting('lock_timeout'), current_setting('statement_timeout')"
+        )
+        row = cursor.fetchone()
+    return row[0], row[1]
+
+
+def test_postgres_transaction_mode_wait_bounds_end_with_the_wait(unique) -> None:
+    """The acquire's lock_timeout and statement_timeout bound its wait only: the locked
+    block's queries run under the transaction's own settings (a 1.5 s query inside a lock
+    taken with timeout=1 was cancelled at 1.0 s; timeout=None set one day)."""
+    require_pg()
+    backend = locks["pg-tx"]
+
+    def run() -> list[tuple[str, str]]:
+        seen = []
+        with transaction.atomic(using="pg"):
+            with connections["pg"].cursor() as cursor:
+                cursor.execute("SET LOCAL statement_timeout = '9s'")
+            before = _timeouts("pg")
+            for timeout in (1, None):
+                with backend.lock(unique(), timeout=timeout):
+                    seen.append(_timeouts("pg"))
+                    with connections["pg"].cursor() as cursor:
+                        cursor.execute("SELECT pg_sleep(1.2)")
+            seen.append(_timeouts("pg"))
+        return [before, *seen]
+
+    before, *seen = in_thread(run)
+    assert before[1] == "9s"
+    assert seen == [before] * 3
+
+
+def test_postgres_transaction_mode_async_wait_bounds_end_with_the_wait(unique) -> None:
+    """The same for asyncio tasks, which wait in 50 ms slices: a 0.2 s query inside
+    the lock is not cancelled (it was, at the slice's end)."""
+    require_pg()
+    backend = locks["pg-tx"]
+
+    def query() -> tuple[str, str]:
+        with connections["pg"].cursor() as cursor:
+            cursor.execute("SELECT pg_sleep(0.2)")
+        return _timeouts("pg")
+
+    async def main() -> tuple[str, str]:
+        async with backend.lock(unique(), timeout=1):
+            return await sync_to_async(query)()
+
+    assert asyncio.run(main()) == in_thread(lambda: _timeouts("pg"))
+
+
+def test_postgres_transaction_mode_token_passes_a_row_above_the_sequence(unique) -> None:
+    """A row whose token is above the fencing sequence (a name used in lease mode before,
+    say): the grant draws past it, so its token is still higher, and the next one too."""
+    require_pg()
+    backend, name = locks["pg-tx"], unique()
+    key = backend.make_key(name)
+    with psycopg.connect(**psycopg_params("pg"), autocommit=True) as admin:
+        top = admin.execute("SELECT last_value FROM django_distlock_fencing").fetchone()[0]
+        admin.execute(
+            "INSERT INTO django_distlock_lock (name, fencing, host, thread)"
+            " VALUES (%s, %s, '', '')",
+            [key, top + 500],
+        )
+    tokens = [in_thread(lambda: _grant_token(backend, name)) for _ in range(2)]
+    assert top + 500 < tokens[0] < tokens[1]
+
+
+def _grant_token(backend, name: str) -> int:
+    with backend.lock(name, timeout=5) as lease:
+        return lease.fencing_token
+
+
+# -- transaction mode: asyncio tasks of one event loop share one connection ------------
+
+
+def _tasks_take(alias: str, names: list[str], blocking: bool) -> list[tuple[str, int]]:
+    """Tasks of one event loop each take ``names[i]`` in transaction mode (``async with``,
+    0.1 s holds); return what happened, in order: ("in", i, token), ("out", i, token) or
+    ("refused", i, 0)."""
+    events: list[tuple[str, int, int]] = []
+
+    async def task(index: int) -> None:
+        try:
+            async with locks[alias].lock(names[index], blocking=blocking, timeout=10) as lease:
+                events.append(("in", index, lease.fencing_token))
+                await asyncio.sleep(0.1)
+                events.append(("out", index, lease.fencing_token))
+        except ConnectionInUse:
+            events.append(("refused", index, 0))
+
+    async def main() -> None:
+        await asyncio.gather(*(task(i) for i in range(len(names))))
+
+    in_thread(lambda: asyncio.run(main()))
+    return events
+
+
+@pytest.mark.parametrize("alias", ["sqlite-tx", "pg-tx"])
+def test_transaction_mode_tasks_of_one_loop_are_served_one_at_a_time(alias: str,
+                                                                     unique) -> None:
+    """Three tasks of one event loop take one name: they hold it one after another, with
+    increasing tokens (they shared the thread's connection, so the second UPDATE ran in
+    the transaction that held the row lock: all three held at once, tokens 1, 2, 3). A
+    task taking another name while one holds waits too (its block would be a savepoint
+    of the holder's transaction); without waiting, it is refused with ConnectionInUse
+    before any SQL, and so is sync code of another task on the loop's thread."""
+    if alias.startswith("pg"):
+        require_pg()
+    for names in ([unique("one")] * 3, [unique("a"), unique("b"), unique("c")]):
+        events = _tasks_take(alias, names, blocking=True)
+        assert [kind for kind, _, _ in events] == ["in", "out"] * 3, events
+        assert [index for _, index, _ in events[::2]] == [index for _, index, _ in events[1::2]]
+        tokens = [token for _, _, token in events[::2]]
+        assert len(set(names)) > 1 or tokens == sorted(set(tokens)), tokens
+    events = _tasks_take(alias, [unique("x"), unique("y")], blocking=False)
+    assert sorted(kind for kind, _, _ in events) == ["in", "out", "refused"], events
+
+    backend = locks[alias]
+
+    def sync_take() -> None:
+        with backend.lock(unique("z")):
+            pass
+
+    async def holder_and_sync_code() -> None:
+        async with backend.lock(unique("x")):
+            with pytest.raises(ConnectionInUse):
+                await asyncio.ensure_future(sync_to_async(sync_take)())  # another task
+
+    in_thread(lambda: asyncio.run(holder_and_sync_code()))
+
+
+@pytest.mark.parametrize("alias", ["sqlite-tx", "pg-tx"])
+def test_transaction_mode_one_task_nests_its_own_locks(alias: str, unique) -> None:
+    """One task may still nest transaction-mode locks, and take them one after another."""
+    if alias.startswith("pg"):
+        require_pg()
+    backend = locks[alias]
+
+    async def main() -> list[bool]:
+        seen = []
+        async with backend.lock(unique("outer")) as outer, backend.lock(unique("in")) as inner:
+            seen += [outer.held, inner.held]
+        async with backend.lock(unique("outer")) as again:
+            seen.append(again.held)
+        return seen
+
+    assert in_thread(lambda: asyncio.run(main())) == [True, True, True]

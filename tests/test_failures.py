@@ -12,6 +12,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from django.db import connections
 
 from django_distlock import locks, signals
 from django_distlock.backends.database.sessions import WATCHDOG_GRACE
@@ -291,3 +292,63 @@ def test_no_loss_is_reported_for_a_renewed_lease_whose_release_raised(
         assert [seen for seen in sent if seen[1] == "renewed"] == [("lock_released", "renewed")]
     finally:
         backend.close()
+
+
+def test_postgres_a_frozen_server_does_not_hold_a_release_past_the_lease(unique) -> None:
+    """The server process of a holder's session is frozen (as in a partition): release()
+    (a ``with`` exit, so a request) ends with BackendUnavailable by the lease's local end
+    plus the watchdog's grace, as acquire and extend do (it waited for the server to come
+    back: 54 s through a 45 s partition for a 2 s lease)."""
+    require_pg()
+    backend = locks["pg-lease"]
+    handle = backend.lock(unique(), ttl=2)
+    assert handle.acquire()
+    session = backend.sessions.get()  # this thread's: the one release() uses here
+    pid = session.cursor.connection.info.backend_pid
+    os.kill(pid, signal.SIGSTOP)  # idle between statements: it holds no server-wide lock
+    thaw = threading.Timer(15, os.kill, (pid, signal.SIGCONT))  # if release() hangs
+    thaw.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(BackendUnavailable, match="did not answer"):
+            handle.release()
+        took = time.monotonic() - started
+    finally:
+        thaw.cancel()
+        os.kill(pid, signal.SIGCONT)
+    assert took < 2 + WATCHDOG_GRACE + 1.5
+    assert handle.held or handle.lost  # not released: the caller may call release() again
+    assert eventually(lambda: not backend.is_locked(handle.name))  # the lease runs out
+
+
+def _terminate(pid: int) -> None:
+    with psycopg.connect(**psycopg_params("pg"), autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", [pid])
+
+
+def _token_of_a_grant(backend, name: str) -> int:
+    def grant() -> int:
+        with backend.lock(name, timeout=5) as other:
+            return other.fencing_token
+
+    return in_thread(grant)
+
+
+def test_postgres_transaction_mode_tokens_increase_past_rolled_back_grants(unique) -> None:
+    """A grant rolled back (the block raised) or whose session died (terminated, as in a
+    server restart) does not give its token again: the next grant's is higher (it was
+    the same, while the dead holder's handle still said held)."""
+    require_pg()
+    backend, name = locks["pg-tx"], unique()
+    with pytest.raises(RuntimeError), backend.lock(name) as first:
+        raise RuntimeError("rolled back")
+    second = backend.lock(name)
+    assert second.acquire()
+    try:
+        _terminate(connections["pg"].connection.info.backend_pid)
+        third = _token_of_a_grant(backend, name)
+        with pytest.raises(LockLost):
+            second.release()
+    finally:
+        connections["pg"].close()
+    assert first.fencing_token < second.fencing_token < third

@@ -6,6 +6,7 @@ its lease comes back after a newer holder wrote, and its write is refused.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
@@ -15,7 +16,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, cast
 
+import psycopg
 import pytest
+from django.conf import settings
 from django.contrib.auth.models import Group
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, IntegrityError, connections
@@ -29,6 +32,7 @@ from django_distlock.exceptions import (
     LockLost,
     LockNotHeld,
     StaleFencingToken,
+    UnsupportedOperation,
     VersionConflict,
 )
 from django_distlock.optimistic.fencing import (
@@ -48,7 +52,7 @@ from tests.testapp.models import (
     VersionedFencedShop,
 )
 
-from .conftest import DATABASES, require_pg
+from .conftest import DATABASES, in_thread, require_pg
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
 FORK = multiprocessing.get_context("fork")
@@ -736,3 +740,82 @@ def test_multi_table_fenced_update_is_not_check_then_write(db: str, model: Any, 
         else:
             assert qs.fenced_update(5, label="five", stock=5) == 1
     assert _mti_row(db, model, obj.pk) == ("ten", 10, 10)
+
+
+# -- transaction mode: a fenced write belongs to the holding transaction -------------
+
+
+def _terminate_django_connection(db: str) -> None:
+    pid = connections[db].connection.info.backend_pid
+    params = settings.DATABASES[db]
+    with psycopg.connect(host=params["HOST"], port=params["PORT"], user=params["USER"],
+                         dbname=connections[db].settings_dict["NAME"], autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", [pid])
+
+
+def test_postgres_transaction_mode_a_dead_holders_late_write_is_refused(unique) -> None:
+    """A holds (transaction mode); its session is terminated; B is granted and writes. A's
+    late fenced write through its handle (another connection) and with its int token
+    are refused, and so is one on its dead connection: B's write stays (A's was
+    accepted: B had been given A's token again, and the handle was taken anywhere)."""
+    require_pg()
+    backend, name = locks["pg-tx"], unique()
+    obj = item("pg")
+    holder = backend.lock(name)
+    assert holder.acquire()
+    try:
+        _terminate_django_connection("pg")
+
+        def newer_writes() -> int:
+            with backend.lock(name, timeout=5) as newer:
+                FencedItem.objects.using("pg").filter(pk=obj.pk).fenced_update(newer, label="B")
+                return cast(int, newer.fencing_token)
+
+        newer_token = in_thread(newer_writes)
+        assert newer_token > cast(int, holder.fencing_token)
+
+        def late_write(fence: Lock | int) -> None:
+            late = FencedItem.objects.using("pg").get(pk=obj.pk)
+            late.label = "A"
+            late.fenced_save(fence, using="pg")
+
+        with pytest.raises(UnsupportedOperation, match="transaction"):
+            in_thread(lambda: late_write(holder))
+        with pytest.raises(StaleFencingToken):
+            in_thread(lambda: late_write(cast(int, holder.fencing_token)))
+        with pytest.raises((LockLost, DatabaseError)):
+            late_write(holder)  # on the holder's own connection, which is gone
+    finally:
+        with contextlib.suppress(DistLockError):
+            holder.release()
+        connections["pg"].close()
+    assert row("pg", obj.pk)["label"] == "B"
+
+
+@pytest.mark.parametrize("alias, db", [("sqlite-tx", "default"), ("pg-tx", "pg")])
+def test_transaction_mode_fences_writes_of_its_own_transaction(alias: str, db: str,
+                                                               unique) -> None:
+    """A transaction-mode handle fences writes made in its transaction (its thread, its
+    database); one elsewhere is refused before any query."""
+    if db == "pg":
+        require_pg()
+    obj = item(db)
+
+    def hold() -> None:
+        with locks[alias].lock(unique()) as lease:
+            mine = FencedItem.objects.using(db).get(pk=obj.pk)
+            mine.label = "mine"
+            mine.fenced_save(lease, using=db)
+
+            def elsewhere() -> None:
+                FencedItem.objects.using(db).filter(pk=obj.pk).fenced_update(lease, label="x")
+
+            with pytest.raises(UnsupportedOperation, match="transaction"):
+                in_thread(elsewhere, timeout=10)
+            other_db = "default" if db == "pg" else next(iter(set(DATABASES) - {db}), None)
+            if other_db is not None:
+                with pytest.raises(UnsupportedOperation, match="transaction"):
+                    FencedItem.objects.using(other_db).filter(pk=0).fenced_update(lease, label="x")
+
+    in_thread(hold)
+    assert row(db, obj.pk)["label"] == "mine"

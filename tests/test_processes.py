@@ -27,7 +27,7 @@ from .conftest import (
     needs_pg,
     require_pg,
 )
-from .histories import FORK, fork_ready, history, overlaps
+from .histories import FORK, done, fork_ready, history, overlaps
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
 ALIASES = SQLITE_ALIASES + PG_ALIASES
@@ -184,3 +184,91 @@ def test_waits_timing_out_leave_no_head_behind(unique) -> None:
         proc.join(10)
     assert [held for _, held in results] == [0] * len(procs)
     assert all(grants > 0 for grants, _ in results)
+
+
+def _mixed_worker(alias: str, name: str, start: Any, out: Any) -> None:
+    """Two threads (sync ``with``) and an event loop of four tasks (``async with``, three
+    waits and three tries each) take ``name`` in one process. Puts the holds (began_ns,
+    ended_ns, pid, who) and how many tries the shared connection refused."""
+    import asyncio
+    import threading
+
+    from django_distlock.exceptions import ConnectionInUse, LockNotAcquired
+
+    holds: list[tuple[int, int, int, str]] = []
+    refused = [0]
+
+    def hold(who: str) -> None:
+        began = time.monotonic_ns()
+        time.sleep(0.002)
+        holds.append((began, time.monotonic_ns(), os.getpid(), who))
+
+    def thread(index: int) -> None:
+        for _ in range(5):
+            with locks[alias].lock(name, timeout=60):
+                hold(f"thread{index}")
+        connections.close_all()
+
+    async def task(index: int) -> None:
+        for _ in range(3):
+            async with locks[alias].lock(name, timeout=60):
+                began = time.monotonic_ns()
+                await asyncio.sleep(0.002)
+                holds.append((began, time.monotonic_ns(), os.getpid(), f"task{index}"))
+            # Without waiting, a task is refused while another task of the loop holds.
+            try:
+                async with locks[alias].lock(name, blocking=False):
+                    began = time.monotonic_ns()
+                    await asyncio.sleep(0.002)
+                    holds.append((began, time.monotonic_ns(), os.getpid(), f"task{index}"))
+            except ConnectionInUse:
+                refused[0] += 1
+            except LockNotAcquired:
+                pass
+
+    async def tasks() -> None:
+        await asyncio.gather(*(task(i) for i in range(4)))
+
+    start.wait()
+    threads = [threading.Thread(target=thread, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    asyncio.run(tasks())
+    for t in threads:
+        t.join(60)
+    out.put((holds, refused[0]))
+    done()
+
+
+@pytest.mark.parametrize("alias", ["pg-tx", "sqlite-tx"])
+def test_transaction_mode_tasks_threads_and_processes_never_overlap(alias: str,
+                                                                   unique) -> None:
+    """Transaction mode, one name, taken by OS processes each running threads and asyncio
+    tasks of one event loop: no two holds overlap (tasks of one loop used to hold it
+    together, their UPDATEs in one shared transaction: thousands of overlaps, all
+    task/task inside one process), and every task, thread and process was served."""
+    if needs_pg(alias):
+        require_pg()
+    name = unique("mixed")
+    fork_ready()
+    start, out = FORK.Event(), FORK.Queue()
+    procs = [FORK.Process(target=_mixed_worker, args=(alias, name, start, out))
+             for _ in range(3)]
+    for proc in procs:
+        proc.start()
+    start.set()
+    try:
+        results = [out.get(timeout=120) for _ in procs]
+    finally:
+        for proc in procs:
+            proc.join(30)
+            if proc.is_alive():
+                proc.kill()
+    assert [proc.exitcode for proc in procs] == [0, 0, 0]
+    found = sorted(h for holds, _ in results for h in holds)
+    refused = sum(count for _, count in results)
+    print(f"{alias}: {len(found)} holds, {refused} task attempts refused (ConnectionInUse)")
+    assert sum(1 for hold in found if hold[3].startswith("thread")) == 3 * 2 * 5
+    assert len(found) >= 3 * (2 * 5 + 4 * 3)  # every wait was served, tries some times
+    assert overlaps(found) == []
+    assert refused > 0  # the tasks did contend for their shared connection

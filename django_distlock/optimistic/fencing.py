@@ -131,6 +131,15 @@ def fencing_token_of(fence: Lock | int) -> int:
     return fence
 
 
+def _check_fence_scope(fence: Lock | int, using: str) -> None:
+    """Let the handle's backend refuse a write it cannot fence on ``using`` (transaction
+    mode: a write outside the holding transaction), before any query."""
+    if isinstance(fence, Lock):
+        check = getattr(fence.backend, "check_fenced_write", None)
+        if check is not None:
+            check(fence, using)
+
+
 def _version_field(model: type[models.Model]) -> Field[Any, Any] | None:
     """The model's optimistic-locking version column, if it has exactly one."""
     found = [f for f in model._meta.concrete_fields if isinstance(f, VersionField)]
@@ -198,7 +207,8 @@ def fenced_save(
     :param using: the database alias (default: the router's write database).
     :raises TypeError, ValueError: for bad arguments; nothing is sent or written.
     :raises LockLost, LockNotHeld, UnsupportedOperation: see :func:`fencing_token_of`;
-        raised before any query.
+        raised before any query. Also for a database transaction-mode handle whose
+        write is not part of its holding transaction (see ``docs/fencing.md``).
     :raises StaleFencingToken: the row carries a higher token (a newer holder
         wrote it); nothing was written. ``pre_save`` was sent, ``post_save`` not.
     :raises DoesNotExist: (the model's) the row is gone; nothing was written.
@@ -217,6 +227,7 @@ def fenced_save(
         using = router.db_for_write(model, instance=instance)
     elif not isinstance(using, str) or using not in connections:
         raise ValueError(f"using={using!r} is not a database alias of DATABASES.")
+    _check_fence_scope(fence, using)
     adding = instance._state.adding
     if adding:
         if update_fields is not None:
@@ -397,7 +408,8 @@ class FencedQuerySet(models.QuerySet[_M]):
         :param values: the fields to set, as for ``update()`` (expressions allowed).
         :returns: the number of rows updated.
         :raises TypeError, ValueError: for bad arguments; nothing is written.
-        :raises LockLost, LockNotHeld, UnsupportedOperation: see :func:`fencing_token_of`.
+        :raises LockLost, LockNotHeld, UnsupportedOperation: see :func:`fencing_token_of`
+            and :func:`fenced_save`; raised before any query.
         :raises StaleFencingToken: some row of the filter carries a higher token;
             nothing was written (``instance`` is None).
         """
@@ -420,6 +432,7 @@ class FencedQuerySet(models.QuerySet[_M]):
         # select_for_update() only marks a clone for writing (no query runs), so
         # .db names the write database, where the transaction must be opened.
         using = self.select_for_update().db
+        _check_fence_scope(fence, using)
         qs = self.using(using)
         allowed = Q(**{f"{name}__isnull": True}) | Q(**{f"{name}__lte": token})
         version = _version_field(self.model)

@@ -1,5 +1,28 @@
-"""Test utilities: the contract suite every lock backend passes (needs pytest)."""
+"""Test utilities for code that takes locks.
 
-from .contract import LockContract, in_thread
+- :mod:`~django_distlock.testing.history`: record what worker processes do with
+  locks and check the history (needs nothing but the standard library).
+- :mod:`~django_distlock.testing.contract`: the contract suite every lock backend
+  passes (needs pytest; imported on first use of ``LockContract`` or ``in_thread``).
+"""
 
-__all__ = ["LockContract", "in_thread"]
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .history import HistoryRecorder, HistoryReport, check, load, stock
+
+if TYPE_CHECKING:
+    from .contract import LockContract, in_thread
+
+__all__ = [
+    "HistoryRecorder", "HistoryReport", "LockContract", "check", "in_thread", "load", "stock",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("LockContract", "in_thread"):
+        from . import contract
+
+        return getattr(contract, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -79,6 +79,11 @@ class DatabaseBackend(BaseLockBackend):
             raise InvalidBackendOptions(
                 f"DISTLOCK[{alias!r}]['OPTIONS']['DATABASE'] must be a str."
             )
+        if self.database not in settings.DATABASES:
+            raise InvalidBackendOptions(
+                f"DISTLOCK[{alias!r}]['OPTIONS']['DATABASE'] is {self.database!r}, which is "
+                f"not an alias of DATABASES ({sorted(settings.DATABASES)})."
+            )
         prepare = self.options.get("PREPARE", True)
         if not isinstance(prepare, bool):
             raise InvalidBackendOptions(

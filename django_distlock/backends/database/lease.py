@@ -165,6 +165,14 @@ class PgLeaseAcquisition(Acquisition):
         finally:
             self._give_back()
 
+    def _release_bound(self) -> float:
+        """Until when a release may wait for the server (monotonic; the watchdog adds its
+        grace): the lease's local end, after which the lock frees itself; a release of a
+        lease already over gets the grace alone."""
+        until = self.lock._valid_until
+        now = time.monotonic()
+        return max(now, now + self.lock.ttl if until is None else until)
+
     def extend(self, ttl: float) -> Grant | None:
         # A frozen server must not hold an extend (the renewal thread's, say) past the
         # lease it extends: after that, there is nothing left to extend.
@@ -372,16 +380,10 @@ class PgLeaseAcquisition(Acquisition):
                 return released
         generation = self.generation if held_on is session else None
         params = pg_release_params(self.lock.key, self.token, generation)
-        with self._watched(session, self._release_deadline()):
+        with self._watched(session, self._release_bound()):
             rows = self._call(session, "releasing a lock",
                               lambda: session.execute(POSTGRESQL.release, params).fetchall())
         return bool(rows and rows[0][0])
-
-    def _release_deadline(self) -> float:
-        """A frozen server holds a release no longer than the lease it ends (or, for a
-        lease that ran out already, than the watchdog's grace from now)."""
-        until, now = self.lock._valid_until, time.monotonic()
-        return now + self.lock.ttl if until is None else max(until, now)
 
     def _release_through(self, session: Session) -> bool | None:
         assert self.generation is not None
@@ -392,11 +394,13 @@ class PgLeaseAcquisition(Acquisition):
             return None
         try:
             params = pg_release_params(self.lock.key, self.token, self.generation)
-            with self._watched(session, self._release_deadline()):
+            with self._watched(session, self._release_bound()):
                 row = session.execute(POSTGRESQL.release, params).fetchone()
             return bool(row and row[0])
         except ERRORS:
-            return None  # that connection broke (and its locks went with it): use ours
+            # That connection broke, or was cut for not answering (its locks go with it
+            # once the server sees it): release through ours, under its own bound.
+            return None
         finally:
             session.mutex.release()
 

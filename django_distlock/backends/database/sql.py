@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 TABLE = "django_distlock_lock"
+#: PostgreSQL: the sequence transaction-mode tokens come from (migration 0007).
+_FENCING = "django_distlock_fencing"
 _COLUMNS = "name, owner, fencing, acquired_at, expires_at, host, pid, thread"
 #: PostgreSQL: until when a waiter's reservation keeps the lock (NULL: none); see
 #: docs/database.md.
@@ -118,9 +120,18 @@ ORDER BY (name COLLATE "C") LIMIT %s""",
 UPDATE {TABLE} SET owner = NULL, next_owner = NULL
 WHERE name = %s AND owner IS NOT NULL AND expires_at > now() AND substr(owner, 1, %s) = %s
 RETURNING 1""",
+    # The token comes from a sequence (migration 0007), whose numbers are not
+    # transactional: a grant rolled back, or whose session died, never gives its number
+    # again. Above the row's last token: a row whose token (from lease mode, say) is not
+    # below the sequence draws as many numbers as it takes to pass it (at least one: other
+    # sessions may have drawn between the two reads of the sequence).
     tx_grant=f"""
-UPDATE {TABLE} SET fencing = fencing + 1, acquired_at = clock_timestamp(), host = %s, pid = %s,
-    thread = %s
+UPDATE {TABLE} SET fencing = CASE WHEN (SELECT last_value FROM {_FENCING}) >= fencing
+        THEN nextval('{_FENCING}')
+        ELSE (SELECT max(nextval('{_FENCING}'))
+              FROM generate_series(0, GREATEST(0, fencing - (SELECT last_value FROM {_FENCING}))))
+    END,
+    acquired_at = clock_timestamp(), host = %s, pid = %s, thread = %s
 WHERE name = %s RETURNING fencing, acquired_at""",
 )
 
@@ -139,10 +150,28 @@ PG_SESSION_SETUP = (
     "SELECT set_config('lock_timeout', %s, false),"
     " set_config('client_connection_check_interval', %s, false)"
 )
-#: PostgreSQL transaction mode: bound every lock wait, and each statement as a whole, of
-#: this transaction (a statement may wait for several locks in turn). Params: both
-#: limits (the same value).
-PG_TX_TIMEOUTS = (
+#: PostgreSQL transaction mode, blocking: bound the grant's lock waits, and the grant as a
+#: whole (one statement may wait for several locks in turn), for the wait only:
+#: ``PG_TX_GRANT_WAITED`` puts the settings read here back in the same statement (the
+#: settings in force before, the caller's own included). Params: both limits (the same
+#: value). Row: (lock_timeout, statement_timeout) as they were.
+PG_TX_TIMEOUTS = """
+WITH was AS MATERIALIZED (
+    SELECT current_setting('lock_timeout') AS l, current_setting('statement_timeout') AS s
+)
+SELECT l, s, set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true)
+FROM was"""
+#: PostgreSQL transaction mode, blocking: ``tx_grant``, then (the wait over, the row
+#: locked) the settings ``PG_TX_TIMEOUTS`` read put back. The statement's own timeout was
+#: armed when it began, so the reset bounds nothing after it. Params: host, pid, thread,
+#: key, lock_timeout, statement_timeout. Row: (fencing, acquired_at, _, _).
+PG_TX_GRANT_WAITED = (
+    POSTGRESQL.tx_grant
+    + ", set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true)"
+)
+#: PostgreSQL transaction mode: put the settings ``PG_TX_TIMEOUTS`` read back (when the
+#: grant found no row). Params: lock_timeout, statement_timeout.
+PG_TX_RESTORE = (
     "SELECT set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true)"
 )
 #: PostgreSQL transaction mode: one page of names with the held ones marked. A

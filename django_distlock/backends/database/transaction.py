@@ -21,16 +21,19 @@ from asgiref.sync import sync_to_async
 from django.db import connections, transaction
 
 from ...backoff import remaining
-from ...exceptions import BackendUnavailable, LockLost, UnsupportedOperation
+from ...exceptions import BackendUnavailable, ConnectionInUse, LockLost, UnsupportedOperation
+from ...handle import Lock, current_holder
 from ...values import validate_owner_id
 from ..base import Acquisition, ExcInfo, Grant, LockInfo, LockPage, Miss, validate_page_args
 from .common import DatabaseBackend, is_busy, server_wait
 from .sessions import ERRORS, connection_lost
 from .sql import (
     ENSURE_ROW,
+    PG_TX_GRANT_WAITED,
     PG_TX_HELD,
     PG_TX_IS_LOCKED,
     PG_TX_NOWAIT,
+    PG_TX_RESTORE,
     PG_TX_TIMEOUTS,
     POSTGRESQL,
     SQLITE,
@@ -40,13 +43,17 @@ from .sql import (
 
 #: Longest an asyncio task's attempt waits in the server (see ``async_wait``).
 _ASYNC_SLICE = 0.05
+#: ``_slice``: the key is held on this connection by this owner's other handle.
+_HELD = object()
 
 
 class _Stack(threading.local):
-    """This thread's transaction-mode acquisitions, innermost last."""
+    """This thread's transaction-mode acquisitions, innermost last: their keys, and who
+    took each (thread ident, id of the asyncio task or 0)."""
 
     def __init__(self) -> None:
         self.keys: list[str] = []
+        self.owners: list[tuple[int, int]] = []
 
 
 class TransactionBackend(DatabaseBackend, mode="transaction"):
@@ -83,6 +90,13 @@ class TransactionBackend(DatabaseBackend, mode="transaction"):
             if not row[-1]
         ]
         return LockPage(infos, rows[-1][0] if len(rows) == limit else None)
+
+    def check_fenced_write(self, lock: Lock, using: str) -> None:
+        """Refuse, before any query, a fenced write of ``lock`` outside the transaction
+        that holds it (see ``_TxAcquisition.check_fenced_write``)."""
+        acquisition = lock._acquisition
+        if isinstance(acquisition, _TxAcquisition):
+            acquisition.check_fenced_write(using)
 
     def force_release(self, name: str, *, owner: str | None = None) -> bool:
         self.make_key(name)
@@ -135,34 +149,81 @@ class _TxAcquisition(Acquisition):
         super().__init__(*args)
         self.atomic: transaction.Atomic | None = None
         self.thread = 0  # the thread whose connection holds the transaction
+        self.raw: Any = None  # the driver's connection that holds it
+        #: Who acquires: the asyncio task (seen from its loop) or the thread.
+        self.owner: tuple[int, int] | None = None
 
     @property
     def connection(self) -> Any:
         return connections[self.backend.database]
 
     def attempt(self) -> Grant | Miss:
-        if self.lock.key in self.backend.stack.keys:
-            # Held by another handle on this thread's connection (another task of the
-            # same thread, say): the row lock would let us in; we don't.
+        if self.owner is None:
+            self.owner = current_holder()
+        if self._held_here():
             return Miss()
         if self.blocking:
             return Miss()  # the wait takes the lock, bounded by the deadline
         return self._take(None) or Miss()
 
     def wait(self, miss: Miss) -> Grant | None:
-        if self.lock.key in self.backend.stack.keys:
+        if self._held_here():
             return super().wait(miss)
         return self._take(server_wait(self.deadline))
 
+    def _held_here(self) -> bool:
+        """Whether this owner holds the key on this thread's connection through another
+        handle (the row lock would let us in; we don't). Runs in the connection's thread,
+        before any SQL.
+
+        :raises ConnectionInUse: the connection's transaction holds a lock of someone
+            else: another asyncio task of the loop whose sync calls run in this thread.
+            Its row lock would let us in, and our block would be a savepoint of its
+            transaction (committed, or rolled back, with its lock, not ours). A blocking
+            task waits for it instead (``aattempt``, ``async_wait``); sync code in
+            this thread must not (the holder's release needs the thread).
+        """
+        stack = self.backend.stack
+        pairs = zip(stack.keys, stack.owners, strict=True)
+        others = [key for key, owner in pairs if owner != self.owner]
+        if others:
+            names = ", ".join(repr(self.backend.name_of(key)) for key in others)
+            raise ConnectionInUse(
+                f"{self.lock!r}: this thread's connection to {self.backend.database!r} is "
+                f"in the transaction of another task's transaction-mode lock ({names}); "
+                "asyncio tasks of one event loop share that connection, so one of them at "
+                "a time may hold transaction-mode locks (a blocking acquire of a task waits "
+                "for it). Nothing was sent. Retry after it is released, or use lease mode "
+                "for locks that tasks hold concurrently."
+            )
+        return self.lock.key in stack.keys
+
+    async def aattempt(self) -> Grant | Miss:
+        self.owner = current_holder()  # the task, seen from its loop
+        try:
+            return await sync_to_async(self.attempt)()
+        except ConnectionInUse:
+            if not self.blocking:
+                raise
+            return Miss()  # wait, in the loop, for the other task to release
+
     async def async_wait(self, miss: Miss) -> Grant | None:
         """Tasks of one event loop share one thread's connection (``sync_to_async``): a
-        wait there would hold up the other tasks, so take the lock in short slices."""
-        if self.lock.key not in self.backend.stack.keys:
-            wait = server_wait(self.deadline)
-            grant = await sync_to_async(self._take)(min(wait, _ASYNC_SLICE))
-            if grant is not None or wait <= _ASYNC_SLICE:
-                return grant
+        wait there would hold up the other tasks, so take the lock in short slices; while
+        another task holds locks on the connection, back off in the loop (within the
+        timeout, as for a held lock)."""
+        wait = server_wait(self.deadline)
+        try:
+            grant = await sync_to_async(self._slice)(min(wait, _ASYNC_SLICE))
+        except ConnectionInUse:
+            grant = _HELD
+        if grant is not _HELD and (grant is not None or wait <= _ASYNC_SLICE):
+            return grant if isinstance(grant, Grant) else None
         return await super().async_wait(miss)
+
+    def _slice(self, wait: float) -> Grant | object | None:
+        """One slice of an asyncio task's wait, in the connection's thread."""
+        return _HELD if self._held_here() else self._take(wait)
 
     @abc.abstractmethod
     def _take(self, wait: float | None) -> Grant | None:
@@ -188,8 +249,36 @@ class _TxAcquisition(Acquisition):
     def _granted(self, atomic: transaction.Atomic, fencing: int, acquired_at: Any) -> Grant:
         self.atomic = atomic
         self.thread = threading.get_ident()
+        self.raw = self.connection.connection
         self.backend.stack.keys.append(self.lock.key)
+        self.backend.stack.owners.append(self.owner or current_holder())
         return Grant(fencing, as_datetime(acquired_at), None)
+
+    def check_fenced_write(self, using: str) -> None:
+        """A fenced write of this lock must be part of the transaction that holds it: on
+        its database, by its thread, while its block is open on the same connection.
+        Then a write made after the holder's session died cannot commit (it fails with
+        the session, or is rolled back with the lock), whatever its token.
+
+        :raises UnsupportedOperation: the write is elsewhere.
+        :raises LockLost: the holding connection is closed or was replaced.
+        """
+        if using != self.backend.database or self.thread != threading.get_ident():
+            raise UnsupportedOperation(
+                f"{self.lock!r}: a transaction-mode lock fences only the writes of its own "
+                f"transaction: on database {self.backend.database!r}, by the thread that "
+                f"acquired it, inside its block (this write: database {using!r}"
+                f"{'' if self.thread == threading.get_ident() else ', another thread'})."
+            )
+        connection = self.connection
+        raw = connection.connection
+        if (self.atomic is None or raw is None or raw is not self.raw
+                or not connection.in_atomic_block or getattr(raw, "closed", False)):
+            self.lock.mark_lost()
+            raise LockLost(
+                f"{self.lock!r}: the transaction that held the lock is gone (its connection "
+                "was closed or replaced); a fenced write with it is refused."
+            )
 
     def _check_thread(self, doing: str) -> transaction.Atomic:
         if self.atomic is None:
@@ -210,6 +299,7 @@ class _TxAcquisition(Acquisition):
                 f"reverse order of acquisition ({stack[-1]!r} first)."
             )
         stack.pop()
+        self.backend.stack.owners.pop()
         self.atomic = None
         try:
             atomic.__exit__(*exc_info)  # commit, or roll back on an exception
@@ -254,13 +344,10 @@ class PgTxAcquisition(_TxAcquisition):
                 with self.connection.cursor() as cursor:
                     if wait is None:
                         cursor.execute(PG_TX_NOWAIT, [lock.key])
-                        found = cursor.fetchone() is not None
+                        # The UPDATE keeps the row lock NOWAIT took.
+                        row = self._grant_row(cursor) if cursor.fetchone() else None
                     else:
-                        limit = f"{max(1, math.ceil(wait * 1000))}ms"
-                        cursor.execute(PG_TX_TIMEOUTS, [limit, limit])
-                        found = True
-                    # The UPDATE takes (or, after NOWAIT, keeps) the row lock.
-                    row = self._grant_row(cursor) if found else None
+                        row = self._grant_waited(cursor, wait)
             except ERRORS as exc:
                 self._abort(atomic, exc, "acquiring a lock")
                 return None
@@ -282,6 +369,22 @@ class PgTxAcquisition(_TxAcquisition):
         cursor.execute(POSTGRESQL.tx_grant, [lock.host, lock.pid, lock.holder_field, lock.key])
         row: tuple[int, Any] | None = cursor.fetchone()
         return row
+
+    def _grant_waited(self, cursor: Any, wait: float) -> tuple[int, Any] | None:
+        """Take the row lock waiting at most ``wait`` s: two round trips, as before the
+        bounds were put back (the grant's statement restores them). On a failure the
+        rollback of the block restores them (a savepoint's too)."""
+        lock = self.lock
+        limit = f"{max(1, math.ceil(wait * 1000))}ms"
+        cursor.execute(PG_TX_TIMEOUTS, [limit, limit])
+        previous = list(cursor.fetchone()[:2])
+        cursor.execute(PG_TX_GRANT_WAITED, [lock.host, lock.pid, lock.holder_field, lock.key,
+                                            *previous])
+        row = cursor.fetchone()
+        if row is None:  # no row yet (a name's first use): nothing ran the reset
+            cursor.execute(PG_TX_RESTORE, previous)
+            return None
+        return row[0], row[1]
 
     def _create_row(self) -> bool:
         """Create the name's row (committed, apart from the caller's transaction);
