@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 
 import psycopg
 import pytest
+import redis
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import connections
@@ -43,6 +44,7 @@ from django_distlock.exceptions import BackendUnavailable, LockLost, LockNotHeld
 from .conftest import (
     DATABASES,
     eventually,
+    in_thread,
     psycopg_params,
     require_pg,
     require_redis,
@@ -229,27 +231,7 @@ def mixed_run(alias: str, name: str, processes: int) -> list[Hold]:
 PROCESS_LOCAL = {"locmem"}
 
 
-class TasksGrantedTogether(AssertionError):
-    """Only holds of asyncio tasks overlapped (each other's)."""
-
-
-_TASKS_SHARE_THE_CONNECTION = pytest.mark.xfail(
-    strict=True,
-    raises=TasksGrantedTogether,
-    reason="issue 20, database transaction mode item 2 (fixed on another branch): asyncio "
-    "tasks of one thread share its connection, whose transaction holds the row (or write) "
-    "lock, and are granted together",
-)
-
-
-def _mixed_params() -> list[Any]:
-    return [
-        pytest.param(alias, marks=_TASKS_SHARE_THE_CONNECTION) if alias.endswith("-tx") else alias
-        for alias in ALIASES
-    ]
-
-
-@pytest.mark.parametrize("alias", _mixed_params())
+@pytest.mark.parametrize("alias", ALIASES)
 def test_a_mixed_run_never_overlaps_and_fences(alias: str, unique) -> None:
     require(alias)
     processes = 0 if alias in PROCESS_LOCAL else PROCESSES
@@ -257,11 +239,6 @@ def test_a_mixed_run_never_overlaps_and_fences(alias: str, unique) -> None:
     kinds = {hold.who.split("-")[0] for hold in holds}
     assert kinds == {"task", "thread"} | ({"process"} if processes else set()), kinds
     problems = check_history(holds, fenced=locks[alias].supports_fencing)
-    # Only task-with-task overlaps (the known bug) may fail as expected; the rest is checked.
-    untasked = [hold for hold in holds if not hold.who.startswith("task")]
-    assert check_history(untasked, fenced=locks[alias].supports_fencing) == []
-    if problems and all(p.startswith("overlap") and p.count("who='task-") == 2 for p in problems):
-        raise TasksGrantedTogether(f"{len(problems)} problems: {problems[:3]}")
     assert problems == [], (len(problems), problems[:5])
 
 
@@ -591,3 +568,216 @@ def test_a_release_that_fails(alias: str, request: pytest.FixtureRequest, sent: 
         again = backend.lock(name, ttl=FAULT_TTL)
         assert again.acquire(timeout=FAULT_TTL + 2)  # this thread, no SelfDeadlock
         again.release()
+
+
+# -- 4. the server restarted from its saved state while a lock is held --------------------
+
+#: Where the scenario does not run, and why.
+NO_RESTART = {
+    "default": "SQLite is a file: nothing to restart", "sqlite-lease": "SQLite is a file",
+    "sqlite-tx": "SQLite is a file", "locmem": "process-local: no server",
+    "redis-cache": "the 'redis' scripts through another client: 'redis' is restarted",
+    "redis-djcache": "the 'redis' scripts through another client: 'redis' is restarted",
+    "redis-unfair": "the 'redis' scripts without the queue: 'redis' is restarted",
+    "redis-decoded": "the 'redis' scripts, replies decoded: 'redis' is restarted",
+    "redlock": "no fencing tokens; a master restarted from its AOF under a holder is "
+    "test_redis_durability.py's (issue 20 item 4)",
+    "redis-cluster": "a private cluster is beyond this module's budget",
+    "zk-auth": "'zk' on a private server; the ACL changes nothing in a restart",
+}
+RESTARTS = ["redis-aof", "redis-snapshot", "pg-lease", "pg-tx", "zk"]
+
+
+def test_every_alias_is_restarted_or_left_with_a_reason() -> None:
+    taken = {variant.rsplit("-", 1)[0] if variant.startswith("redis") else variant
+             for variant in RESTARTS}
+    assert taken | set(NO_RESTART) == set(ALIASES)
+
+
+def _acquire_retrying(handle: Any, **kwargs: Any) -> bool:
+    """Acquire through a server coming back (its first calls may fail)."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            return bool(handle.acquire(**kwargs))
+        except BackendUnavailable:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+
+
+def _tokens_before(backend: Any, name: str, grants: int) -> list[int]:
+    tokens = []
+    for _ in range(grants):
+        with backend.lock(name, ttl=30) as handle:
+            tokens.append(handle.fencing_token)
+    return tokens
+
+
+@pytest.mark.parametrize("persistence", ["aof", "snapshot"])
+def test_redis_restarted_from_its_saved_state(persistence: str, tmp_path: Path) -> None:
+    """AOF (fsync always): the holder's key survives: nobody else gets the name until it
+    is released. Snapshot taken before more grants: the holder's key is gone (its
+    release reports the loss); either way tokens after the restart exceed all before."""
+    require_redis()
+    options = (("--appendonly", "yes", "--appendfsync", "always") if persistence == "aof"
+               else ("--save", "", "--dbfilename", "dump.rdb"))
+    server = Server(tmp_path, options)
+    server.start()
+    backend = private_backend("redis", server.url("socket_timeout=1"))
+    other = private_backend("redis", server.url("socket_timeout=1"))
+    try:
+        tokens = _tokens_before(backend, "restarted", 3)
+        if persistence == "snapshot":
+            raw = redis.Redis(port=server.port)
+            raw.save()
+            raw.close()
+            tokens += _tokens_before(backend, "restarted", 3)  # not in the snapshot
+        holder = backend.lock("restarted", ttl=30)
+        assert holder.acquire()
+        tokens.append(holder.fencing_token)
+        server.proc.kill()  # type: ignore[union-attr]
+        server.proc.wait(10)  # type: ignore[union-attr]
+        server.start()  # the same port and dir: the AOF, or the older snapshot
+        newcomer = other.lock("restarted", ttl=30)
+        if persistence == "aof":
+            assert not _acquire_retrying(newcomer, blocking=False)  # the key survived
+            holder.release()
+        else:
+            with pytest.raises(LockLost):
+                holder.release()
+        assert _acquire_retrying(newcomer, blocking=False)
+        assert newcomer.fencing_token > max(tokens), (newcomer.fencing_token, tokens)
+        newcomer.release()
+    finally:
+        backend.close()
+        other.close()
+        server.kill()
+
+
+def _terminate_all(database: str) -> int:
+    """End every session of this test's database but the asking one (the closest to a
+    restart the shared server allows: its other databases are other helpers')."""
+    with psycopg.connect(**psycopg_params(database), autocommit=True) as admin:
+        rows = admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        ).fetchall()
+    return len(rows)
+
+
+@pytest.mark.parametrize("alias", ["pg-lease", "pg-tx"])
+def test_postgres_every_session_ended_while_held(alias: str, unique) -> None:
+    """Lease: the row outlives its session: a waiter is not granted before the release,
+    which works on a new session. Transaction: the lock ended with its session: the
+    release reports the loss, the name is free. Tokens keep growing in both."""
+    require_pg()
+    backend, name = locks[alias], unique("terminated")
+    try:
+        _every_session_ended(alias, backend, name)
+    finally:
+        connections[backend.database].close()  # ended too: the next use reconnects
+
+
+def _every_session_ended(alias: str, backend: Any, name: str) -> None:
+    tokens = _tokens_before(backend, name, 3)
+    holder = backend.lock(name, ttl=30)
+    assert holder.acquire()
+    tokens.append(holder.fencing_token)
+    waited: dict[str, Any] = {}
+
+    def wait() -> None:
+        began = time.monotonic()
+        try:
+            handle = backend.lock(name, ttl=30)
+            waited["got"] = _acquire_retrying(handle, timeout=3)
+            waited["at"], waited["token"] = time.monotonic(), handle.fencing_token
+            if waited["got"]:
+                handle.release()
+        except BaseException as exc:
+            waited["error"] = exc
+        waited["took"] = time.monotonic() - began
+
+    if alias == "pg-lease":
+        thread = threading.Thread(target=lambda: in_thread(wait))
+        thread.start()
+        time.sleep(0.5)  # queued in the server
+    assert _terminate_all(backend.database) >= 1
+    if alias == "pg-lease":
+        time.sleep(1.0)
+        assert "at" not in waited  # the lease survived its session
+        released_at = time.monotonic()
+        _release_retrying(holder)
+        thread.join(20)
+        assert waited.get("got") is True, waited
+        assert waited["at"] >= released_at
+        tokens.append(waited["token"])
+    else:
+        with pytest.raises(LockLost):
+            holder.release()
+    # A new name's first acquire needs the backend's own session, which ended too: it
+    # costs no error while a new connection works (as for the lease calls).
+    fresh = backend.lock(name + ":fresh", ttl=30)
+    assert fresh.acquire(blocking=False)
+    fresh.release()
+    again = backend.lock(name, ttl=30)
+    assert _acquire_retrying(again, blocking=False)
+    assert again.fencing_token > max(tokens), (again.fencing_token, tokens)
+    again.release()
+
+
+def _release_retrying(handle: Any) -> None:
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            handle.release()
+            return
+        except BackendUnavailable:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+
+
+def test_zookeeper_restarted_from_its_data_dir(zookeeper: ZooKeeper) -> None:
+    """The private ZooKeeper is SIGKILLed and started again on its data dir while a lock
+    is held and another session waits: the sessions survive (or expire: then the holder
+    is lost); the waiter is never granted while the holder still holds; tokens grow."""
+    backend = private_backend("zk", zookeeper.hosts, SESSION_TIMEOUT=8, CONNECT_TIMEOUT=1)
+    other = private_backend("zk", zookeeper.hosts, SESSION_TIMEOUT=8, CONNECT_TIMEOUT=1)
+    try:
+        tokens = _tokens_before(backend, "restarted", 2)
+        holder = backend.lock("restarted")
+        assert holder.acquire()
+        tokens.append(holder.fencing_token)
+        waited: dict[str, Any] = {}
+
+        def wait() -> None:
+            handle = other.lock("restarted", timeout=20)
+            try:
+                # A clear error while the server is down; then it waits again.
+                waited["got"] = _acquire_retrying(handle)
+                waited["at"], waited["held"] = time.monotonic(), holder.held
+                waited["token"] = handle.fencing_token
+                handle.release()
+            except BaseException as exc:
+                waited["error"] = exc
+
+        thread = threading.Thread(target=wait)
+        thread.start()
+        time.sleep(0.5)
+        zookeeper.signal(signal.SIGKILL)
+        zookeeper.servers.stop_entries([zookeeper.entry])
+        zookeeper.start()
+        time.sleep(1.0)
+        assert "at" not in waited or not waited["held"], waited
+        released_at = time.monotonic()
+        if holder.lost:  # its session expired: the node went with it
+            with pytest.raises(LockLost):
+                holder.release()
+        else:
+            _release_retrying(holder)
+        thread.join(30)
+        assert waited.get("got") is True, waited
+        assert waited["at"] >= released_at or not waited["held"]
+        assert waited["token"] > max(tokens), (waited["token"], tokens)
+    finally:
+        backend.close()
+        other.close()

@@ -16,7 +16,7 @@ from django.db import DatabaseError, connections
 from ...exceptions import BackendUnavailable, InvalidBackendOptions, UnsupportedOperation
 from ...handle import Lock
 from ..base import Acquisition, BaseLockBackend, check_option_keys
-from .sessions import ERRORS, SessionFactory, ThreadSessions, sqlstate
+from .sessions import ERRORS, SessionFactory, ThreadSessions, connection_lost, sqlstate
 from .sql import POSTGRESQL, SQLITE, TABLE, Dialect
 
 _OPTION_KEYS = frozenset({"DATABASE", "MODE", "PREPARE", "ASYNC_SESSIONS"})
@@ -155,14 +155,27 @@ class DatabaseBackend(BaseLockBackend):
                 with connections[self.database].cursor() as cursor:
                     cursor.execute(statement, params)
                     return cursor.fetchall() if fetch else []
+            return self._run_on_session(statement, params, fetch)
+        except ERRORS as exc:
+            if self.vendor != "postgresql" or not connection_lost(exc):
+                raise self.unavailable(exc, doing) from exc
+        # This thread's session was gone (terminated, the server restarted): once more on
+        # a new one, as the lease calls do.
+        try:
+            return self._run_on_session(statement, params, fetch)
+        except ERRORS as exc:
+            raise self.unavailable(exc, doing) from exc
+
+    def _run_on_session(self, statement: str, params: Any, fetch: bool) -> list[Any]:
+        """Run one statement on this thread's session; a failure forgets the session."""
+        try:
             session = self.sessions.get()
             with session.mutex:
                 cursor = session.execute(statement, params)
                 return cursor.fetchall() if fetch else []
-        except ERRORS as exc:
-            if self.vendor == "postgresql":
-                self.sessions.forget()
-            raise self.unavailable(exc, doing) from exc
+        except ERRORS:
+            self.sessions.forget()
+            raise
 
     def health(self) -> float:
         started = time.perf_counter()
