@@ -23,7 +23,7 @@ import random
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit
@@ -781,3 +781,114 @@ def test_zookeeper_restarted_from_its_data_dir(zookeeper: ZooKeeper) -> None:
     finally:
         backend.close()
         other.close()
+
+
+# -- 5. a waiter's entry deleted under it ------------------------------------------------
+# ZooKeeper's own suite deletes a waiter's node too (test_backend_zookeeper.py); here the
+# same steps run on every backend whose waiters leave an entry in the server.
+
+#: Where a waiter leaves nothing in the server to delete, and why.
+NO_WAITER_ENTRY = {
+    "default": "SQLite lease waiters back off and retry: they leave no entry",
+    "sqlite-lease": "SQLite lease waiters back off and retry: they leave no entry",
+    "sqlite-tx": "the waiter waits for SQLite's write lock: no entry of ours",
+    "pg-tx": "the waiter waits for the row lock in the server's lock manager: no entry of ours",
+    "locmem": "process-local: its waiters are in this process' memory",
+    "redis-unfair": "FAIR False: waiters retry, they do not queue",
+    "redlock": "waiters back off and retry on every master: they leave no entry",
+    "redis-cache": "the 'redis' queue through another client: 'redis' is taken",
+    "redis-djcache": "the 'redis' queue through another client: 'redis' is taken",
+    "redis-decoded": "the 'redis' queue, replies decoded: 'redis' is taken",
+}
+WAITER_ENTRIES = ["redis", "redis-cluster", "pg-lease", "zk", "zk-auth"]
+
+
+def test_every_alias_has_its_waiter_entry_deleted_or_a_reason() -> None:
+    assert set(WAITER_ENTRIES) | set(NO_WAITER_ENTRY) == set(ALIASES)
+
+
+def _waiter_entry(alias: str, backend: Any, name: str) -> tuple[Callable[[], bool], Any]:
+    """Whether the waiter's entry is there, and how to delete it."""
+    key = backend.make_key(name)
+    if alias.startswith("redis"):
+        client, queue = backend.redis.sync(), backend.keys_for(key).queue
+        return (lambda: client.zcard(queue) == 1), (lambda: client.delete(queue))
+    if alias.startswith("zk"):
+        kazoo, parent = backend.client.get(), backend.parent_of(key)
+
+        def delete_waiter() -> None:
+            children = sorted(kazoo.get_children(parent), key=lambda c: c[-10:])
+            kazoo.delete(f"{parent}/{children[-1]}")  # the last in line: the waiter's
+
+        return (lambda: len(kazoo.get_children(parent)) == 2), delete_waiter
+    params = psycopg_params(backend.database)
+
+    def reserved() -> bool:
+        with psycopg.connect(**params, autocommit=True) as side:
+            row = side.execute("SELECT next_owner FROM django_distlock_lock WHERE name = %s",
+                               [key]).fetchone()
+        return bool(row and row[0])
+
+    def clear() -> None:
+        with psycopg.connect(**params, autocommit=True) as side:
+            side.execute("UPDATE django_distlock_lock SET next_owner = NULL WHERE name = %s",
+                         [key])
+
+    return reserved, clear
+
+
+@pytest.mark.parametrize("alias", WAITER_ENTRIES)
+def test_a_waiters_entry_deleted_under_it(alias: str, unique) -> None:
+    """A holder holds, a waiter waits; its entry is deleted; the holder releases and a
+    newcomer takes the name at once if it can. The waiter is never granted while the
+    newcomer holds; it is granted afterwards or times out cleanly; the name ends free."""
+    require(alias)
+    backend, name = locks[alias], unique("entry")
+    holder = backend.lock(name, ttl=30)
+    assert holder.acquire()
+    holds: list[Hold] = []
+    result: dict[str, Any] = {}
+
+    def wait() -> None:
+        handle = backend.lock(name, ttl=30)
+        began = time.monotonic()
+        try:
+            result["got"] = handle.acquire(timeout=4)
+        except BaseException as exc:
+            result["error"] = exc
+            return
+        finally:
+            result["took"] = time.monotonic() - began
+        if result["got"]:
+            start = time.monotonic_ns()
+            time.sleep(0.05)
+            holds.append(Hold(start, time.monotonic_ns(), "waiter", handle.fencing_token))
+            handle.release()
+
+    present, delete = _waiter_entry(alias, backend, name)
+    thread = threading.Thread(target=lambda: in_thread(wait))
+    thread.start()
+    assert eventually(present, timeout=5)
+    delete()
+    holder.release()
+    newcomer = backend.lock(name, ttl=30)
+    if newcomer.acquire(blocking=False):
+        start = time.monotonic_ns()
+        time.sleep(0.3)
+        holds.append(Hold(start, time.monotonic_ns(), "newcomer", newcomer.fencing_token))
+        newcomer.release()
+    thread.join(15)
+    assert not thread.is_alive()
+    assert "error" not in result, result
+    assert result["took"] < 4 + 2, result
+    assert check_history(holds, fenced=backend.supports_fencing) == []
+    assert eventually(lambda: _free_now(backend, name), timeout=5)
+
+
+def _free_now(backend: Any, name: str) -> bool:
+    """Whether a new handle gets ``name`` at once (released again)."""
+    handle = backend.lock(name, ttl=30)
+    if handle.acquire(blocking=False):
+        handle.release()
+        return True
+    return False
