@@ -20,6 +20,7 @@ from typing import Any, ClassVar, TypeVar
 from asgiref.sync import sync_to_async
 from django.core import checks
 
+from .. import forksafe  # noqa: F401  (registers the fork handler)
 from ..auditing import AuditSettings, parse_audit
 from ..backoff import Backoff, remaining
 from ..exceptions import DistLockError, InvalidBackendOptions, UnsupportedOperation

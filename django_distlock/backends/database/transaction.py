@@ -49,11 +49,11 @@ _HELD = object()
 
 class _Stack(threading.local):
     """This thread's transaction-mode acquisitions, innermost last: their keys, and who
-    took each (thread ident, id of the asyncio task or 0)."""
+    took each (``handle.current_holder()``: the asyncio task or the thread)."""
 
     def __init__(self) -> None:
         self.keys: list[str] = []
-        self.owners: list[tuple[int, int]] = []
+        self.owners: list[object] = []
 
 
 class TransactionBackend(DatabaseBackend, mode="transaction"):
@@ -151,7 +151,7 @@ class _TxAcquisition(Acquisition):
         self.thread = 0  # the thread whose connection holds the transaction
         self.raw: Any = None  # the driver's connection that holds it
         #: Who acquires: the asyncio task (seen from its loop) or the thread.
-        self.owner: tuple[int, int] | None = None
+        self.owner: object | None = None
 
     @property
     def connection(self) -> Any:
