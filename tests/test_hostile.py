@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import os
 import random
 import signal
@@ -25,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 from urllib.parse import urlsplit
 
 import psycopg
@@ -39,7 +38,13 @@ from django.utils.module_loading import import_string
 from django_distlock import locks, signals
 from django_distlock.backends.base import BaseLockBackend
 from django_distlock.backends.database.sessions import WATCHDOG_GRACE
-from django_distlock.exceptions import BackendUnavailable, LockLost, LockNotHeld
+from django_distlock.exceptions import (
+    BackendUnavailable,
+    LockLost,
+    LockNotAcquired,
+    LockNotHeld,
+)
+from django_distlock.testing.history import HistoryRecorder, HistoryReport, check, load
 
 from .conftest import (
     DATABASES,
@@ -78,43 +83,45 @@ def require(alias: str) -> None:
         require_zookeeper()
 
 
-# -- the recorded history, and its check --------------------------------------------
-# One small function to swap for django_distlock.testing.history's checker once shipped.
+# -- the recorded history, and its check ----------------------------------------------
+# Every hold goes through the shipped recorder (django_distlock.testing.history), each
+# hold writing its fencing token as a guarded write, so the shipped checker sees
+# overlaps, repeated tokens, and tokens that do not grow in grant order (a write
+# going backwards).
 
 
-class Hold(NamedTuple):
-    """One grant as its holder saw it: monotonic ns (system-wide on Linux), who, token."""
-
-    began: int
-    ended: int
-    who: str
-    token: int | None
-
-
-def check_history(holds: list[Hold], fenced: bool = True) -> list[str]:
-    """What is wrong with ``holds``: overlapping holds, and (``fenced``) fencing tokens
-    that repeat or do not grow in grant order. Empty when nothing is."""
-    ordered = sorted(holds)
-    pairs = itertools.pairwise(ordered)
-    problems = [f"overlap: {a} and {b}" for a, b in pairs if b.began < a.ended]
-    if fenced:
-        problems += [f"token missing: {h}" for h in ordered if h.token is None]
-        tokens = [h for h in ordered if h.token is not None]
-        problems += [
-            f"token not growing: {a} then {b}"
-            for a, b in itertools.pairwise(tokens)
-            if b.token <= a.token  # type: ignore[operator]
-        ]
-    return problems
+def hold_once(rec: HistoryRecorder, handle: Any, seconds: float) -> bool:
+    """Hold ``handle`` for ``seconds`` through ``rec`` (writing its token); False on a miss."""
+    try:
+        with rec.hold(handle):
+            if handle.backend.supports_fencing:
+                rec.write(handle.name, handle.fencing_token, accepted=True)
+            time.sleep(seconds)
+    except LockNotAcquired:
+        return False
+    return True
 
 
-def test_the_history_check_sees_overlaps_and_repeated_tokens() -> None:
-    good = [Hold(0, 10, "a", 1), Hold(10, 20, "b", 2), Hold(25, 30, "c", 7)]
-    assert check_history(good) == []
-    assert len(check_history([Hold(0, 10, "a", 1), Hold(9, 20, "b", 2)])) == 1
-    assert len(check_history([Hold(0, 10, "a", 3), Hold(11, 20, "b", 3)])) == 1
-    assert len(check_history([Hold(0, 10, "a", 3), Hold(11, 20, "b", 2)])) == 1
-    assert check_history([Hold(0, 10, "a", None)], fenced=False) == []
+def assert_history_good(path: Path) -> HistoryReport:
+    """The recorded history at ``path`` passes the shipped checker; its report."""
+    report = check(load(path))
+    report.raise_if_bad()
+    return report
+
+
+def test_the_history_check_sees_overlaps_and_repeated_tokens(tmp_path: Path) -> None:
+    """The recording used here catches what it must (the checker has its own tests)."""
+    rec = HistoryRecorder(tmp_path / "h.jsonl")
+    first, second = rec.invoke("n"), rec.invoke("n")
+    rec.granted(first, token=3)
+    rec.write("n", 3, accepted=True)
+    rec.granted(second, token=3)  # while the first holds, with its token
+    rec.write("n", 3, accepted=True)
+    rec.released(first)
+    rec.released(second)
+    rec.close()
+    report = check(load(tmp_path / "h.jsonl"))
+    assert len(report.overlaps) == 1 and len(report.repeated_tokens) == 1
 
 
 # -- 1. a mixed run on one name -----------------------------------------------------
@@ -125,76 +132,74 @@ RUN_FOR = 3.0  # seconds after which no worker starts another round
 GIVE_UP = 8.0  # seconds after which a waiting worker stops waiting
 
 
-def _sync_rounds(alias: str, name: str, who: str, start: float) -> list[Hold]:
-    """A thread's or a process' rounds: acquire, a fenced hold of 1 ms, release."""
-    backend, holds = locks[alias], []
+def _sync_rounds(alias: str, name: str, start: float, rec: HistoryRecorder) -> int:
+    """A thread's or a process' rounds: a fenced hold of 1 ms each; how many it held."""
+    backend, held = locks[alias], 0
     for _ in range(ROUNDS):
         if time.monotonic() > start + RUN_FOR:
             break
-        handle = backend.lock(name, ttl=30)
-        if not handle.acquire(timeout=max(0.1, start + GIVE_UP - time.monotonic())):
+        timeout = max(0.1, start + GIVE_UP - time.monotonic())
+        if not hold_once(rec, backend.lock(name, ttl=30, timeout=timeout), 0.001):
             break
-        began = time.monotonic_ns()
-        token = handle.fencing_token
-        time.sleep(0.001)
-        ended = time.monotonic_ns()
-        handle.release()
-        holds.append(Hold(began, ended, who, token))
-    return holds
+        held += 1
+    return held
 
 
-async def _task_rounds(alias: str, name: str, who: str, start: float) -> list[Hold]:
-    backend, holds = locks[alias], []
+async def _task_rounds(alias: str, name: str, start: float, rec: HistoryRecorder) -> int:
+    backend, held = locks[alias], 0
     for _ in range(ROUNDS):
         if time.monotonic() > start + RUN_FOR:
             break
-        handle = backend.lock(name, ttl=30)
-        if not await handle.aacquire(timeout=max(0.1, start + GIVE_UP - time.monotonic())):
+        timeout = max(0.1, start + GIVE_UP - time.monotonic())
+        try:
+            async with rec.ahold(backend.lock(name, ttl=30, timeout=timeout)) as handle:
+                if backend.supports_fencing:
+                    rec.write(name, handle.fencing_token, accepted=True)
+                await asyncio.sleep(0.001)
+        except LockNotAcquired:
             break
-        began = time.monotonic_ns()
-        token = handle.fencing_token
-        await asyncio.sleep(0.001)
-        ended = time.monotonic_ns()
-        await handle.arelease()
-        holds.append(Hold(began, ended, who, token))
-    return holds
+        held += 1
+    return held
 
 
-def _process(alias: str, name: str, index: int, go: Any, out: Any) -> None:
+def _process(alias: str, name: str, path: Path, go: Any, out: Any) -> None:
     try:
         go.wait(30)
-        out.put(("ok", _sync_rounds(alias, name, f"process-{index}", time.monotonic())))
+        out.put(("process", _sync_rounds(alias, name, time.monotonic(), HistoryRecorder(path))))
     except BaseException as exc:
         out.put(("error", repr(exc)))
     finally:
         done()
 
 
-def _thread(alias: str, name: str, index: int, start: float, out: list[Any]) -> None:
+def _thread(alias: str, name: str, start: float, rec: HistoryRecorder, out: list[Any]) -> None:
     try:
-        out.append(("ok", _sync_rounds(alias, name, f"thread-{index}", start)))
+        out.append(("thread", _sync_rounds(alias, name, start, rec)))
     except BaseException as exc:
         out.append(("error", repr(exc)))
     finally:
         connections.close_all()
 
 
-def mixed_run(alias: str, name: str, processes: int) -> list[Hold]:
-    """The holds of TASKS tasks, THREADS threads and ``processes`` forked processes."""
+def mixed_run(alias: str, name: str, processes: int, path: Path) -> list[tuple[str, Any]]:
+    """TASKS tasks, THREADS threads and ``processes`` forked processes recording their
+    holds of ``name`` at ``path``; each worker's (kind, holds)."""
     fork_ready()  # fork first: no thread or event loop of ours is copied
     go, out = FORK.Event(), FORK.Queue()
     procs = [
-        FORK.Process(target=_process, args=(alias, name, i, go, out)) for i in range(processes)
+        FORK.Process(target=_process, args=(alias, name, path, go, out))
+        for _ in range(processes)
     ]
     for proc in procs:
         proc.start()
     results: list[Any] = []
+    rec = HistoryRecorder(path)
     try:
         go.set()
         start = time.monotonic()
         threads = [
-            threading.Thread(target=_thread, args=(alias, name, i, start, results))
-            for i in range(THREADS)
+            threading.Thread(target=_thread, args=(alias, name, start, rec, results))
+            for _ in range(THREADS)
         ]
         for thread in threads:
             thread.start()
@@ -202,7 +207,7 @@ def mixed_run(alias: str, name: str, processes: int) -> list[Hold]:
         async def tasks() -> list[Any]:
             try:
                 return await asyncio.gather(
-                    *(_task_rounds(alias, name, f"task-{i}", start) for i in range(TASKS)),
+                    *(_task_rounds(alias, name, start, rec) for _ in range(TASKS)),
                     return_exceptions=True,
                 )
             finally:
@@ -210,20 +215,20 @@ def mixed_run(alias: str, name: str, processes: int) -> list[Hold]:
 
         for found in asyncio.run(tasks()):
             results.append(("error", repr(found)) if isinstance(found, BaseException)
-                           else ("ok", found))
+                           else ("task", found))
         for thread in threads:
             thread.join(GIVE_UP + 30)
             assert not thread.is_alive()
         results += [out.get(timeout=GIVE_UP + 30) for _ in procs]
     finally:
+        rec.close()
         for proc in procs:
             proc.join(30)
             if proc.is_alive():
                 proc.kill()
     assert [proc.exitcode for proc in procs] == [0] * processes
-    errors = [found for kind, found in results if kind == "error"]
-    assert errors == []
-    return [hold for _, found in results for hold in found]
+    assert [found for kind, found in results if kind == "error"] == []
+    return results
 
 
 #: locmem is process-local: forked processes would each have a lock table of their own,
@@ -232,14 +237,17 @@ PROCESS_LOCAL = {"locmem"}
 
 
 @pytest.mark.parametrize("alias", ALIASES)
-def test_a_mixed_run_never_overlaps_and_fences(alias: str, unique) -> None:
+def test_a_mixed_run_never_overlaps_and_fences(alias: str, unique, tmp_path: Path) -> None:
     require(alias)
     processes = 0 if alias in PROCESS_LOCAL else PROCESSES
-    holds = mixed_run(alias, unique("mixed"), processes)
-    kinds = {hold.who.split("-")[0] for hold in holds}
-    assert kinds == {"task", "thread"} | ({"process"} if processes else set()), kinds
-    problems = check_history(holds, fenced=locks[alias].supports_fencing)
-    assert problems == [], (len(problems), problems[:5])
+    path = tmp_path / "history.jsonl"
+    results = mixed_run(alias, unique("mixed"), processes, path)
+    served = {kind for kind, held in results if held}
+    assert served == {"task", "thread"} | ({"process"} if processes else set()), results
+    report = assert_history_good(path)
+    assert report.holds == sum(held for _, held in results)
+    if locks[alias].supports_fencing:
+        assert report.writes == report.holds  # every hold's token checked
 
 
 # -- 2. cancelled acquires ------------------------------------------------------------
@@ -838,7 +846,7 @@ def _waiter_entry(alias: str, backend: Any, name: str) -> tuple[Callable[[], boo
 
 
 @pytest.mark.parametrize("alias", WAITER_ENTRIES)
-def test_a_waiters_entry_deleted_under_it(alias: str, unique) -> None:
+def test_a_waiters_entry_deleted_under_it(alias: str, unique, tmp_path: Path) -> None:
     """A holder holds, a waiter waits; its entry is deleted; the holder releases and a
     newcomer takes the name at once if it can. The waiter is never granted while the
     newcomer holds; it is granted afterwards or times out cleanly; the name ends free."""
@@ -846,24 +854,18 @@ def test_a_waiters_entry_deleted_under_it(alias: str, unique) -> None:
     backend, name = locks[alias], unique("entry")
     holder = backend.lock(name, ttl=30)
     assert holder.acquire()
-    holds: list[Hold] = []
+    path = tmp_path / "history.jsonl"
+    rec = HistoryRecorder(path)
     result: dict[str, Any] = {}
 
     def wait() -> None:
-        handle = backend.lock(name, ttl=30)
         began = time.monotonic()
         try:
-            result["got"] = handle.acquire(timeout=4)
+            result["got"] = hold_once(rec, backend.lock(name, ttl=30, timeout=4), 0.05)
         except BaseException as exc:
             result["error"] = exc
-            return
         finally:
             result["took"] = time.monotonic() - began
-        if result["got"]:
-            start = time.monotonic_ns()
-            time.sleep(0.05)
-            holds.append(Hold(start, time.monotonic_ns(), "waiter", handle.fencing_token))
-            handle.release()
 
     present, delete = _waiter_entry(alias, backend, name)
     thread = threading.Thread(target=lambda: in_thread(wait))
@@ -871,17 +873,13 @@ def test_a_waiters_entry_deleted_under_it(alias: str, unique) -> None:
     assert eventually(present, timeout=5)
     delete()
     holder.release()
-    newcomer = backend.lock(name, ttl=30)
-    if newcomer.acquire(blocking=False):
-        start = time.monotonic_ns()
-        time.sleep(0.3)
-        holds.append(Hold(start, time.monotonic_ns(), "newcomer", newcomer.fencing_token))
-        newcomer.release()
+    hold_once(rec, backend.lock(name, ttl=30, blocking=False), 0.3)  # a newcomer
     thread.join(15)
     assert not thread.is_alive()
+    rec.close()
     assert "error" not in result, result
     assert result["took"] < 4 + 2, result
-    assert check_history(holds, fenced=backend.supports_fencing) == []
+    assert_history_good(path)
     assert eventually(lambda: _free_now(backend, name), timeout=5)
 
 
