@@ -107,6 +107,21 @@ def advisory_locks(
     return count
 
 
+@pytest.fixture
+def own_redis(tmp_path: Any) -> Iterator[Any]:
+    """A private ``redis-server`` (``tests.private_redis.Server``) this test may freeze,
+    kill or restart; killed at the end."""
+    from .private_redis import Server
+
+    require_redis()  # redis-server and its client are there
+    own = Server(tmp_path)
+    own.start()
+    try:
+        yield own
+    finally:
+        own.kill()
+
+
 def eventually(check: Callable[[], Any], timeout: float = 10) -> bool:
     """Poll ``check`` until it is true or ``timeout`` seconds pass; return its last answer."""
     deadline = time.monotonic() + timeout

@@ -19,7 +19,7 @@ from django_distlock.exceptions import BackendUnavailable, InvalidBackendOptions
 from django_distlock.testing import LockContract
 
 from .conftest import require_redis
-from .test_redis_faults import Server, _free_port
+from .private_redis import Server, _free_port
 
 URLS = [url for url in os.environ.get("DISTLOCK_REDLOCK_URLS", "").split(",") if url]
 

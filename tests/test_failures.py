@@ -7,7 +7,6 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -20,8 +19,8 @@ from django_distlock.backends.redis import RedisBackend
 from django_distlock.exceptions import BackendUnavailable, LockLost, LockNotHeld
 from django_distlock.handle import Lock
 
-from .conftest import DATABASES, eventually, in_thread, psycopg_params, require_pg, require_redis
-from .test_redis_faults import Server
+from .conftest import DATABASES, eventually, in_thread, psycopg_params, require_pg
+from .private_redis import Server
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
 
@@ -157,14 +156,8 @@ def test_postgres_a_frozen_server_does_not_hold_an_extend_past_the_lease(unique)
 
 
 @pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[Server]:
-    require_redis()  # redis-server and its client are there
-    own = Server(tmp_path)
-    own.start()
-    try:
-        yield own
-    finally:
-        own.kill()
+def redis_server(own_redis: Server) -> Server:
+    return own_redis
 
 
 @pytest.fixture

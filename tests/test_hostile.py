@@ -56,7 +56,7 @@ from .conftest import (
     require_zookeeper,
 )
 from .histories import FORK, done, fork_ready
-from .test_redis_faults import Server
+from .private_redis import Server
 from .test_zookeeper_faults import _servers as zk_servers
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)

@@ -16,7 +16,7 @@ from django_distlock.backends.redis import RedisBackend
 from django_distlock.exceptions import BackendUnavailable, LockLost, LockNotHeld, LockTimeout
 
 from .conftest import in_thread, require_redis, require_zookeeper
-from .test_redis_faults import Server
+from .private_redis import Server
 
 ALIASES = ["locmem", "zk"]
 

@@ -14,7 +14,7 @@ from django_distlock.backends.redis import RedisBackend
 from django_distlock.exceptions import BackendUnavailable, InvalidBackendOptions
 
 from .conftest import require_redis
-from .test_redis_faults import _free_port
+from .private_redis import _free_port
 
 CLUSTER_URL = os.environ.get("DISTLOCK_REDIS_CLUSTER_URL", "")
 

@@ -7,7 +7,6 @@ Each test starts its own ``redis-server`` (``tests/test_redis_faults.py``'s
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,17 +17,12 @@ from django_distlock.exceptions import LockLost, StaleFencingToken
 from django_distlock.optimistic.fencing import fenced_save
 from tests.testapp.models import FencedItem
 
-from .test_redis_faults import Server
+from .private_redis import Server
 
 
 @pytest.fixture
-def snapshotted(tmp_path: Path) -> Iterator[Server]:
-    own = Server(tmp_path)
-    own.start()
-    try:
-        yield own
-    finally:
-        own.kill()
+def snapshotted(own_redis: Server) -> Server:
+    return own_redis
 
 
 @pytest.mark.django_db(transaction=True)

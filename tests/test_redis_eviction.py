@@ -8,7 +8,6 @@ Each test starts its own ``redis-server`` (``tests/test_redis_faults.py``'s
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,17 +18,12 @@ from django_distlock.backends.redis import RedisBackend
 from django_distlock.dashboard.health import check_health
 from django_distlock.exceptions import LockConfigurationError
 
-from .test_redis_faults import Server
+from .private_redis import Server
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[Server]:
-    own = Server(tmp_path)
-    own.start()
-    try:
-        yield own
-    finally:
-        own.kill()
+def server(own_redis: Server) -> Server:
+    return own_redis
 
 
 @pytest.fixture

@@ -12,12 +12,9 @@ import asyncio
 import os
 import random
 import signal
-import socket
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -35,6 +32,7 @@ from .histories import done as _done
 from .histories import fork_ready as _fork_ready
 from .histories import history as _history
 from .histories import overlaps as _overlaps
+from .private_redis import Server
 
 # -- 1. mutual exclusion of 8 processes ---------------------------------------------
 
@@ -196,82 +194,9 @@ def test_waiting_processes_are_served_in_arrival_order(unique) -> None:
 # -- 5. a private Redis server: restarted, stopped, frozen -------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-class Server:
-    """A ``redis-server`` subprocess of one test (no persistence unless ``options``,
-    more command-line options, say so) on a fixed port."""
-
-    def __init__(self, directory: Path, options: tuple[str, ...] = ()) -> None:
-        self.directory = directory
-        self.options = options
-        self.port = _free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [
-                "redis-server",
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(self.directory),
-                *self.options,
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        client = redis.Redis(port=self.port, socket_timeout=1, socket_connect_timeout=1)
-
-        def up() -> bool:
-            try:
-                return bool(client.ping())
-            except redis.RedisError:
-                return False
-
-        try:
-            assert eventually(up, timeout=10), "redis-server did not start"
-        finally:
-            client.close()
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)  # a stopped server dies too
-            self.proc.kill()
-            self.proc.wait(10)
-        self.proc = None
-
-    def pause(self) -> None:
-        assert self.proc is not None
-        os.kill(self.proc.pid, signal.SIGSTOP)
-
-    def resume(self) -> None:
-        assert self.proc is not None
-        os.kill(self.proc.pid, signal.SIGCONT)
-
-    def url(self, query: str = "") -> str:
-        return f"redis://127.0.0.1:{self.port}/0" + (f"?{query}" if query else "")
-
-
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[Server]:
-    own = Server(tmp_path)
-    own.start()
-    try:
-        yield own
-    finally:
-        own.kill()
+def server(own_redis: Server) -> Server:
+    return own_redis
 
 
 @pytest.fixture

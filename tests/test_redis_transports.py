@@ -19,7 +19,7 @@ from django.test import override_settings
 from django_distlock.backends.redis import RedisBackend
 
 from .conftest import eventually, require_redis
-from .test_redis_faults import _free_port
+from .private_redis import _free_port
 
 
 def _openssl(*args: str, cwd: Path) -> None:
