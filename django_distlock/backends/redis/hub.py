@@ -25,6 +25,9 @@ logger = logging.getLogger("django_distlock")
 
 #: Pause before the hub subscribes again after its connection failed.
 RECONNECT_DELAY = 0.2
+#: How long one read of the channel waits (no traffic: a wait on the socket) before the
+#: hub looks whether it was cancelled.
+LISTEN_SLICE = 1.0
 
 
 class Hub:
@@ -59,6 +62,8 @@ class Hub:
 
     async def _run(self) -> None:
         assert self._ready is not None
+        task = asyncio.current_task()
+        assert task is not None
         turn = 0
         while True:
             pubsub = self.clients[turn % len(self.clients)].pubsub(ignore_subscribe_messages=True)
@@ -66,8 +71,16 @@ class Hub:
                 await pubsub.subscribe(self.channel)
                 if not self._ready.done():
                     self._ready.set_result(None)
-                async for message in pubsub.listen():
-                    if message.get("type") == "message":
+                while True:
+                    message = await pubsub.get_message(
+                        ignore_subscribe_messages=True, timeout=LISTEN_SLICE
+                    )
+                    # A cancellation that meets redis-py's read timeout can be turned into
+                    # that timeout and swallowed (Python 3.11's asyncio.timeout): look for
+                    # it, or the loop's shutdown (asyncio.run) would wait on us forever.
+                    if task.cancelling():
+                        raise asyncio.CancelledError
+                    if message is not None and message.get("type") == "message":
                         data = message["data"]
                         if isinstance(data, str):  # a client with decode_responses=True
                             data = data.encode()
