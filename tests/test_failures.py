@@ -7,17 +7,17 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import psycopg
 import pytest
 from django.db import connections
 
-from django_distlock import locks, signals
+from django_distlock import locks
 from django_distlock.backends.database.sessions import WATCHDOG_GRACE
 from django_distlock.backends.redis import RedisBackend
 from django_distlock.exceptions import BackendUnavailable, LockLost, LockNotHeld
 from django_distlock.handle import Lock
+from django_distlock.testing.signals import signals_sent
 
 from .conftest import DATABASES, eventually, in_thread, psycopg_params, require_pg
 from .private_redis import Server
@@ -163,17 +163,8 @@ def redis_server(own_redis: Server) -> Server:
 @pytest.fixture
 def sent() -> Iterator[list[tuple[str, str]]]:
     """The lock_released and lock_lost signals sent, as (signal, name)."""
-    seen: list[tuple[str, str]] = []
-    receivers = []
-    for label in ("lock_released", "lock_lost"):
-        def receiver(sender: Any, label: str = label, **kwargs: Any) -> None:
-            seen.append((label, kwargs["name"]))
-
-        getattr(signals, label).connect(receiver, weak=False)
-        receivers.append((label, receiver))
-    yield seen
-    for label, receiver in receivers:
-        getattr(signals, label).disconnect(receiver)
+    with signals_sent("lock_released", "lock_lost") as seen:
+        yield seen
 
 
 def _stalling_backend(server: Server) -> RedisBackend:

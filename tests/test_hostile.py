@@ -35,7 +35,7 @@ from django.conf import settings
 from django.db import connections
 from django.utils.module_loading import import_string
 
-from django_distlock import locks, signals
+from django_distlock import locks
 from django_distlock.backends.base import BaseLockBackend
 from django_distlock.backends.database.sessions import WATCHDOG_GRACE
 from django_distlock.exceptions import (
@@ -45,6 +45,7 @@ from django_distlock.exceptions import (
     LockNotHeld,
 )
 from django_distlock.testing.history import HistoryRecorder, HistoryReport, check, load
+from django_distlock.testing.signals import signals_sent
 
 from .conftest import (
     DATABASES,
@@ -336,18 +337,8 @@ def test_cancelled_acquires_leave_the_name_free(alias: str, unique) -> None:
 @pytest.fixture
 def sent() -> Iterator[list[tuple[str, str]]]:
     """The lock_released and lock_lost signals sent, as (signal, name)."""
-    seen: list[tuple[str, str]] = []
-    receivers = []
-    for label in ("lock_released", "lock_lost"):
-
-        def receiver(sender: Any, label: str = label, **kwargs: Any) -> None:
-            seen.append((label, kwargs["name"]))
-
-        getattr(signals, label).connect(receiver, weak=False)
-        receivers.append((label, receiver))
-    yield seen
-    for label, receiver in receivers:
-        getattr(signals, label).disconnect(receiver)
+    with signals_sent("lock_released", "lock_lost") as seen:
+        yield seen
 
 
 def private_backend(alias: str, location: Any, **options: Any) -> BaseLockBackend:

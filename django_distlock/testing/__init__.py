@@ -2,6 +2,8 @@
 
 - :mod:`~django_distlock.testing.history`: record what worker processes do with
   locks and check the history (needs nothing but the standard library).
+- :mod:`~django_distlock.testing.signals`: ``signals_sent()`` records the lock
+  signals a block sends.
 - :mod:`~django_distlock.testing.contract`: the contract suite every lock backend
   passes (needs pytest; imported on first use of ``LockContract`` or ``in_thread``).
 """
@@ -11,12 +13,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .history import HistoryRecorder, HistoryReport, check, load, stock
+from .signals import signals_sent
 
 if TYPE_CHECKING:
     from .contract import LockContract, in_thread
 
 __all__ = [
-    "HistoryRecorder", "HistoryReport", "LockContract", "check", "in_thread", "load", "stock",
+    "HistoryRecorder", "HistoryReport", "LockContract", "check", "in_thread", "load",
+    "signals_sent", "stock",
 ]
 
 

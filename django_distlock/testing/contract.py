@@ -25,7 +25,6 @@ from typing import Any
 import pytest
 from django.db import connections
 
-from .. import signals
 from ..backends.base import BaseLockBackend
 from ..context import holder_context
 from ..exceptions import (
@@ -40,6 +39,7 @@ from ..exceptions import (
 from ..handle import SelfDeadlock
 from ..handler import locks
 from ..renewal import THREADS, loop_schedule
+from .signals import signals_sent
 
 BAD_NAMES = ["", "a\x00b", "line\nbreak", "tab\there", "del\x7f", "\ud800"]
 BAD_TYPES = [None, 42, b"bytes", ["a"], 1.5]
@@ -85,18 +85,9 @@ class LockContract:
     @pytest.fixture
     def events(self, backend: BaseLockBackend) -> Iterator[list[tuple[str, str]]]:
         """The lock signals sent for this backend, as (signal, lock name)."""
-        seen: list[tuple[str, str]] = []
-        receivers = []
-        for label in ("lock_acquired", "lock_released", "lock_lost", "lock_force_released"):
-            def receiver(sender: Any, label: str = label, **kwargs: Any) -> None:
-                if kwargs["backend"] is backend:
-                    seen.append((label, kwargs["name"]))
-
-            getattr(signals, label).connect(receiver, weak=False)
-            receivers.append((label, receiver))
-        yield seen
-        for label, receiver in receivers:
-            getattr(signals, label).disconnect(receiver)
+        labels = ("lock_acquired", "lock_released", "lock_lost", "lock_force_released")
+        with signals_sent(*labels, backend=backend) as seen:
+            yield seen
 
     # -- acquire and release ------------------------------------------------
 
