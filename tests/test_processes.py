@@ -226,7 +226,28 @@ def _mixed_worker(alias: str, name: str, start: Any, out: Any) -> None:
             except LockNotAcquired:
                 pass
 
+    async def refused_while_another_task_holds() -> None:
+        """Once for sure: a task's try while another task of the loop holds is refused."""
+        held, finished = asyncio.Event(), asyncio.Event()
+
+        async def holder() -> None:
+            async with locks[alias].lock(name, timeout=60):
+                held.set()
+                await finished.wait()
+
+        holding = asyncio.ensure_future(holder())
+        await held.wait()
+        try:
+            async with locks[alias].lock(name, blocking=False):
+                pass
+        except ConnectionInUse:
+            refused[0] += 1
+        finally:
+            finished.set()
+            await holding
+
     async def tasks() -> None:
+        await refused_while_another_task_holds()
         await asyncio.gather(*(task(i) for i in range(4)))
 
     start.wait()
@@ -271,4 +292,4 @@ def test_transaction_mode_tasks_threads_and_processes_never_overlap(alias: str,
     assert sum(1 for hold in found if hold[3].startswith("thread")) == 3 * 2 * 5
     assert len(found) >= 3 * (2 * 5 + 4 * 3)  # every wait was served, tries some times
     assert overlaps(found) == []
-    assert refused > 0  # the tasks did contend for their shared connection
+    assert refused >= 3  # each process' task was refused while another task held

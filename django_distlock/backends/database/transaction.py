@@ -17,7 +17,6 @@ import sqlite3
 import threading
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.db import connections, transaction
 
 from ...backoff import remaining
@@ -201,7 +200,9 @@ class _TxAcquisition(Acquisition):
     async def aattempt(self) -> Grant | Miss:
         self.owner = current_holder()  # the task, seen from its loop
         try:
-            return await sync_to_async(self.attempt)()
+            # A grant that comes after the task was cancelled is an atomic block left
+            # open on the thread's connection: abandonable() closes it in that thread.
+            return await self.abandonable(self.attempt, Miss())
         except ConnectionInUse:
             if not self.blocking:
                 raise
@@ -214,7 +215,7 @@ class _TxAcquisition(Acquisition):
         timeout, as for a held lock)."""
         wait = server_wait(self.deadline)
         try:
-            grant = await sync_to_async(self._slice)(min(wait, _ASYNC_SLICE))
+            grant = await self.abandonable(lambda: self._slice(min(wait, _ASYNC_SLICE)), None)
         except ConnectionInUse:
             grant = _HELD
         if grant is not _HELD and (grant is not None or wait <= _ASYNC_SLICE):
