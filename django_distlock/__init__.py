@@ -1,5 +1,9 @@
 """Distributed locks for Django, with the backend chosen in settings."""
 
+# checks: registered where every user of the package arrives, not only in the app's
+# ready(), which never runs without the app in INSTALLED_APPS (distlock.E005).
+# Registering a function twice is a no-op in Django's registry.
+from . import checks as _checks  # noqa: F401
 from .context import holder_context
 from .decorators import distlock, lock
 from .handle import Lock, SelfDeadlock

@@ -140,8 +140,3 @@ def _reset_locks(*, setting: str, **kwargs: Any) -> None:
     if setting in ("DISTLOCK", "DATABASES"):
         locks.reset()
 
-
-# The system checks are registered here, where every user of the package arrives, and not
-# only in the app's ready(): without the app in INSTALLED_APPS (distlock.E005) ready()
-# never runs. Registering a function twice is a no-op in Django's registry.
-from . import checks as _checks  # noqa: E402, F401
