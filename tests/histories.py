@@ -50,25 +50,32 @@ def _worker(alias: str | None, name: str, rounds: int, start: Any, out: Any) -> 
     done()
 
 
-def history(alias: str | None, name: str, workers: int, rounds: int) -> list[tuple[int, ...]]:
-    """The sorted holds of ``workers`` forked processes taking ``name`` on ``alias``
-    ``rounds`` times each (2 ms holds); ``alias`` None takes no lock at all."""
+def run_forked(target: Any, args: tuple[Any, ...], workers: int,
+               timeout: float = 120) -> tuple[list[Any], list[int | None]]:
+    """Fork ``workers`` processes running ``target(*args, start, out)``, release them at
+    once (``start``), and collect one ``out.put()`` of each; return those results and
+    the processes' exit codes (a process still running after 30 s is killed)."""
     fork_ready()
     start, out = FORK.Event(), FORK.Queue()
-    procs = [
-        FORK.Process(target=_worker, args=(alias, name, rounds, start, out)) for _ in range(workers)
-    ]
+    procs = [FORK.Process(target=target, args=(*args, start, out)) for _ in range(workers)]
     for proc in procs:
         proc.start()
     start.set()
     try:
-        found = [interval for _ in procs for interval in out.get(timeout=90)]
+        results = [out.get(timeout=timeout) for _ in procs]
     finally:
         for proc in procs:
             proc.join(30)
             if proc.is_alive():
                 proc.kill()
-    assert [proc.exitcode for proc in procs] == [0] * workers
-    found.sort()
+    return results, [proc.exitcode for proc in procs]
+
+
+def history(alias: str | None, name: str, workers: int, rounds: int) -> list[tuple[int, ...]]:
+    """The sorted holds of ``workers`` forked processes taking ``name`` on ``alias``
+    ``rounds`` times each (2 ms holds); ``alias`` None takes no lock at all."""
+    results, exitcodes = run_forked(_worker, (alias, name, rounds), workers, timeout=90)
+    assert exitcodes == [0] * workers
+    found = sorted(interval for held in results for interval in held)
     assert len(found) == workers * rounds
     return found

@@ -27,7 +27,7 @@ from .conftest import (
     needs_pg,
     require_pg,
 )
-from .histories import FORK, done, fork_ready, history, overlaps
+from .histories import FORK, done, fork_ready, history, overlaps, run_forked
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
 ALIASES = SQLITE_ALIASES + PG_ALIASES
@@ -270,22 +270,8 @@ def test_transaction_mode_tasks_threads_and_processes_never_overlap(alias: str,
     task/task inside one process), and every task, thread and process was served."""
     if needs_pg(alias):
         require_pg()
-    name = unique("mixed")
-    fork_ready()
-    start, out = FORK.Event(), FORK.Queue()
-    procs = [FORK.Process(target=_mixed_worker, args=(alias, name, start, out))
-             for _ in range(3)]
-    for proc in procs:
-        proc.start()
-    start.set()
-    try:
-        results = [out.get(timeout=120) for _ in procs]
-    finally:
-        for proc in procs:
-            proc.join(30)
-            if proc.is_alive():
-                proc.kill()
-    assert [proc.exitcode for proc in procs] == [0, 0, 0]
+    results, exitcodes = run_forked(_mixed_worker, (alias, unique("mixed")), 3)
+    assert exitcodes == [0, 0, 0]
     found = sorted(h for holds, _ in results for h in holds)
     refused = sum(count for _, count in results)
     print(f"{alias}: {len(found)} holds, {refused} task attempts refused (ConnectionInUse)")

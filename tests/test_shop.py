@@ -6,7 +6,6 @@ suite); the flash-sale tests run the same services on PostgreSQL.
 
 from __future__ import annotations
 
-import multiprocessing
 import threading
 import time
 from collections.abc import Callable
@@ -22,9 +21,9 @@ from testproject.shop import services, tasks
 from testproject.shop.models import Order, Product
 
 from .conftest import DATABASES, in_thread
+from .histories import run_forked
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
-FORK = multiprocessing.get_context("fork")
 STOCK = 12
 WORKERS = 4
 
@@ -75,21 +74,7 @@ def _buyer(kind: str, pk: int, start: Any, out: Any) -> None:
 def _sale(kind: str, workers: int = WORKERS, stock: int = STOCK) -> tuple[Product, list[int]]:
     """Run ``workers`` processes buying one product until sold out; return it and their counts."""
     product = Product.objects.create(name=f"{kind} sale", stock=stock)
-    connections.close_all()
-    locks.close_all()
-    start, out = FORK.Event(), FORK.Queue()
-    args = (kind, product.pk, start, out)
-    procs = [FORK.Process(target=_buyer, args=args) for _ in range(workers)]
-    for proc in procs:
-        proc.start()
-    start.set()
-    try:
-        results = [out.get(timeout=120) for _ in procs]
-    finally:
-        for proc in procs:
-            proc.join(30)
-            if proc.is_alive():
-                proc.kill()
+    results, _ = run_forked(_buyer, (kind, product.pk), workers)
     errors = [detail for status, detail in results if status != "ok"]
     assert not errors, errors
     product.refresh_from_db()
