@@ -291,7 +291,7 @@ def test_frozen_redis_holds_no_call_past_its_own_bound(server: Server) -> None:
         pool = backend.redis.sync().connection_pool
         spare = pool.get_connection()  # a second open connection for the hot path
         spare.connect()
-        backend.redis._kept.append(spare)
+        backend.redis.wire.keep(pool, spare)
         server.pause()
         handle = backend.lock("frozen", ttl=5)
         began = time.monotonic()

@@ -9,50 +9,45 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import threading
 import time
 import weakref
-from collections import deque
 from collections.abc import AsyncIterator
-from typing import Any, NamedTuple
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
 import redis.asyncio
 import redis.asyncio.cluster
 import redis.cluster
-from redis.exceptions import ConnectionError, NoScriptError, RedisClusterException, RedisError
+from redis.exceptions import NoScriptError, RedisError
 
 from ...backoff import remaining
 from ...exceptions import BackendUnavailable
 from .caches import async_client_like, cache_client
 from .keys import TIME_COMMAND, Packed, bulk
 from .scripts import Script
+from .wire import CLIENT_ERRORS, KeptConnections, Sent, unavailable
 
-#: Connections the hot path keeps out of the pool between calls (per alias and process):
-#: a pool's get and release cost about 7 us a call (a lock, a readiness poll, metrics).
-KEPT = 8
+__all__ = [
+    "CLIENT_ERRORS",
+    "NoConnection",
+    "Redis",
+    "Sent",
+    "host_port",
+    "node_url",
+    "socket_timeout",
+    "unavailable",
+]
+
 #: Connections per loop when the client is a cluster's (redis.asyncio's default per node).
 CLUSTER_NODE_CONNECTIONS = 100
 #: Longest a call without a deadline waits for one of the event loop's connections.
 POOL_WAIT = 20.0
-#: What redis-py raises when Redis fails: a cluster client's RedisClusterException
-#: (no startup node reachable, a slot not covered) is not a RedisError.
-CLIENT_ERRORS = (RedisError, RedisClusterException)
 
 
 class NoConnection(Exception):
     """The deadline passed while the call waited for a free connection: nothing was sent."""
-
-
-class Sent(NamedTuple):
-    """Commands written on a connection, their replies not read yet."""
-
-    pool: Any
-    conn: Any
-    kept: bool  # the connection was kept between calls (it may have been closed)
-    payload: bytes
 
 
 class Redis:
@@ -84,8 +79,8 @@ class Redis:
         self._async_pubsub: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
             weakref.WeakKeyDictionary()
         )
-        self._kept: deque[Any] = deque()
-        self._kept_pid = os.getpid()
+        #: The hot path's connections, kept between calls (:mod:`.wire`).
+        self.wire = KeptConnections()
         self._slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
             weakref.WeakKeyDictionary()
         )
@@ -195,105 +190,14 @@ class Redis:
         """Give back the kept connections; disconnect the sync pool this alias built
         (a cache's pool is the cache's)."""
         client, self._sync = self._sync, None
-        kept, self._kept = self._kept, deque()
+        wire, self.wire = self.wire, KeptConnections()
         if client is None:
             return
-        if self._kept_pid == os.getpid():
-            for conn in kept:
-                client.connection_pool.release(conn)
+        pool = getattr(client, "connection_pool", None)
+        if pool is not None:  # a cluster client's calls keep none
+            wire.give_back(pool)
         if self.cache is None:
             client.close()
-
-    def _exchange(
-        self, pool: Any, payload: bytes, replies: int, timeout: float | None
-    ) -> list[Any]:
-        """Write ``payload`` (packed commands) and read ``replies`` replies, on a kept
-        connection (else the pool's), each read within ``timeout`` seconds (or the
-        socket timeout, when shorter). The last reply may raise ``NoScriptError``
-        (every reply has been read then: the connection stays in step).
-
-        A kept connection that the server closed while it was kept (a restart, an
-        idle timeout) fails at once; the exchange is made again, once, on a new
-        connection. Every hot-path script may run twice for one call: a retried
-        acquire finds its own grant, a retried extend extends again (redis-py's own
-        retries make the same bet on every command).
-
-        :raises BackendUnavailable: when Redis fails.
-        """
-        return self.receive(self.send(pool, payload), replies, timeout)
-
-    def send(self, pool: Any, payload: bytes, fresh: bool = False) -> Sent:
-        """The first half of :meth:`_exchange`: write ``payload`` (on a new connection
-        if ``fresh``); :meth:`receive` reads the replies. Between the two, other
-        connections may be written to: the servers work in parallel (Redlock).
-
-        :raises BackendUnavailable: when Redis fails.
-        """
-        conn, kept = None, False
-        if not fresh:
-            if self._kept_pid != os.getpid():  # forked: the kept ones are the parent's
-                self._kept, self._kept_pid = deque(), os.getpid()
-            with contextlib.suppress(IndexError):  # none kept: a pool's
-                conn, kept = self._kept.pop(), True
-        while True:
-            try:
-                if conn is None:
-                    conn = pool.get_connection()
-                conn.send_packed_command([payload], check_health=False)
-                return Sent(pool, conn, kept, payload)
-            except CLIENT_ERRORS as exc:
-                self._drop(pool, conn)
-                if kept and isinstance(exc, ConnectionError):
-                    conn, kept = None, False
-                    continue
-                raise unavailable(exc) from exc
-            except BaseException:
-                self._drop(pool, conn)
-                raise
-
-    def receive(self, sent: Sent, replies: int, timeout: float | None) -> list[Any]:
-        """The second half of :meth:`_exchange`.
-
-        :raises BackendUnavailable: when Redis fails.
-        """
-        pool, conn = sent.pool, sent.conn
-        kwargs = pool.connection_kwargs
-        given = kwargs.get("socket_timeout", kwargs.get("orig_socket_timeout"))
-        if timeout is None or (given and given < timeout):
-            read: dict[str, Any] = {}  # the socket timeout
-        else:
-            read = {"timeout": timeout}
-        try:
-            got = [conn.read_response(**read) for _ in range(replies - 1)]
-            try:
-                got.append(conn.read_response(**read))
-            except NoScriptError as exc:
-                got.append(exc)
-        except CLIENT_ERRORS as exc:
-            self._drop(pool, conn)
-            if sent.kept and isinstance(exc, ConnectionError):
-                return self.receive(self.send(pool, sent.payload, fresh=True), replies, timeout)
-            raise unavailable(exc) from exc
-        except BaseException:
-            self._drop(pool, conn)  # interrupted mid-reply: the connection is out of step
-            raise
-        self._keep(pool, conn)
-        if isinstance(got[-1], NoScriptError):
-            raise got[-1]
-        return got
-
-    @staticmethod
-    def _drop(pool: Any, conn: Any) -> None:
-        """Back to the pool, disconnected (the pool reconnects it when needed)."""
-        if conn is not None:
-            conn.disconnect()
-            pool.release(conn)
-
-    def _keep(self, pool: Any, conn: Any) -> None:
-        if len(self._kept) < KEPT:
-            self._kept.append(conn)
-        else:
-            pool.release(conn)
 
     # -- calls ----------------------------------------------------------------
 
@@ -312,7 +216,7 @@ class Redis:
         if pool is None:  # RedisCluster: it routes by the keys
             return self.run(packed.script, packed.keys, (*packed.args, *args))
         try:
-            return self._exchange(pool, packed.command(args), 1, timeout)[0]
+            return self.wire.exchange(pool, packed.command(args), 1, timeout)[0]
         except NoScriptError:  # EVAL loads the script
             return self._eval(client, packed.script, packed.keys, (*packed.args, *args))
 
@@ -322,7 +226,7 @@ class Redis:
 
         :raises BackendUnavailable: when Redis fails.
         """
-        return self.send(self.sync().connection_pool, packed.command(args))
+        return self.wire.send(self.sync().connection_pool, packed.command(args))
 
     def finish(
         self, sent: Sent, packed: Packed, args: tuple[str | int, ...], timeout: float | None
@@ -332,7 +236,7 @@ class Redis:
         :raises BackendUnavailable: when Redis fails.
         """
         try:
-            return self.receive(sent, 1, timeout)[0]
+            return self.wire.receive(sent, 1, timeout)[0]
         except NoScriptError:
             return self._eval(self.sync(), packed.script, packed.keys, (*packed.args, *args))
 
@@ -354,7 +258,7 @@ class Redis:
         """
         if self.offset is not None or self.cluster:
             return
-        (seconds, micros), = self._exchange(
+        (seconds, micros), = self.wire.exchange(
             self.sync().connection_pool, TIME_COMMAND, 1, timeout
         )
         self.observe(int(seconds) * 1000 + int(micros) // 1000)
@@ -405,7 +309,7 @@ class Redis:
             return None
         block = b"*3\r\n$5\r\nBLPOP\r\n%s%s" % (bulk(key), bulk(f"{timeout:.3f}"))
         try:
-            (seconds, micros), _, reply = self._exchange(
+            (seconds, micros), _, reply = self.wire.exchange(
                 pool, TIME_COMMAND + block + packed.command(args), 3, read_timeout
             )
         except NoScriptError:
@@ -530,9 +434,3 @@ def node_url(url: str, host: str, port: int) -> str:
     credentials = parts.netloc.rpartition("@")[0]
     where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     return urlunsplit(parts._replace(netloc=f"{credentials}@{where}" if credentials else where))
-
-
-def unavailable(exc: BaseException) -> BackendUnavailable:
-    return BackendUnavailable(f"Redis failed: {type(exc).__name__}: {exc}")
-
-
