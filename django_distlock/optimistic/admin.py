@@ -29,8 +29,7 @@ from __future__ import annotations
 
 import copy
 import re
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 from weakref import WeakKeyDictionary
 
@@ -59,6 +58,7 @@ from .admin_forms import (
     sign_version,
     unsign_version,
 )
+from .admin_selection import SelectionCheck, quoted, these
 from .version import version_field
 
 if TYPE_CHECKING:
@@ -89,14 +89,6 @@ def _as_get(request: HttpRequest) -> HttpRequest:
     shown = copy.copy(request)
     shown.method = "GET"
     return shown
-
-
-def _names(names: Iterable[str]) -> str:
-    return ", ".join(f"“{name}”" for name in names)
-
-
-def _these(count: int, singular: str, plural: str) -> str:
-    return singular if count == 1 else plural
 
 
 class OptimisticAdminMixin(_AdminBase):
@@ -308,8 +300,8 @@ class OptimisticAdminMixin(_AdminBase):
             count = len(gone)
             self.message_user(
                 request,
-                f"{_names(gone)} {_these(count, 'was', 'were')} deleted by someone else since "
-                f"the list was shown; your changes to {_these(count, 'it', 'them')} were not "
+                f"{quoted(gone)} {these(count, 'was', 'were')} deleted by someone else since "
+                f"the list was shown; your changes to {these(count, 'it', 'them')} were not "
                 "saved.",
                 messages.WARNING,
             )
@@ -319,10 +311,10 @@ class OptimisticAdminMixin(_AdminBase):
         clashes = [f"{m.name}: {', '.join(m.clashes)}" for m in pending.values() if m.clashes]
         opts = self.model._meta
         text = (
-            f"{_names(m.name for m in pending.values())} {_these(count, 'was', 'were')} "
+            f"{quoted(m.name for m in pending.values())} {these(count, 'was', 'were')} "
             f"changed by someone else since the list was shown, so your changes to "
-            f"{_these(count, 'it', 'them')} were not saved yet. The list now shows "
-            f"{_these(count, 'its', 'their')} current values with your changes on top"
+            f"{these(count, 'it', 'them')} were not saved yet. The list now shows "
+            f"{these(count, 'its', 'their')} current values with your changes on top"
         )
         if clashes:
             text += (
@@ -331,7 +323,7 @@ class OptimisticAdminMixin(_AdminBase):
             )
         self.message_user(
             request,
-            f"{text}. Check {_these(count, 'this ' + str(opts.verbose_name), 'these')}, then "
+            f"{text}. Check {these(count, 'this ' + str(opts.verbose_name), 'these')}, then "
             "save again.",
             messages.WARNING,
         )
@@ -427,7 +419,7 @@ class OptimisticAdminMixin(_AdminBase):
         remembered = request.session.get(session_key, {}) if confirming else {}
         using = router.db_for_write(self.model)
         with transaction.atomic(using=using):
-            check = _Selection(self, request, remembered, using)
+            check = SelectionCheck(self, request, remembered, using)
             refusal = check.run(selected, queryset if across else None)
             if refusal:
                 self.message_user(request, refusal, messages.ERROR)
@@ -447,86 +439,3 @@ class OptimisticAdminMixin(_AdminBase):
         elif confirming:
             request.session.pop(session_key, None)
         return response
-
-
-@dataclass
-class _Selection:
-    """The check of the rows an action is about to act on (see ``response_action``)."""
-
-    admin: OptimisticAdminMixin
-    request: HttpRequest
-    remembered: dict[str, int]
-    using: str
-    #: pk (as posted) -> version checked, for the rows acted on.
-    read: dict[str, int] = field(default_factory=dict)
-    #: Rows of a "select all" selection the page did not show.
-    unchecked: int = 0
-
-    def run(self, selected: list[str], across: models.QuerySet[Any] | None) -> str | None:
-        """Why the action must not run, or None; fills :attr:`read` and :attr:`unchecked`."""
-        model = self.admin.model
-        opts = model._meta
-        post = self.request.POST
-        if across is not None:  # every row the page showed: their inputs are all posted
-            selected = [
-                key[len(ACTION_VERSION_PREFIX) :]
-                for key in post
-                if key.startswith(ACTION_VERSION_PREFIX)
-            ]
-        tokens: dict[str, SignedRead] = {}
-        invalid = []
-        for pk in selected:
-            token = post.get(f"{ACTION_VERSION_PREFIX}{pk}")
-            if token is None and len(selected) == 1:
-                token = post.get(VERSION_FORM_FIELD)  # an action of the change form
-            if token is None and pk in self.remembered:
-                self.read[pk] = self.remembered[pk]
-                continue
-            try:
-                tokens[pk] = unsign_version(model, pk, token or "")
-            except signing.BadSignature:
-                invalid.append(pk)
-            else:
-                self.read[pk] = tokens[pk].version
-        if invalid:
-            return (
-                f"The action was not run: the versions of the selected {opts.verbose_name_plural} "
-                f"with keys {', '.join(invalid)} are missing or invalid. Select them again "
-                "in the list below and retry."
-            )
-        field_ = version_field(model)
-        try:
-            keys = {opts.pk.to_python(pk): pk for pk in selected}
-        except ValidationError:
-            return "The action was not run: the selection holds invalid keys."
-        rows = model._base_manager.using(self.using).select_for_update()
-        current = {keys[obj.pk]: obj for obj in rows.filter(pk__in=list(keys)).order_by()}
-        changed = [
-            str(current[pk])
-            for pk in selected
-            if pk in current and getattr(current[pk], field_.attname) != self.read[pk]
-        ]
-        deleted = [tokens[pk].name if pk in tokens else pk for pk in selected if pk not in current]
-        if changed or deleted:
-            parts = []
-            if changed:
-                parts.append(f"changed {_names(changed)}")
-            if deleted:
-                parts.append(f"deleted {_names(deleted)}")
-            count = len(changed) + len(deleted)
-            return (
-                f"The action was not run: someone else {' and '.join(parts)} since the list "
-                f"was shown. The list below shows {_these(count, 'it', 'them')} as "
-                f"{_these(count, 'it is', 'they are')} now: check, then select again."
-            )
-        if across is not None:
-            # Locked through the model's own table: the admin's queryset may group rows
-            # (annotations), which FOR UPDATE refuses.
-            acted = rows.filter(pk__in=across.order_by().values("pk")).values_list(
-                "pk", field_.attname
-            )
-            for key, version in acted:
-                if str(key) not in self.read:
-                    self.unchecked += 1
-                    self.read[str(key)] = version
-        return None
