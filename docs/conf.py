@@ -24,7 +24,7 @@ django.setup()
 
 project = "django-distlock"
 author = "django-distlock contributors"
-copyright = "django-distlock contributors"  # noqa: A001
+copyright = "django-distlock contributors"
 release = django_distlock.__version__
 version = release
 
