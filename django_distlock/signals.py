@@ -11,9 +11,14 @@ hot path: keep them quick.
 
 from django.dispatch import Signal
 
+#: ``acquire()`` returned True: the lock is held (``waited``: seconds spent in it).
 lock_acquired = Signal()
 #: ``acquire()`` returned False: timed out, or busy without blocking.
 lock_not_acquired = Signal()
+#: A held lock was released by its handle.
 lock_released = Signal()
+#: A handle learned its lock is gone (a release found it taken, a session ended, a renewal
+#: was refused; ``mark_lost()``); sent once per grant.
 lock_lost = Signal()
+#: ``force_release()`` freed a lock held by someone (no token, no handle).
 lock_force_released = Signal()
