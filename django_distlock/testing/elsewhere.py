@@ -1,0 +1,183 @@
+"""Hold a lock from another OS process, for tests of code that must cope with a busy lock.
+
+:func:`hold_elsewhere` forks a child process of the test process: the child
+has the same settings (``override_settings`` included) and the same test
+databases, opens connections of its own, acquires the lock on the real backend
+and keeps it until the block ends. Nothing is mocked: the test process sees the
+lock held exactly as it would see another machine's worker holding it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import signal
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any
+
+from ..exceptions import DistLockError, UnsupportedOperation
+
+__all__ = ["Elsewhere", "hold_elsewhere"]
+
+#: Django connection wrappers a forked child inherited: kept referenced and never
+#: closed, since closing (or collecting) one would end the parent's session on it.
+_inherited: list[Any] = []
+
+
+@dataclass
+class Elsewhere:
+    """The lock held by the child process of :func:`hold_elsewhere`."""
+
+    #: The lock's name and alias.
+    name: str
+    using: str
+    #: The child's pid.
+    pid: int
+    #: The grant's short owner id (as listings show it) and fencing token.
+    owner_id: str | None
+    fencing_token: int | None
+    _process: Any = field(repr=False)
+    _pipe: Connection = field(repr=False)
+
+    def __enter__(self) -> Elsewhere:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+
+    @property
+    def alive(self) -> bool:
+        """Whether the child process still runs."""
+        return bool(self._process.is_alive())
+
+    def kill(self) -> None:
+        """SIGKILL the holder, as a crash would (it releases nothing): the lock stays held
+        until the backend notices (its lease ends, its session or transaction ends)."""
+        if self._process.is_alive():
+            os.kill(self.pid, signal.SIGKILL)
+        self._process.join(10)
+
+    def release(self, timeout: float = 10) -> None:
+        """Make the holder release the lock and exit; returns once it has released.
+
+        :param timeout: seconds to wait for it (then it is killed).
+        :raises AssertionError: when the holder's release failed or took too long (the
+            holder is killed then).
+        """
+        if not self._process.is_alive():
+            self._process.join(10)
+            self._pipe.close()
+            return
+        problem = None
+        try:
+            self._pipe.send("release")
+            if not self._pipe.poll(timeout):
+                problem = f"did not release {self.name!r} within {timeout} s"
+            else:
+                answer = self._pipe.recv()
+                if answer[0] != "released":
+                    problem = f"failed to release {self.name!r}: {answer[1]}"
+        except (EOFError, OSError) as exc:
+            problem = f"died before releasing {self.name!r}: {exc!r}"
+        self._process.join(timeout)
+        if self._process.is_alive():
+            self.kill()
+        self._pipe.close()
+        if problem:
+            raise AssertionError(f"The holder process {self.pid} {problem}.")
+
+
+def _fresh_django_connections() -> None:
+    """In the child: leave the parent's Django connections alone (never close them, they
+    are the parent's sessions too) and open new ones on first use."""
+    from django.db import connections
+
+    for conn in connections.all(initialized_only=True):
+        _inherited.append(conn)
+        connections[conn.alias] = connections.create_connection(conn.alias)
+
+
+def _hold(using: str, name: str, ttl: float, timeout: float, pipe: Connection) -> None:
+    """The child: acquire, report, wait for the parent's word (or its death), release."""
+    from ..handler import locks
+
+    _fresh_django_connections()
+    try:
+        handle = locks[using].lock(name, ttl=ttl, timeout=timeout)
+        if not handle.acquire():
+            pipe.send(("error", f"{name!r} stayed held by someone else for {timeout} s"))
+            return
+    except BaseException as exc:
+        pipe.send(("error", repr(exc)))
+        return
+    pipe.send(("held", handle.owner_id, handle.fencing_token))
+    with contextlib.suppress(EOFError):  # EOF: the parent died; let go all the same
+        pipe.recv()
+    try:
+        handle.release()
+        answer: tuple[str, ...] = ("released",)
+    except DistLockError as exc:
+        answer = ("error", repr(exc))
+    finally:
+        locks.close_all()
+    with contextlib.suppress(OSError):
+        pipe.send(answer)
+
+
+def hold_elsewhere(
+    name: str, using: str = "default", ttl: float = 60, timeout: float = 10
+) -> Elsewhere:
+    """``with hold_elsewhere("stock:42"):`` — another OS process holds the lock in the block.
+
+    A forked child of this process (same settings, same test databases, connections
+    of its own) acquires ``name`` on the real backend of ``using``; the call returns
+    once it holds it, and the ``with`` exit makes it release it (it is killed if it
+    cannot). Without ``with``, call :meth:`Elsewhere.release` yourself.
+    :meth:`Elsewhere.kill` simulates a crashed holder.
+
+    On the database backend with SQLite, the test must not hold the database's
+    write lock itself: use a ``TransactionTestCase`` (pytest-django:
+    ``django_db(transaction=True)``), as for any test with several processes.
+
+    :param name: the lock name.
+    :param using: the lock alias.
+    :param ttl: the holder's lease in seconds (backends whose locks expire).
+    :param timeout: how long the child waits for the lock if someone holds it.
+    :returns: the :class:`Elsewhere` holder (a context manager releasing it).
+    :raises UnsupportedOperation: for a process-local backend (``locmem``).
+    :raises AssertionError: when the child could not take the lock.
+    """
+    from ..handler import locks
+
+    backend = locks[using]
+    if not backend.distributed:
+        raise UnsupportedOperation(
+            f"DISTLOCK[{using!r}] is {type(backend).__name__}, whose locks live in one "
+            "process: no other process can hold them. Test with a backend shared by "
+            "processes (the database, Redis, ZooKeeper), or hold the lock in a thread."
+        )
+    context = multiprocessing.get_context("fork")
+    ours, theirs = context.Pipe()
+    process = context.Process(
+        target=_hold, args=(using, name, ttl, timeout, theirs), daemon=True,
+        name=f"distlock-holder:{name}",
+    )
+    process.start()
+    theirs.close()
+    pid = process.pid or 0
+    answer: tuple[Any, ...] = ("error", "exited without a word")
+    if ours.poll(timeout + 30):
+        with contextlib.suppress(EOFError):
+            answer = ours.recv()
+    else:
+        answer = ("error", f"did not take the lock within {timeout + 30} s")
+    if answer[0] != "held":
+        process.kill()
+        process.join(10)
+        ours.close()
+        raise AssertionError(
+            f"The holder process {pid} could not take {name!r} on {using!r}: {answer[1]}"
+        )
+    return Elsewhere(name, using, pid, answer[1], answer[2], process, ours)
