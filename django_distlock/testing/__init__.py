@@ -1,7 +1,7 @@
 """Test utilities for code that takes locks (see docs/testing.md).
 
 - :mod:`~django_distlock.testing.elsewhere`: ``hold_elsewhere()`` makes another OS
-  process hold a lock.
+  process hold a lock; ``run_in_processes()`` runs a function in several at once.
 - :mod:`~django_distlock.testing.faults`: ``make_lost()`` takes a lock from its holder;
   ``backend_unavailable()`` cuts an alias from its server.
 - :mod:`~django_distlock.testing.history`: record what worker processes do with
@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .checked import CheckedHistory
-from .elsewhere import Elsewhere, hold_elsewhere
+from .elsewhere import Elsewhere, hold_elsewhere, run_in_processes
 from .faults import backend_unavailable, make_lost
 from .history import HistoryRecorder, HistoryReport, check, load, stock
 from .mixins import LockTestMixin
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CheckedHistory", "Elsewhere", "HistoryRecorder", "HistoryReport", "LockContract",
     "LockTestMixin", "backend_unavailable", "check", "hold_elsewhere", "in_thread", "load",
-    "make_lost", "signals_sent", "stock",
+    "make_lost", "run_in_processes", "signals_sent", "stock",
 ]
 
 

@@ -28,6 +28,9 @@ class CheckedHistory(HistoryRecorder):
     ) -> None:
         super().__init__(path)
         self.invariant = invariant
+        #: Whether the ``distlock_history`` fixture checks the history at the end of the
+        #: test (set False in a test that records a bad history on purpose).
+        self.check_at_end = True
 
     def events(self) -> list[Any]:
         """Return the events recorded so far by every process, in time order."""

@@ -19,7 +19,7 @@ from typing import Any
 
 from ..exceptions import DistLockError, UnsupportedOperation
 
-__all__ = ["Elsewhere", "hold_elsewhere"]
+__all__ = ["Elsewhere", "hold_elsewhere", "run_in_processes"]
 
 #: Django connection wrappers a forked child inherited: kept referenced and never
 #: closed, since closing (or collecting) one would end the parent's session on it.
@@ -181,3 +181,49 @@ def hold_elsewhere(
             f"The holder process {pid} could not take {name!r} on {using!r}: {answer[1]}"
         )
     return Elsewhere(name, using, pid, answer[1], answer[2], process, ours)
+
+
+def _run(func: Any, args: tuple[Any, ...]) -> None:
+    """A worker of :func:`run_in_processes`: fresh connections, ``func``, close them."""
+    from django.db import connections
+
+    from ..handler import locks
+
+    _fresh_django_connections()
+    try:
+        func(*args)
+    finally:
+        locks.close_all()
+        connections.close_all()
+
+
+def run_in_processes(func: Any, *args: Any, processes: int = 4, timeout: float = 120) -> None:
+    """Run ``func(*args)`` in ``processes`` forked processes at once and wait for them all:
+    the concurrency your code meets with several web or task workers.
+
+    Each child has this process' settings and test databases, and connections of its
+    own. Record what they do with a shared
+    :class:`~django_distlock.testing.checked.CheckedHistory` (``distlock_history``) and
+    check it afterwards. As with :func:`hold_elsewhere`, use a ``TransactionTestCase``
+    (``django_db(transaction=True)``) so that the children see the test's data.
+
+    :param func: a function (it runs in the children: its return value is dropped).
+    :param processes: how many children.
+    :param timeout: seconds to wait for them all; a child still running is killed.
+    :raises AssertionError: when a child raised (its traceback is on stderr), was
+        killed, or outran ``timeout``.
+    """
+    context = multiprocessing.get_context("fork")
+    children = [
+        context.Process(target=_run, args=(func, args), daemon=True) for _ in range(processes)
+    ]
+    for child in children:
+        child.start()
+    for child in children:
+        child.join(timeout)
+        if child.is_alive():
+            child.kill()
+            child.join(10)
+    failed = {child.pid: child.exitcode for child in children if child.exitcode != 0}
+    if failed:
+        raise AssertionError(f"Worker processes failed (pid: exit code): {failed}.")
