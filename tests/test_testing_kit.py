@@ -111,6 +111,29 @@ def test_make_lost_takes_the_lock_from_its_holder(alias: str, unique, distlock_m
     assert handle.lost
 
 
+def test_expire_session_loses_every_lock_of_the_session(
+    unique, distlock_expire_session, distlock_hold_elsewhere
+) -> None:
+    require_zookeeper()
+    held = [locks["zk"].lock(unique(f"session{i}")) for i in range(2)]
+    for handle in held:
+        assert handle.acquire(timeout=5)
+    distlock_expire_session("zk")
+    for handle in held:
+        assert handle.lost
+        with distlock_hold_elsewhere(handle.name, using="zk"):  # free for others
+            pass
+        with pytest.raises(LockLost):
+            handle.release()
+    with locks["zk"].lock(unique("after"), timeout=5) as handle:  # a new session
+        assert handle.held
+
+
+def test_expire_session_is_for_zookeeper(distlock_expire_session) -> None:
+    with pytest.raises(UnsupportedOperation, match="make_lost"):
+        distlock_expire_session("locmem")
+
+
 @pytest.mark.parametrize("alias", TRANSACTIONS)
 def test_make_lost_says_why_a_transaction_lock_cannot_be_taken(
     alias: str, unique, distlock_make_lost
@@ -163,6 +186,17 @@ def test_backend_unavailable_refuses_a_process_local_backend(
     handle.release()
 
 
+@pytest.mark.django_db  # the test runs inside a transaction
+def test_backend_unavailable_will_not_cut_the_database_under_a_transaction(
+    distlock_backend_unavailable,
+) -> None:
+    real = locks["default"]
+    with pytest.raises(UnsupportedOperation, match="TransactionTestCase"):
+        distlock_backend_unavailable("default").__enter__()
+    assert locks["default"] is real  # nothing was swapped
+    assert not locks["default"].is_locked("never-taken")
+
+
 def test_the_history_fixture_checks_a_real_history(distlock_history, unique) -> None:
     name = unique("history")
     for _ in range(3):
@@ -208,7 +242,8 @@ _PROJECT_TEST = '''
 import sys
 
 def test_fixtures_are_there_and_nothing_heavy_was_imported(
-    distlock_hold_elsewhere, distlock_make_lost, distlock_backend_unavailable
+    distlock_hold_elsewhere, distlock_make_lost, distlock_backend_unavailable,
+    distlock_expire_session,
 ):
     assert "django_distlock.testing.pytest_plugin" in sys.modules
     heavy = [m for m in sys.modules if m.split(".")[0] in ("redis", "kazoo", "psycopg")]

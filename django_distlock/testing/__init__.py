@@ -3,7 +3,8 @@
 - :mod:`~django_distlock.testing.elsewhere`: ``hold_elsewhere()`` makes another OS
   process hold a lock; ``run_in_processes()`` runs a function in several at once.
 - :mod:`~django_distlock.testing.faults`: ``make_lost()`` takes a lock from its holder;
-  ``backend_unavailable()`` cuts an alias from its server.
+  ``expire_session()`` ends a ZooKeeper session; ``backend_unavailable()`` cuts an
+  alias from its server.
 - :mod:`~django_distlock.testing.history`: record what worker processes do with
   locks and check the history (needs nothing but the standard library);
   :class:`~django_distlock.testing.checked.CheckedHistory` checks its own file.
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from .checked import CheckedHistory
 from .elsewhere import Elsewhere, hold_elsewhere, run_in_processes
-from .faults import backend_unavailable, make_lost
+from .faults import backend_unavailable, expire_session, make_lost
 from .history import HistoryRecorder, HistoryReport, check, load, stock
 from .mixins import LockTestMixin
 from .signals import signals_sent
@@ -32,8 +33,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CheckedHistory", "Elsewhere", "HistoryRecorder", "HistoryReport", "LockContract",
-    "LockTestMixin", "backend_unavailable", "check", "hold_elsewhere", "in_thread", "load",
-    "make_lost", "run_in_processes", "signals_sent", "stock",
+    "LockTestMixin", "backend_unavailable", "check", "expire_session", "hold_elsewhere",
+    "in_thread", "load", "make_lost", "run_in_processes", "signals_sent", "stock",
 ]
 
 

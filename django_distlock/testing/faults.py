@@ -16,7 +16,7 @@ from django.utils.module_loading import import_string
 from ..backends.base import BaseLockBackend
 from ..exceptions import LockNotHeld, UnsupportedOperation
 
-__all__ = ["backend_unavailable", "make_lost"]
+__all__ = ["backend_unavailable", "expire_session", "make_lost"]
 
 
 def make_lost(handle: Any) -> None:
@@ -49,6 +49,59 @@ def make_lost(handle: Any) -> None:
         )
     if not backend.force_release(handle.name, owner=handle.owner_id):
         raise AssertionError(f"The backend says {handle!r} did not hold its lock any more.")
+
+
+def expire_session(using: str = "default", timeout: float = 10) -> None:
+    """End this process' ZooKeeper session of ``using`` on the servers, as a network
+    partition longer than the session timeout would.
+
+    The way of kazoo's own test harness, done on the server: a second client joins the
+    session with its id and password and closes it. Every lock the process holds on
+    the alias is then lost: this returns once the process' client has heard of it
+    (its handles are ``lost``, their ``release()`` raises
+    :class:`~django_distlock.exceptions.LockLost`); the backend opens a new session
+    for the next call.
+
+    :param using: a ZooKeeper lock alias.
+    :param timeout: seconds to wait for each step.
+    :raises UnsupportedOperation: for a backend other than ZooKeeper.
+    :raises AssertionError: when the client did not see its session end in time.
+    :raises BackendUnavailable: when the ensemble cannot be reached.
+    """
+    import threading
+
+    from kazoo.client import KazooClient, KazooState
+
+    from ..handler import locks
+
+    backend = locks[using]
+    if not _is(backend, "zookeeper"):
+        raise UnsupportedOperation(
+            f"expire_session() ends ZooKeeper sessions; {type(backend).__name__} (alias "
+            f"{using!r}) has none. Use make_lost(handle) to take one lock away."
+        )
+    kazoo = backend.client.get()  # type: ignore[attr-defined]
+    ended = threading.Event()
+
+    def listen(state: str) -> bool:
+        if state == KazooState.LOST:
+            ended.set()
+            return True  # kazoo drops a listener that returns True
+        return False
+
+    kazoo.add_listener(listen)
+    twin = KazooClient(
+        hosts=backend.settings.hosts,  # type: ignore[attr-defined]
+        client_id=kazoo.client_id,
+    )
+    try:
+        twin.start(timeout=timeout)
+        twin.stop()
+    finally:
+        twin.close()
+    if not ended.wait(timeout):
+        kazoo.remove_listener(listen)
+        raise AssertionError(f"The ZooKeeper client of {using!r} did not lose its session.")
 
 
 def _closed_port(stack: ExitStack) -> int:

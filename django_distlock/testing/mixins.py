@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from .checked import CheckedHistory
 from .checker import Write
 from .elsewhere import Elsewhere, hold_elsewhere
-from .faults import backend_unavailable, make_lost
+from .faults import backend_unavailable, expire_session, make_lost
 
 if TYPE_CHECKING:
     from ..backends.base import BaseLockBackend
@@ -55,6 +55,14 @@ class LockTestMixin:
         :raises UnsupportedOperation: when the backend cannot free another owner's lock.
         """
         make_lost(handle)
+
+    def expire_session(self, using: str = "default") -> None:
+        """End this process' ZooKeeper session of ``using``; see
+        :func:`~django_distlock.testing.faults.expire_session`.
+
+        :raises UnsupportedOperation: for a backend other than ZooKeeper.
+        """
+        expire_session(using)
 
     def backend_unavailable(
         self, using: str = "default"

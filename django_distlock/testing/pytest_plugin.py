@@ -4,6 +4,7 @@
 - ``distlock_hold_elsewhere(name, using="default", ttl=60, timeout=10)``: another OS
   process holds the lock (until its ``with`` ends, or the test does);
 - ``distlock_make_lost(handle)``: take the lock away from its holder;
+- ``distlock_expire_session(using="default")``: end the process' ZooKeeper session;
 - ``distlock_backend_unavailable(using="default")``: a ``with`` block in which the
   alias' lock server cannot be reached;
 - ``distlock_history``: a history recorder in ``tmp_path``, checked for overlaps at
@@ -52,6 +53,16 @@ def distlock_make_lost() -> Callable[[Any], None]:
     from .faults import make_lost
 
     return make_lost
+
+
+@pytest.fixture
+def distlock_expire_session() -> Callable[..., None]:
+    """Return ``expire_session(using="default", timeout=10)``, which ends this process'
+    ZooKeeper session on the servers: every lock it holds there is lost (see
+    :func:`django_distlock.testing.faults.expire_session`)."""
+    from .faults import expire_session
+
+    return expire_session
 
 
 @pytest.fixture
