@@ -55,8 +55,9 @@ def expire_session(using: str = "default", timeout: float = 10) -> None:
     """End this process' ZooKeeper session of ``using`` on the servers, as a network
     partition longer than the session timeout would.
 
-    The way of kazoo's own test harness, done on the server: a second client joins the
-    session with its id and password and closes it. Every lock the process holds on
+    Done on the servers, as the ZooKeeper FAQ describes (kazoo's harness instead
+    feeds a fake expiry to its client): a second client joins the session with its id
+    and password and closes it. Every lock the process holds on
     the alias is then lost: this returns once the process' client has heard of it
     (its handles are ``lost``, their ``release()`` raises
     :class:`~django_distlock.exceptions.LockLost`); the backend opens a new session
