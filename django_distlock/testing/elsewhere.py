@@ -13,6 +13,7 @@ import contextlib
 import multiprocessing
 import os
 import signal
+import warnings
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
@@ -89,6 +90,19 @@ class Elsewhere:
             raise AssertionError(f"The holder process {self.pid} {problem}.")
 
 
+def _fork(target: Any, args: tuple[Any, ...], name: str | None = None) -> Any:
+    """Start a forked child running ``target(*args)``. Python 3.12+ warns about forking a
+    process with threads; the child here rebuilds what it uses (its own connections, its
+    own lock backends), so the warning is silenced for this one fork."""
+    process = multiprocessing.get_context("fork").Process(
+        target=target, args=args, daemon=True, name=name
+    )
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "This process .* is multi-threaded", DeprecationWarning)
+        process.start()
+    return process
+
+
 def _fresh_django_connections() -> None:
     """In the child: leave the parent's Django connections alone (never close them, they
     are the parent's sessions too) and open new ones on first use."""
@@ -158,13 +172,8 @@ def hold_elsewhere(
             "process: no other process can hold them. Test with a backend shared by "
             "processes (the database, Redis, ZooKeeper), or hold the lock in a thread."
         )
-    context = multiprocessing.get_context("fork")
-    ours, theirs = context.Pipe()
-    process = context.Process(
-        target=_hold, args=(using, name, ttl, timeout, theirs), daemon=True,
-        name=f"distlock-holder:{name}",
-    )
-    process.start()
+    ours, theirs = multiprocessing.Pipe()
+    process = _fork(_hold, (using, name, ttl, timeout, theirs), f"distlock-holder:{name}")
     theirs.close()
     pid = process.pid or 0
     answer: tuple[Any, ...] = ("error", "exited without a word")
@@ -213,12 +222,7 @@ def run_in_processes(func: Any, *args: Any, processes: int = 4, timeout: float =
     :raises AssertionError: when a child raised (its traceback is on stderr), was
         killed, or outran ``timeout``.
     """
-    context = multiprocessing.get_context("fork")
-    children = [
-        context.Process(target=_run, args=(func, args), daemon=True) for _ in range(processes)
-    ]
-    for child in children:
-        child.start()
+    children = [_fork(_run, (func, args)) for _ in range(processes)]
     for child in children:
         child.join(timeout)
         if child.is_alive():
