@@ -245,9 +245,12 @@ def test_fixtures_are_there_and_nothing_heavy_was_imported(
     distlock_hold_elsewhere, distlock_make_lost, distlock_backend_unavailable,
     distlock_expire_session,
 ):
+    from django.conf import settings
+
     assert "django_distlock.testing.pytest_plugin" in sys.modules
     heavy = [m for m in sys.modules if m.split(".")[0] in ("redis", "kazoo", "psycopg")]
-    assert heavy == []
+    assert heavy == [] and "django.db.models" not in sys.modules
+    assert not settings.configured
 
 def test_a_made_up_overlap(distlock_history):
     first, second = distlock_history.invoke("x"), distlock_history.invoke("x")
