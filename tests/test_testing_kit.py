@@ -95,6 +95,21 @@ def test_hold_elsewhere_refuses_a_process_local_backend(unique) -> None:
         hold_elsewhere(unique(), using="locmem")
 
 
+@pytest.mark.django_db  # the test runs inside a transaction
+def test_hold_elsewhere_says_sqlite_needs_a_transaction_test_case(unique) -> None:
+    with pytest.raises(UnsupportedOperation, match="TransactionTestCase"):
+        hold_elsewhere(unique(), using="sqlite-lease")
+
+
+@pytest.mark.django_db(databases=DATABASES)  # a transaction, but PostgreSQL leases are apart
+def test_hold_elsewhere_works_inside_a_transaction_on_postgresql(unique) -> None:
+    require_pg()
+    name = unique()
+    with hold_elsewhere(name, using="pg-lease"):
+        assert not free("pg-lease", name)
+    assert free("pg-lease", name)
+
+
 @pytest.mark.parametrize("alias", ["locmem", *LEASES])
 def test_make_lost_takes_the_lock_from_its_holder(alias: str, unique, distlock_make_lost) -> None:
     require(alias)

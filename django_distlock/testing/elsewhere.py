@@ -103,6 +103,23 @@ def _fork(target: Any, args: tuple[Any, ...], name: str | None = None) -> Any:
     return process
 
 
+def _refuse_sqlite_in_transaction(backend: Any) -> None:
+    """A database backend on SQLite under this thread's open transaction: the child
+    would wait for the database's write lock that this process holds."""
+    database = getattr(backend, "database", None)
+    if database is None:
+        return
+    from django.db import connections
+
+    connection = connections[database]
+    if connection.vendor == "sqlite" and connection.in_atomic_block:
+        raise UnsupportedOperation(
+            f"Another process cannot take a lock in SQLite database {database!r} while this "
+            "test's transaction holds its write lock: use a TransactionTestCase "
+            "(pytest-django: django_db(transaction=True))."
+        )
+
+
 def _fresh_django_connections() -> None:
     """In the child: leave the parent's Django connections alone (never close them, they
     are the parent's sessions too) and open new ones on first use."""
@@ -160,7 +177,8 @@ def hold_elsewhere(
     :param ttl: the holder's lease in seconds (backends whose locks expire).
     :param timeout: how long the child waits for the lock if someone holds it.
     :returns: the :class:`Elsewhere` holder (a context manager releasing it).
-    :raises UnsupportedOperation: for a process-local backend (``locmem``).
+    :raises UnsupportedOperation: for a process-local backend (``locmem``), or SQLite
+        inside a transaction of this thread.
     :raises AssertionError: when the child could not take the lock.
     """
     from ..handler import locks
@@ -172,6 +190,7 @@ def hold_elsewhere(
             "process: no other process can hold them. Test with a backend shared by "
             "processes (the database, Redis, ZooKeeper), or hold the lock in a thread."
         )
+    _refuse_sqlite_in_transaction(backend)
     ours, theirs = multiprocessing.Pipe()
     process = _fork(_hold, (using, name, ttl, timeout, theirs), f"distlock-holder:{name}")
     theirs.close()
