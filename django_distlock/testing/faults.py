@@ -238,4 +238,5 @@ def backend_unavailable(using: str = "default") -> Iterator[BaseLockBackend]:
         try:
             yield broken
         finally:
-            locks[using] = real
+            if locks[using] is broken:  # (not if the block changed DISTLOCK: rebuilt then)
+                locks[using] = real
