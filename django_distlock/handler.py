@@ -70,6 +70,14 @@ class LockHandler:
                 backend = self._backends[alias] = self.create_backend(alias)
             return backend
 
+    def __setitem__(self, alias: str, backend: BaseLockBackend) -> None:
+        """Serve ``backend`` for ``alias`` in this process (tests' fault injection, as
+        Django's ``connections[alias] = ...``); the one it replaces is not closed."""
+        if self._pid != os.getpid():
+            self._after_fork()
+        with self._mutex:
+            self._backends[alias] = backend
+
     def create_backend(self, alias: str) -> BaseLockBackend:
         """Build the backend of ``alias`` (not cached).
 
