@@ -8,6 +8,6 @@ class DistLockConfig(AppConfig):
 
     def ready(self) -> None:
         from . import checks  # noqa: F401  (registers the system checks)
-        from .dashboard import recorder
+        from .audit import recorder
 
         recorder.connect()

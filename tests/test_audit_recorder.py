@@ -19,9 +19,9 @@ from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
 from django_distlock import locks
-from django_distlock.auditing import AuditSettings, parse_audit
-from django_distlock.dashboard import recorder as recorder_module
-from django_distlock.dashboard.recorder import Recorder, recorded_elsewhere, recorder
+from django_distlock.audit import AuditSettings, parse_audit
+from django_distlock.audit import recorder as recorder_module
+from django_distlock.audit.recorder import Recorder, recorded_elsewhere, recorder
 from django_distlock.exceptions import InvalidBackendOptions
 from django_distlock.models import LockEvent
 
@@ -191,3 +191,14 @@ def test_a_database_that_never_answers_does_not_hold_the_exit() -> None:
     assert process.returncode == 0, err
     assert took < audit_exit.STUCK_EXIT_TIMEOUT + 20, took
     assert "400 lock events" in err and "not written" in err
+
+
+def test_the_old_module_paths_re_export() -> None:
+    from django_distlock import auditing
+    from django_distlock.audit import settings as audit_settings
+    from django_distlock.dashboard import recorder as old_recorder
+
+    assert auditing.parse_audit is audit_settings.parse_audit is parse_audit
+    assert auditing.AuditSettings is AuditSettings
+    for name in old_recorder.__all__:
+        assert getattr(old_recorder, name) is getattr(recorder_module, name), name

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from django.utils import timezone
 
+from ..audit.recorder import recorded_elsewhere
 from ..handler import locks
 from ..models import LockEvent
 from ..values import LockInfo
-from .recorder import recorded_elsewhere
 
 #: Heads the reason of an audited force release that found the holder gone.
 NOT_FREED = "(not released: no longer held by that holder)"
