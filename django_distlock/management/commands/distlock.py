@@ -10,11 +10,11 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ...audit.purge import purge
-from ...dashboard.health import check_health
-from ...dashboard.listing import BadPosition, find_lock, read_page
-from ...dashboard.release import release_audited
 from ...exceptions import DistLockError, InvalidLockName
 from ...handler import locks
+from ...operations.health import check_health
+from ...operations.listing import BadPosition, find_lock, read_page
+from ...operations.release import release_audited
 from ...values import LockInfo
 
 #: Longest ``--reason``, as the admin's form takes.
