@@ -204,7 +204,18 @@ _RECEIVERS = {
 }
 
 
+def _uid(signal: Any) -> str:
+    return f"django_distlock.audit.{id(signal)}"
+
+
 def connect() -> None:
-    """Connect the receivers (from ``AppConfig.ready``)."""
+    """Connect the receivers (idempotent). :func:`django_distlock.handler.follow_audit`
+    calls it while an alias audits, and :func:`disconnect` when none does."""
     for signal, receive in _RECEIVERS.items():
-        signal.connect(receive, dispatch_uid=f"django_distlock.audit.{id(signal)}")
+        signal.connect(receive, dispatch_uid=_uid(signal))
+
+
+def disconnect() -> None:
+    """Disconnect the receivers (idempotent): a lock event then calls none of them."""
+    for signal in _RECEIVERS:
+        signal.disconnect(dispatch_uid=_uid(signal))

@@ -6,6 +6,7 @@ from ..audit.recorder import (
     FLUSH_INTERVAL,
     Recorder,
     connect,
+    disconnect,
     recorded_elsewhere,
     recorder,
 )
@@ -16,6 +17,7 @@ __all__ = [
     "FLUSH_INTERVAL",
     "Recorder",
     "connect",
+    "disconnect",
     "recorded_elsewhere",
     "recorder",
 ]
