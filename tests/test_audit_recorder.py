@@ -99,10 +99,13 @@ def test_the_queue_is_bounded_and_counts_what_it_drops() -> None:
     assert len(small._queue) == 2 and small.dropped == 3
 
 
-def test_a_failed_write_drops_and_counts(audited: None) -> None:
+def test_a_failed_write_drops_and_counts(audited: None, caplog: pytest.LogCaptureFixture) -> None:
     small = Recorder(capacity=10, interval=3600)
     small.add({"no_such_field": 1})
-    assert small.flush() == 0 and small.dropped == 1
+    with caplog.at_level("WARNING", logger="django_distlock.dashboard.recorder"):
+        assert small.flush() == 0 and small.dropped == 1
+    # The logger keeps the name of the module the recorder was first in (docs name it).
+    assert [r.name for r in caplog.records] == ["django_distlock.dashboard.recorder"]
 
 
 def test_force_release_is_recorded_unless_written_elsewhere(audited: None) -> None:
@@ -141,8 +144,12 @@ def _run_exiting(database: dict[str, Any], how: str) -> subprocess.Popen[str]:
     root = Path(__file__).resolve().parent.parent
     return subprocess.Popen(
         [sys.executable, "-m", "tests.audit_exit", json.dumps(database), how],
-        cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, text=True,
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        text=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
 
 

@@ -30,7 +30,8 @@ from django.utils import timezone
 from .. import signals
 from ..models import LockEvent
 
-logger = logging.getLogger(__name__)
+#: Named for the module it was first in: logging configurations that name it keep working.
+logger = logging.getLogger("django_distlock.dashboard.recorder")
 
 CAPACITY = 10_000
 FLUSH_INTERVAL = 1.0
