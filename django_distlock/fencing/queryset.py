@@ -11,14 +11,7 @@ from django.db.models import Count, F, Max, Q
 
 from ..exceptions import StaleFencingToken
 from ..handle import Lock
-from .fields import (
-    FencingTokenField,
-    check_fence_scope,
-    fencing_field,
-    fencing_token_of,
-    version_field_of,
-    writable_fields,
-)
+from . import fields
 from .save import fenced_save
 
 if TYPE_CHECKING:
@@ -53,8 +46,8 @@ class FencedQuerySet(models.QuerySet[_M]):
         :raises StaleFencingToken: some row of the filter carries a higher token;
             nothing was written (``instance`` is None).
         """
-        token_field = fencing_field(self.model)
-        token = fencing_token_of(fence)
+        token_field = fields.fencing_field(self.model)
+        token = fields.fencing_token_of(fence)
         if not values:
             raise ValueError("fenced_update() needs at least one field to set.")
         name = token_field.attname
@@ -72,10 +65,10 @@ class FencedQuerySet(models.QuerySet[_M]):
         # select_for_update() only marks a clone for writing (no query runs), so
         # .db names the write database, where the transaction must be opened.
         using = self.select_for_update().db
-        check_fence_scope(fence, using)
+        fields.check_fence_scope(fence, using)
         qs = self.using(using)
         allowed = Q(**{f"{name}__isnull": True}) | Q(**{f"{name}__lte": token})
-        version = version_field_of(self.model)
+        version = fields.version_field_of(self.model)
         if version is not None and version.name not in values and version.attname not in values:
             values[version.attname] = F(version.attname) + 1  # optimistic readers must notice
         with transaction.atomic(using=using):
@@ -100,7 +93,7 @@ class FencedQuerySet(models.QuerySet[_M]):
         self,
         qs: models.QuerySet[Any],
         using: str,
-        token_field: FencingTokenField,
+        token_field: fields.FencingTokenField,
         token: int,
         allowed: Q,
         version: Field[Any, Any] | None,
@@ -161,7 +154,7 @@ class FencedModelMixin(models.Model):
     the token column of an existing row (it is a bypass of the fence).
     """
 
-    fencing_token = FencingTokenField()
+    fencing_token = fields.FencingTokenField()
 
     objects = FencedManager()
 
@@ -196,11 +189,11 @@ class FencedModelMixin(models.Model):
             and not self._state.adding
             and using in (None, self._state.db)
         ):
-            token_field = fencing_field(self)
+            token_field = fields.fencing_field(self)
             deferred = self.get_deferred_fields()
             kwargs["update_fields"] = [
                 f.attname
-                for f in writable_fields(type(self))
+                for f in fields.writable_fields(type(self))
                 if f is not token_field and f.attname not in deferred
             ]
         super().save(*args, **kwargs)
