@@ -9,9 +9,10 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 from django.db import models, transaction
 from django.db.models import Count, F, Max, Q
 
+import django_distlock.fencing.fields as fields
+
 from ..exceptions import StaleFencingToken
 from ..handle import Lock
-from . import fields
 from .save import fenced_save
 
 if TYPE_CHECKING:
