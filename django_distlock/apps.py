@@ -8,6 +8,6 @@ class DistLockConfig(AppConfig):
 
     def ready(self) -> None:
         from . import checks  # noqa: F401  (registers the system checks)
-        from .dashboard import recorder
+        from .handler import follow_audit
 
-        recorder.connect()
+        follow_audit()  # the audit receivers, only while an alias audits

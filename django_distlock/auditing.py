@@ -1,48 +1,5 @@
-"""The ``AUDIT`` key of an alias: whether and how its lock events go to the audit trail."""
+"""Moved to :mod:`django_distlock.audit.settings`; this path stays for imports that name it."""
 
-from __future__ import annotations
+from .audit.settings import AuditSettings, parse_audit
 
-import math
-from dataclasses import dataclass
-from typing import Any
-
-from .exceptions import InvalidBackendOptions
-
-
-@dataclass(frozen=True, slots=True)
-class AuditSettings:
-    """An alias' audit settings (``AUDIT`` is True, or a dict of these keys)."""
-
-    #: Fraction of the acquisitions recorded (with their release or loss), 0 to 1.
-    sample: float = 1.0
-    #: Days ``distlock_audit --purge`` keeps (None: all).
-    retention_days: float | None = 30.0
-
-
-def parse_audit(alias: str, raw: Any) -> AuditSettings | None:
-    """Return the audit settings of ``DISTLOCK[alias]['AUDIT']``; None when off (absent/False).
-
-    :raises InvalidBackendOptions: when the value is unusable.
-    """
-    if raw is None or raw is False:
-        return None
-    if raw is True:
-        return AuditSettings()
-    where = f"DISTLOCK[{alias!r}]['AUDIT']"
-    if not isinstance(raw, dict):
-        raise InvalidBackendOptions(f"{where} must be True, False or a dict.")
-    unknown = set(raw) - {"SAMPLE", "RETENTION_DAYS"}
-    if unknown:
-        raise InvalidBackendOptions(f"{where} has unknown keys {sorted(unknown)}.")
-    sample = raw.get("SAMPLE", 1.0)
-    if isinstance(sample, bool) or not isinstance(sample, int | float) or not 0 <= sample <= 1:
-        raise InvalidBackendOptions(f"{where}['SAMPLE'] must be a number from 0 to 1.")
-    days = raw.get("RETENTION_DAYS", 30.0)
-    if days is not None and (
-        isinstance(days, bool)
-        or not isinstance(days, int | float)
-        or not math.isfinite(days)
-        or days <= 0
-    ):
-        raise InvalidBackendOptions(f"{where}['RETENTION_DAYS'] must be a positive number or None.")
-    return AuditSettings(float(sample), None if days is None else float(days))
+__all__ = ["AuditSettings", "parse_audit"]

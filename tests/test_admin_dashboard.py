@@ -25,10 +25,11 @@ from django.test import Client, override_settings
 from django.urls import reverse
 
 from django_distlock import holder_context, locks
-from django_distlock.dashboard import listing, views
-from django_distlock.dashboard.release import NOT_FREED
+from django_distlock.dashboard import views
 from django_distlock.handle import Lock
 from django_distlock.models import LockEvent
+from django_distlock.operations import listing
+from django_distlock.operations.release import NOT_FREED
 
 from .conftest import (
     DATABASES,

@@ -24,7 +24,7 @@ from django.test import Client, override_settings
 
 import django_distlock
 from django_distlock import locks
-from django_distlock.dashboard.recorder import recorder
+from django_distlock.audit.recorder import recorder
 from django_distlock.handle import Lock
 from django_distlock.models import LockEvent
 

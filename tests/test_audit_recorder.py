@@ -19,9 +19,9 @@ from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
 from django_distlock import locks
-from django_distlock.auditing import AuditSettings, parse_audit
-from django_distlock.dashboard import recorder as recorder_module
-from django_distlock.dashboard.recorder import Recorder, recorded_elsewhere, recorder
+from django_distlock.audit import AuditSettings, parse_audit
+from django_distlock.audit import recorder as recorder_module
+from django_distlock.audit.recorder import Recorder, recorded_elsewhere, recorder
 from django_distlock.exceptions import InvalidBackendOptions
 from django_distlock.models import LockEvent
 
@@ -99,10 +99,13 @@ def test_the_queue_is_bounded_and_counts_what_it_drops() -> None:
     assert len(small._queue) == 2 and small.dropped == 3
 
 
-def test_a_failed_write_drops_and_counts(audited: None) -> None:
+def test_a_failed_write_drops_and_counts(audited: None, caplog: pytest.LogCaptureFixture) -> None:
     small = Recorder(capacity=10, interval=3600)
     small.add({"no_such_field": 1})
-    assert small.flush() == 0 and small.dropped == 1
+    with caplog.at_level("WARNING", logger="django_distlock.dashboard.recorder"):
+        assert small.flush() == 0 and small.dropped == 1
+    # The logger keeps the name of the module the recorder was first in (docs name it).
+    assert [r.name for r in caplog.records] == ["django_distlock.dashboard.recorder"]
 
 
 def test_force_release_is_recorded_unless_written_elsewhere(audited: None) -> None:
@@ -141,8 +144,12 @@ def _run_exiting(database: dict[str, Any], how: str) -> subprocess.Popen[str]:
     root = Path(__file__).resolve().parent.parent
     return subprocess.Popen(
         [sys.executable, "-m", "tests.audit_exit", json.dumps(database), how],
-        cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, text=True,
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        text=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
 
 
@@ -191,3 +198,14 @@ def test_a_database_that_never_answers_does_not_hold_the_exit() -> None:
     assert process.returncode == 0, err
     assert took < audit_exit.STUCK_EXIT_TIMEOUT + 20, took
     assert "400 lock events" in err and "not written" in err
+
+
+def test_the_old_module_paths_re_export() -> None:
+    from django_distlock import auditing
+    from django_distlock.audit import settings as audit_settings
+    from django_distlock.dashboard import recorder as old_recorder
+
+    assert auditing.parse_audit is audit_settings.parse_audit is parse_audit
+    assert auditing.AuditSettings is AuditSettings
+    for name in old_recorder.__all__:
+        assert getattr(old_recorder, name) is getattr(recorder_module, name), name

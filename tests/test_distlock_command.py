@@ -18,9 +18,9 @@ from django.test import Client, override_settings
 from django.utils import timezone
 
 from django_distlock import holder_context, locks
-from django_distlock.dashboard.health import check_health
 from django_distlock.exceptions import LockLost
 from django_distlock.models import LockEvent
+from django_distlock.operations.health import check_health
 
 from .conftest import DATABASES, require_pg
 from .tables import table_missing

@@ -35,7 +35,7 @@ from django_distlock.exceptions import (
     UnsupportedOperation,
     VersionConflict,
 )
-from django_distlock.optimistic.fencing import (
+from django_distlock.fencing import (
     FencedQuerySet,
     FencingTokenField,
     fenced_save,

@@ -14,8 +14,8 @@ from django.db import close_old_connections
 from django.test import Client, RequestFactory
 
 from django_distlock import distlock, holder_context, locks
+from django_distlock.audit.recorder import recorder
 from django_distlock.context import current_context
-from django_distlock.dashboard.recorder import recorder
 from django_distlock.models import LockEvent
 
 from .conftest import DATABASES, eventually, needs_pg, require_pg

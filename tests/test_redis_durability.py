@@ -14,7 +14,7 @@ import redis
 
 from django_distlock.backends.redis import RedisBackend, RedlockBackend
 from django_distlock.exceptions import LockLost, StaleFencingToken
-from django_distlock.optimistic.fencing import fenced_save
+from django_distlock.fencing import fenced_save
 from tests.testapp.models import FencedItem
 
 from .private_redis import Server

@@ -15,8 +15,8 @@ import redis
 from django.test import override_settings
 
 from django_distlock.backends.redis import RedisBackend
-from django_distlock.dashboard.health import check_health
 from django_distlock.exceptions import LockConfigurationError
+from django_distlock.operations.health import check_health
 
 from .private_redis import Server
 

@@ -1,1 +1,3 @@
-"""The admin pages of held locks: listing across aliases, detail, force release."""
+"""The admin's pages: held locks (:mod:`.views`) and the audit trail's activity charts
+(:mod:`.activity`, :mod:`.charts`). The services they share with the ``distlock``
+command are in :mod:`django_distlock.operations`."""

@@ -17,8 +17,7 @@ from django.views.decorators.http import require_http_methods
 from ..exceptions import DistLockError, InvalidLockName, LockConfigurationError
 from ..handler import locks
 from ..names import validate_name
-from ..values import LockInfo, validate_page_args
-from .listing import (
+from ..operations.listing import (
     BadPosition,
     Page,
     Row,
@@ -27,7 +26,8 @@ from .listing import (
     sign_position,
     unsign_position,
 )
-from .release import release_audited
+from ..operations.release import release_audited
+from ..values import LockInfo, validate_page_args
 
 VIEW_PERM = "django_distlock.view_held_lock"
 RELEASE_PERM = "django_distlock.force_release_lock"

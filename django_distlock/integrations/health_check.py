@@ -25,9 +25,9 @@ from django.core.exceptions import ImproperlyConfigured
 from health_check.base import HealthCheck
 from health_check.exceptions import ServiceUnavailable
 
-from ..dashboard.health import probe
 from ..exceptions import DistLockError
 from ..handler import locks
+from ..operations.health import probe
 
 logger = logging.getLogger("django_distlock")
 

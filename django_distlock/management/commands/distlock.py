@@ -5,19 +5,16 @@ from __future__ import annotations
 
 import getpass
 import json
-import math
-from datetime import timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.utils import timezone
 
-from ...dashboard.health import check_health
-from ...dashboard.listing import BadPosition, find_lock, read_page
-from ...dashboard.release import release_audited
+from ...audit.purge import purge
 from ...exceptions import DistLockError, InvalidLockName
 from ...handler import locks
-from ...models import LockEvent
+from ...operations.health import check_health
+from ...operations.listing import BadPosition, find_lock, read_page
+from ...operations.release import release_audited
 from ...values import LockInfo
 
 #: Longest ``--reason``, as the admin's form takes.
@@ -159,22 +156,10 @@ class Command(BaseCommand):
         )
 
     def do_purge(self, *, days: float | None, **_: Any) -> None:
-        now, deleted = timezone.now(), 0
-        if days is not None:
-            if not math.isfinite(days) or days < 0:
-                raise CommandError(f"--days must be a number >= 0, got {days}.")
-            try:
-                cutoff = now - timedelta(days=days)
-            except OverflowError as exc:
-                raise CommandError(f"--days {days} reaches before year 1.") from exc
-            deleted = LockEvent.objects.filter(at__lt=cutoff).delete()[0]
-        else:
-            for alias in locks:
-                audit = locks[alias].audit
-                keep = 30.0 if audit is None else audit.retention_days
-                if keep is not None:
-                    old = LockEvent.objects.filter(alias=alias, at__lt=now - timedelta(days=keep))
-                    deleted += old.delete()[0]
+        try:
+            deleted = purge(days)
+        except ValueError as exc:
+            raise CommandError(f"--{exc}") from exc
         self.stdout.write(f"Deleted {deleted} audit rows.")
 
     def do_health(self, **options: Any) -> None:
