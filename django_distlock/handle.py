@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import secrets
@@ -10,14 +9,23 @@ import socket
 import threading
 import time
 import weakref
-from collections import deque
 from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from . import renewal, signals
+from . import holders, signals
 from .context import current_context
-from .exceptions import DistLockError, LockLost, LockNotAcquired, LockNotHeld, LockTimeout
+from .exceptions import (
+    DistLockError,
+    LockLost,
+    LockNotAcquired,
+    LockNotHeld,
+    LockTimeout,
+    SelfDeadlock,
+)
+from .holders import current_holder, holder_label
+from .renewal import Renewal, watch
+from .steps import ATTEMPT, CLOSE, EXTEND, RELEASE, WAIT, Core, arun, run
 from .values import (
     DEFAULT,
     Grant,
@@ -31,92 +39,13 @@ from .values import (
 if TYPE_CHECKING:
     from .backends.base import Acquisition, BaseLockBackend
 
+#: Old import paths: ``SelfDeadlock`` lives in ``exceptions``, the registry in ``holders``.
+__all__ = ["Lock", "SelfDeadlock", "current_holder", "holder_label"]
+
 logger = logging.getLogger("django_distlock")
 
 _HOST = socket.gethostname()
 _NO_EXC: tuple[None, None, None] = (None, None, None)
-
-#: The handles that hold a lock in this process, per (alias, key), held weakly: lets a
-#: thread or task that waits for a lock it already holds fail at once instead of
-#: waiting out its timeout against itself. An entry counts only while its handle is
-#: ``held`` (a lease that ran out or was lost does not); it goes at the release, at a
-#: loss, when a release raised, and when the handle is garbage-collected.
-_held: dict[tuple[str, str], set[weakref.ref[Lock]]] = {}
-_held_mutex = threading.Lock()
-#: Entries of handles that were garbage-collected, removed under ``_held_mutex`` by the
-#: next registry operation (a weakref callback runs anywhere, even while that mutex is
-#: held by its own thread, so it only appends here).
-_collected: deque[tuple[tuple[str, str], weakref.ref[Lock]]] = deque()
-#: Each thread's holder identity (see :func:`current_holder`).
-_thread_identity = threading.local()
-
-
-def _forget_held_after_fork() -> None:
-    """A forked child holds none of its parent's locks (and its threads are new)."""
-    global _held_mutex
-    _held_mutex = threading.Lock()
-    _held.clear()
-    _collected.clear()
-
-
-os.register_at_fork(after_in_child=_forget_held_after_fork)
-
-
-def current_holder() -> object:
-    """Who is acquiring: this asyncio task, or else this thread, as an object no other
-    task or thread can be while it is referenced.
-
-    For a task, a weak reference to it (CPython gives one task the same reference
-    each time; once the task ends, the reference is dead and a new task at the same
-    address gets a new one). For a thread, a token in its ``threading.local``,
-    dropped when the thread ends. Never a thread's ``ident`` or a task's ``id()``,
-    which new threads and tasks reuse.
-    """
-    try:
-        task = asyncio.current_task()
-    except RuntimeError:
-        task = None
-    if task is not None:
-        return weakref.ref(task)
-    try:
-        return _thread_identity.token
-    except AttributeError:
-        token = _thread_identity.token = object()
-        return token
-
-
-def _purge_collected() -> None:
-    """Drop the entries of handles garbage-collected since (call with ``_held_mutex``)."""
-    while _collected:
-        key, ref = _collected.popleft()
-        _discard(key, ref)
-
-
-def _discard(key: tuple[str, str], ref: weakref.ref[Lock]) -> None:
-    """Drop one entry (call with ``_held_mutex``)."""
-    refs = _held.get(key)
-    if refs is not None:
-        refs.discard(ref)
-        if not refs:
-            del _held[key]
-
-
-def holder_label() -> str:
-    """Name the thread, and the asyncio task if any, that is acquiring."""
-    label = threading.current_thread().name
-    try:
-        task = asyncio.current_task()
-    except RuntimeError:
-        task = None
-    return f"{label}/{task.get_name()}" if task is not None else label
-
-
-class SelfDeadlock(LockNotAcquired):
-    """The thread (or asyncio task) would wait for a lock it already holds through
-    another handle: the wait could only end at the timeout, so it ends at once.
-
-    A :class:`~django_distlock.exceptions.LockNotAcquired`, so ``on_fail`` policies
-    and ``except LockNotAcquired`` see it as they would the timeout."""
 
 
 class Lock:
@@ -144,6 +73,8 @@ class Lock:
         owner_token: str | None = None,
         auto_renew: bool = False,
         max_hold: float | None = None,
+        kind: str = "exclusive",
+        limit: int | None = None,
     ) -> None:
         self.backend = backend
         self.name = name
@@ -159,7 +90,14 @@ class Lock:
         #: (``renewal.py``), for at most ``max_hold`` seconds from the grant.
         self.auto_renew = auto_renew
         self.max_hold = max_hold
-        self._renewal: renewal.Renewal | None = None
+        #: The watchdog's entry while it renews this handle's lease (else None).
+        self.renewal: Renewal | None = None
+        #: What the handle takes: ``"exclusive"`` (``lock()``), ``"read"`` or ``"write"``
+        #: (``read_lock()``/``write_lock()``, where ``supports_read_write``), or one lease
+        #: of a ``"semaphore"`` (``semaphore()``, where ``supports_semaphore``).
+        self.kind = kind
+        #: How many holders a ``"semaphore"`` handle's name admits (``semaphore()``).
+        self.limit = limit
         #: Holder metadata of the current acquisition: host, pid, thread/task.
         self.host = _HOST
         self.pid: int | None = None
@@ -168,6 +106,10 @@ class Lock:
         self.context = ""
         #: The thread label and the context as backends store them (``join_holder``).
         self.holder_field = ""
+        #: Set by a backend while it cannot tell whether the lock is still held (a
+        #: ZooKeeper session suspended: the connection dropped and the session may
+        #: yet expire); stop writing until it turns False again, or ``lost`` True.
+        self.unsure = False
         self._mutex = threading.Lock()
         self._acquisition: Acquisition | None = None
         self._token: str | None = None
@@ -175,16 +117,6 @@ class Lock:
         self._grant: Grant | None = None
         self._lost = False
         self._busy = False
-        #: Set by a backend while it cannot tell whether the lock is still held (a
-        #: ZooKeeper session suspended: the connection dropped and the session may
-        #: yet expire); stop writing until it turns False again, or ``lost`` True.
-        self.unsure = False
-        #: What the handle takes: ``"exclusive"`` (``lock()``), ``"read"`` or ``"write"``
-        #: (``read_lock()``/``write_lock()``, where ``supports_read_write``), or one lease
-        #: of a ``"semaphore"`` (``semaphore()``, where ``supports_semaphore``).
-        self.kind = "exclusive"
-        #: How many holders a ``"semaphore"`` handle's name admits (``semaphore()``).
-        self.limit: int | None = None
         self._valid_until: float | None = None  # monotonic, conservative
         self._lost_at_release = False
         #: A release sent while the lease was valid raised (BackendUnavailable): it may
@@ -241,6 +173,32 @@ class Lock:
         return self._token is not None and until is not None and time.monotonic() >= until
 
     @property
+    def marked_lost(self) -> bool:
+        """Whether the loss was recorded (:meth:`mark_lost`, a renewal or a release found
+        the lease gone); unlike :attr:`lost`, not for a lease that only ran out locally."""
+        return self._lost
+
+    @property
+    def valid_until(self) -> float | None:
+        """The conservative end of the current (or last) lease on :func:`time.monotonic`'s
+        clock (None: it does not expire): from the sending of the request that was
+        granted, plus the server's wait before granting, plus the TTL. For backends
+        (bounding a call by the lease) and the watchdog."""
+        return self._valid_until
+
+    @property
+    def acquisition(self) -> Acquisition | None:
+        """The backend's :class:`~django_distlock.backends.base.Acquisition` of the lock
+        this handle holds (None when it holds none)."""
+        return self._acquisition
+
+    @property
+    def fresh_token(self) -> bool:
+        """Whether the next acquisition's owner token is new random bits: not the token of
+        a lock this handle holds (acquired again), nor an explicit ``owner``'s."""
+        return self._token is None and self._owner_token is None
+
+    @property
     def owner_id(self) -> str | None:
         """A short, non-secret id of the owner token of the current (or last) grant, as
         listings show it (None before any)."""
@@ -261,21 +219,28 @@ class Lock:
         Does nothing on a handle that holds nothing, and sends nothing after a
         release that was sent in time but raised (the holder had let go already).
         """
+        self._lose(None, "")
+
+    def _lose(self, acquisition: Acquisition | None, why: str) -> bool:
+        """Mark the handle lost if it holds ``acquisition`` (None: whatever it holds);
+        return whether it is lost. ``why``: log the loss as a renewal's."""
         with self._mutex:
-            if self._token is None or self._lost:
-                return
+            if self._token is None or (
+                acquisition is not None and acquisition is not self._acquisition
+            ):
+                return False  # holds nothing, or released meanwhile: not a loss
+            if self._lost:
+                return True
             self._lost = True
             let_go = self._release_unsure
-        if let_go:
+        if let_go:  # a release that raised was sent in time: not a loss
             self._forget()
-        else:
-            self._declare_lost()
-
-    def _declare_lost(self) -> None:
-        """After ``_lost`` was set: stop renewing, count the lock no more as held by its
-        thread (a new handle may wait for the name), send ``lock_lost``."""
-        self._forget()
+            return True
+        if why:
+            logger.warning("Lock %r was lost: %s.", self, why)
+        self._forget()  # stop renewing; a new handle may wait for the name
         self._send(signals.lock_lost)
+        return True
 
     def _send(self, signal: Any, **extra: Any) -> None:
         signal.send(
@@ -312,82 +277,50 @@ class Lock:
             through another handle.
         :raises BackendUnavailable: when the server fails.
         """
-        blocking, deadline = self._begin(blocking, timeout)
-        if self._acquire(blocking, deadline):
+        if run(self._acquiring(*self._begin(blocking, timeout), False)):
             return True
         self._send(signals.lock_not_acquired, waited=time.monotonic() - self._started)
         return False
-
-    def _acquire(self, blocking: bool, deadline: float | None) -> bool:
-        try:
-            while True:
-                acquisition = self.backend.acquisition(self, self._new_token(), blocking, deadline)
-                granted = False
-                try:
-                    sent = time.monotonic()
-                    result = acquisition.attempt()
-                    while not isinstance(result, Grant):
-                        if not blocking or _past(deadline):
-                            return False
-                        sent = time.monotonic()
-                        grant = acquisition.wait(result)
-                        if grant is None:
-                            if _past(deadline):
-                                return False
-                            sent = time.monotonic()
-                            result = acquisition.attempt()
-                        else:
-                            result = grant
-                    granted = True
-                finally:
-                    if not granted:
-                        acquisition.close()
-                if self._granted(acquisition, result, sent):
-                    return True
-                self._drop_late_grant(acquisition)
-                if not blocking or _past(deadline):
-                    return False
-        finally:
-            self._busy = False
 
     async def aacquire(
         self, blocking: bool | None = None, timeout: float | _Default | None = DEFAULT
     ) -> bool:
         """Async :meth:`acquire`: waits never block the event loop."""
-        blocking, deadline = self._begin(blocking, timeout)
-        if await self._aacquire(blocking, deadline):
+        if await arun(self._acquiring(*self._begin(blocking, timeout), True)):
             return True
         self._send(signals.lock_not_acquired, waited=time.monotonic() - self._started)
         return False
 
-    async def _aacquire(self, blocking: bool, deadline: float | None) -> bool:
+    def _acquiring(self, blocking: bool, deadline: float | None, asynchronous: bool) -> Core[bool]:
+        """The acquire loop (see ``steps.py``): attempt, wait, attempt again, until a
+        grant whose lease is still valid, a miss when not blocking, or the deadline."""
         try:
             while True:
                 acquisition = self.backend.acquisition(self, self._new_token(), blocking, deadline)
                 granted = False
                 try:
                     sent = time.monotonic()
-                    result = await acquisition.aattempt()
+                    result = yield ATTEMPT, acquisition, None
                     while not isinstance(result, Grant):
                         if not blocking or _past(deadline):
                             return False
                         sent = time.monotonic()
-                        grant = await acquisition.async_wait(result)
+                        grant = yield WAIT, acquisition, result
                         if grant is None:
                             if _past(deadline):
                                 return False
                             sent = time.monotonic()
-                            result = await acquisition.aattempt()
+                            result = yield ATTEMPT, acquisition, None
                         else:
                             result = grant
                     granted = True
                 finally:
                     if not granted:
-                        await asyncio.shield(acquisition.aclose())
-                if self._granted(acquisition, result, sent, asynchronous=True):
+                        yield CLOSE, acquisition, None
+                if self._granted(acquisition, result, sent, asynchronous):
                     return True
-                try:
-                    await acquisition.arelease(_NO_EXC)
+                try:  # give back a grant whose lease ended before it reached us
+                    yield RELEASE, acquisition, _NO_EXC
                 except DistLockError:
                     logger.warning("Giving back an expired grant of %r failed", self, exc_info=True)
                 if not blocking or _past(deadline):
@@ -414,7 +347,7 @@ class Lock:
                 self._check_process()
             else:
                 if blocking and not self.reentrant and self.kind in ("exclusive", "write"):
-                    self._refuse_self_deadlock(holder)
+                    holders.refuse(self, holder)
                 self._holder = holder
             self._busy = True
         if self._token is None:
@@ -425,24 +358,6 @@ class Lock:
         self._started = time.monotonic()
         deadline = None if timeout is None or not blocking else self._started + timeout
         return blocking, deadline
-
-    def _refuse_self_deadlock(self, holder: object) -> None:
-        """Raise SelfDeadlock if ``holder`` holds this lock through another live handle."""
-        key = (self.backend.alias, self.key)
-        with _held_mutex:
-            _purge_collected()
-            for ref in tuple(_held.get(key, ())):
-                other = ref()
-                if other is None or not other.held:  # ran out, lost, being released
-                    _discard(key, ref)
-                elif other is not self and other._holder == holder:
-                    raise SelfDeadlock(
-                        f"This thread (or task) already holds lock {self.name!r} on "
-                        f"{self.backend.alias!r} through another handle; waiting for it "
-                        "would only end at the timeout. Release that handle first.",
-                        name=self.name,
-                        alias=self.backend.alias,
-                    )
 
     def _new_token(self) -> str:
         """The owner token of the next acquisition: the held one when acquiring again,
@@ -457,7 +372,7 @@ class Lock:
             )
 
     def _granted(
-        self, acquisition: Acquisition, grant: Grant, sent: float, asynchronous: bool = False
+        self, acquisition: Acquisition, grant: Grant, sent: float, asynchronous: bool
     ) -> bool:
         """Record a grant; False if its lease already ran out on this process' clock."""
         valid_until = None
@@ -483,22 +398,11 @@ class Lock:
             self._release_unsure = False
             self._valid_until = valid_until
         if self.auto_renew:
-            self._renewal = renewal.watch(self, acquisition, asynchronous)
-        key = (self.backend.alias, self.key)
-        self._held_ref = weakref.ref(self, lambda ref: _collected.append((key, ref)))
-        with _held_mutex:
-            _purge_collected()
-            _held.setdefault(key, set()).add(self._held_ref)
+            self.renewal = watch(self, acquisition, asynchronous)
+        self._held_ref = holders.hold(self, self._holder)
         self._granted_at = time.monotonic()
         self._send(signals.lock_acquired, waited=self._granted_at - self._started)
         return True
-
-    def _drop_late_grant(self, acquisition: Acquisition) -> None:
-        """Give back a grant whose lease ended before it reached us."""
-        try:
-            acquisition.release(_NO_EXC)
-        except DistLockError:
-            logger.warning("Giving back an expired grant of %r failed", self, exc_info=True)
 
     # -- release and extend -------------------------------------------------
 
@@ -519,6 +423,7 @@ class Lock:
         self._release(_NO_EXC)
 
     def _release(self, exc_info: Any) -> None:
+        # Not through steps.run(): the release is the hot path, and its shells are thin.
         acquisition, inner = self._take()
         try:
             released = acquisition.release(exc_info)
@@ -631,15 +536,16 @@ class Lock:
         self._send(signals.lock_released)
 
     def _forget(self) -> None:
-        if self._renewal is not None:
-            self._stop_renewal()
+        """Renew no more, and no longer count as held by the thread that acquired."""
+        if self.renewal is not None:
+            self.stop_renewal()
         ref, self._held_ref = self._held_ref, None
         if ref is not None:
-            with _held_mutex:
-                _discard((self.backend.alias, self.key), ref)
+            holders.let_go(self, ref)
 
-    def _stop_renewal(self) -> None:
-        entry, self._renewal = self._renewal, None
+    def stop_renewal(self) -> None:
+        """Have the watchdog renew this handle's lease no more (idempotent)."""
+        entry, self.renewal = self.renewal, None
         if entry is not None:
             entry.stop()
 
@@ -657,27 +563,13 @@ class Lock:
         :raises LockLost: if the lease already ended or was taken away.
         :raises BackendUnavailable: when the server fails.
         """
-        ttl, acquisition = self._extending(ttl)
-        sent = time.monotonic()
-        try:
-            grant = acquisition.extend(ttl)
-        except LockLost:
-            self.mark_lost()
-            raise
-        self._extended(acquisition, grant, ttl, sent)
+        run(self._extending(ttl))
 
     async def aextend(self, ttl: float | _Default = DEFAULT) -> None:
         """Async :meth:`extend`."""
-        ttl, acquisition = self._extending(ttl)
-        sent = time.monotonic()
-        try:
-            grant = await acquisition.aextend(ttl)
-        except LockLost:
-            self.mark_lost()
-            raise
-        self._extended(acquisition, grant, ttl, sent)
+        await arun(self._extending(ttl))
 
-    def _extending(self, ttl: float | _Default) -> tuple[float, Acquisition]:
+    def _extending(self, ttl: float | _Default) -> Core[None]:
         ttl = self.ttl if isinstance(ttl, _Default) else validate_ttl(ttl)
         acquisition = self._acquisition
         if self._token is None or acquisition is None:
@@ -686,11 +578,12 @@ class Lock:
         if self.lost:
             self.mark_lost()
             raise LockLost(f"{self!r} was lost.")
-        return ttl, acquisition
-
-    def _extended(
-        self, acquisition: Acquisition, grant: Grant | None, ttl: float, sent: float
-    ) -> None:
+        sent = time.monotonic()
+        try:
+            grant = yield EXTEND, acquisition, ttl
+        except LockLost:
+            self.mark_lost()
+            raise
         if grant is None:
             self.mark_lost()
             raise LockLost(f"{self!r} could not be extended: its lease already ended.")
@@ -702,9 +595,13 @@ class Lock:
 
     # -- the watchdog's side (renewal.py) ---------------------------------------
 
-    def _renewal_state(self, acquisition: Acquisition) -> str:
-        """``"held"`` (by ``acquisition``), ``"lost"``, or ``"busy"`` (a release is under
-        way, or done)."""
+    def renewal_state(self, acquisition: Acquisition) -> str:
+        """Tell the watchdog whether to renew ``acquisition``.
+
+        :param acquisition: the acquisition the watchdog renews.
+        :returns: ``"held"`` (by ``acquisition``), ``"lost"``, or ``"busy"`` (a release
+            is under way, or done).
+        """
         with self._mutex:
             if self._lost or self.pid != os.getpid():
                 return "lost"
@@ -712,38 +609,40 @@ class Lock:
                 return "held"
             return "busy"
 
-    def _renew(self, acquisition: Acquisition, ttl: float) -> bool | None:
-        """The watchdog's extend: True when renewed, False when the lease turned out gone
-        (marked lost), None when ``acquisition`` is no longer held (released meanwhile:
-        not a loss). Raises what the backend's ``extend`` raises, but LockLost."""
+    def renew(self, acquisition: Acquisition, ttl: float) -> bool | None:
+        """The watchdog's extend of ``acquisition`` (the renewal thread's).
+
+        :param acquisition: the acquisition to renew.
+        :param ttl: the new lease's length in seconds.
+        :returns: True when renewed, False when the lease turned out gone (marked
+            lost), None when ``acquisition`` is no longer held (released meanwhile:
+            not a loss).
+        :raises BackendUnavailable: what the backend's ``extend`` raises, but LockLost.
+        """
+        return run(self._renewing(acquisition, ttl))
+
+    async def arenew(self, acquisition: Acquisition, ttl: float) -> bool | None:
+        """Async :meth:`renew` (an event loop's renewal task); same parameters and result.
+
+        :param acquisition: the acquisition to renew.
+        :param ttl: the new lease's length in seconds.
+        :returns: as :meth:`renew`.
+        :raises BackendUnavailable: what the backend's ``aextend`` raises, but LockLost.
+        """
+        return await arun(self._renewing(acquisition, ttl))
+
+    def _renewing(self, acquisition: Acquisition, ttl: float) -> Core[bool | None]:
         until, sent = self._valid_until, time.monotonic()
         try:
-            grant = acquisition.extend(ttl)
+            grant = yield EXTEND, acquisition, ttl
         except LockLost:
             grant = None
-        return self._renewed(acquisition, grant, ttl, sent, until)
-
-    async def _arenew(self, acquisition: Acquisition, ttl: float) -> bool | None:
-        """Async :meth:`_renew` (the event loop's renewal task)."""
-        until, sent = self._valid_until, time.monotonic()
-        try:
-            grant = await acquisition.aextend(ttl)
-        except LockLost:
-            grant = None
-        return self._renewed(acquisition, grant, ttl, sent, until)
-
-    def _renewed(
-        self, acquisition: Acquisition, grant: Grant | None, ttl: float, sent: float,
-        until: float | None,
-    ) -> bool | None:
         if grant is None:
-            lost = self._renewal_lost(acquisition, "a renewal found its lease gone")
-            return False if lost else None
+            return False if self._lose(acquisition, "a renewal found its lease gone") else None
         if until is not None and time.monotonic() >= until:
             # Renewed, but only after the lease had run out on this clock: the holder may
             # have seen it lost already, and lost stays lost.
-            lost = self._renewal_lost(acquisition, "its lease ran out before a renewal succeeded")
-            return False if lost else None
+            return False if self.renewal_lost(acquisition) else None
         with self._mutex:
             if self._token is None or self._acquisition is not acquisition:
                 return None
@@ -754,21 +653,14 @@ class Lock:
             self._valid_until = sent + grant.granted_after + ttl if expires else None
         return True
 
-    def _renewal_lost(self, acquisition: Acquisition, why: str) -> bool:
-        """Mark the handle lost if ``acquisition`` is still its own; return whether it is."""
-        with self._mutex:
-            if self._token is None or self._acquisition is not acquisition:
-                return False  # released meanwhile: not a loss
-            if self._lost:
-                return True
-            self._lost = True
-            let_go = self._release_unsure
-        if let_go:  # a release that raised was sent in time: not a loss
-            self._forget()
-            return True
-        logger.warning("Lock %r was lost: %s.", self, why)
-        self._declare_lost()
-        return True
+    def renewal_lost(self, acquisition: Acquisition) -> bool:
+        """Mark the handle lost, its lease having run out before a renewal succeeded, if
+        ``acquisition`` is still its own.
+
+        :param acquisition: the acquisition the watchdog renews.
+        :returns: whether the handle is lost (False: released meanwhile, not a loss).
+        """
+        return self._lose(acquisition, "its lease ran out before a renewal succeeded")
 
     # -- context managers ---------------------------------------------------
 
