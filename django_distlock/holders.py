@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from .exceptions import SelfDeadlock
 
 if TYPE_CHECKING:
-    from .handle import Lock
+    from .state import HandleState
 
 __all__ = ["SelfDeadlock", "current_holder", "hold", "holder_label", "let_go", "refuse"]
 
@@ -30,12 +30,12 @@ Key = tuple[str, str]
 
 #: The handles that hold a lock in this process, per (alias, key), held weakly, each
 #: with the holder that acquired it.
-_held: dict[Key, dict[weakref.ref[Lock], object]] = {}
+_held: dict[Key, dict[weakref.ref[HandleState], object]] = {}
 _held_mutex = threading.Lock()
 #: Entries of handles that were garbage-collected, removed under ``_held_mutex`` by the
 #: next registry operation (a weakref callback runs anywhere, even while that mutex is
 #: held by its own thread, so it only appends here).
-_collected: deque[tuple[Key, weakref.ref[Lock]]] = deque()
+_collected: deque[tuple[Key, weakref.ref[HandleState]]] = deque()
 #: Each thread's holder identity (see :func:`current_holder`).
 _thread_identity = threading.local()
 
@@ -96,7 +96,7 @@ def _purge_collected() -> None:
         _discard(key, ref)
 
 
-def _discard(key: Key, ref: weakref.ref[Lock]) -> None:
+def _discard(key: Key, ref: weakref.ref[HandleState]) -> None:
     """Drop one entry (call with ``_held_mutex``)."""
     refs = _held.get(key)
     if refs is not None:
@@ -105,7 +105,7 @@ def _discard(key: Key, ref: weakref.ref[Lock]) -> None:
             del _held[key]
 
 
-def refuse(handle: Lock, holder: object) -> None:
+def refuse(handle: HandleState, holder: object) -> None:
     """Raise if ``holder`` holds ``handle``'s lock through another live handle.
 
     :param handle: the handle about to wait.
@@ -129,7 +129,7 @@ def refuse(handle: Lock, holder: object) -> None:
                 )
 
 
-def hold(handle: Lock, holder: object) -> weakref.ref[Lock]:
+def hold(handle: HandleState, holder: object) -> weakref.ref[HandleState]:
     """Record that ``holder`` holds ``handle``'s lock (at its grant).
 
     :param handle: the handle that was granted its lock.
@@ -144,7 +144,7 @@ def hold(handle: Lock, holder: object) -> weakref.ref[Lock]:
     return ref
 
 
-def let_go(handle: Lock, ref: weakref.ref[Lock]) -> None:
+def let_go(handle: HandleState, ref: weakref.ref[HandleState]) -> None:
     """Drop the entry :func:`hold` made (the release, a loss, a release that raised).
 
     :param handle: the handle.
