@@ -393,8 +393,8 @@ class LockContract:
         first, second = backend.lock(name), backend.lock(unique("other"))
         assert first.acquire() and second.acquire()
         assert first.owner_id != second.owner_id
-        assert len(first._token or "") == 32  # 128 bits
-        assert first._token not in repr(first)
+        token = first.acquisition.token if first.acquisition else ""
+        assert len(token) == 32 and token not in repr(first)  # 128 bits, never shown
         second.release()
         first.release()
 
