@@ -54,7 +54,9 @@ class Lock(HandleState):
     token (128 bits from :mod:`secrets`) is never shown; :attr:`owner_id` is a
     short non-secret id of it. What the handle holds, and how that changes,
     is :class:`~django_distlock.state.HandleState`'s (``state.py``); the calls
-    to the backend are here, written once for sync and async (``steps.py``).
+    to the backend are here: the acquire loop, extend and the watchdog's renew
+    step each written once for sync and async (``steps.py``), the release (the
+    hot path) as two thin shells over shared steps.
     """
 
     def __init__(
