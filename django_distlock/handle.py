@@ -186,7 +186,8 @@ class Lock(HandleState):
         if not isinstance(blocking, bool):
             raise TypeError("blocking must be True or False.")
         timeout = self.timeout if isinstance(timeout, _Default) else validate_timeout(timeout)
-        holder = current_holder()
+        task = holders.running_task()  # once: outside a loop, asking raises (slow)
+        holder = holders.holder_of(task)
         with self._mutex:
             if self._busy or (self._token is not None and not self.reentrant):
                 raise DistLockError(
@@ -203,7 +204,7 @@ class Lock(HandleState):
             self._busy = True
         if self._token is None:
             self.pid = os.getpid()
-            self.thread = holder_label()
+            self.thread = holders.label_of(task)
             self.context = current_context()
             self.holder_field = join_holder(self.thread, self.context)
         self._started = time.monotonic()

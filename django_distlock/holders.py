@@ -17,14 +17,17 @@ import os
 import threading
 import weakref
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .exceptions import SelfDeadlock
 
 if TYPE_CHECKING:
     from .state import HandleState
 
-__all__ = ["SelfDeadlock", "current_holder", "hold", "holder_label", "let_go", "refuse"]
+__all__ = [
+    "SelfDeadlock", "current_holder", "hold", "holder_label", "holder_of", "label_of",
+    "let_go", "refuse", "running_task",
+]
 
 Key = tuple[str, str]
 
@@ -51,9 +54,28 @@ def _forget_held_after_fork() -> None:
 os.register_at_fork(after_in_child=_forget_held_after_fork)
 
 
+def running_task() -> asyncio.Task[Any] | None:
+    """Return the asyncio task running now, or None outside one (no event loop).
+
+    :returns: the task, or None.
+    """
+    try:
+        return asyncio.current_task()
+    except RuntimeError:
+        return None
+
+
 def current_holder() -> object:
     """Return who is acquiring: this asyncio task, or else this thread, as an object no
-    other task or thread can be while it is referenced.
+    other task or thread can be while it is referenced (see :func:`holder_of`).
+
+    :returns: an object that compares equal only for the same thread or task.
+    """
+    return holder_of(running_task())
+
+
+def holder_of(task: asyncio.Task[Any] | None) -> object:
+    """Return the holder identity of ``task``, or of this thread when None.
 
     For a task, a weak reference to it (CPython gives one task the same reference
     each time; once the task ends, the reference is dead and a new task at the same
@@ -61,12 +83,9 @@ def current_holder() -> object:
     dropped when the thread ends. Never a thread's ``ident`` or a task's ``id()``,
     which new threads and tasks reuse.
 
+    :param task: the running task (:func:`running_task`), or None.
     :returns: an object that compares equal only for the same thread or task.
     """
-    try:
-        task = asyncio.current_task()
-    except RuntimeError:
-        task = None
     if task is not None:
         return weakref.ref(task)
     try:
@@ -81,11 +100,16 @@ def holder_label() -> str:
 
     :returns: ``"thread"`` or ``"thread/task"``.
     """
+    return label_of(running_task())
+
+
+def label_of(task: asyncio.Task[Any] | None) -> str:
+    """Name this thread, and ``task`` if not None.
+
+    :param task: the running task (:func:`running_task`), or None.
+    :returns: ``"thread"`` or ``"thread/task"``.
+    """
     label = threading.current_thread().name
-    try:
-        task = asyncio.current_task()
-    except RuntimeError:
-        task = None
     return f"{label}/{task.get_name()}" if task is not None else label
 
 
@@ -115,7 +139,10 @@ def refuse(handle: HandleState, holder: object) -> None:
     key = (handle.backend.alias, handle.key)
     with _held_mutex:
         _purge_collected()
-        for ref, other_holder in tuple(_held.get(key, {}).items()):
+        refs = _held.get(key)
+        if not refs:
+            return
+        for ref, other_holder in tuple(refs.items()):
             other = ref()
             if other is None or not other.held:  # ran out, lost, being released
                 _discard(key, ref)
@@ -140,7 +167,10 @@ def hold(handle: HandleState, holder: object) -> weakref.ref[HandleState]:
     ref = weakref.ref(handle, lambda ref: _collected.append((key, ref)))
     with _held_mutex:
         _purge_collected()
-        _held.setdefault(key, {})[ref] = holder
+        refs = _held.get(key)
+        if refs is None:
+            refs = _held[key] = {}
+        refs[ref] = holder
     return ref
 
 
