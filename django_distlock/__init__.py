@@ -6,7 +6,8 @@
 from . import checks as _checks  # noqa: F401
 from .context import holder_context
 from .decorators import distlock, lock
-from .handle import Lock, SelfDeadlock
+from .exceptions import SelfDeadlock
+from .handle import Lock
 from .handler import DEFAULT_LOCK_ALIAS, locks
 from .values import DEFAULT, LockInfo, LockPage
 

@@ -24,6 +24,7 @@ __all__ = [
     "LockNotAcquired",
     "LockNotHeld",
     "LockTimeout",
+    "SelfDeadlock",
     "SemaphoreLimitMismatch",
     "StaleFencingToken",
     "UnsupportedOperation",
@@ -46,6 +47,15 @@ class LockNotAcquired(DistLockError):
 
 class LockTimeout(LockNotAcquired):
     """The lock was waited for until the timeout and not had."""
+
+
+class SelfDeadlock(LockNotAcquired):
+    """The thread (or asyncio task) would wait for a lock it already holds through
+    another handle: the wait could only end at the timeout, so it ends at once.
+
+    A :class:`LockNotAcquired`, so ``on_fail`` policies and ``except LockNotAcquired``
+    see it as they would the timeout. Also importable from ``django_distlock`` and
+    ``django_distlock.handle``."""
 
 
 class LockNotHeld(DistLockError):

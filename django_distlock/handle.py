@@ -2,28 +2,31 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import secrets
 import socket
-import threading
 import time
-import weakref
-from collections import deque
-from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from . import renewal, signals
+from . import holders, signals
 from .context import current_context
-from .exceptions import DistLockError, LockLost, LockNotAcquired, LockNotHeld, LockTimeout
+from .exceptions import (
+    DistLockError,
+    LockLost,
+    LockNotAcquired,
+    LockTimeout,
+    SelfDeadlock,
+)
+from .holders import current_holder, holder_label
+from .state import HandleState
+from .steps import ATTEMPT, CLOSE, EXTEND, RELEASE, WAIT, Core, arun, run
 from .values import (
     DEFAULT,
     Grant,
     _Default,
     join_holder,
-    short_owner,
     validate_timeout,
     validate_ttl,
 )
@@ -31,95 +34,16 @@ from .values import (
 if TYPE_CHECKING:
     from .backends.base import Acquisition, BaseLockBackend
 
+#: Old import paths: ``SelfDeadlock`` lives in ``exceptions``, the registry in ``holders``.
+__all__ = ["Lock", "SelfDeadlock", "current_holder", "holder_label"]
+
 logger = logging.getLogger("django_distlock")
 
 _HOST = socket.gethostname()
 _NO_EXC: tuple[None, None, None] = (None, None, None)
 
-#: The handles that hold a lock in this process, per (alias, key), held weakly: lets a
-#: thread or task that waits for a lock it already holds fail at once instead of
-#: waiting out its timeout against itself. An entry counts only while its handle is
-#: ``held`` (a lease that ran out or was lost does not); it goes at the release, at a
-#: loss, when a release raised, and when the handle is garbage-collected.
-_held: dict[tuple[str, str], set[weakref.ref[Lock]]] = {}
-_held_mutex = threading.Lock()
-#: Entries of handles that were garbage-collected, removed under ``_held_mutex`` by the
-#: next registry operation (a weakref callback runs anywhere, even while that mutex is
-#: held by its own thread, so it only appends here).
-_collected: deque[tuple[tuple[str, str], weakref.ref[Lock]]] = deque()
-#: Each thread's holder identity (see :func:`current_holder`).
-_thread_identity = threading.local()
 
-
-def _forget_held_after_fork() -> None:
-    """A forked child holds none of its parent's locks (and its threads are new)."""
-    global _held_mutex
-    _held_mutex = threading.Lock()
-    _held.clear()
-    _collected.clear()
-
-
-os.register_at_fork(after_in_child=_forget_held_after_fork)
-
-
-def current_holder() -> object:
-    """Who is acquiring: this asyncio task, or else this thread, as an object no other
-    task or thread can be while it is referenced.
-
-    For a task, a weak reference to it (CPython gives one task the same reference
-    each time; once the task ends, the reference is dead and a new task at the same
-    address gets a new one). For a thread, a token in its ``threading.local``,
-    dropped when the thread ends. Never a thread's ``ident`` or a task's ``id()``,
-    which new threads and tasks reuse.
-    """
-    try:
-        task = asyncio.current_task()
-    except RuntimeError:
-        task = None
-    if task is not None:
-        return weakref.ref(task)
-    try:
-        return _thread_identity.token
-    except AttributeError:
-        token = _thread_identity.token = object()
-        return token
-
-
-def _purge_collected() -> None:
-    """Drop the entries of handles garbage-collected since (call with ``_held_mutex``)."""
-    while _collected:
-        key, ref = _collected.popleft()
-        _discard(key, ref)
-
-
-def _discard(key: tuple[str, str], ref: weakref.ref[Lock]) -> None:
-    """Drop one entry (call with ``_held_mutex``)."""
-    refs = _held.get(key)
-    if refs is not None:
-        refs.discard(ref)
-        if not refs:
-            del _held[key]
-
-
-def holder_label() -> str:
-    """Name the thread, and the asyncio task if any, that is acquiring."""
-    label = threading.current_thread().name
-    try:
-        task = asyncio.current_task()
-    except RuntimeError:
-        task = None
-    return f"{label}/{task.get_name()}" if task is not None else label
-
-
-class SelfDeadlock(LockNotAcquired):
-    """The thread (or asyncio task) would wait for a lock it already holds through
-    another handle: the wait could only end at the timeout, so it ends at once.
-
-    A :class:`~django_distlock.exceptions.LockNotAcquired`, so ``on_fail`` policies
-    and ``except LockNotAcquired`` see it as they would the timeout."""
-
-
-class Lock:
+class Lock(HandleState):
     """A handle on one named lock; one acquisition at a time.
 
     Ownership lives here, not in a thread-local: a handle acquired in one
@@ -128,7 +52,11 @@ class Lock:
     wait for it through another handle: that raises :class:`SelfDeadlock` at
     once, even when another thread is meant to release the first handle. The
     token (128 bits from :mod:`secrets`) is never shown; :attr:`owner_id` is a
-    short non-secret id of it.
+    short non-secret id of it. What the handle holds, and how that changes,
+    is :class:`~django_distlock.state.HandleState`'s (``state.py``); the calls
+    to the backend are here: the acquire loop, extend and the watchdog's renew
+    step each written once for sync and async (``steps.py``), the release (the
+    hot path) as two thin shells over shared steps.
     """
 
     def __init__(
@@ -144,6 +72,8 @@ class Lock:
         owner_token: str | None = None,
         auto_renew: bool = False,
         max_hold: float | None = None,
+        kind: str = "exclusive",
+        limit: int | None = None,
     ) -> None:
         self.backend = backend
         self.name = name
@@ -159,7 +89,12 @@ class Lock:
         #: (``renewal.py``), for at most ``max_hold`` seconds from the grant.
         self.auto_renew = auto_renew
         self.max_hold = max_hold
-        self._renewal: renewal.Renewal | None = None
+        #: What the handle takes: ``"exclusive"`` (``lock()``), ``"read"`` or ``"write"``
+        #: (``read_lock()``/``write_lock()``, where ``supports_read_write``), or one lease
+        #: of a ``"semaphore"`` (``semaphore()``, where ``supports_semaphore``).
+        self.kind = kind
+        #: How many holders a ``"semaphore"`` handle's name admits (``semaphore()``).
+        self.limit = limit
         #: Holder metadata of the current acquisition: host, pid, thread/task.
         self.host = _HOST
         self.pid: int | None = None
@@ -168,83 +103,7 @@ class Lock:
         self.context = ""
         #: The thread label and the context as backends store them (``join_holder``).
         self.holder_field = ""
-        self._mutex = threading.Lock()
-        self._acquisition: Acquisition | None = None
-        self._token: str | None = None
-        self._owner_id: str | None = None
-        self._grant: Grant | None = None
-        self._lost = False
-        self._busy = False
-        #: Set by a backend while it cannot tell whether the lock is still held (a
-        #: ZooKeeper session suspended: the connection dropped and the session may
-        #: yet expire); stop writing until it turns False again, or ``lost`` True.
-        self.unsure = False
-        #: What the handle takes: ``"exclusive"`` (``lock()``), ``"read"`` or ``"write"``
-        #: (``read_lock()``/``write_lock()``, where ``supports_read_write``), or one lease
-        #: of a ``"semaphore"`` (``semaphore()``, where ``supports_semaphore``).
-        self.kind = "exclusive"
-        #: How many holders a ``"semaphore"`` handle's name admits (``semaphore()``).
-        self.limit: int | None = None
-        self._valid_until: float | None = None  # monotonic, conservative
-        self._lost_at_release = False
-        #: A release sent while the lease was valid raised (BackendUnavailable): it may
-        #: have gone through. A later release that finds the lock gone is no loss.
-        self._release_unsure = False
-        self._started = 0.0
-        self._granted_at: float | None = None  # monotonic, of the first grant
-        self._depth = 0  # acquisitions held by this handle (above 1 only when reentrant)
-        #: Who acquired it (``current_holder()``), and its entry among the held handles.
-        self._holder: object = None
-        self._held_ref: weakref.ref[Lock] | None = None
-
-    # -- state ----------------------------------------------------------
-
-    @property
-    def fencing_token(self) -> int | None:
-        """The fencing token of the current (or last) grant, None before any."""
-        return self._grant.fencing_token if self._grant else None
-
-    @property
-    def acquired_at(self) -> datetime | None:
-        """Server time of the current (or last) grant."""
-        return self._grant.acquired_at if self._grant else None
-
-    @property
-    def expires_at(self) -> datetime | None:
-        """Server time the current lease ends; None when it does not expire."""
-        return self._grant.expires_at if self._grant else None
-
-    @property
-    def held_for(self) -> float | None:
-        """Seconds since the current (or last) grant on this process' clock; None before."""
-        return None if self._granted_at is None else time.monotonic() - self._granted_at
-
-    @property
-    def held(self) -> bool:
-        """Whether this handle believes it holds the lock (no I/O); never in a
-        process forked from the one that acquired it."""
-        return self._token is not None and not self.lost and self.pid == os.getpid()
-
-    @property
-    def lost(self) -> bool:
-        """Whether the lock this handle held is known, or must be assumed, gone.
-
-        True after the backend reported the loss, and also once the TTL has
-        run out on this process' monotonic clock, counted from the sending of
-        the request that was granted (plus the time the server says it waited
-        before granting): past that point the server may have given the lock
-        to someone else, so the holder must not assume it still has it.
-        """
-        if self._lost:
-            return True
-        until = self._valid_until
-        return self._token is not None and until is not None and time.monotonic() >= until
-
-    @property
-    def owner_id(self) -> str | None:
-        """A short, non-secret id of the owner token of the current (or last) grant, as
-        listings show it (None before any)."""
-        return self._owner_id
+        super().__init__()
 
     def locked(self) -> bool:
         """Return whether anyone holds this lock now (asks the backend).
@@ -253,50 +112,7 @@ class Lock:
         """
         return self.backend.is_locked(self.name)
 
-    def mark_lost(self) -> None:
-        """Record that the lock is gone (for backends and watchdogs; any thread).
-
-        Sends :data:`~django_distlock.signals.lock_lost` once; the ``with`` or
-        decorator exit then raises :class:`~django_distlock.exceptions.LockLost`.
-        Does nothing on a handle that holds nothing, and sends nothing after a
-        release that was sent in time but raised (the holder had let go already).
-        """
-        with self._mutex:
-            if self._token is None or self._lost:
-                return
-            self._lost = True
-            let_go = self._release_unsure
-        if let_go:
-            self._forget()
-        else:
-            self._declare_lost()
-
-    def _declare_lost(self) -> None:
-        """After ``_lost`` was set: stop renewing, count the lock no more as held by its
-        thread (a new handle may wait for the name), send ``lock_lost``."""
-        self._forget()
-        self._send(signals.lock_lost)
-
-    def _send(self, signal: Any, **extra: Any) -> None:
-        signal.send(
-            sender=type(self.backend),
-            backend=self.backend,
-            alias=self.backend.alias,
-            name=self.name,
-            fencing_token=self.fencing_token,
-            handle=self,
-            **extra,
-        )
-
-    def __repr__(self) -> str:
-        state = "lost" if self._lost else "held" if self._token else "free"
-        name = self.name if len(self.name) <= 100 else self.name[:100] + "…"
-        return (
-            f"<Lock alias={self.backend.alias!r} name={name!r} {state} "
-            f"owner={self.owner_id} fencing_token={self.fencing_token}>"
-        )
-
-    # -- acquire ----------------------------------------------------------
+    # -- acquire ---------------------------------------------------------------
 
     def acquire(
         self, blocking: bool | None = None, timeout: float | _Default | None = DEFAULT
@@ -312,82 +128,50 @@ class Lock:
             through another handle.
         :raises BackendUnavailable: when the server fails.
         """
-        blocking, deadline = self._begin(blocking, timeout)
-        if self._acquire(blocking, deadline):
+        if run(self._acquiring(*self._begin(blocking, timeout), False)):
             return True
         self._send(signals.lock_not_acquired, waited=time.monotonic() - self._started)
         return False
-
-    def _acquire(self, blocking: bool, deadline: float | None) -> bool:
-        try:
-            while True:
-                acquisition = self.backend.acquisition(self, self._new_token(), blocking, deadline)
-                granted = False
-                try:
-                    sent = time.monotonic()
-                    result = acquisition.attempt()
-                    while not isinstance(result, Grant):
-                        if not blocking or _past(deadline):
-                            return False
-                        sent = time.monotonic()
-                        grant = acquisition.wait(result)
-                        if grant is None:
-                            if _past(deadline):
-                                return False
-                            sent = time.monotonic()
-                            result = acquisition.attempt()
-                        else:
-                            result = grant
-                    granted = True
-                finally:
-                    if not granted:
-                        acquisition.close()
-                if self._granted(acquisition, result, sent):
-                    return True
-                self._drop_late_grant(acquisition)
-                if not blocking or _past(deadline):
-                    return False
-        finally:
-            self._busy = False
 
     async def aacquire(
         self, blocking: bool | None = None, timeout: float | _Default | None = DEFAULT
     ) -> bool:
         """Async :meth:`acquire`: waits never block the event loop."""
-        blocking, deadline = self._begin(blocking, timeout)
-        if await self._aacquire(blocking, deadline):
+        if await arun(self._acquiring(*self._begin(blocking, timeout), True)):
             return True
         self._send(signals.lock_not_acquired, waited=time.monotonic() - self._started)
         return False
 
-    async def _aacquire(self, blocking: bool, deadline: float | None) -> bool:
+    def _acquiring(self, blocking: bool, deadline: float | None, asynchronous: bool) -> Core[bool]:
+        """The acquire loop (see ``steps.py``): attempt, wait, attempt again, until a
+        grant whose lease is still valid, a miss when not blocking, or the deadline."""
         try:
             while True:
                 acquisition = self.backend.acquisition(self, self._new_token(), blocking, deadline)
                 granted = False
                 try:
                     sent = time.monotonic()
-                    result = await acquisition.aattempt()
+                    result = yield ATTEMPT, acquisition, None
                     while not isinstance(result, Grant):
                         if not blocking or _past(deadline):
                             return False
                         sent = time.monotonic()
-                        grant = await acquisition.async_wait(result)
+                        grant = yield WAIT, acquisition, result
                         if grant is None:
                             if _past(deadline):
                                 return False
                             sent = time.monotonic()
-                            result = await acquisition.aattempt()
+                            result = yield ATTEMPT, acquisition, None
                         else:
                             result = grant
                     granted = True
                 finally:
                     if not granted:
-                        await asyncio.shield(acquisition.aclose())
-                if self._granted(acquisition, result, sent, asynchronous=True):
+                        yield CLOSE, acquisition, None
+                if self._granted(acquisition, result, sent, asynchronous):
                     return True
-                try:
-                    await acquisition.arelease(_NO_EXC)
+                try:  # give back a grant whose lease ended before it reached us
+                    yield RELEASE, acquisition, _NO_EXC
                 except DistLockError:
                     logger.warning("Giving back an expired grant of %r failed", self, exc_info=True)
                 if not blocking or _past(deadline):
@@ -402,7 +186,8 @@ class Lock:
         if not isinstance(blocking, bool):
             raise TypeError("blocking must be True or False.")
         timeout = self.timeout if isinstance(timeout, _Default) else validate_timeout(timeout)
-        holder = current_holder()
+        task = holders.running_task()  # once: outside a loop, asking raises (slow)
+        holder = holders.holder_of(task)
         with self._mutex:
             if self._busy or (self._token is not None and not self.reentrant):
                 raise DistLockError(
@@ -414,93 +199,24 @@ class Lock:
                 self._check_process()
             else:
                 if blocking and not self.reentrant and self.kind in ("exclusive", "write"):
-                    self._refuse_self_deadlock(holder)
+                    holders.refuse(self, holder)
                 self._holder = holder
             self._busy = True
         if self._token is None:
             self.pid = os.getpid()
-            self.thread = holder_label()
+            self.thread = holders.label_of(task)
             self.context = current_context()
             self.holder_field = join_holder(self.thread, self.context)
         self._started = time.monotonic()
         deadline = None if timeout is None or not blocking else self._started + timeout
         return blocking, deadline
 
-    def _refuse_self_deadlock(self, holder: object) -> None:
-        """Raise SelfDeadlock if ``holder`` holds this lock through another live handle."""
-        key = (self.backend.alias, self.key)
-        with _held_mutex:
-            _purge_collected()
-            for ref in tuple(_held.get(key, ())):
-                other = ref()
-                if other is None or not other.held:  # ran out, lost, being released
-                    _discard(key, ref)
-                elif other is not self and other._holder == holder:
-                    raise SelfDeadlock(
-                        f"This thread (or task) already holds lock {self.name!r} on "
-                        f"{self.backend.alias!r} through another handle; waiting for it "
-                        "would only end at the timeout. Release that handle first.",
-                        name=self.name,
-                        alias=self.backend.alias,
-                    )
-
     def _new_token(self) -> str:
         """The owner token of the next acquisition: the held one when acquiring again,
         the explicit owner's, or 128 new random bits."""
         return self._token or self._owner_token or secrets.token_hex(16)
 
-    def _check_process(self) -> None:
-        if self.pid != os.getpid():
-            raise LockNotHeld(
-                f"{self!r} was acquired by process {self.pid}; this process ({os.getpid()}) "
-                "was forked from it and cannot use, release or extend that lease."
-            )
-
-    def _granted(
-        self, acquisition: Acquisition, grant: Grant, sent: float, asynchronous: bool = False
-    ) -> bool:
-        """Record a grant; False if its lease already ran out on this process' clock."""
-        valid_until = None
-        if grant.expires_at is not None:
-            valid_until = sent + grant.granted_after + self.ttl
-            if time.monotonic() >= valid_until:
-                return False
-        with self._mutex:
-            self._depth += 1
-            again = self._depth > 1  # acquired again: the first acquisition object releases
-            if again:
-                self._grant = grant
-                self._valid_until = valid_until
-        if again:
-            self._send(signals.lock_acquired, waited=time.monotonic() - self._started)
-            return True
-        with self._mutex:
-            self._acquisition = acquisition
-            self._token = acquisition.token
-            self._owner_id = short_owner(acquisition.token)
-            self._grant = grant
-            self._lost = False
-            self._release_unsure = False
-            self._valid_until = valid_until
-        if self.auto_renew:
-            self._renewal = renewal.watch(self, acquisition, asynchronous)
-        key = (self.backend.alias, self.key)
-        self._held_ref = weakref.ref(self, lambda ref: _collected.append((key, ref)))
-        with _held_mutex:
-            _purge_collected()
-            _held.setdefault(key, set()).add(self._held_ref)
-        self._granted_at = time.monotonic()
-        self._send(signals.lock_acquired, waited=self._granted_at - self._started)
-        return True
-
-    def _drop_late_grant(self, acquisition: Acquisition) -> None:
-        """Give back a grant whose lease ended before it reached us."""
-        try:
-            acquisition.release(_NO_EXC)
-        except DistLockError:
-            logger.warning("Giving back an expired grant of %r failed", self, exc_info=True)
-
-    # -- release and extend -------------------------------------------------
+    # -- release and extend ----------------------------------------------------
 
     def release(self) -> None:
         """Release the lock.
@@ -519,6 +235,7 @@ class Lock:
         self._release(_NO_EXC)
 
     def _release(self, exc_info: Any) -> None:
+        # Not through steps.run(): the release is the hot path, and its shells are thin.
         acquisition, inner = self._take()
         try:
             released = acquisition.release(exc_info)
@@ -542,114 +259,6 @@ class Lock:
             return
         self._released(released, inner)
 
-    def _take(self) -> tuple[Acquisition, bool]:
-        """Start a release: the acquisition, and whether an outer acquisition of a
-        reentrant handle stays held after it."""
-        with self._mutex:
-            acquisition = self._acquisition
-            if self._token is None or acquisition is None:
-                raise LockNotHeld(f"{self!r} is not held by this handle.")
-            self._check_process()
-            # Seen as lost during the release: keep it, so the release raises (not after
-            # a release sent in time that raised: a lease that ended since is no loss).
-            self._lost_at_release = not self._release_unsure and (
-                self._lost or self._expired_locally()
-            )
-            inner = self._depth > 1
-            if inner:
-                self._depth -= 1
-            else:
-                self._clear()
-        return acquisition, inner
-
-    def _clear(self) -> None:
-        """Hold nothing (call with ``_mutex`` held)."""
-        self._token = None
-        self._acquisition = None
-        self._depth = 0
-
-    def _expired_locally(self) -> bool:
-        return self._valid_until is not None and time.monotonic() >= self._valid_until
-
-    def _after_release_error(
-        self, acquisition: Acquisition, inner: bool, exc: BaseException
-    ) -> bool:
-        """After the backend's release raised ``exc``: return whether to raise it."""
-        if isinstance(exc, LockLost):
-            with self._mutex:
-                self._clear()
-            self._forget()
-            if self._release_unsure and not inner:
-                self._already_released()
-                return False
-            self._send_lost()
-            return True
-        with self._mutex:  # still held: the caller may release again
-            if inner:
-                self._depth += 1
-            else:
-                self._token = acquisition.token
-                self._acquisition = acquisition
-                self._depth = 1
-                # Set with the token, so that a mark_lost() from another thread (a
-                # session listener) sees both or neither.
-                self._release_unsure = not self._lost_at_release
-        if not inner:
-            # Whether the release reached the server is unknown: the thread no longer
-            # counts as the holder (refusing its next wait with SelfDeadlock for good is
-            # worse than a wait that may end at its timeout), and renewing a lease its
-            # holder let go of would keep it past its TTL.
-            self._forget()
-        return True
-
-    def _released(self, released: bool, inner: bool) -> None:
-        lost = not released or self._lost_at_release
-        if inner and not lost:
-            self._send(signals.lock_released)
-            return
-        with self._mutex:
-            self._clear()
-        self._forget()
-        if lost and self._release_unsure and not inner:
-            self._already_released()
-            return
-        if lost:
-            self._send_lost()
-            raise LockLost(f"{self!r} was no longer held when released: its lease ended.")
-        self._release_unsure = False
-        self._send(signals.lock_released)
-
-    def _already_released(self) -> None:
-        """A retried release found the lock gone after a release that was sent while the
-        lease was valid and raised: that release went through, or the lease ended after
-        the holder let go. Either way no critical section ran unprotected: no loss."""
-        self._release_unsure = False
-        logger.info(
-            "%r was already released when release() was retried: the release that raised "
-            "went through, or its lease ended after it was sent.", self,
-        )
-        self._send(signals.lock_released)
-
-    def _forget(self) -> None:
-        if self._renewal is not None:
-            self._stop_renewal()
-        ref, self._held_ref = self._held_ref, None
-        if ref is not None:
-            with _held_mutex:
-                _discard((self.backend.alias, self.key), ref)
-
-    def _stop_renewal(self) -> None:
-        entry, self._renewal = self._renewal, None
-        if entry is not None:
-            entry.stop()
-
-    def _send_lost(self) -> None:
-        """Record the loss found by a release; signal it unless it was known already."""
-        if self._lost:
-            return
-        self._lost = True
-        self._send(signals.lock_lost)
-
     def extend(self, ttl: float | _Default = DEFAULT) -> None:
         """Make the lease end ``ttl`` seconds from now (default: the handle's ``ttl``).
 
@@ -657,120 +266,56 @@ class Lock:
         :raises LockLost: if the lease already ended or was taken away.
         :raises BackendUnavailable: when the server fails.
         """
-        ttl, acquisition = self._extending(ttl)
-        sent = time.monotonic()
-        try:
-            grant = acquisition.extend(ttl)
-        except LockLost:
-            self.mark_lost()
-            raise
-        self._extended(acquisition, grant, ttl, sent)
+        run(self._extending(ttl))
 
     async def aextend(self, ttl: float | _Default = DEFAULT) -> None:
         """Async :meth:`extend`."""
-        ttl, acquisition = self._extending(ttl)
+        await arun(self._extending(ttl))
+
+    def _extending(self, ttl: float | _Default) -> Core[None]:
+        ttl = self.ttl if isinstance(ttl, _Default) else validate_ttl(ttl)
+        acquisition = self._extendable()
         sent = time.monotonic()
         try:
-            grant = await acquisition.aextend(ttl)
+            grant = yield EXTEND, acquisition, ttl
         except LockLost:
             self.mark_lost()
             raise
         self._extended(acquisition, grant, ttl, sent)
 
-    def _extending(self, ttl: float | _Default) -> tuple[float, Acquisition]:
-        ttl = self.ttl if isinstance(ttl, _Default) else validate_ttl(ttl)
-        acquisition = self._acquisition
-        if self._token is None or acquisition is None:
-            raise LockNotHeld(f"{self!r} is not held by this handle.")
-        self._check_process()
-        if self.lost:
-            self.mark_lost()
-            raise LockLost(f"{self!r} was lost.")
-        return ttl, acquisition
+    # -- the watchdog's side (renewal.py) --------------------------------------
 
-    def _extended(
-        self, acquisition: Acquisition, grant: Grant | None, ttl: float, sent: float
-    ) -> None:
-        if grant is None:
-            self.mark_lost()
-            raise LockLost(f"{self!r} could not be extended: its lease already ended.")
-        with self._mutex:
-            if self._acquisition is acquisition:
-                self._grant = grant
-                expires = grant.expires_at is not None
-                self._valid_until = sent + grant.granted_after + ttl if expires else None
+    def renew(self, acquisition: Acquisition, ttl: float) -> bool | None:
+        """The watchdog's extend of ``acquisition`` (the renewal thread's).
 
-    # -- the watchdog's side (renewal.py) ---------------------------------------
+        :param acquisition: the acquisition to renew.
+        :param ttl: the new lease's length in seconds.
+        :returns: True when renewed, False when the lease turned out gone (marked
+            lost), None when ``acquisition`` is no longer held (released meanwhile:
+            not a loss).
+        :raises BackendUnavailable: what the backend's ``extend`` raises, but LockLost.
+        """
+        return run(self._renewing(acquisition, ttl))
 
-    def _renewal_state(self, acquisition: Acquisition) -> str:
-        """``"held"`` (by ``acquisition``), ``"lost"``, or ``"busy"`` (a release is under
-        way, or done)."""
-        with self._mutex:
-            if self._lost or self.pid != os.getpid():
-                return "lost"
-            if self._token is not None and self._acquisition is acquisition:
-                return "held"
-            return "busy"
+    async def arenew(self, acquisition: Acquisition, ttl: float) -> bool | None:
+        """Async :meth:`renew` (an event loop's renewal task); same parameters and result.
 
-    def _renew(self, acquisition: Acquisition, ttl: float) -> bool | None:
-        """The watchdog's extend: True when renewed, False when the lease turned out gone
-        (marked lost), None when ``acquisition`` is no longer held (released meanwhile:
-        not a loss). Raises what the backend's ``extend`` raises, but LockLost."""
-        until, sent = self._valid_until, time.monotonic()
+        :param acquisition: the acquisition to renew.
+        :param ttl: the new lease's length in seconds.
+        :returns: as :meth:`renew`.
+        :raises BackendUnavailable: what the backend's ``aextend`` raises, but LockLost.
+        """
+        return await arun(self._renewing(acquisition, ttl))
+
+    def _renewing(self, acquisition: Acquisition, ttl: float) -> Core[bool | None]:
+        until, sent = self.valid_until, time.monotonic()
         try:
-            grant = acquisition.extend(ttl)
+            grant = yield EXTEND, acquisition, ttl
         except LockLost:
             grant = None
         return self._renewed(acquisition, grant, ttl, sent, until)
 
-    async def _arenew(self, acquisition: Acquisition, ttl: float) -> bool | None:
-        """Async :meth:`_renew` (the event loop's renewal task)."""
-        until, sent = self._valid_until, time.monotonic()
-        try:
-            grant = await acquisition.aextend(ttl)
-        except LockLost:
-            grant = None
-        return self._renewed(acquisition, grant, ttl, sent, until)
-
-    def _renewed(
-        self, acquisition: Acquisition, grant: Grant | None, ttl: float, sent: float,
-        until: float | None,
-    ) -> bool | None:
-        if grant is None:
-            lost = self._renewal_lost(acquisition, "a renewal found its lease gone")
-            return False if lost else None
-        if until is not None and time.monotonic() >= until:
-            # Renewed, but only after the lease had run out on this clock: the holder may
-            # have seen it lost already, and lost stays lost.
-            lost = self._renewal_lost(acquisition, "its lease ran out before a renewal succeeded")
-            return False if lost else None
-        with self._mutex:
-            if self._token is None or self._acquisition is not acquisition:
-                return None
-            if self._lost:
-                return False
-            self._grant = grant
-            expires = grant.expires_at is not None
-            self._valid_until = sent + grant.granted_after + ttl if expires else None
-        return True
-
-    def _renewal_lost(self, acquisition: Acquisition, why: str) -> bool:
-        """Mark the handle lost if ``acquisition`` is still its own; return whether it is."""
-        with self._mutex:
-            if self._token is None or self._acquisition is not acquisition:
-                return False  # released meanwhile: not a loss
-            if self._lost:
-                return True
-            self._lost = True
-            let_go = self._release_unsure
-        if let_go:  # a release that raised was sent in time: not a loss
-            self._forget()
-            return True
-        logger.warning("Lock %r was lost: %s.", self, why)
-        self._declare_lost()
-        return True
-
-    # -- context managers ---------------------------------------------------
+    # -- context managers ------------------------------------------------------
 
     def __enter__(self) -> Lock:
         if not self.acquire():

@@ -75,16 +75,16 @@ class Renewal:
         handle, acquisition = self._handle(), self._acquisition()
         if handle is None or acquisition is None:
             return None  # dropped without a release: the lease ends at its TTL
-        state = handle._renewal_state(acquisition)
+        state = handle.renewal_state(acquisition)
         if state == "lost":
             return None
         if state == "busy":  # a release is under way (if it fails, the handle stops this)
             return now + _retry_delay(handle)
-        until = handle._valid_until
+        until = handle.valid_until
         if until is None:
             return None  # this grant does not expire
         if now >= until:
-            handle._renewal_lost(acquisition, "its lease ran out before a renewal succeeded")
+            handle.renewal_lost(acquisition)
             return None
         hold_until = self.hold_until
         if hold_until is not None and until >= hold_until:
@@ -103,7 +103,7 @@ class Renewal:
         """The next due time after a renewal attempt, or None when renewing is over."""
         now = time.monotonic()
         if error is not None:
-            until = handle._valid_until
+            until = handle.valid_until
             logger.warning(
                 "Renewing %r failed; retrying until its lease would end (in %.3f s)",
                 handle, (until or now) - now, exc_info=error,
@@ -115,7 +115,7 @@ class Renewal:
             return None if not self.active else now + _retry_delay(handle)
         if not renewed:
             return None
-        until = handle._valid_until
+        until = handle.valid_until
         return None if until is None else until - (1 - RENEW_EVERY) * handle.ttl
 
 
@@ -153,7 +153,7 @@ class Schedule:
 
     def scheduled(self, handle: Lock) -> bool:
         """Whether ``handle`` is scheduled for renewal here."""
-        entry = handle._renewal
+        entry = handle.renewal
         return entry is not None and entry.schedule is self and entry in self._entries
 
     def discard(self, entry: Renewal) -> None:
@@ -247,7 +247,7 @@ class ThreadSchedule(Schedule):
         renewed: bool | None = None
         error: Exception | None = None
         try:
-            renewed = handle._renew(acquisition, ttl)
+            renewed = handle.renew(acquisition, ttl)
         except Exception as exc:
             error = exc
         self._requeue(entry, entry.after(handle, renewed, error))
@@ -314,7 +314,7 @@ class LoopSchedule(Schedule):
         renewed: bool | None = None
         error: Exception | None = None
         try:
-            renewed = await handle._arenew(acquisition, ttl)
+            renewed = await handle.arenew(acquisition, ttl)
         except Exception as exc:
             error = exc
         self._requeue(entry, entry.after(handle, renewed, error))
@@ -345,7 +345,7 @@ def watch(handle: Lock, acquisition: Acquisition, asynchronous: bool) -> Renewal
     :param asynchronous: renew in the running event loop's task (``aacquire()``),
         else in the renewal thread.
     """
-    until = handle._valid_until
+    until = handle.valid_until
     if until is None:
         return None
     start = until - handle.ttl

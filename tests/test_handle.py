@@ -1,12 +1,21 @@
-"""The handle layer's record of what each thread and task holds (``SelfDeadlock``)."""
+"""The handle layer: its record of what each thread and task holds (``SelfDeadlock``),
+its construction, and its seam (no other module reads a private member of a Lock)."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import gc
 import threading
+from pathlib import Path
 
+import pytest
+
+import django_distlock
 from django_distlock import locks
+from django_distlock.backends import base
+from django_distlock.backends.locmem import LocMemBackend
+from django_distlock.exceptions import LockNotAcquired
 from django_distlock.handle import Lock
 
 
@@ -86,3 +95,102 @@ def test_a_new_task_reusing_a_finished_tasks_id_holds_nothing(unique) -> None:
     assert outcomes == [False] * len(outcomes)
     for handle in kept:
         handle.release()
+
+
+# -- the seam -----------------------------------------------------------------------
+
+#: The modules that make up the handle: the class and its state half.
+HANDLE_MODULES = {"handle.py", "state.py"}
+
+
+def _private_names() -> set[str]:
+    """The private members of a Lock: its instance attributes and its methods."""
+    handle = locks["locmem"].lock("private-names")
+    names = set(vars(handle)) | set(dir(Lock))
+    return {name for name in names if name.startswith("_") and not name.startswith("__")}
+
+
+def _private_reads(source: str, names: set[str]) -> list[str]:
+    """``x._name`` for a private member ``_name`` of a Lock, on anything but self/cls."""
+    return [
+        f"{node.lineno}: {ast.unparse(node)}"
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Attribute)
+        and node.attr in names
+        and ast.unparse(node.value) not in ("self", "cls")
+    ]
+
+
+def test_no_module_outside_the_handle_reads_a_private_member_of_a_lock() -> None:
+    """The watchdog, the backends and the testing kit use the handle's public seam
+    (``valid_until``, ``acquisition``, ``renew()``, ...), never ``lock._valid_until``."""
+    names = _private_names()
+    assert {"_valid_until", "_acquisition", "_token", "_lost", "_mutex"} <= names
+    root = Path(django_distlock.__file__).parent
+    found = {
+        str(path.relative_to(root)): reads
+        for path in sorted(root.rglob("*.py"))
+        if not (path.parent == root and path.name in HANDLE_MODULES)
+        and (reads := _private_reads(path.read_text(), names))
+    }
+    assert found == {}
+
+
+def test_the_private_read_check_can_fail() -> None:
+    names = _private_names()
+    source = "def f(lock, handle):\n    return lock._valid_until, handle._lost, self._token\n"
+    assert _private_reads(source, names) == ["2: lock._valid_until", "2: handle._lost"]
+
+
+# -- kind and limit at construction ------------------------------------------------
+
+
+class _KindsBackend(LocMemBackend):
+    """Builds read-write and semaphore handles (none is acquired here: no I/O)."""
+
+    supports_read_write = True
+    supports_semaphore = True
+
+
+def test_kind_and_limit_are_given_at_construction(monkeypatch: pytest.MonkeyPatch) -> None:
+    """read_lock(), write_lock() and semaphore() pass kind and limit to Lock() itself:
+    no handle is seen, even by its own __init__, as an exclusive lock first."""
+    built: list[tuple[str, int | None]] = []
+
+    class Recording(Lock):
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+            built.append((self.kind, self.limit))
+
+    monkeypatch.setattr(base, "Lock", Recording)
+    backend = _KindsBackend("kinds", {})
+    handles = [
+        backend.lock("a"),
+        backend.read_lock("a"),
+        backend.write_lock("a", ttl=5),
+        backend.semaphore("a", 3, timeout=1),
+    ]
+    expected = [("exclusive", None), ("read", None), ("write", None), ("semaphore", 3)]
+    assert built == expected
+    assert [(handle.kind, handle.limit) for handle in handles] == expected
+    assert handles[2].ttl == 5 and handles[3].timeout == 1
+
+
+def test_lock_takes_kind_and_limit() -> None:
+    handle = Lock(
+        locks["locmem"], "n", "k", ttl=1, timeout=None, blocking=True,
+        kind="semaphore", limit=2,
+    )
+    assert (handle.kind, handle.limit) == ("semaphore", 2)
+    default = Lock(locks["locmem"], "n", "k", ttl=1, timeout=None, blocking=True)
+    assert (default.kind, default.limit) == ("exclusive", None)
+
+
+def test_old_import_paths_of_the_registry_keep_working() -> None:
+    from django_distlock import SelfDeadlock as from_package
+    from django_distlock import exceptions, handle, holders
+
+    assert handle.SelfDeadlock is from_package is exceptions.SelfDeadlock
+    assert issubclass(exceptions.SelfDeadlock, LockNotAcquired)
+    assert handle.current_holder is holders.current_holder
+    assert handle.holder_label is holders.holder_label

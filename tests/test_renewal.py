@@ -172,14 +172,14 @@ def test_unreachable_server_retried_until_the_lease_ends(unique, lost_events, ca
     try:
         with pytest.raises(LockLost), backend.lock(name, ttl=1, auto_renew=True) as handle:
             _Unreachable.down.set()
-            ends = handle._valid_until
+            ends = handle.valid_until
             assert ends is not None
             time.sleep(0.7)  # the first renewal and its retries failed
             assert not handle.lost and lost_events == []
             assert len(_Unreachable.calls) >= 3
-            while not handle._lost and time.monotonic() < ends + 0.5:
+            while not handle.marked_lost and time.monotonic() < ends + 0.5:
                 time.sleep(0.01)
-            assert handle._lost and lost_events == [name]
+            assert handle.marked_lost and lost_events == [name]
             assert time.monotonic() >= ends  # not before the lease would have ended
             assert not THREADS.scheduled(handle)
             calls = len(_Unreachable.calls)
@@ -245,7 +245,7 @@ def test_a_forked_child_renews_nothing_of_its_parents(unique) -> None:
         except BaseException:
             code = 5
         os._exit(code)
-    parent_copied._stop_renewal()  # the parent stops; the child must not take over
+    parent_copied.stop_renewal()  # the parent stops; the child must not take over
     time.sleep(1.0)
     assert not backend.is_locked(copied)  # nobody renewed it
     assert parent_kept.held and backend.is_locked(kept)

@@ -348,6 +348,18 @@ class BaseLockBackend(abc.ABC):
         :raises UnsupportedOperation: for ``reentrant=True`` or ``auto_renew=True``
             on a backend without it.
         """
+        return self._new_lock(
+            name, "exclusive", None, ttl=ttl, timeout=timeout, blocking=blocking,
+            reentrant=reentrant, owner=owner, auto_renew=auto_renew, max_hold=max_hold,
+        )
+
+    def _new_lock(
+        self, name: str, kind: str, limit: int | None, *, ttl: float | _Default = DEFAULT,
+        timeout: float | _Default | None = DEFAULT, blocking: bool = True,
+        reentrant: bool | _Default = DEFAULT, owner: str | None = None,
+        auto_renew: bool | _Default = DEFAULT, max_hold: float | None = None,
+    ) -> Lock:
+        """Validate the options of :meth:`lock` and build a handle of ``kind``."""
         key = self.make_key(name)
         ttl = self.default_ttl if isinstance(ttl, _Default) else validate_ttl(ttl)
         timeout = (
@@ -381,7 +393,7 @@ class BaseLockBackend(abc.ABC):
         return Lock(
             self, name, key, ttl=ttl, timeout=timeout, blocking=blocking,
             reentrant=reentrant, owner_token=owner_token, auto_renew=auto_renew,
-            max_hold=max_hold,
+            max_hold=max_hold, kind=kind, limit=limit,
         )
 
     def read_lock(self, name: str, **options: Any) -> Lock:
@@ -409,9 +421,7 @@ class BaseLockBackend(abc.ABC):
             )
         if options.get("reentrant"):
             raise UnsupportedOperation("Read-write locks are not reentrant.")
-        handle = self.lock(name, **options)
-        handle.kind = kind
-        return handle
+        return self._new_lock(name, kind, None, **options)
 
     def semaphore(self, name: str, limit: int, **options: Any) -> Lock:
         """Build a handle on one of the ``limit`` leases of the counting semaphore
@@ -431,9 +441,7 @@ class BaseLockBackend(abc.ABC):
             raise ValueError(f"limit must be between 1 and {MAX_LEASES}, got {limit}.")
         if options.get("reentrant"):
             raise UnsupportedOperation("Semaphores are not reentrant.")
-        handle = self.lock(name, **options)
-        handle.kind, handle.limit = "semaphore", limit
-        return handle
+        return self._new_lock(name, "semaphore", limit, **options)
 
     def multi_lock(self, names: Iterable[str], **options: Any) -> MultiLock:
         """Build a handle that takes the exclusive locks of all ``names`` or none.

@@ -393,8 +393,8 @@ class LockContract:
         first, second = backend.lock(name), backend.lock(unique("other"))
         assert first.acquire() and second.acquire()
         assert first.owner_id != second.owner_id
-        assert len(first._token or "") == 32  # 128 bits
-        assert first._token not in repr(first)
+        token = first.acquisition.token if first.acquisition else ""
+        assert len(token) == 32 and token not in repr(first)  # 128 bits, never shown
         second.release()
         first.release()
 
@@ -588,9 +588,9 @@ class LockContract:
         with pytest.raises(LockLost), backend.lock(name, ttl=0.3, auto_renew=True) as handle:
             assert in_thread(lambda: backend.force_release(name)) is True
             deadline = time.monotonic() + 0.3  # before the lease would have ended
-            while not handle._lost and time.monotonic() < deadline:
+            while not handle.marked_lost and time.monotonic() < deadline:
                 time.sleep(0.01)
-            assert handle._lost, "the renewal did not notice"
+            assert handle.marked_lost, "the renewal did not notice"
             assert not THREADS.scheduled(handle)
         assert events.count(("lock_lost", name)) == 1
 

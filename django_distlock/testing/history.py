@@ -253,13 +253,13 @@ class HistoryRecorder:
             self.failed(op, exc)
 
     def _granted(self, op: Op, handle: Any) -> float | None:
-        until: float | None = handle._valid_until  # the handle's conservative lease end
+        until: float | None = handle.valid_until  # the handle's conservative lease end
         self.granted(op, handle.fencing_token, until)
         return until
 
     def _exit(self, op: Op, handle: Any, until: float | None) -> None:
         now = time.monotonic()
-        latest = handle._valid_until
+        latest = handle.valid_until
         if latest is not None and until is not None and latest > until:
             self.renewed(op, latest)
         if handle.lost or handle.unsure:

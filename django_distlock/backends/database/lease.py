@@ -169,14 +169,14 @@ class PgLeaseAcquisition(Acquisition):
         """Until when a release may wait for the server (monotonic; the watchdog adds its
         grace): the lease's local end, after which the lock frees itself; a release of a
         lease already over gets the grace alone."""
-        until = self.lock._valid_until
+        until = self.lock.valid_until
         now = time.monotonic()
         return max(now, now + self.lock.ttl if until is None else until)
 
     def extend(self, ttl: float) -> Grant | None:
         # A frozen server must not hold an extend (the renewal thread's, say) past the
         # lease it extends: after that, there is nothing left to extend.
-        until = self.lock._valid_until
+        until = self.lock.valid_until
         until = time.monotonic() + ttl if until is None else until
 
         def extend_on(session: Session) -> Grant | None:

@@ -93,7 +93,7 @@ class TransactionBackend(DatabaseBackend, mode="transaction"):
     def check_fenced_write(self, lock: Lock, using: str) -> None:
         """Refuse, before any query, a fenced write of ``lock`` outside the transaction
         that holds it (see ``_TxAcquisition.check_fenced_write``)."""
-        acquisition = lock._acquisition
+        acquisition = lock.acquisition
         if isinstance(acquisition, _TxAcquisition):
             acquisition.check_fenced_write(using)
 

@@ -95,7 +95,7 @@ class RedisAcquisition(Acquisition):
         self._failed = False
         #: The token is this acquisition's own (not a held lock's acquired again, nor an
         #: explicit owner's): a lock held under it can only be what an attempt got.
-        self._fresh = lock._token is None and lock._owner_token is None
+        self._fresh = lock.fresh_token
 
     # -- the scripts' arguments and replies ----------------------------------
 
@@ -148,7 +148,7 @@ class RedisAcquisition(Acquisition):
     def _until_lease_end(self) -> float:
         """How long a release or extend waits for its reply: until the lease ends on
         this process' clock, plus :data:`READ_GRACE` (after that it is gone anyway)."""
-        until = self.lock._valid_until
+        until = self.lock.valid_until
         left = self.lock.ttl if until is None else until - time.monotonic()
         return max(left, 0.0) + READ_GRACE
 

@@ -1,0 +1,184 @@
+"""Who holds what in this process: the record that turns a wait on oneself into
+:class:`~django_distlock.exceptions.SelfDeadlock`.
+
+A thread or task that waits, through a second handle, for a lock it already holds
+could only wait out its timeout against itself. The handle layer keeps, per
+``(alias, key)``, weak references to the handles that hold it, each with its holder
+(:func:`current_holder`); a blocking exclusive acquire first looks there. An entry
+counts only while its handle is ``held`` (a lease that ran out or was lost does
+not); it goes at the release, at a loss, when a release raised, and when the handle
+is garbage-collected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import weakref
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from .exceptions import SelfDeadlock
+
+if TYPE_CHECKING:
+    from .state import HandleState
+
+__all__ = [
+    "SelfDeadlock", "current_holder", "hold", "holder_label", "holder_of", "label_of",
+    "let_go", "refuse", "running_task",
+]
+
+Key = tuple[str, str]
+
+#: The handles that hold a lock in this process, per (alias, key), held weakly, each
+#: with the holder that acquired it.
+_held: dict[Key, dict[weakref.ref[HandleState], object]] = {}
+_held_mutex = threading.Lock()
+#: Entries of handles that were garbage-collected, removed under ``_held_mutex`` by the
+#: next registry operation (a weakref callback runs anywhere, even while that mutex is
+#: held by its own thread, so it only appends here).
+_collected: deque[tuple[Key, weakref.ref[HandleState]]] = deque()
+#: Each thread's holder identity (see :func:`current_holder`).
+_thread_identity = threading.local()
+
+
+def _forget_held_after_fork() -> None:
+    """A forked child holds none of its parent's locks (and its threads are new)."""
+    global _held_mutex
+    _held_mutex = threading.Lock()
+    _held.clear()
+    _collected.clear()
+
+
+os.register_at_fork(after_in_child=_forget_held_after_fork)
+
+
+def running_task() -> asyncio.Task[Any] | None:
+    """Return the asyncio task running now, or None outside one (no event loop).
+
+    :returns: the task, or None.
+    """
+    try:
+        return asyncio.current_task()
+    except RuntimeError:
+        return None
+
+
+def current_holder() -> object:
+    """Return who is acquiring: this asyncio task, or else this thread, as an object no
+    other task or thread can be while it is referenced (see :func:`holder_of`).
+
+    :returns: an object that compares equal only for the same thread or task.
+    """
+    return holder_of(running_task())
+
+
+def holder_of(task: asyncio.Task[Any] | None) -> object:
+    """Return the holder identity of ``task``, or of this thread when None.
+
+    For a task, a weak reference to it (CPython gives one task the same reference
+    each time; once the task ends, the reference is dead and a new task at the same
+    address gets a new one). For a thread, a token in its ``threading.local``,
+    dropped when the thread ends. Never a thread's ``ident`` or a task's ``id()``,
+    which new threads and tasks reuse.
+
+    :param task: the running task (:func:`running_task`), or None.
+    :returns: an object that compares equal only for the same thread or task.
+    """
+    if task is not None:
+        return weakref.ref(task)
+    try:
+        return _thread_identity.token
+    except AttributeError:
+        token = _thread_identity.token = object()
+        return token
+
+
+def holder_label() -> str:
+    """Name the thread, and the asyncio task if any, that is acquiring.
+
+    :returns: ``"thread"`` or ``"thread/task"``.
+    """
+    return label_of(running_task())
+
+
+def label_of(task: asyncio.Task[Any] | None) -> str:
+    """Name this thread, and ``task`` if not None.
+
+    :param task: the running task (:func:`running_task`), or None.
+    :returns: ``"thread"`` or ``"thread/task"``.
+    """
+    label = threading.current_thread().name
+    return f"{label}/{task.get_name()}" if task is not None else label
+
+
+def _purge_collected() -> None:
+    """Drop the entries of handles garbage-collected since (call with ``_held_mutex``)."""
+    while _collected:
+        key, ref = _collected.popleft()
+        _discard(key, ref)
+
+
+def _discard(key: Key, ref: weakref.ref[HandleState]) -> None:
+    """Drop one entry (call with ``_held_mutex``)."""
+    refs = _held.get(key)
+    if refs is not None:
+        refs.pop(ref, None)
+        if not refs:
+            del _held[key]
+
+
+def refuse(handle: HandleState, holder: object) -> None:
+    """Raise if ``holder`` holds ``handle``'s lock through another live handle.
+
+    :param handle: the handle about to wait.
+    :param holder: who is acquiring (:func:`current_holder`).
+    :raises SelfDeadlock: if the wait could only end at the timeout.
+    """
+    key = (handle.backend.alias, handle.key)
+    with _held_mutex:
+        _purge_collected()
+        refs = _held.get(key)
+        if not refs:
+            return
+        for ref, other_holder in tuple(refs.items()):
+            other = ref()
+            if other is None or not other.held:  # ran out, lost, being released
+                _discard(key, ref)
+            elif other is not handle and other_holder == holder:
+                raise SelfDeadlock(
+                    f"This thread (or task) already holds lock {handle.name!r} on "
+                    f"{handle.backend.alias!r} through another handle; waiting for it "
+                    "would only end at the timeout. Release that handle first.",
+                    name=handle.name,
+                    alias=handle.backend.alias,
+                )
+
+
+def hold(handle: HandleState, holder: object) -> weakref.ref[HandleState]:
+    """Record that ``holder`` holds ``handle``'s lock (at its grant).
+
+    :param handle: the handle that was granted its lock.
+    :param holder: who acquired it (:func:`current_holder` at the acquire).
+    :returns: the entry, for :func:`let_go`.
+    """
+    key = (handle.backend.alias, handle.key)
+    ref = weakref.ref(handle, lambda ref: _collected.append((key, ref)))
+    with _held_mutex:
+        _purge_collected()
+        refs = _held.get(key)
+        if refs is None:
+            refs = _held[key] = {}
+        refs[ref] = holder
+    return ref
+
+
+def let_go(handle: HandleState, ref: weakref.ref[HandleState]) -> None:
+    """Drop the entry :func:`hold` made (the release, a loss, a release that raised).
+
+    :param handle: the handle.
+    :param ref: the entry :func:`hold` returned.
+    """
+    with _held_mutex:
+        _discard((handle.backend.alias, handle.key), ref)
