@@ -5,7 +5,8 @@
 - :mod:`~django_distlock.testing.signals`: ``signals_sent()`` records the lock
   signals a block sends.
 - :mod:`~django_distlock.testing.contract`: the contract suite every lock backend
-  passes (needs pytest; imported on first use of ``LockContract`` or ``in_thread``).
+  passes, as a pytest class (``LockContract``, needs pytest) and a unittest mixin
+  (``BackendContractTests``, for ``manage.py test``); imported on first use.
 """
 
 from __future__ import annotations
@@ -16,16 +17,16 @@ from .history import HistoryRecorder, HistoryReport, check, load, stock
 from .signals import signals_sent
 
 if TYPE_CHECKING:
-    from .contract import LockContract, in_thread
+    from .contract import BackendContractTests, LockContract, in_thread
 
 __all__ = [
-    "HistoryRecorder", "HistoryReport", "LockContract", "check", "in_thread", "load",
-    "signals_sent", "stock",
+    "BackendContractTests", "HistoryRecorder", "HistoryReport", "LockContract", "check",
+    "in_thread", "load", "signals_sent", "stock",
 ]
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("LockContract", "in_thread"):
+    if name in ("BackendContractTests", "LockContract", "in_thread"):
         from . import contract
 
         return getattr(contract, name)

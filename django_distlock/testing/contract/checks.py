@@ -1,0 +1,26 @@
+"""Every check of the contract in one class, and the list that both test forms
+(``pytest_suite``, ``unittest_suite``) turn into tests."""
+
+from __future__ import annotations
+
+from .capabilities import CapabilityChecks
+from .core import CoreChecks
+from .kinds import KindChecks
+from .renewal import RenewalChecks
+
+
+class ContractChecks(CoreChecks, CapabilityChecks, KindChecks, RenewalChecks):
+    """The whole contract: each ``check_<what>(backend)`` method is one test,
+    ``test_<what>``, in both forms. A backend's test class may override a check
+    (to add to it, never to weaken it)."""
+
+
+def check_names() -> list[str]:
+    """Return the ``<what>`` of every ``check_<what>`` method, in definition order.
+
+    :returns: the names, each once.
+    """
+    names: list[str] = []
+    for cls in (CoreChecks, CapabilityChecks, KindChecks, RenewalChecks):
+        names.extend(name[len("check_"):] for name in vars(cls) if name.startswith("check_"))
+    return names
