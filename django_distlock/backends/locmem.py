@@ -162,23 +162,16 @@ class LocMemBackend(BaseLockBackend):
                 k for k in list(self.store.held)
                 if k.startswith(low) and k > (cursor or "") and self.store.current(k)
             )[:limit]
-            infos = [self._info(k, self.store.held[k]) for k in keys]
+            now, clock = datetime.now(UTC), time.monotonic()
+            infos = [
+                LockInfo(
+                    self.alias, self.name_of(key), short_owner(held.owner), held.fencing,
+                    held.acquired_at, now + timedelta(seconds=held.expires - clock), held.host,
+                    held.pid, held.thread, waiters=self.store.waiting.get(key, 0),
+                )
+                for key, held in [(key, self.store.held[key]) for key in keys]
+            ]
         return LockPage(infos, keys[-1] if len(keys) == limit else None)
-
-    def _info(self, key: str, entry: _Held) -> LockInfo:
-        left = entry.expires - time.monotonic()
-        return LockInfo(
-            alias=self.alias,
-            name=self.name_of(key),
-            owner=short_owner(entry.owner),
-            fencing_token=entry.fencing,
-            acquired_at=entry.acquired_at,
-            expires_at=datetime.now(UTC) + timedelta(seconds=left),
-            host=entry.host,
-            pid=entry.pid,
-            thread=entry.thread,
-            waiters=self.store.waiting.get(key, 0),
-        )
 
     def _force_release(self, key: str, owner: str) -> Freed | None:
         with self.store.cond:
