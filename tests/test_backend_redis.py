@@ -115,7 +115,8 @@ def test_acquire_release_and_extend_are_one_evalsha_each(
     backend: RedisBackend, unique, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     handle = backend.lock(unique(), ttl=10)
-    backend.health()  # connect first
+    with backend.lock(unique("warm")):  # connect first (and ask about eviction, once)
+        pass
     backend.redis.measure(1.0)  # the server's clock: one TIME per process and alias
     backend.redis.sync().script_flush()
     sent = Sent(monkeypatch)

@@ -187,10 +187,11 @@ class CapabilityChecks(ContractBase):
         name = self.unique()
         fork = multiprocessing.get_context("fork")
         out, go = fork.Queue(), fork.Event()
-        connections.close_all()  # nothing the child could share with this process
+        # Nothing the child could share with this process (test_fork's fork_ready()).
+        connections.close_all()
         locks.close_all()
         backend.close()
-        child = fork.Process(target=_hold_in_child, args=(backend, name, out, go))
+        child = fork.Process(target=_hold_in_child, args=(backend.alias, name, out, go))
         child.start()
         try:
             assert out.get(timeout=30) == "held"
@@ -204,14 +205,15 @@ class CapabilityChecks(ContractBase):
         assert in_thread(lambda: acquire_release(backend, name)) is True
 
 
-def _hold_in_child(backend: BaseLockBackend, name: str, out: Any, go: Any) -> None:
-    """The forked child: hold ``name`` until the parent says go."""
+def _hold_in_child(alias: str, name: str, out: Any, go: Any) -> None:
+    """The forked child: hold ``name`` until the parent says go (with the child's own
+    backend: the registry forgets the parent's at the fork)."""
     try:
-        with backend.lock(name, ttl=60, timeout=10):
+        with locks[alias].lock(name, ttl=60, timeout=10):
             out.put("held")
             go.wait(30)
     except BaseException as exc:  # the parent reports it
         out.put(f"{type(exc).__name__}: {exc}")
     finally:
-        backend.close()
+        locks.close_all()
         connections.close_all()
