@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from .capabilities import CapabilityChecks
 from .core import CoreChecks
 from .kinds import KindChecks
@@ -24,3 +27,16 @@ def check_names() -> list[str]:
     for cls in (CoreChecks, CapabilityChecks, KindChecks, RenewalChecks):
         names.extend(name[len("check_"):] for name in vars(cls) if name.startswith("check_"))
     return names
+
+
+def add_tests(cls: type, make: Callable[[str], Callable[..., None]]) -> None:
+    """Give ``cls`` one ``test_<what>`` method per check, named and documented like it.
+
+    :param cls: the test class.
+    :param make: returns the test function that runs ``check_<what>``.
+    """
+    for what in check_names():
+        test: Any = make(what)
+        test.__name__ = test.__qualname__ = f"test_{what}"
+        test.__doc__ = getattr(ContractChecks, f"check_{what}").__doc__
+        setattr(cls, test.__name__, test)

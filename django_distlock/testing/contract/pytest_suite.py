@@ -8,7 +8,7 @@ import pytest
 
 from ...backends.base import BaseLockBackend
 from ...handler import locks
-from .checks import ContractChecks, check_names
+from .checks import ContractChecks, add_tests
 
 
 class LockContract(ContractChecks):
@@ -31,10 +31,7 @@ def _test(what: str) -> Callable[[LockContract, BaseLockBackend], None]:
     def test(self: LockContract, backend: BaseLockBackend) -> None:
         getattr(self, f"check_{what}")(backend)
 
-    test.__name__ = test.__qualname__ = f"test_{what}"
-    test.__doc__ = getattr(ContractChecks, f"check_{what}").__doc__
     return test
 
 
-for _what in check_names():
-    setattr(LockContract, f"test_{_what}", _test(_what))
+add_tests(LockContract, _test)

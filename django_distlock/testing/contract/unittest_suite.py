@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from ...backends.base import BaseLockBackend
 from ...handler import locks
-from .checks import ContractChecks, check_names
+from .checks import ContractChecks, add_tests
 
 
 class BackendContractTests(ContractChecks):
@@ -40,10 +40,7 @@ def _test(what: str) -> Callable[[BackendContractTests], None]:
     def test(self: BackendContractTests) -> None:
         getattr(self, f"check_{what}")(self.backend)
 
-    test.__name__ = test.__qualname__ = f"test_{what}"
-    test.__doc__ = getattr(ContractChecks, f"check_{what}").__doc__
     return test
 
 
-for _what in check_names():
-    setattr(BackendContractTests, f"test_{_what}", _test(_what))
+add_tests(BackendContractTests, _test)
