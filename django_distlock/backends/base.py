@@ -1,10 +1,13 @@
 """The contract every lock backend implements.
 
-A backend is one class (settings, listing, health) and one per-acquisition
-class (the protocol of one acquisition). Read this module and
-``docs/architecture.md``; ``backends/locmem.py`` is a whole backend in one
-short module, and ``django_distlock.testing.LockContract`` is the test suite
-every backend passes.
+A backend is one class (settings, listing, health: this module) and one
+per-acquisition class (the protocol of one acquisition: ``acquisition.py``). The
+base class does what every backend would repeat: it validates names and
+arguments, refuses what the ``supports_*`` flags say is missing before any I/O,
+and sends the signals; a backend writes at most ``is_locked()``, ``health()``,
+``_held_locks()`` and ``_force_release()`` (those its flags promise) besides
+``__init__``. ``backends/locmem.py`` is a whole backend in one short module, and
+``django_distlock.testing.contract`` is the test suite every backend passes.
 """
 
 from __future__ import annotations
@@ -363,7 +366,14 @@ class BaseLockBackend(abc.ABC):
         self, lock: Lock, token: str, blocking: bool, deadline: float | None
     ) -> Acquisition:
         """Return a new :class:`Acquisition` of ``lock`` for the owner ``token`` (no I/O):
-        ``acquisition_class(self, lock, token, blocking, deadline)``."""
+        ``acquisition_class(self, lock, token, blocking, deadline)``.
+
+        :param lock: the handle acquiring.
+        :param token: the owner token of this acquisition.
+        :param blocking: whether the handle will wait after a miss.
+        :param deadline: when it stops waiting (:func:`time.monotonic`; None: never).
+        :returns: the acquisition, not yet attempted.
+        """
         assert self.acquisition_class is not None  # see _check_implementation()
         return self.acquisition_class(self, lock, token, blocking, deadline)
 
@@ -383,6 +393,10 @@ class BaseLockBackend(abc.ABC):
 
         The cost grows with ``limit``, not with the number of locks held.
 
+        :param prefix: the start of the names listed ("": all).
+        :param limit: the most locks on the page, from 1 to 1,000.
+        :param cursor: a previous page's ``next_cursor`` (None: the first page).
+        :returns: the page.
         :raises UnsupportedOperation: when ``supports_listing`` is False.
         :raises TypeError, ValueError: for bad arguments (before any I/O).
         :raises BackendUnavailable: when the server fails.
@@ -407,6 +421,9 @@ class BaseLockBackend(abc.ABC):
         ``release()`` (:class:`~django_distlock.exceptions.LockLost`). Sends
         :data:`~django_distlock.signals.lock_force_released` when one was freed.
 
+        :param name: the lock's name.
+        :param owner: free it only while this short owner id holds it (None: any holder).
+        :returns: whether a held lock was freed.
         :raises UnsupportedOperation: when ``supports_force_release`` is False.
         :raises InvalidLockName: for a bad name.
         :raises TypeError, ValueError: for an ``owner`` that is not a short owner id.
