@@ -1,29 +1,30 @@
 """The contract every lock backend implements.
 
-A backend is one class (settings, listing, health) and one per-acquisition
-class (the protocol of one acquisition). Read this module and
-``docs/architecture.md``; ``backends/locmem.py`` is a whole backend in one
-short module, and ``django_distlock.testing.LockContract`` is the test suite
-every backend passes.
+A backend is one class (settings, listing, health: this module) and one
+per-acquisition class (the protocol of one acquisition: ``acquisition.py``). The
+base class does what every backend would repeat: it validates names and
+arguments, refuses what the ``supports_*`` flags say is missing before any I/O,
+and sends the signals; a backend writes at most ``is_locked()``, ``health()``,
+``_held_locks()`` and ``_force_release()`` (those its flags promise) besides
+``__init__``. ``backends/locmem.py`` is a whole backend in one short module, and
+``django_distlock.testing.contract`` is the test suite every backend passes.
 """
 
 from __future__ import annotations
 
 import abc
-import asyncio
-import logging
-import threading
-import time
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any, ClassVar, TypeVar
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
-from asgiref.sync import sync_to_async
 from django.core import checks
 
-from .. import forksafe  # noqa: F401  (registers the fork handler)
+from .. import (
+    forksafe,  # noqa: F401  (registers the fork handler)
+    signals,
+)
 from ..auditing import AuditSettings, parse_audit
-from ..backoff import Backoff, remaining
-from ..exceptions import DistLockError, InvalidBackendOptions, UnsupportedOperation
+from ..exceptions import InvalidBackendOptions, UnsupportedOperation
 from ..handle import Lock
 from ..multilock import MultiLock
 from ..names import MAX_PREFIX_LENGTH, display_name, storage_key, validate_name
@@ -42,14 +43,13 @@ from ..values import (
     validate_timeout,
     validate_ttl,
 )
-
-T = TypeVar("T")
-logger = logging.getLogger("django_distlock")
+from .acquisition import Acquisition
 
 __all__ = [
     "Acquisition",
     "BaseLockBackend",
     "ExcInfo",
+    "Freed",
     "Grant",
     "LockInfo",
     "LockPage",
@@ -77,153 +77,12 @@ def check_option_keys(alias: str, options: Mapping[str, Any], valid: Iterable[st
         )
 
 
-class Acquisition(abc.ABC):
-    """One acquisition of one lock handle: the backend's state from the first
-    attempt to the release.
+@dataclass(frozen=True, slots=True)
+class Freed:
+    """What :meth:`BaseLockBackend._force_release` returns when it freed a lock."""
 
-    :meth:`BaseLockBackend.acquisition` builds one for every ``acquire()``. The
-    handle then calls, in its own thread or task:
-
-    - :meth:`attempt` once; on a :class:`Miss`, while it may still wait,
-      :meth:`wait` and :meth:`attempt` again, until a :class:`Grant`;
-    - :meth:`close` exactly once if it ends without a grant (a miss, the
-      timeout, an error, an interruption): leave any queue joined on the way;
-    - while held: :meth:`extend` and, once, :meth:`release`.
-
-    Each has an ``a``-prefixed async twin (``async_wait`` for :meth:`wait`)
-    whose default runs the sync method in a worker thread; a backend with a
-    native async client overrides them. A backend that learns by itself that
-    the lock is gone (a session lost, a renewal refused) calls
-    ``self.lock.mark_lost()``.
-    """
-
-    def __init__(
-        self,
-        backend: BaseLockBackend,
-        lock: Lock,
-        token: str,
-        blocking: bool,
-        deadline: float | None,
-    ) -> None:
-        self.backend = backend
-        #: The handle; read ``lock.key``, ``lock.ttl`` and the holder fields from it.
-        self.lock = lock
-        #: The owner token of this acquisition (128 bits from :mod:`secrets`, never shown).
-        self.token = token
-        #: Whether the handle will wait after a miss (an attempt may then skip asking the
-        #: server and leave it to :meth:`wait`).
-        self.blocking = blocking
-        #: When the handle stops waiting, a :func:`time.monotonic` value (None: never).
-        self.deadline = deadline
-        self._backoff: Backoff | None = None
-
-    @abc.abstractmethod
-    def attempt(self) -> Grant | Miss:
-        """Make one attempt; it does not wait for another holder.
-
-        :raises BackendUnavailable: when the server fails.
-        """
-
-    def wait(self, miss: Miss) -> Grant | None:
-        """Block until another attempt is worth making, or :attr:`deadline` passes.
-
-        Return None to have the handle attempt again, or a :class:`Grant` when
-        the wait itself ended in a grant (a backend that waits in the server).
-        This one sleeps with exponential backoff and full jitter, never past the
-        holder's expiry (``miss.retry_after``) or the deadline.
-
-        :raises BackendUnavailable: when the server fails.
-        """
-        time.sleep(self._delay(miss))
-        return None
-
-    def close(self) -> None:
-        """Clean up after an acquisition that ended without a grant (no error raised)."""
-        return None
-
-    @abc.abstractmethod
-    def release(self, exc_info: ExcInfo) -> bool:
-        """Release the lock; return False if this acquisition no longer held it.
-
-        :param exc_info: the exception leaving a ``with`` block, or Nones.
-        :raises BackendUnavailable: when the server fails; the handle may call
-            it again.
-        """
-
-    @abc.abstractmethod
-    def extend(self, ttl: float) -> Grant | None:
-        """Make the lease end ``ttl`` seconds from now; None if it is no longer held.
-
-        :raises BackendUnavailable: when the server fails.
-        """
-
-    # -- async twins -------------------------------------------------------------
-
-    async def aattempt(self) -> Grant | Miss:
-        """Async :meth:`attempt`; a grant it gets after its task was cancelled is released."""
-        return await self.abandonable(self.attempt, Miss())
-
-    async def abandonable(self, call: Callable[[], T], nothing: T) -> T:
-        """Run ``call`` (which may grant) in ``sync_to_async``'s thread for a task that
-        may be cancelled meanwhile: the call runs on in its thread, so a grant it makes
-        is released, not left held by nobody for its lease (or its transaction)."""
-        mutex, state = threading.Lock(), {"abandoned": False, "delivered": False}
-
-        def run() -> T:
-            result = call()
-            with mutex:
-                if not state["abandoned"]:
-                    state["delivered"] = True
-                    return result
-            if isinstance(result, Grant):
-                self._release_abandoned()
-            return nothing
-
-        future = asyncio.ensure_future(sync_to_async(run)())
-        try:
-            return await asyncio.shield(future)
-        except asyncio.CancelledError:
-            # Either the thread sees the flag (and releases), or the result was handed
-            # over before: release it here, in the same thread (thread-sensitive).
-            with mutex:
-                state["abandoned"] = True
-                delivered = state["delivered"]
-            if delivered and isinstance(await future, Grant):
-                await asyncio.shield(sync_to_async(self._release_abandoned)())
-            raise
-
-    def _release_abandoned(self) -> None:
-        """Release a grant that came for a cancelled task."""
-        try:
-            self.release((None, None, None))
-        except DistLockError:
-            logger.warning("Releasing %r after its task was cancelled failed", self.lock,
-                           exc_info=True)
-
-    async def async_wait(self, miss: Miss) -> Grant | None:
-        """Async :meth:`wait`; must not block the event loop."""
-        await asyncio.sleep(self._delay(miss))
-        return None
-
-    async def aclose(self) -> None:
-        """Async :meth:`close`."""
-        await sync_to_async(self.close)()
-
-    async def arelease(self, exc_info: ExcInfo) -> bool:
-        """Async :meth:`release`."""
-        return await sync_to_async(self.release)(exc_info)
-
-    async def aextend(self, ttl: float) -> Grant | None:
-        """Async :meth:`extend`."""
-        return await sync_to_async(self.extend)(ttl)
-
-    def _delay(self, miss: Miss) -> float:
-        if self._backoff is None:
-            self._backoff = Backoff()
-        delay = self._backoff.next_delay(remaining(self.deadline))
-        if miss.retry_after is not None:
-            delay = min(delay, max(miss.retry_after, 0.0) + 0.001)
-        return max(delay, 0.0)
+    #: The freed grant's fencing token where the backend learnt it (the signal carries it).
+    fencing_token: int | None = None
 
 
 class BaseLockBackend(abc.ABC):
@@ -237,17 +96,30 @@ class BaseLockBackend(abc.ABC):
 
     Capabilities are class attributes; a backend whose capabilities depend on
     its options is one class per set of capabilities (see the database backend).
+    An optional feature is a ``supports_*`` flag plus a hook: where the flag is
+    False the public method refuses (:class:`UnsupportedOperation`) before any I/O.
+    A backend implements :meth:`is_locked`, :meth:`health`, names its
+    :attr:`acquisition_class`, and implements :meth:`_held_locks` and
+    :meth:`_force_release` where it sets their flags.
     """
+
+    #: The :class:`Acquisition` class :meth:`acquisition` builds (a backend that picks
+    #: one per lock overrides :meth:`acquisition` instead).
+    acquisition_class: ClassVar[type[Acquisition] | None] = None
+    #: Why a feature whose flag is False is missing, by flag name (said in the refusal).
+    why_unsupported: ClassVar[Mapping[str, str]] = {}
 
     #: Grants carry a fencing token that strictly increases with every grant of a key.
     supports_fencing: ClassVar[bool] = True
     #: Locks are leases that end after their TTL on the server's clock (else: held
     #: until released, or until the holder's session ends).
     supports_expiry: ClassVar[bool] = True
-    #: :meth:`held_locks` lists the locks held now.
-    supports_listing: ClassVar[bool] = True
-    #: :meth:`force_release` frees another owner's lock.
-    supports_force_release: ClassVar[bool] = True
+    #: :meth:`held_locks` lists the locks held now (the backend implements
+    #: :meth:`_held_locks`).
+    supports_listing: ClassVar[bool] = False
+    #: :meth:`force_release` frees another owner's lock (the backend implements
+    #: :meth:`_force_release`).
+    supports_force_release: ClassVar[bool] = False
     #: Locks exclude other processes (False only for process-local backends).
     distributed: ClassVar[bool] = True
     #: ``lock(name, reentrant=True)`` works: the same owner acquires again, counted.
@@ -259,6 +131,7 @@ class BaseLockBackend(abc.ABC):
     supports_semaphore: ClassVar[bool] = False
 
     def __init__(self, alias: str, params: Mapping[str, Any]) -> None:
+        self._check_implementation()
         self.alias = alias
         unknown = set(params) - _PARAM_KEYS
         if unknown:
@@ -467,12 +340,50 @@ class BaseLockBackend(abc.ABC):
         """Return the name listings show for a storage key (see :meth:`make_key`)."""
         return display_name(key[len(self.key_prefix) :])
 
-    @abc.abstractmethod
+    @classmethod
+    def _check_implementation(cls) -> None:
+        """Refuse to build a backend class whose flags promise a hook it lacks (as
+        :mod:`abc` refuses a class with abstract methods left)."""
+        missing = [
+            what for what, lacking in (
+                ("acquisition_class or acquisition()", cls.acquisition_class is None
+                 and cls.acquisition is BaseLockBackend.acquisition),
+                ("_held_locks() (supports_listing is True)", cls.supports_listing
+                 and cls._held_locks is BaseLockBackend._held_locks),
+                ("_force_release() (supports_force_release is True)", cls.supports_force_release
+                 and cls._force_release is BaseLockBackend._force_release),
+            ) if lacking
+        ]
+        if missing:
+            raise TypeError(f"Can't instantiate {cls.__name__}: it lacks {', '.join(missing)}.")
+
+    def refuse_unless(self, flag: str, doing: str) -> None:
+        """Raise UnsupportedOperation (no I/O) when the capability ``flag`` is False.
+
+        :param flag: a ``supports_*`` attribute's name.
+        :param doing: what was asked, after "cannot" ("list held locks").
+        :raises UnsupportedOperation: when the backend lacks the capability.
+        """
+        if not getattr(self, flag):
+            reason = self.why_unsupported.get(flag, f"{flag} is False")
+            raise UnsupportedOperation(
+                f"{type(self).__name__} (alias {self.alias!r}) cannot {doing}: {reason}."
+            )
+
     def acquisition(
         self, lock: Lock, token: str, blocking: bool, deadline: float | None
     ) -> Acquisition:
         """Return a new :class:`Acquisition` of ``lock`` for the owner ``token`` (no I/O):
-        ``Acquisition(self, lock, token, blocking, deadline)`` of the backend's own class."""
+        ``acquisition_class(self, lock, token, blocking, deadline)``.
+
+        :param lock: the handle acquiring.
+        :param token: the owner token of this acquisition.
+        :param blocking: whether the handle will wait after a miss.
+        :param deadline: when it stops waiting (:func:`time.monotonic`; None: never).
+        :returns: the acquisition, not yet attempted.
+        """
+        assert self.acquisition_class is not None  # see _check_implementation()
+        return self.acquisition_class(self, lock, token, blocking, deadline)
 
     @abc.abstractmethod
     def is_locked(self, name: str) -> bool:
@@ -482,7 +393,6 @@ class BaseLockBackend(abc.ABC):
         :raises BackendUnavailable: when the server fails.
         """
 
-    @abc.abstractmethod
     def held_locks(
         self, prefix: str = "", limit: int = 50, cursor: str | None = None
     ) -> LockPage:
@@ -490,14 +400,25 @@ class BaseLockBackend(abc.ABC):
         ``prefix``; pass the page's ``next_cursor`` back for the next page.
 
         The cost grows with ``limit``, not with the number of locks held.
-        Validate the arguments (:func:`validate_page_args`) before any I/O.
 
+        :param prefix: the start of the names listed ("": all).
+        :param limit: the most locks on the page, from 1 to 1,000.
+        :param cursor: a previous page's ``next_cursor`` (None: the first page).
+        :returns: the page.
         :raises UnsupportedOperation: when ``supports_listing`` is False.
-        :raises TypeError, ValueError: for bad arguments.
+        :raises TypeError, ValueError: for bad arguments (before any I/O).
         :raises BackendUnavailable: when the server fails.
         """
+        prefix, limit, cursor = validate_page_args(prefix, limit, cursor)
+        self.refuse_unless("supports_listing", "list held locks")
+        return self._held_locks(prefix, limit, cursor)
 
-    @abc.abstractmethod
+    def _held_locks(self, prefix: str, limit: int, cursor: str | None) -> LockPage:
+        """The backend's listing behind :meth:`held_locks` (where ``supports_listing``):
+        the arguments are checked already; a ``cursor`` is one this backend returned
+        only if it says so (raise ValueError for one it cannot read)."""
+        raise NotImplementedError  # never called: see _check_implementation()
+
     def force_release(self, name: str, *, owner: str | None = None) -> bool:
         """Free ``name`` whoever holds it; return whether a held lock was freed.
 
@@ -505,15 +426,35 @@ class BaseLockBackend(abc.ABC):
         the lock is freed only while that holder has it, checked and freed in one
         step on the server: a lock taken by someone else since it was listed stays
         (False). The former holder finds out at its next ``extend()`` or
-        ``release()`` (:class:`~django_distlock.exceptions.LockLost`). Send
+        ``release()`` (:class:`~django_distlock.exceptions.LockLost`). Sends
         :data:`~django_distlock.signals.lock_force_released` when one was freed.
-        Validate the arguments (:func:`validate_owner_id`) before any I/O.
 
+        :param name: the lock's name.
+        :param owner: free it only while this short owner id holds it (None: any holder).
+        :returns: whether a held lock was freed.
         :raises UnsupportedOperation: when ``supports_force_release`` is False.
         :raises InvalidLockName: for a bad name.
         :raises TypeError, ValueError: for an ``owner`` that is not a short owner id.
         :raises BackendUnavailable: when the server fails.
         """
+        key = self.make_key(name)
+        expected = validate_owner_id(owner)
+        self.refuse_unless("supports_force_release", "force-release locks")
+        freed = self._force_release(key, expected)
+        if freed is None:
+            return False
+        signals.lock_force_released.send(
+            sender=type(self), backend=self, alias=self.alias, name=name,
+            fencing_token=freed.fencing_token,
+        )
+        return True
+
+    def _force_release(self, key: str, owner: str) -> Freed | None:
+        """The backend's force release behind :meth:`force_release` (where
+        ``supports_force_release``): free the lock of storage key ``key``, only while
+        the holder's short owner id is ``owner`` unless it is ""; return :class:`Freed`,
+        or None when nothing was freed."""
+        raise NotImplementedError  # never called: see _check_implementation()
 
     @abc.abstractmethod
     def health(self) -> float:

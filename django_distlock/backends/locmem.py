@@ -4,6 +4,25 @@ Its locks exclude the threads and asyncio tasks of ONE process only: two web
 workers or two task workers do not see each other's locks. Never use it in
 production; ``manage.py check --deploy`` warns when an alias uses it.
 Aliases with the same ``LOCATION`` share their locks.
+
+It is also the worked example of a backend. A backend is two classes:
+
+- an :class:`~django_distlock.backends.base.Acquisition` subclass, one per
+  ``acquire()``: :meth:`attempt` (one try, no waiting: a ``Grant`` or a
+  ``Miss``), :meth:`release` and :meth:`extend`; optionally :meth:`wait` (here:
+  sleep until a release notifies; the default backs off with jitter) and
+  ``close``, and async twins where the client has native async calls;
+- a :class:`~django_distlock.backends.base.BaseLockBackend` subclass naming it
+  as ``acquisition_class``, with :meth:`is_locked` and :meth:`health`, and,
+  for each optional feature it sets a ``supports_*`` flag for, the hook:
+  ``_held_locks`` (``supports_listing``), ``_force_release``
+  (``supports_force_release``).
+
+The base class validates names and arguments, refuses (``UnsupportedOperation``)
+what the flags say is missing before any I/O, and sends the signals; the handle
+(``handle.py``) runs the acquire loop, timeouts, fencing, renewal and
+self-deadlock detection. ``django_distlock.testing.contract`` is the test suite
+every backend passes, capability by capability.
 """
 
 from __future__ import annotations
@@ -17,21 +36,10 @@ from typing import Any
 
 from django.core import checks
 
-from .. import signals
 from ..backoff import remaining
 from ..exceptions import UnsupportedOperation
-from ..handle import Lock
-from ..values import short_owner, validate_owner_id
-from .base import (
-    Acquisition,
-    BaseLockBackend,
-    ExcInfo,
-    Grant,
-    LockInfo,
-    LockPage,
-    Miss,
-    validate_page_args,
-)
+from ..values import short_owner
+from .base import Acquisition, BaseLockBackend, ExcInfo, Freed, Grant, LockInfo, LockPage, Miss
 
 
 @dataclass
@@ -128,7 +136,10 @@ class LocMemAcquisition(Acquisition):
 class LocMemBackend(BaseLockBackend):
     """Locks in this process' memory; see the module docstring (not for production)."""
 
+    acquisition_class = LocMemAcquisition
     distributed = False
+    supports_listing = True
+    supports_force_release = True
 
     def __init__(self, alias: str, params: Mapping[str, Any]) -> None:
         super().__init__(alias, params)
@@ -138,20 +149,12 @@ class LocMemBackend(BaseLockBackend):
         with _stores_mutex:
             self.store = _stores.setdefault(location, _Store())
 
-    def acquisition(
-        self, lock: Lock, token: str, blocking: bool, deadline: float | None
-    ) -> LocMemAcquisition:
-        return LocMemAcquisition(self, lock, token, blocking, deadline)
-
     def is_locked(self, name: str) -> bool:
         key = self.make_key(name)
         with self.store.cond:
             return self.store.current(key) is not None
 
-    def held_locks(
-        self, prefix: str = "", limit: int = 50, cursor: str | None = None
-    ) -> LockPage:
-        prefix, limit, cursor = validate_page_args(prefix, limit, cursor)
+    def _held_locks(self, prefix: str, limit: int, cursor: str | None) -> LockPage:
         low = self.key_prefix + prefix
         with self.store.cond:
             # Process-local and small: sorting what is held is the whole cost.
@@ -159,38 +162,25 @@ class LocMemBackend(BaseLockBackend):
                 k for k in list(self.store.held)
                 if k.startswith(low) and k > (cursor or "") and self.store.current(k)
             )[:limit]
-            infos = [self._info(k, self.store.held[k]) for k in keys]
+            now, clock = datetime.now(UTC), time.monotonic()
+            infos = [
+                LockInfo(
+                    self.alias, self.name_of(key), short_owner(held.owner), held.fencing,
+                    held.acquired_at, now + timedelta(seconds=held.expires - clock), held.host,
+                    held.pid, held.thread, waiters=self.store.waiting.get(key, 0),
+                )
+                for key, held in [(key, self.store.held[key]) for key in keys]
+            ]
         return LockPage(infos, keys[-1] if len(keys) == limit else None)
 
-    def _info(self, key: str, entry: _Held) -> LockInfo:
-        left = entry.expires - time.monotonic()
-        return LockInfo(
-            alias=self.alias,
-            name=self.name_of(key),
-            owner=short_owner(entry.owner),
-            fencing_token=entry.fencing,
-            acquired_at=entry.acquired_at,
-            expires_at=datetime.now(UTC) + timedelta(seconds=left),
-            host=entry.host,
-            pid=entry.pid,
-            thread=entry.thread,
-            waiters=self.store.waiting.get(key, 0),
-        )
-
-    def force_release(self, name: str, *, owner: str | None = None) -> bool:
-        key = self.make_key(name)
-        expected = validate_owner_id(owner)
+    def _force_release(self, key: str, owner: str) -> Freed | None:
         with self.store.cond:
             entry = self.store.current(key)
-            freed = entry is not None and short_owner(entry.owner).startswith(expected)
-            if freed:
-                del self.store.held[key]
-                self.store.cond.notify_all()
-        if freed:
-            signals.lock_force_released.send(
-                sender=type(self), backend=self, alias=self.alias, name=name, fencing_token=None
-            )
-        return freed
+            if entry is None or not short_owner(entry.owner).startswith(owner):
+                return None
+            del self.store.held[key]
+            self.store.cond.notify_all()
+        return Freed()
 
     def health(self) -> float:
         return 0.0

@@ -14,7 +14,8 @@
 - :mod:`~django_distlock.testing.signals`: ``signals_sent()`` records the lock
   signals a block sends.
 - :mod:`~django_distlock.testing.contract`: the contract suite every lock backend
-  passes (needs pytest; imported on first use of ``LockContract`` or ``in_thread``).
+  passes, as a pytest class (``LockContract``, needs pytest) and a unittest mixin
+  (``BackendContractTests``, for ``manage.py test``); imported on first use.
 """
 
 from __future__ import annotations
@@ -29,17 +30,31 @@ from .mixins import LockTestMixin
 from .signals import signals_sent
 
 if TYPE_CHECKING:
-    from .contract import LockContract, in_thread
+    from .contract import BackendContractTests, LockContract, in_thread
 
 __all__ = [
-    "CheckedHistory", "Elsewhere", "HistoryRecorder", "HistoryReport", "LockContract",
-    "LockTestMixin", "backend_unavailable", "check", "expire_session", "hold_elsewhere",
-    "in_thread", "load", "make_lost", "run_in_processes", "signals_sent", "stock",
+    "BackendContractTests",
+    "CheckedHistory",
+    "Elsewhere",
+    "HistoryRecorder",
+    "HistoryReport",
+    "LockContract",
+    "LockTestMixin",
+    "backend_unavailable",
+    "check",
+    "expire_session",
+    "hold_elsewhere",
+    "in_thread",
+    "load",
+    "make_lost",
+    "run_in_processes",
+    "signals_sent",
+    "stock",
 ]
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("LockContract", "in_thread"):
+    if name in ("BackendContractTests", "LockContract", "in_thread"):
         from . import contract
 
         return getattr(contract, name)

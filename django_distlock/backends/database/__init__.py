@@ -5,7 +5,7 @@ picks lease mode (``lease.py``, the default) or transaction mode
 (``transaction.py``). See docs/database.md.
 """
 
-from .common import DatabaseBackend
+from .backend import DatabaseBackend
 from .lease import LeaseBackend
 from .transaction import SqliteTransactionBackend, TransactionBackend
 

@@ -19,12 +19,11 @@ from typing import Any, TypeVar
 
 from django.db import connections
 
-from ... import signals
 from ...backoff import remaining
 from ...exceptions import BackendUnavailable
-from ...values import short_owner, validate_owner_id
-from ..base import Acquisition, ExcInfo, Grant, LockInfo, LockPage, Miss, validate_page_args
-from .common import DatabaseBackend, is_busy, server_wait
+from ...values import short_owner
+from ..base import Acquisition, ExcInfo, Freed, Grant, LockInfo, LockPage, Miss
+from .backend import DatabaseBackend, is_busy, server_wait
 from .sessions import ERRORS, WATCHDOG, AsyncSessions, Session, connection_lost
 from .sql import (
     PG_WAIT,
@@ -43,6 +42,9 @@ logger = logging.getLogger("django_distlock")
 class LeaseBackend(DatabaseBackend, mode="lease"):
     """The database backend's lease mode (``OPTIONS["MODE"] = "lease"``, the default)."""
 
+    supports_listing = True
+    supports_force_release = True
+
     def __init__(self, alias: str, params: Mapping[str, Any]) -> None:
         super().__init__(alias, params)
         self.async_pool = AsyncSessions(self.session_factory, self.async_sessions)
@@ -50,10 +52,7 @@ class LeaseBackend(DatabaseBackend, mode="lease"):
     def is_locked(self, name: str) -> bool:
         return bool(self.run(self.dialect.is_locked, [self.make_key(name)], "checking a lock"))
 
-    def held_locks(
-        self, prefix: str = "", limit: int = 50, cursor: str | None = None
-    ) -> LockPage:
-        prefix, limit, cursor = validate_page_args(prefix, limit, cursor)
+    def _held_locks(self, prefix: str, limit: int, cursor: str | None) -> LockPage:
         low = self.key_prefix + prefix
         params = [cursor or "", low, upper_bound(low), limit]
         rows = self.run(self.dialect.held, params, "listing locks")
@@ -74,16 +73,10 @@ class LeaseBackend(DatabaseBackend, mode="lease"):
             thread=thread,
         )
 
-    def force_release(self, name: str, *, owner: str | None = None) -> bool:
-        key = self.make_key(name)
-        expected = validate_owner_id(owner)
-        params = [key, len(expected), expected]
-        freed = bool(self.run(self.dialect.force_release, params, "force-releasing a lock"))
-        if freed:
-            signals.lock_force_released.send(
-                sender=type(self), backend=self, alias=self.alias, name=name, fencing_token=None
-            )
-        return freed
+    def _force_release(self, key: str, owner: str) -> Freed | None:
+        params = [key, len(owner), owner]
+        freed = self.run(self.dialect.force_release, params, "force-releasing a lock")
+        return Freed() if freed else None
 
     def close(self) -> None:
         self.async_pool.close()

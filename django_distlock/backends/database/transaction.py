@@ -22,9 +22,8 @@ from django.db import connections, transaction
 from ...backoff import remaining
 from ...exceptions import BackendUnavailable, ConnectionInUse, LockLost, UnsupportedOperation
 from ...handle import Lock, current_holder
-from ...values import validate_owner_id
-from ..base import Acquisition, ExcInfo, Grant, LockInfo, LockPage, Miss, validate_page_args
-from .common import DatabaseBackend, is_busy, server_wait
+from ..base import Acquisition, ExcInfo, Grant, LockInfo, LockPage, Miss
+from .backend import DatabaseBackend, is_busy, server_wait
 from .sessions import ERRORS, connection_lost
 from .sql import (
     ENSURE_ROW,
@@ -59,7 +58,11 @@ class TransactionBackend(DatabaseBackend, mode="transaction"):
     """The database backend's transaction mode (``OPTIONS["MODE"] = "transaction"``)."""
 
     supports_expiry = False
-    supports_force_release = False
+    supports_listing = True
+    why_unsupported = {
+        "supports_force_release": "a transaction-mode lock is held by its holder's open "
+        "transaction; it ends when that transaction does",
+    }
 
     @classmethod
     def for_vendor(cls, vendor: str) -> type[DatabaseBackend]:
@@ -75,10 +78,7 @@ class TransactionBackend(DatabaseBackend, mode="transaction"):
             return bool(self.run(PG_TX_IS_LOCKED, [key, key], "checking a lock")[0][0])
         return self._sqlite_write_locked()
 
-    def held_locks(
-        self, prefix: str = "", limit: int = 50, cursor: str | None = None
-    ) -> LockPage:
-        prefix, limit, cursor = validate_page_args(prefix, limit, cursor)
+    def _held_locks(self, prefix: str, limit: int, cursor: str | None) -> LockPage:
         low = self.key_prefix + prefix
         params = [cursor or "", low, upper_bound(low), limit]
         rows = self.run(PG_TX_HELD, params, "listing locks")
@@ -96,14 +96,6 @@ class TransactionBackend(DatabaseBackend, mode="transaction"):
         acquisition = lock.acquisition
         if isinstance(acquisition, _TxAcquisition):
             acquisition.check_fenced_write(using)
-
-    def force_release(self, name: str, *, owner: str | None = None) -> bool:
-        self.make_key(name)
-        validate_owner_id(owner)
-        raise UnsupportedOperation(
-            "A transaction-mode lock is held by its holder's open transaction; "
-            "it ends when that transaction does."
-        )
 
     def _sqlite_write_locked(self) -> bool:
         """Whether some connection holds the SQLite database's write lock."""
@@ -128,15 +120,11 @@ class SqliteTransactionBackend(TransactionBackend):
     """Transaction mode on SQLite: the lock is the database's write lock."""
 
     supports_listing = False
-
-    def held_locks(
-        self, prefix: str = "", limit: int = 50, cursor: str | None = None
-    ) -> LockPage:
-        validate_page_args(prefix, limit, cursor)
-        raise UnsupportedOperation(
-            "Transaction-mode locks on SQLite are the database's write lock; "
-            "they cannot be listed by name."
-        )
+    why_unsupported = {
+        **TransactionBackend.why_unsupported,
+        "supports_listing": "its locks are the SQLite database's write lock, which has "
+        "no names to list",
+    }
 
 
 class _TxAcquisition(Acquisition):

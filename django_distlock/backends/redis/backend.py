@@ -11,11 +11,10 @@ from typing import Any
 from django.core import checks
 from redis.exceptions import ResponseError
 
-from ... import signals
 from ...exceptions import BackendUnavailable, InvalidBackendOptions, LockConfigurationError
 from ...handle import Lock
-from ...values import short_owner, validate_owner_id
-from ..base import BaseLockBackend, LockInfo, LockPage, check_option_keys, validate_page_args
+from ...values import short_owner
+from ..base import Acquisition, BaseLockBackend, Freed, LockInfo, LockPage, check_option_keys
 from .acquisition import SERVER_TICK, Calls, RedisAcquisition
 from .caches import cache_problem
 from .client import CLIENT_ERRORS, Redis, host_port, socket_timeout, unavailable
@@ -88,6 +87,9 @@ class RedisBackend(BaseLockBackend):
     See ``docs/redis.md``.
     """
 
+    acquisition_class = RedisAcquisition
+    supports_listing = True
+    supports_force_release = True
     supports_reentrancy = True
 
     def __init__(self, alias: str, params: Mapping[str, Any]) -> None:
@@ -168,10 +170,10 @@ class RedisBackend(BaseLockBackend):
 
     def acquisition(
         self, lock: Lock, token: str, blocking: bool, deadline: float | None
-    ) -> RedisAcquisition:
+    ) -> Acquisition:
         if not self._server_checked:
             self._check_server()
-        return RedisAcquisition(self, lock, token, blocking, deadline)
+        return super().acquisition(lock, token, blocking, deadline)
 
     def eviction_problem(self) -> str | None:
         """Ask the server (each master of a cluster) whether it may evict keys when
@@ -223,8 +225,7 @@ class RedisBackend(BaseLockBackend):
         except CLIENT_ERRORS as exc:
             raise unavailable(exc) from exc
 
-    def held_locks(self, prefix: str = "", limit: int = 50, cursor: str | None = None) -> LockPage:
-        prefix, limit, cursor = validate_page_args(prefix, limit, cursor)
+    def _held_locks(self, prefix: str, limit: int, cursor: str | None) -> LockPage:
         try:
             after = bytes.fromhex(cursor) if cursor is not None else None
         except ValueError as exc:
@@ -279,20 +280,14 @@ class RedisBackend(BaseLockBackend):
             waiters=waiters,
         )
 
-    def force_release(self, name: str, *, owner: str | None = None) -> bool:
-        keys = self.keys_for(self.make_key(name))
-        expected = validate_owner_id(owner)
+    def _force_release(self, key: str, owner: str) -> Freed | None:
+        keys = self.keys_for(key)
         fencing = self.redis.run(
             SCRIPTS["force_release"],
             (keys.lock, keys.queue, keys.waiters, keys.listing),
-            (keys.member, expected),
+            (keys.member, owner),
         )
-        if not fencing:
-            return False
-        signals.lock_force_released.send(
-            sender=type(self), backend=self, alias=self.alias, name=name, fencing_token=fencing
-        )
-        return True
+        return Freed(fencing) if fencing else None
 
     def health(self) -> float:
         """The latency of a ``PING``.

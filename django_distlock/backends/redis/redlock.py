@@ -22,18 +22,15 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from ... import signals
-from ...exceptions import BackendUnavailable, InvalidBackendOptions, UnsupportedOperation
+from ...exceptions import BackendUnavailable, InvalidBackendOptions
 from ..base import (
     Acquisition,
     BaseLockBackend,
     ExcInfo,
+    Freed,
     Grant,
-    LockPage,
     Miss,
     check_option_keys,
-    validate_owner_id,
-    validate_page_args,
 )
 from .acquisition import Calls
 from .client import CLIENT_ERRORS, Redis, Sent, unavailable
@@ -64,6 +61,84 @@ def _with_timeouts(url: str, timeout: float) -> str:
     return urlunsplit(parts._replace(query=urlencode(query)))
 
 
+class RedlockAcquisition(Acquisition):
+    """One acquisition on every master; the waits are the base class' backoff."""
+
+    backend: RedlockBackend
+
+    def __init__(
+        self,
+        backend: RedlockBackend,
+        lock: Lock,
+        token: str,
+        blocking: bool,
+        deadline: float | None,
+    ) -> None:
+        super().__init__(backend, lock, token, blocking, deadline)
+        self.calls = backend.calls_for(lock.key)
+        #: An attempt may have been granted on some masters and not given back: its
+        #: grant did not reach the handle (a task cancelled while the attempt ran in
+        #: its worker thread), or it is still running.
+        self._maybe_held = False
+
+    def _drift(self, ttl: float) -> float:
+        return ttl * DRIFT + DRIFT_FLOOR
+
+    def attempt(self) -> Grant | Miss:
+        lock, calls = self.lock, self.calls
+        ttl_ms = max(int(lock.ttl * 1000), 1)
+        args = (self.token, ttl_ms, f"{lock.host} {lock.pid} {lock.holder_field}", "", "")
+        started = time.monotonic()
+        self._maybe_held = True
+        try:
+            replies = self.backend.call_all(calls.acquire, args)
+        except BackendUnavailable:
+            self._free()
+            raise
+        elapsed = time.monotonic() - started
+        grants = [reply for reply in replies if reply[0] == 1]
+        drift = self._drift(lock.ttl)
+        if len(grants) >= self.backend.quorum and lock.ttl - elapsed - drift > 0:
+            acquired = datetime.fromtimestamp(grants[0][2] / 1000, UTC)
+            # The lease counts from the first request, less the drift: the handle adds
+            # ``granted_after`` (negative here) to the time it sent the acquire.
+            return Grant(None, acquired, acquired + timedelta(seconds=lock.ttl - drift), -drift)
+        self._free()
+        waits = [reply[1] for reply in replies if reply[0] != 1 and reply[1] >= 0]
+        return Miss(min(waits) / 1000 if waits else None)
+
+    def _free(self) -> None:
+        """Give back what a failed attempt got (best effort: unreached masters time out)."""
+        with contextlib.suppress(BackendUnavailable):
+            self.backend.call_all(self.calls.release, (self.token,))
+        self._maybe_held = False
+
+    def close(self) -> None:
+        """Give back what an attempt got if its grant never reached the handle. A
+        cancelled task's :meth:`aclose` runs this in the worker thread that runs its
+        attempts (``sync_to_async``'s one thread), so after the attempt ended."""
+        if self._maybe_held:
+            self._free()
+
+    def release(self, exc_info: ExcInfo) -> bool:
+        calls = self.calls
+        replies = self.backend.call_all(calls.release, (self.token,))
+        return sum(1 for reply in replies if reply) >= self.backend.quorum
+
+    def extend(self, ttl: float) -> Grant | None:
+        calls, ttl_ms = self.calls, max(int(ttl * 1000), 1)
+        started = time.monotonic()
+        replies = self.backend.call_all(calls.extend, (self.token, ttl_ms))
+        elapsed = time.monotonic() - started
+        extended = [reply for reply in replies if reply]
+        drift = self._drift(ttl)
+        if len(extended) < self.backend.quorum or ttl - elapsed - drift <= 0:
+            return None
+        acquired = datetime.fromtimestamp(extended[0][1] / 1000, UTC)
+        now = datetime.fromtimestamp(extended[0][2] / 1000, UTC)
+        return Grant(None, acquired, now + timedelta(seconds=ttl - drift), -drift)
+
+
 class RedlockBackend(BaseLockBackend):
     """Locks held by a majority of independent Redis masters (Redlock).
 
@@ -74,8 +149,13 @@ class RedlockBackend(BaseLockBackend):
     ``docs/redis.md``.
     """
 
+    acquisition_class = RedlockAcquisition
     supports_fencing = False
-    supports_listing = False
+    supports_force_release = True
+    why_unsupported = {
+        "supports_fencing": "independent masters' counters cannot be ordered",
+        "supports_listing": "no master knows which locks a majority holds",
+    }
 
     def __init__(self, alias: str, params: Mapping[str, Any]) -> None:
         super().__init__(alias, params)
@@ -166,11 +246,6 @@ class RedlockBackend(BaseLockBackend):
                 f"masters answered; {self.quorum} are needed. First error: {errors[0]}"
             ) from errors[0]
 
-    def acquisition(
-        self, lock: Lock, token: str, blocking: bool, deadline: float | None
-    ) -> RedlockAcquisition:
-        return RedlockAcquisition(self, lock, token, blocking, deadline)
-
     def is_locked(self, name: str) -> bool:
         lock_key = self.calls_for(self.make_key(name)).keys.lock
 
@@ -183,29 +258,16 @@ class RedlockBackend(BaseLockBackend):
         replies, _ = self.on_masters(exists)
         return sum(replies) >= self.quorum
 
-    def held_locks(self, prefix: str = "", limit: int = 50, cursor: str | None = None) -> LockPage:
-        validate_page_args(prefix, limit, cursor)
-        raise UnsupportedOperation(
-            f"Redlock {self.alias!r} cannot list held locks: no master knows which locks "
-            "a majority holds."
-        )
-
-    def force_release(self, name: str, *, owner: str | None = None) -> bool:
-        k = self.calls_for(self.make_key(name)).keys
-        expected = validate_owner_id(owner)
+    def _force_release(self, key: str, owner: str) -> Freed | None:
+        k = self.calls_for(key).keys
         replies, _ = self.on_masters(
             lambda m: m.run(
                 SCRIPTS["force_release"],
                 (k.lock, k.queue, k.waiters, k.listing),
-                (k.member, expected),
+                (k.member, owner),
             )
         )
-        if not any(replies):
-            return False
-        signals.lock_force_released.send(
-            sender=type(self), backend=self, alias=self.alias, name=name, fencing_token=None
-        )
-        return True
+        return Freed() if any(replies) else None
 
     def health(self) -> float:
         started = time.monotonic()
@@ -222,81 +284,3 @@ class RedlockBackend(BaseLockBackend):
     def close(self) -> None:
         for master in self.masters:
             master.close()
-
-
-class RedlockAcquisition(Acquisition):
-    """One acquisition on every master; the waits are the base class' backoff."""
-
-    backend: RedlockBackend
-
-    def __init__(
-        self,
-        backend: RedlockBackend,
-        lock: Lock,
-        token: str,
-        blocking: bool,
-        deadline: float | None,
-    ) -> None:
-        super().__init__(backend, lock, token, blocking, deadline)
-        self.calls = backend.calls_for(lock.key)
-        #: An attempt may have been granted on some masters and not given back: its
-        #: grant did not reach the handle (a task cancelled while the attempt ran in
-        #: its worker thread), or it is still running.
-        self._maybe_held = False
-
-    def _drift(self, ttl: float) -> float:
-        return ttl * DRIFT + DRIFT_FLOOR
-
-    def attempt(self) -> Grant | Miss:
-        lock, calls = self.lock, self.calls
-        ttl_ms = max(int(lock.ttl * 1000), 1)
-        args = (self.token, ttl_ms, f"{lock.host} {lock.pid} {lock.holder_field}", "", "")
-        started = time.monotonic()
-        self._maybe_held = True
-        try:
-            replies = self.backend.call_all(calls.acquire, args)
-        except BackendUnavailable:
-            self._free()
-            raise
-        elapsed = time.monotonic() - started
-        grants = [reply for reply in replies if reply[0] == 1]
-        drift = self._drift(lock.ttl)
-        if len(grants) >= self.backend.quorum and lock.ttl - elapsed - drift > 0:
-            acquired = datetime.fromtimestamp(grants[0][2] / 1000, UTC)
-            # The lease counts from the first request, less the drift: the handle adds
-            # ``granted_after`` (negative here) to the time it sent the acquire.
-            return Grant(None, acquired, acquired + timedelta(seconds=lock.ttl - drift), -drift)
-        self._free()
-        waits = [reply[1] for reply in replies if reply[0] != 1 and reply[1] >= 0]
-        return Miss(min(waits) / 1000 if waits else None)
-
-    def _free(self) -> None:
-        """Give back what a failed attempt got (best effort: unreached masters time out)."""
-        with contextlib.suppress(BackendUnavailable):
-            self.backend.call_all(self.calls.release, (self.token,))
-        self._maybe_held = False
-
-    def close(self) -> None:
-        """Give back what an attempt got if its grant never reached the handle. A
-        cancelled task's :meth:`aclose` runs this in the worker thread that runs its
-        attempts (``sync_to_async``'s one thread), so after the attempt ended."""
-        if self._maybe_held:
-            self._free()
-
-    def release(self, exc_info: ExcInfo) -> bool:
-        calls = self.calls
-        replies = self.backend.call_all(calls.release, (self.token,))
-        return sum(1 for reply in replies if reply) >= self.backend.quorum
-
-    def extend(self, ttl: float) -> Grant | None:
-        calls, ttl_ms = self.calls, max(int(ttl * 1000), 1)
-        started = time.monotonic()
-        replies = self.backend.call_all(calls.extend, (self.token, ttl_ms))
-        elapsed = time.monotonic() - started
-        extended = [reply for reply in replies if reply]
-        drift = self._drift(ttl)
-        if len(extended) < self.backend.quorum or ttl - elapsed - drift <= 0:
-            return None
-        acquired = datetime.fromtimestamp(extended[0][1] / 1000, UTC)
-        now = datetime.fromtimestamp(extended[0][2] / 1000, UTC)
-        return Grant(None, acquired, now + timedelta(seconds=ttl - drift), -drift)

@@ -10,10 +10,9 @@ from typing import Any
 from django.core import checks
 from kazoo.exceptions import NoNodeError
 
-from ... import signals
 from ...exceptions import InvalidBackendOptions
 from ...handle import Lock
-from ..base import BaseLockBackend, LockInfo, LockPage, validate_owner_id, validate_page_args
+from ..base import Acquisition, BaseLockBackend, Freed, LockInfo, LockPage
 from .acquisition import ZooKeeperAcquisition
 from .client import Client
 from .options import parse
@@ -48,7 +47,10 @@ class ZooKeeperBackend(BaseLockBackend):
     is False) and ``extend()`` only checks that the lock is still held.
     """
 
+    acquisition_class = ZooKeeperAcquisition
     supports_expiry = False
+    supports_listing = True
+    supports_force_release = True
     supports_read_write = True
     supports_semaphore = True
 
@@ -85,11 +87,11 @@ class ZooKeeperBackend(BaseLockBackend):
 
     def acquisition(
         self, lock: Lock, token: str, blocking: bool, deadline: float | None
-    ) -> ZooKeeperAcquisition | SemaphoreAcquisition:
+    ) -> Acquisition:
         self._usable()
         if lock.kind == "semaphore":
             return SemaphoreAcquisition(self, lock, token, blocking, deadline)
-        return ZooKeeperAcquisition(self, lock, token, blocking, deadline)
+        return super().acquisition(lock, token, blocking, deadline)
 
     def _contenders(self, parent: str) -> list[str]:
         try:
@@ -102,11 +104,10 @@ class ZooKeeperBackend(BaseLockBackend):
         self._usable()
         return bool(self._contenders(parent))
 
-    def held_locks(self, prefix: str = "", limit: int = 50, cursor: str | None = None) -> LockPage:
+    def _held_locks(self, prefix: str, limit: int, cursor: str | None) -> LockPage:
         """One page of held locks. ZooKeeper lists a node's children whole and unsorted,
         so this reads the names of every lock parent under ``ROOT`` (one round trip),
         then only the page's parents and holders, a batch of async calls at a time."""
-        prefix, limit, cursor = validate_page_args(prefix, limit, cursor)
         self._usable()
         root = self.settings.root
         try:
@@ -172,28 +173,23 @@ class ZooKeeperBackend(BaseLockBackend):
             kind=kind or "exclusive",
         )
 
-    def force_release(self, name: str, *, owner: str | None = None) -> bool:
-        parent = self.parent_of(self.make_key(name))
-        expected = validate_owner_id(owner)
+    def _force_release(self, key: str, owner: str) -> Freed | None:
+        parent = self.parent_of(key)
         self._usable()
         queue = self._contenders(parent)
         if not queue:
-            return False
+            return None
         # A contender's node is never re-created under its path: the holder read here
         # is the one deleted.
         path = f"{parent}/{queue[0]}"
         try:
             data, stat = self.client.call("reading the holder", "get", path)
-            if expected and _fields(data)[2] != expected:
-                return False
+            if owner and _fields(data)[2] != owner:
+                return None
             self.client.call("deleting the holder", "delete", path)
         except NoNodeError:
-            return False
-        signals.lock_force_released.send(
-            sender=type(self), backend=self, alias=self.alias, name=name,
-            fencing_token=stat.czxid,
-        )
-        return True
+            return None
+        return Freed(stat.czxid)
 
     def health(self) -> float:
         self._usable()

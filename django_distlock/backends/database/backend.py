@@ -1,0 +1,270 @@
+"""The database backend's class: what both modes share (options, vendor, errors, checks)."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Mapping
+from functools import cached_property
+from typing import Any, ClassVar
+
+from django.apps import apps
+from django.conf import settings
+from django.core import checks
+from django.db import DatabaseError, connections
+
+from ...exceptions import BackendUnavailable, InvalidBackendOptions, UnsupportedOperation
+from ...handle import Lock
+from ..base import Acquisition, BaseLockBackend, check_option_keys
+from .sessions import ERRORS, SessionFactory, ThreadSessions, connection_lost, sqlstate
+from .sql import POSTGRESQL, SQLITE, TABLE, Dialect
+
+_OPTION_KEYS = frozenset({"DATABASE", "MODE", "PREPARE", "ASYNC_SESSIONS"})
+#: Longest wait sent to the server in one call (PostgreSQL's ``lock_timeout`` stops
+#: at about 24.8 days); a longer timeout waits in several calls.
+MAX_SERVER_WAIT = 86400.0
+_MIGRATE = "run `manage.py migrate django_distlock`"
+_HEALTH = f"SELECT 1 FROM {TABLE} LIMIT 0"  # resolves the table, reads no row
+
+
+class DatabaseBackend(BaseLockBackend):
+    """Locks as rows of ``django_distlock_lock``, on PostgreSQL or SQLite.
+
+    ``OPTIONS``: ``DATABASE`` (alias in ``DATABASES``, default ``"default"``),
+    ``MODE`` (``"lease"``, the default, or ``"transaction"``: the class built is
+    :class:`~.lease.LeaseBackend` or :class:`~.transaction.TransactionBackend`),
+    ``PREPARE`` (PostgreSQL lease statements as prepared statements, default
+    True; False behind a pooler that cannot keep them), ``ASYNC_SESSIONS``
+    (PostgreSQL lease mode: connections that asyncio tasks of one event loop
+    use at most at a time, each from its first attempt to its release;
+    default 16).
+    """
+
+    #: ``OPTIONS["MODE"]`` → the class that serves it (filled by the subclasses).
+    modes: ClassVar[dict[str, type[DatabaseBackend]]] = {}
+    mode: ClassVar[str]
+    #: Vendor → the :class:`Acquisition` class of this mode on it.
+    acquisitions: ClassVar[dict[str, type[Acquisition]]]
+
+    def __init_subclass__(cls, mode: str = "", **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if mode:
+            cls.mode = mode
+            DatabaseBackend.modes[mode] = cls
+
+    def __new__(cls, alias: str, params: Mapping[str, Any]) -> DatabaseBackend:
+        if cls is DatabaseBackend:
+            options = params.get("OPTIONS") or {}
+            mode = options.get("MODE", "lease") if isinstance(options, Mapping) else "lease"
+            if mode not in cls.modes:
+                raise InvalidBackendOptions(
+                    f"DISTLOCK[{alias!r}]['OPTIONS']['MODE'] must be one of "
+                    f"{sorted(cls.modes)}, got {mode!r}."
+                )
+            database = options.get("DATABASE", "default") if isinstance(options, Mapping) else ""
+            vendor = connections[database].vendor if database in settings.DATABASES else ""
+            cls = cls.modes[mode].for_vendor(vendor)
+        return super().__new__(cls)
+
+    @classmethod
+    def for_vendor(cls, vendor: str) -> type[DatabaseBackend]:
+        """The class that serves this mode on ``vendor`` (capabilities may differ)."""
+        return cls
+
+    def __init__(self, alias: str, params: Mapping[str, Any]) -> None:
+        super().__init__(alias, params)
+        check_option_keys(alias, self.options, _OPTION_KEYS)
+        self.database: str = self.options.get("DATABASE", "default")
+        if not isinstance(self.database, str):
+            raise InvalidBackendOptions(
+                f"DISTLOCK[{alias!r}]['OPTIONS']['DATABASE'] must be a str."
+            )
+        if self.database not in settings.DATABASES:
+            raise InvalidBackendOptions(
+                f"DISTLOCK[{alias!r}]['OPTIONS']['DATABASE'] is {self.database!r}, which is "
+                f"not an alias of DATABASES ({sorted(settings.DATABASES)})."
+            )
+        prepare = self.options.get("PREPARE", True)
+        if not isinstance(prepare, bool):
+            raise InvalidBackendOptions(
+                f"DISTLOCK[{alias!r}]['OPTIONS']['PREPARE'] must be True or False."
+            )
+        async_sessions = self.options.get("ASYNC_SESSIONS", 16)
+        if isinstance(async_sessions, bool) or not isinstance(async_sessions, int) or not (
+            1 <= async_sessions <= 1000
+        ):
+            raise InvalidBackendOptions(
+                f"DISTLOCK[{alias!r}]['OPTIONS']['ASYNC_SESSIONS'] must be an int from 1 to 1000."
+            )
+        self.async_sessions: int = async_sessions
+        self.session_factory = SessionFactory(self.database, prepare)
+        self.sessions = ThreadSessions(self.session_factory)
+
+    # -- vendor -----------------------------------------------------------------
+
+    @cached_property
+    def vendor(self) -> str:
+        """The database vendor: ``"postgresql"`` or ``"sqlite"`` (no I/O)."""
+        return connections[self.database].vendor
+
+    @cached_property
+    def dialect(self) -> Dialect:
+        if self.vendor == "postgresql":
+            return POSTGRESQL
+        if self.vendor == "sqlite":
+            return SQLITE
+        raise UnsupportedOperation(
+            f"The database backend serves PostgreSQL and SQLite, not {self.vendor!r} "
+            f"(DATABASES[{self.database!r}])."
+        )
+
+    def acquisition(
+        self, lock: Lock, token: str, blocking: bool, deadline: float | None
+    ) -> Acquisition:
+        return self.acquisitions[self.dialect.vendor](self, lock, token, blocking, deadline)
+
+    # -- running statements -------------------------------------------------------
+
+    def unavailable(self, exc: BaseException, doing: str) -> BackendUnavailable:
+        """The error to raise (``from exc``) for a failure of the database; says what to
+        do when the table or the procedures are missing."""
+        code = sqlstate(exc)
+        message = str(exc)
+        if code == "42883":  # undefined_function
+            hint = f" The database lacks django-distlock's procedures: {_MIGRATE}."
+        elif code == "42P01" or "no such table" in message:  # undefined_table
+            hint = (
+                " The lock table is missing: add 'django_distlock' to INSTALLED_APPS and "
+                f"{_MIGRATE}."
+            )
+        else:
+            hint = ""
+        return BackendUnavailable(
+            f"Database {self.database!r} failed while {doing} (lock alias {self.alias!r}): "
+            f"{message}{hint}"
+        )
+
+    def run(self, statement: str, params: Any, doing: str, fetch: bool = True) -> list[Any]:
+        """Run one statement apart from the caller's transaction (PostgreSQL: on this
+        thread's session; SQLite: on Django's connection) and return its rows.
+
+        :raises BackendUnavailable: when the database fails.
+        """
+        try:
+            if self.vendor != "postgresql":
+                with connections[self.database].cursor() as cursor:
+                    cursor.execute(statement, params)
+                    return cursor.fetchall() if fetch else []
+            return self._run_on_session(statement, params, fetch)
+        except ERRORS as exc:
+            if self.vendor != "postgresql" or not connection_lost(exc):
+                raise self.unavailable(exc, doing) from exc
+        # This thread's session was gone (terminated, the server restarted): once more on
+        # a new one, as the lease calls do.
+        try:
+            return self._run_on_session(statement, params, fetch)
+        except ERRORS as exc:
+            raise self.unavailable(exc, doing) from exc
+
+    def _run_on_session(self, statement: str, params: Any, fetch: bool) -> list[Any]:
+        """Run one statement on this thread's session; a failure forgets the session."""
+        try:
+            session = self.sessions.get()
+            with session.mutex:
+                cursor = session.execute(statement, params)
+                return cursor.fetchall() if fetch else []
+        except ERRORS:
+            self.sessions.forget()
+            raise
+
+    def health(self) -> float:
+        started = time.perf_counter()
+        # Reads the lock table, not just the server: where ``migrate`` never ran, every
+        # acquire fails, and so must this (with the hint to migrate).
+        self.run(_HEALTH, [], "checking health")
+        return time.perf_counter() - started
+
+    def close(self) -> None:
+        self.session_factory.close_all()
+        self.sessions.reset()
+
+    # -- checks -------------------------------------------------------------------
+
+    def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
+        if kwargs.get("deploy"):
+            return []
+        alias, db = self.alias, self.database
+        if db not in settings.DATABASES:
+            return [
+                checks.Error(
+                    f"DISTLOCK[{alias!r}] uses database {db!r}, which is not in DATABASES.",
+                    obj=alias,
+                    id="distlock.E003",
+                )
+            ]
+        messages = self._vendor_checks()
+        if not apps.is_installed("django_distlock"):
+            messages.append(
+                checks.Error(
+                    f"DISTLOCK[{alias!r}] uses the database backend, whose table comes with "
+                    "the 'django_distlock' app.",
+                    hint=f"Add 'django_distlock' to INSTALLED_APPS and {_MIGRATE}.",
+                    obj=alias,
+                    id="distlock.E005",
+                )
+            )
+        return messages
+
+    def _vendor_checks(self) -> list[checks.CheckMessage]:
+        alias, db, vendor = self.alias, self.database, self.vendor
+        if vendor not in ("postgresql", "sqlite"):
+            return [
+                checks.Error(
+                    f"DISTLOCK[{alias!r}]: the database backend serves PostgreSQL and SQLite; "
+                    f"DATABASES[{db!r}] is {vendor!r}.",
+                    hint="Use another database alias.",
+                    obj=alias,
+                    id="distlock.E004",
+                )
+            ]
+        messages: list[checks.CheckMessage] = []
+        if vendor == "sqlite":
+            if sqlite3.sqlite_version_info < (3, 35, 0):
+                messages.append(
+                    checks.Error(
+                        f"DISTLOCK[{alias!r}] needs SQLite 3.35 or newer (RETURNING and "
+                        f"upserts); this Python has {sqlite3.sqlite_version}.",
+                        obj=alias,
+                        id="distlock.E004",
+                    )
+                )
+            name = str(settings.DATABASES[db].get("NAME", ""))
+            if name in ("", ":memory:") or "mode=memory" in name:
+                messages.append(
+                    checks.Warning(
+                        f"DISTLOCK[{alias!r}] uses an in-memory SQLite database, which no "
+                        "other process can see: its locks exclude nothing across processes.",
+                        obj=alias,
+                        id="distlock.W001",
+                    )
+                )
+        return messages
+
+
+def is_busy(exc: BaseException) -> bool:
+    """Whether a database error means "held by someone else, or not in time" rather than
+    a failure: a lock wait or a statement that ran out of time."""
+    if sqlstate(exc) in ("55P03", "57014"):  # lock_not_available, query_canceled
+        return True
+    message = str(exc).lower()
+    return isinstance(exc, DatabaseError) and (
+        "database is locked" in message or "database table is locked" in message
+    )
+
+
+def server_wait(deadline: float | None) -> float:
+    """Seconds the next call may wait in the server: until ``deadline``, at most
+    :data:`MAX_SERVER_WAIT` (None: no deadline, also capped)."""
+    if deadline is None:
+        return MAX_SERVER_WAIT
+    return max(min(deadline - time.monotonic(), MAX_SERVER_WAIT), 0.0)
