@@ -17,6 +17,7 @@ from .acquisition import ZooKeeperAcquisition
 from .client import Client
 from .options import parse
 from .paths import GATE, LEASE_MARKER, contenders, decode, encode, holders
+from .reentrant import Holds, ReentrantAcquisition
 from .semaphore import SemaphoreAcquisition
 
 _PARENTS_CACHE = 4096
@@ -40,11 +41,13 @@ class ZooKeeperBackend(BaseLockBackend):
     ``AUTH`` ((username, password): digest auth, and the nodes created get an ACL
     that gives that user all rights and nobody else any), ``ACL`` (more
     ``(scheme, id, perms)`` entries), ``CLIENT_OPTIONS`` (more ``KazooClient``
-    keyword arguments).
+    keyword arguments), ``REENTRANT`` (default False: whether ``lock()`` builds
+    reentrant handles by default).
 
     Locks are fair (first come, first served) and are held until released or
     until the holder's session ends; ``ttl`` is not used (``supports_expiry``
-    is False) and ``extend()`` only checks that the lock is still held.
+    is False) and ``extend()`` only checks that the lock is still held. Reentrant
+    locks count their owner's acquisitions in this process (``reentrant.py``).
     """
 
     acquisition_class = ZooKeeperAcquisition
@@ -53,11 +56,20 @@ class ZooKeeperBackend(BaseLockBackend):
     supports_force_release = True
     supports_read_write = True
     supports_semaphore = True
+    supports_reentrancy = True
 
     def __init__(self, alias: str, params: Mapping[str, Any]) -> None:
         super().__init__(alias, params)
         self.settings = parse(alias, self.location, self.options)
         self.client = Client(self.settings)
+        reentrant = self.options.get("REENTRANT", False)
+        if not isinstance(reentrant, bool):
+            raise InvalidBackendOptions(
+                f"DISTLOCK[{alias!r}]['OPTIONS']['REENTRANT'] must be True or False."
+            )
+        self.default_reentrant = reentrant
+        #: This process' reentrant holds (``reentrant.py``).
+        self.holds = Holds()
         self._parents: dict[str, str] = {}
         #: (semaphore node, limit) -> the node's mzxid when this process found that limit
         #: stored there: later acquisitions skip reading it again.
@@ -91,6 +103,8 @@ class ZooKeeperBackend(BaseLockBackend):
         self._usable()
         if lock.kind == "semaphore":
             return SemaphoreAcquisition(self, lock, token, blocking, deadline)
+        if lock.reentrant:
+            return ReentrantAcquisition(self, lock, token, blocking, deadline)
         return super().acquisition(lock, token, blocking, deadline)
 
     def _contenders(self, parent: str) -> list[str]:
