@@ -4,6 +4,8 @@ lock's downgrade to its read side, against the ensemble that scripts/test starts
 from __future__ import annotations
 
 import threading
+import time
+from typing import Any
 
 import pytest
 from django.conf import settings
@@ -14,6 +16,7 @@ from django_distlock.backends.zookeeper import ZooKeeperBackend
 from django_distlock.exceptions import LockLost
 
 from .conftest import eventually, in_thread, require_zookeeper
+from .histories import FORK, fork_ready
 
 
 @pytest.fixture
@@ -100,3 +103,67 @@ def test_another_session_with_the_owner_waits(zk, unique) -> None:
     finally:
         other.close()
     held.release()
+
+
+# -- downgrade: the write holder takes the read side --------------------------------
+
+
+def _queue_writer(name: str, go: Any, granted: Any) -> None:
+    """A child process: once told, wait for the write side of ``name``; note the grant."""
+    go.wait(10)
+    with locks["zk"].write_lock(name, timeout=30):
+        granted.set()
+    locks.close_all()
+
+
+def test_the_write_holder_takes_the_read_side_without_waiting(zk, unique) -> None:
+    """With another process' writer queued behind it, the write holder's read lock is
+    granted at once; released, the write leaves the read held, and the queued writer
+    waits for that read (it is not granted alongside it)."""
+    name = unique()
+    fork_ready()  # before acquiring: it closes this process' session
+    go, granted = FORK.Event(), FORK.Event()
+    child = FORK.Process(target=_queue_writer, args=(name, go, granted))
+    child.start()
+    writer = zk.write_lock(name)
+    assert writer.acquire(blocking=False)
+    go.set()
+    try:
+        assert eventually(lambda: len(_children(zk, name)) == 2), "the other writer queued"
+        reader = zk.read_lock(name)
+        started = time.monotonic()
+        assert reader.acquire(timeout=5)
+        assert time.monotonic() - started < 1, "the downgrade waited"
+        writer.release()
+        assert not granted.wait(1), "the queued writer was granted while the read is held"
+        assert zk.is_locked(name)
+        assert in_thread(lambda: zk.write_lock(name).acquire(blocking=False)) is False
+        # A later reader queues behind the waiting writer (writers are not starved).
+        assert in_thread(lambda: _take_read(zk, name)) is False
+        reader.release()
+        assert granted.wait(10), "the queued writer got it after the read was released"
+    finally:
+        child.join(20)
+        if child.is_alive():
+            child.kill()
+    assert child.exitcode == 0
+
+
+def _take_read(backend: ZooKeeperBackend, name: str) -> bool:
+    handle = backend.read_lock(name)
+    got = handle.acquire(blocking=False)
+    if got:
+        handle.release()
+    return got
+
+
+def test_only_the_write_holder_downgrades(zk, unique) -> None:
+    """Another thread's reader waits for the writer (it is not the write holder)."""
+    name = unique()
+    with zk.write_lock(name):
+        assert in_thread(lambda: zk.read_lock(name).acquire(timeout=0.3)) is False
+        reader = zk.read_lock(name)
+        assert reader.acquire(blocking=False)
+    assert zk.is_locked(name)
+    reader.release()
+    assert not zk.is_locked(name)

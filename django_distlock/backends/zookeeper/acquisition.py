@@ -44,7 +44,7 @@ from ...exceptions import BackendUnavailable
 from ...values import short_owner
 from ..base import Acquisition, ExcInfo, Grant, Miss
 from .client import ERRORS, delete_guid, on_done, unavailable
-from .paths import MARKER, READ_MARKER, blocker, contenders, guid_of
+from .paths import MARKER, READ_MARKER, blocker, contenders, downgrade_marker, guid_of
 
 if TYPE_CHECKING:
     from kazoo.interfaces import IAsyncResult
@@ -117,6 +117,8 @@ class ZooKeeperAcquisition(ThreadHops):
         self._own_gone = False  # our node was found gone while waiting
         #: What the node's name says it takes (see :mod:`.paths`).
         self.marker = READ_MARKER if lock.kind == "read" else MARKER
+        #: A reader's own held write node, when it takes the read side of it (a downgrade).
+        self.downgrading: str | None = None
         self.granted = False
         self._abandoned = False
         self._uncertain = False  # a create may have happened that we did not see
@@ -129,7 +131,7 @@ class ZooKeeperAcquisition(ThreadHops):
         self.client.watchers.add(self)
         for _ in range(CREATE_TRIES):
             if self.node is None:
-                self._create()
+                self._create_contender()
             try:
                 children = self.client.call(f"listing {self.parent}", "get_children", self.parent)
             except NoNodeError:
@@ -141,7 +143,7 @@ class ZooKeeperAcquisition(ThreadHops):
                 self._requeue()
                 continue
             ahead = blocker(order, self.node)
-            if ahead is None:
+            if ahead is None or ahead == self.downgrading:
                 return self._grant()
             self.predecessor = ahead
             order.remove(ahead)
@@ -160,7 +162,37 @@ class ZooKeeperAcquisition(ThreadHops):
     def _grant(self) -> Grant:
         self.granted = True
         self.lock.unsure = False
+        if self.lock.kind == "write":
+            self.backend.writers[self.parent] = self
         return Grant(self.fencing, datetime.now(UTC), None)
+
+    def _create_contender(self) -> None:
+        """Create our node; a reader whose holder holds the write side takes its read side
+        at once (a downgrade: Curator's and kazoo's rule for the write holder's thread)."""
+        writer = self.backend.writers.get(self.parent) if self.lock.kind == "read" else None
+        if (
+            writer is None or not writer.granted or writer.node is None or not writer.lock.held
+            or writer.lock._holder != self.lock._holder or not writer._same_session()
+        ):
+            self._create()
+            return
+        self.downgrading, self.marker = writer.node, downgrade_marker(writer.node)
+        self._create()
+        # Sorting right after the write node, ours jumps the writers queued behind it.
+        # Touching the write node after ours exists fires their watches (and stops their
+        # grant without a listing, see _watch), so each lists again and finds ours ahead.
+        # A write node gone already (force release, session end) may have a successor
+        # holding: ours then queues as a plain reader.
+        try:
+            self.client.call(
+                "marking the downgrade", "set", f"{self.parent}/{writer.node}",
+                holder_data(writer.token, writer.lock),
+            )
+        except NoNodeError:
+            self._delete()
+            self.client.unclaim(self)
+            self.downgrading, self.marker, self.node = None, READ_MARKER, None
+            self._create()
 
     def _create(self) -> None:
         """Create our contender node; after a connection loss, look for it by GUID first."""
@@ -264,6 +296,8 @@ class ZooKeeperAcquisition(ThreadHops):
                 self._own_watched(own)
         if stat is None:
             return False
+        if stat.version:  # a write node its holder downgraded: a read node may be after it
+            self.next_in_line = False
         self._predecessor_session = stat.ephemeralOwner
         return True
 
@@ -371,6 +405,8 @@ class ZooKeeperAcquisition(ThreadHops):
             return None
 
     def release(self, exc_info: ExcInfo) -> bool:
+        if self.backend.writers.get(self.parent) is self:
+            del self.backend.writers[self.parent]
         released = self._delete()
         self.client.watchers.discard(self)
         self.client.unclaim(self)
@@ -396,6 +432,8 @@ class ZooKeeperAcquisition(ThreadHops):
             else:
                 self.lock.unsure = False
                 self.client.watchers.discard(self)
+                if self.backend.writers.get(self.parent) is self:
+                    del self.backend.writers[self.parent]
                 self.lock.mark_lost()
             return
         if state == KazooState.LOST:

@@ -70,6 +70,9 @@ class ZooKeeperBackend(BaseLockBackend):
         self.default_reentrant = reentrant
         #: This process' reentrant holds (``reentrant.py``).
         self.holds = Holds()
+        #: The write locks this process holds, by parent path (their holders may take
+        #: the read side at once: a downgrade).
+        self.writers: dict[str, ZooKeeperAcquisition] = {}
         self._parents: dict[str, str] = {}
         #: (semaphore node, limit) -> the node's mzxid when this process found that limit
         #: stored there: later acquisitions skip reading it again.

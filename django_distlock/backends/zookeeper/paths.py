@@ -3,7 +3,8 @@
 A lock is a parent node ``ROOT/<encoded key>`` (a container node) whose children
 are the contenders: ``<guid>__lock__<sequence>`` (``__rlock__`` for readers),
 ephemeral and sequential, the lowest sequence holding the lock (kazoo's ``Lock``,
-``ReadLock`` and ``WriteLock`` recipes name them the same way).
+``ReadLock`` and ``WriteLock`` recipes name them the same way). A write holder's own
+read node (a downgrade) carries its write node's sequence and queues right after it.
 """
 
 from __future__ import annotations
@@ -80,6 +81,29 @@ def sequence_of(child: str) -> int:
     return int(tail) if marked and tail.isdigit() else -1
 
 
+def downgrade_marker(write_node: str) -> str:
+    """The marker of a read node that the holder of ``write_node`` takes (a downgrade):
+    ``__rlock__<the write node's sequence>d``, so that it sorts right after that write
+    node, ahead of every contender queued behind it (kazoo's sort, by the text after the
+    marker, agrees)."""
+    return f"{READ_MARKER}{sequence_of(write_node):0{_SEQUENCE_DIGITS}d}{_DOWNGRADE}"
+
+
+_DOWNGRADE = "d"
+_DOWNGRADE_TAIL = 2 * _SEQUENCE_DIGITS + len(_DOWNGRADE)
+
+
+def _order_key(child: str) -> tuple[int, int]:
+    """Where a contender queues: its sequence; a downgrade's right after its write node."""
+    tail = child[-_DOWNGRADE_TAIL:]
+    if (
+        READ_MARKER + tail in child and tail[_SEQUENCE_DIGITS] == _DOWNGRADE
+        and tail[:_SEQUENCE_DIGITS].isdigit()
+    ):
+        return int(tail[:_SEQUENCE_DIGITS]), 1
+    return sequence_of(child), 0
+
+
 def is_read(child: str) -> bool:
     """Whether a contender takes the read side (it shares with other readers)."""
     return READ_MARKER in child
@@ -106,7 +130,7 @@ def holders(order: list[str]) -> list[str]:
 
 def contenders(children: list[str]) -> list[str]:
     """The contender nodes among ``children``, in queue order (the holder first)."""
-    return sorted((c for c in children if sequence_of(c) >= 0), key=sequence_of)
+    return sorted((c for c in children if sequence_of(c) >= 0), key=_order_key)
 
 
 def guid_of(child: str) -> str:
