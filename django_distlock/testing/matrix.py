@@ -1,0 +1,202 @@
+"""The kinds x backends matrix of ``docs/kinds.md``, generated from the backends' flags.
+
+``python -m django_distlock.testing.matrix`` prints it as Markdown; a test fails when
+``docs/kinds.md`` differs, so the table stays what the ``supports_*`` flags say (and
+the contract suite checks every flag against behaviour). A "no" cell's reason is the
+backend's own ``why_unsupported`` entry, else :data:`REASONS`; a "no" without one is
+an error; a reason left for a cell that became "yes" is listed by
+:func:`stale_reasons` (the test asks to drop it).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+__all__ = ["COLUMNS", "REASONS", "ROWS", "Column", "cells", "markdown", "stale_reasons"]
+
+
+@dataclass(frozen=True)
+class Column:
+    """One backend as configured: its label, class path, and the database vendor whose
+    class serves it (database backend only)."""
+
+    label: str
+    path: str
+    vendor: str = ""
+    mode: str = ""
+
+    def backend_class(self) -> type | None:
+        """The class that serves this column, None when its module is not installed."""
+        module, _, name = self.path.rpartition(".")
+        try:
+            cls = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError):
+            return None
+        if self.mode:
+            cls = cls.modes[self.mode].for_vendor(self.vendor)
+        return cls
+
+
+_DB = "django_distlock.backends.database.DatabaseBackend"
+_REDIS = "django_distlock.backends.redis.RedisBackend"
+COLUMNS = (
+    Column("PostgreSQL lease", _DB, "postgresql", "lease"),
+    Column("SQLite lease", _DB, "sqlite", "lease"),
+    Column("PostgreSQL transaction", _DB, "postgresql", "transaction"),
+    Column("SQLite transaction", _DB, "sqlite", "transaction"),
+    Column("Redis", _REDIS),
+    Column("Redis Cluster", _REDIS),
+    Column("Redlock", "django_distlock.backends.redis.RedlockBackend"),
+    Column("ZooKeeper", "django_distlock.backends.zookeeper.ZooKeeperBackend"),
+    Column("cache (`add`)", "django_distlock.backends.cache.CacheBackend"),
+    Column("locmem", "django_distlock.backends.locmem.LocMemBackend"),
+)
+
+
+def _flag(name: str) -> Callable[[type], bool]:
+    return lambda cls: bool(getattr(cls, name))
+
+
+def _always(cls: type) -> bool:
+    return True
+
+
+#: Where a backend class has no flag for a row, whether it offers it, by column label.
+#: Fair: waiters served in arrival order by the server; else they poll with backoff.
+_FAIR = {
+    "PostgreSQL lease": True, "PostgreSQL transaction": True, "Redis": True,
+    "Redis Cluster": True, "ZooKeeper": True,
+}
+
+#: (row label, flag or None, how a class answers it).
+ROWS: tuple[tuple[str, str | None, Callable[[type], bool] | None], ...] = (
+    ("exclusive", None, _always),
+    ("reentrant", "supports_reentrancy", _flag("supports_reentrancy")),
+    ("read-write", "supports_read_write", _flag("supports_read_write")),
+    ("semaphore", "supports_semaphore", _flag("supports_semaphore")),
+    ("multi-lock", None, _always),
+    ("fair", None, None),
+    ("fencing", "supports_fencing", _flag("supports_fencing")),
+    ("expiry/renewal", "supports_expiry", _flag("supports_expiry")),
+    ("listing", "supports_listing", _flag("supports_listing")),
+    ("force release", "supports_force_release", _flag("supports_force_release")),
+    ("across processes", "distributed", _flag("distributed")),
+    ("async", None, _always),
+)
+
+_LEASE_KINDS = "not built in lease mode yet (a row per holder and kind is the design)"
+_TX = "a transaction-mode lock is a server-side row lock held by one connection"
+_LOCAL = "one process' memory: it excludes threads and tasks of that process only"
+#: Why a "no" cell is no, by (column label, row label), where the backend's own
+#: ``why_unsupported`` does not say.
+REASONS: dict[tuple[str, str], str] = {
+    ("PostgreSQL lease", "reentrant"): "the lease row has one owner token; use Redis or "
+    "ZooKeeper for reentrant locks",
+    ("PostgreSQL lease", "read-write"): _LEASE_KINDS,
+    ("PostgreSQL lease", "semaphore"): _LEASE_KINDS,
+    ("SQLite lease", "reentrant"): "the lease row has one owner token",
+    ("SQLite lease", "read-write"): _LEASE_KINDS,
+    ("SQLite lease", "semaphore"): _LEASE_KINDS,
+    ("SQLite lease", "fair"): "SQLite has no lock queue: waiters poll with backoff",
+    ("PostgreSQL transaction", "reentrant"): _TX + " (a nested one deadlocks on itself)",
+    ("PostgreSQL transaction", "read-write"): "not built (`FOR SHARE` readers would fit)",
+    ("PostgreSQL transaction", "semaphore"): _TX,
+    ("PostgreSQL transaction", "expiry/renewal"): "held until the transaction ends",
+    ("SQLite transaction", "reentrant"): "the lock is the database's single write lock",
+    ("SQLite transaction", "read-write"): "the lock is the database's single write lock",
+    ("SQLite transaction", "semaphore"): "the lock is the database's single write lock",
+    ("SQLite transaction", "fair"): "SQLite's busy handler retries: no queue",
+    ("SQLite transaction", "expiry/renewal"): "held until the transaction ends",
+    ("Redis", "read-write"): "not built yet",
+    ("Redis", "semaphore"): "not built yet",
+    ("Redis Cluster", "read-write"): "not built yet",
+    ("Redis Cluster", "semaphore"): "not built yet",
+    ("Redlock", "reentrant"): "a count on independent masters could disagree",
+    ("Redlock", "read-write"): "not built: a majority of independent masters cannot queue",
+    ("Redlock", "semaphore"): "not built: a majority of independent masters cannot queue",
+    ("Redlock", "fair"): "independent masters cannot share one queue: waiters retry",
+    ("ZooKeeper", "expiry/renewal"): "a lock lives as long as its holder's session "
+    "(ended SESSION_TIMEOUT after a crash); `ttl` is not used",
+    ("cache (`add`)", "reentrant"): "`add` stores one owner; a count would need a "
+    "compare-and-swap loop",
+    ("cache (`add`)", "read-write"): "`add` takes one key; readers would need a counter "
+    "that eviction can lose",
+    ("cache (`add`)", "semaphore"): "a counter in a cache can be evicted apart from its "
+    "holders",
+    ("cache (`add`)", "fair"): "a cache has no queue: waiters poll with backoff and jitter",
+    ("locmem", "reentrant"): "not built (one process: use `threading.RLock`)",
+    ("locmem", "read-write"): "not built (one process)",
+    ("locmem", "semaphore"): "not built (one process: use `threading.BoundedSemaphore`)",
+    ("locmem", "fair"): "a release wakes every waiter at once: the first to run wins",
+    ("locmem", "across processes"): _LOCAL,
+}
+
+
+def cells() -> list[list[str]]:
+    """The table's rows: a label, then one cell per installed backend column.
+
+    :returns: the rows, "yes" or "no: <reason>" in each cell.
+    :raises LookupError: for a "no" with no reason.
+    """
+    columns = [(column, cls) for column in COLUMNS if (cls := column.backend_class())]
+    table = [["", *(column.label for column, _ in columns)]]
+    for label, flag, offered in ROWS:
+        row = [label]
+        for column, cls in columns:
+            yes = _FAIR.get(column.label, False) if offered is None else offered(cls)
+            reason = REASONS.get((column.label, label))
+            if yes:
+                row.append("yes")
+                continue
+            own = getattr(cls, "why_unsupported", {}).get(flag or "")
+            reason = own or reason
+            if reason is None:
+                raise LookupError(f"{column.label} / {label} is no, with no reason given.")
+            row.append(f"no: {reason}")
+        table.append(row)
+    return table
+
+
+def stale_reasons() -> list[tuple[str, str]]:
+    """The cells of :data:`REASONS` whose backend now offers the kind (drop them).
+
+    :returns: (column label, row label) pairs.
+    """
+    table = cells()
+    labels, rows = table[0], {row[0]: row for row in table[1:]}
+    return [
+        (column, row) for column, row in REASONS
+        if column in labels and rows[row][labels.index(column)] == "yes"
+    ]
+
+
+def markdown() -> str:
+    """The matrix as Markdown (what ``docs/kinds.md`` holds between its markers): a table
+    of "yes" and "no (n)", then the numbered reasons.
+
+    :returns: the table and its notes, ending with a newline.
+    """
+    table = cells()
+    notes: dict[str, int] = {}
+    for row in table[1:]:
+        for i, cell in enumerate(row[1:], 1):
+            if cell.startswith("no: "):
+                number = notes.setdefault(cell[4:], len(notes) + 1)
+                row[i] = f"no ({number})"
+    lines = ["| " + " | ".join(table[0]) + " |", "|" + " --- |" * len(table[0])]
+    lines += ["| " + " | ".join(row) + " |" for row in table[1:]]
+    lines.append("")
+    lines += [f"{number}. {reason.rstrip('.')}." for reason, number in notes.items()]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":  # pragma: no cover
+    import django
+    from django.conf import settings
+
+    if not settings.configured:
+        settings.configure(INSTALLED_APPS=["django_distlock"], USE_TZ=True)
+    django.setup()
+    print(markdown(), end="")
