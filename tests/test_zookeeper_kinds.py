@@ -3,12 +3,15 @@ lock's downgrade to its read side, against the ensemble that scripts/test starts
 
 from __future__ import annotations
 
+import asyncio
+import os
 import threading
 import time
 from typing import Any
 
 import pytest
 from django.conf import settings
+from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
 from django_distlock import locks
@@ -103,6 +106,44 @@ def test_another_session_with_the_owner_waits(zk, unique) -> None:
     finally:
         other.close()
     held.release()
+
+
+def test_async_acquisitions_nest_too(zk, unique) -> None:
+    name = unique()
+
+    async def main() -> None:
+        handle = zk.lock(name, reentrant=True)
+        assert await handle.aacquire() and await handle.aacquire(blocking=False)
+        assert len(_children(zk, name)) == 1
+        await handle.arelease()
+        assert zk.is_locked(name)
+        await handle.arelease()
+
+    asyncio.run(main())
+    assert not zk.is_locked(name)
+
+
+def test_an_expired_session_ends_every_share_of_the_hold(zk, unique) -> None:
+    """Both handles of the owner are lost with the session; the owner's next acquire
+    takes a new node in the new session instead of riding on the gone one."""
+    name, owner = unique(), unique("owner")
+    first = zk.lock(name, reentrant=True, owner=owner)
+    second = zk.lock(name, reentrant=True, owner=owner)
+    assert first.acquire() and in_thread(second.acquire)
+    session, password = zk.client.get().client_id
+    other = KazooClient(hosts=os.environ["DISTLOCK_ZK_HOSTS"], client_id=(session, password))
+    other.start(timeout=10)
+    other.stop()
+    other.close()
+    assert eventually(lambda: first.lost and second.lost)
+    third = zk.lock(name, reentrant=True, owner=owner)
+    assert third.acquire(timeout=5)
+    assert len(_children(zk, name)) == 1 and third.fencing_token != first.fencing_token
+    third.release()
+    for handle in (first, second):
+        with pytest.raises(LockLost):
+            handle.release()
+    assert not zk.is_locked(name)
 
 
 # -- downgrade: the write holder takes the read side --------------------------------

@@ -48,13 +48,17 @@ class Holds:
         self._mutex = threading.Lock()
         self._holds: dict[tuple[str, str], Hold] = {}
 
-    def join(self, key: tuple[str, str]) -> Hold | None:
-        """Count one more acquisition of the hold of ``key``; None if there is none."""
+    def get(self, key: tuple[str, str]) -> Hold | None:
+        """The hold of ``key``, if any."""
+        return self._holds.get(key)
+
+    def join(self, key: tuple[str, str], hold: Hold) -> bool:
+        """Count one more acquisition of ``hold``, unless it ended meanwhile."""
         with self._mutex:
-            hold = self._holds.get(key)
-            if hold is not None:
-                hold.count += 1
-            return hold
+            if self._holds.get(key) is not hold:
+                return False
+            hold.count += 1
+            return True
 
     def start(self, key: tuple[str, str], hold: Hold) -> None:
         """Record the first acquisition of ``key`` (replacing a stale hold)."""
@@ -103,38 +107,41 @@ class ReentrantAcquisition(ZooKeeperAcquisition):
 
     def attempt(self) -> Grant | Miss:
         holds = self.backend.holds
-        hold = holds.join(self.hold_key)
+        hold = holds.get(self.hold_key)
         if hold is not None:
-            if self._ride(hold):
+            if not self._still_held(hold):
+                holds.drop(self.hold_key, hold)  # its node is gone: the hold is over
+                if self.lock.acquisition is not None:  # this handle held it: lost
+                    self.lock.mark_lost()
+                    raise LockLost(f"{self.lock!r} was lost before it was acquired again.")
+            elif holds.join(self.hold_key, hold):  # (not released meanwhile)
+                self._ride(hold)
                 return Grant(hold.fencing, hold.acquired_at, None)
-            holds.drop(self.hold_key, hold)  # its node is gone: the hold is over
-            if self.lock.acquisition is not None:  # this handle held it: lost
-                self.lock.mark_lost()
-                raise LockLost(f"{self.lock!r} was lost before it was acquired again.")
         self._hold_ready = False
         result = super().attempt()
         if isinstance(result, Grant):
             self._started()
         return result
 
-    def _ride(self, hold: Hold) -> bool:
-        """Hold ``hold``'s node with it, after one read that it is still ours (any node of
-        our own queued meanwhile goes first)."""
+    def _still_held(self, hold: Hold) -> bool:
+        """Whether ``hold``'s node still exists in our session (one read); any node of our
+        own queued meanwhile goes first."""
         if self.node is not None:
             super().release((None, None, None))
             self.node = None
         if self._session_id() != hold.session:  # ended, or a forked child's own session
             return False
         stat = self.client.call("reading the held node", "exists", f"{self.parent}/{hold.node}")
-        if stat is None or stat.ephemeralOwner != hold.session:
-            return False
+        return stat is not None and stat.ephemeralOwner == hold.session
+
+    def _ride(self, hold: Hold) -> None:
+        """Hold ``hold``'s node with it (counted already)."""
         self.node, self.fencing, self.session = hold.node, hold.fencing, hold.session
         self._hold = hold
         self.granted = True
         self.lock.unsure = False
         if self.lock.acquisition is None:  # another handle: it hears of the session too
             self.client.watchers.add(self)
-        return True
 
     def _started(self) -> None:
         """Our node was granted: start the hold, and wake the owner's queued acquisitions."""
