@@ -42,6 +42,7 @@ def test_an_inner_acquire_creates_no_second_node(zk, unique) -> None:
     """Acquiring again (the same handle, or another handle of the owner) counts up on the
     one node; it goes with the last release."""
     name, owner = unique(), unique("owner")
+    claimed = zk.client.claimed  # bytes of node paths the session holds
     outer = zk.lock(name, reentrant=True, owner=owner)
     assert outer.acquire(blocking=False)
     node = _children(zk, name)
@@ -55,12 +56,14 @@ def test_an_inner_acquire_creates_no_second_node(zk, unique) -> None:
     assert _children(zk, name) == node, "the other handle still holds it"
     in_thread(other.release)
     assert _children(zk, name) == []
+    assert zk.client.claimed == claimed
 
 
 def test_an_owner_queued_before_the_grant_rides_on_it(zk, unique) -> None:
     """A handle of the owner that queued while a stranger held is woken by the grant of
     the owner's first handle, drops its node and shares that one."""
     name, owner = unique(), unique("owner")
+    claimed = zk.client.claimed
     stranger = zk.lock(name)
     stranger.acquire()
     first = zk.lock(name, reentrant=True, owner=owner, timeout=10)
@@ -80,6 +83,7 @@ def test_an_owner_queued_before_the_grant_rides_on_it(zk, unique) -> None:
     in_thread(first.release)
     in_thread(second.release)
     assert _children(zk, name) == []
+    assert zk.client.claimed == claimed
 
 
 def test_acquiring_again_after_a_force_release_is_lost(zk, unique) -> None:

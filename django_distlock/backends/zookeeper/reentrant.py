@@ -65,19 +65,19 @@ class Holds:
         with self._mutex:
             self._holds[key] = hold
 
-    def leave(self, key: tuple[str, str], node: str | None) -> Hold | None:
-        """Count one acquisition of ``key`` on ``node`` less; return the hold when that was
-        the last (the node is to be deleted), or None while others still hold it. A node
-        that is not the hold's (a stale one) is returned as a last hold of its own."""
+    def leave(self, key: tuple[str, str], node: str | None) -> tuple[bool, Hold | None]:
+        """Count one acquisition of ``key`` on ``node`` less: whether the caller deletes the
+        node now (the hold's last, or a node no hold counts: one of an ended hold), and
+        the hold that ended (None: none did)."""
         with self._mutex:
             hold = self._holds.get(key)
             if hold is None or hold.node != node:
-                return None if node is None else _orphan
+                return node is not None, None
             hold.count -= 1
             if hold.count > 0:
-                return None
+                return False, None
             del self._holds[key]
-            return hold
+            return True, hold
 
     def drop(self, key: tuple[str, str], hold: Hold) -> None:
         """Forget ``hold`` (found stale), unless another replaced it already."""
@@ -87,10 +87,6 @@ class Holds:
 
     def __contains__(self, key: tuple[str, str]) -> bool:
         return key in self._holds
-
-
-#: What :meth:`Holds.leave` returns for a node no hold counts (delete it, as the last).
-_orphan: Any = object()
 
 
 class ReentrantAcquisition(ZooKeeperAcquisition):
@@ -177,11 +173,11 @@ class ReentrantAcquisition(ZooKeeperAcquisition):
         return watched
 
     def release(self, exc_info: ExcInfo) -> bool:
-        hold = self.backend.holds.leave(self.hold_key, self.node)
+        last, ended = self.backend.holds.leave(self.hold_key, self.node)
         if self.lock.acquisition is None:  # this handle holds no more
             self.client.watchers.discard(self)
-        if hold is None:
-            return True  # an outer acquisition still holds the node
-        if hold is not _orphan and hold.creator is not self:
-            self.client.unclaim(hold.creator)
+        if not last:
+            return True  # another acquisition still holds the node
+        if ended is not None and ended.creator is not self:
+            self.client.unclaim(ended.creator)  # its node's size leaves the session
         return super().release(exc_info)
