@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -121,9 +120,11 @@ def test_holds_of_8_processes_never_overlap(alias: str, tmp_path: Path, unique) 
 
 
 def _victim(path: Path, alias: str, kind: str, name: str, ttl: float, held: Any) -> None:
-    """Take ``kind`` on ``name``, say so, and wait to be SIGKILLed."""
+    """Take ``kind`` on ``name`` (a reentrant lock twice), say so, and wait to be
+    SIGKILLed."""
     rec = HistoryRecorder(path)
-    with rec.hold(handle_of(locks[alias], kind, name, ttl=ttl, timeout=30)):
+    with rec.hold(handle_of(locks[alias], kind, name, ttl=ttl, timeout=30)) as handle:
+        assert kind != "reentrant" or handle.acquire(blocking=False)
         held.set()
         time.sleep(120)
 
@@ -158,6 +159,7 @@ def test_a_killed_holder_frees_its_share(alias: str, tmp_path: Path, unique) -> 
     bound = (KILL_TTL if expiring else session) + SLACK
     ttl = KILL_TTL if expiring else 30
     fork_ready()
+    backend = locks[alias]  # built again: fork_ready() closed and forgot the first
     victims = {}
     for kind in kinds:
         held = FORK.Event()
@@ -173,15 +175,10 @@ def test_a_killed_holder_frees_its_share(alias: str, tmp_path: Path, unique) -> 
             os.kill(proc.pid, signal.SIGKILL)
             if not expiring:  # held until its session or connection ends: from now on
                 rec.ended(proc.pid)
-        threads = [
-            threading.Thread(target=_reclaim,
-                             args=(rec, backend, kind, name, bound + 5, killed_at, took))
-            for kind, (_, _, name) in victims.items()
-        ]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(bound + 10)
+        # One after another: all were killed at once, so each share comes back at the
+        # same time and the first wait covers the others'.
+        for kind, (_, _, name) in victims.items():
+            _reclaim(rec, backend, kind, name, bound + 5, killed_at, took)
     finally:
         for proc, _, _ in victims.values():
             proc.kill()
