@@ -7,6 +7,7 @@ import asyncio
 import os
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,9 +18,10 @@ from kazoo.exceptions import NoNodeError
 from django_distlock import locks
 from django_distlock.backends.zookeeper import ZooKeeperBackend
 from django_distlock.exceptions import LockLost
+from django_distlock.testing.history import HistoryRecorder, check, load
 
 from .conftest import eventually, in_thread, require_zookeeper
-from .histories import FORK, fork_ready
+from .histories import FORK, done, fork_ready, run_forked
 
 
 @pytest.fixture
@@ -212,3 +214,44 @@ def test_only_the_write_holder_downgrades(zk, unique) -> None:
     assert zk.is_locked(name)
     reader.release()
     assert not zk.is_locked(name)
+
+
+def _downgrader(path: Path, name: str, start: Any, out: Any) -> None:
+    """One of 8 processes: for a second, take the write side and, every other time,
+    downgrade (take the read side, release the write, hold the read a little), or
+    take the read side; record every hold (a downgraded read from the write's end)."""
+    rec, backend = HistoryRecorder(path), locks["zk"]
+    start.wait()
+    until, turn = time.monotonic() + 1.0, os.getpid()
+    while time.monotonic() < until:
+        turn += 1
+        if turn % 3 == 0:
+            with rec.hold(backend.read_lock(name, timeout=30)):
+                time.sleep(0.001)
+            continue
+        writer = backend.write_lock(name, timeout=30)
+        op = rec.invoke(name, "write")
+        assert writer.acquire()
+        rec.granted(op, writer.fencing_token)
+        time.sleep(0.001)
+        reader = backend.read_lock(name) if turn % 2 else None
+        assert reader is None or reader.acquire(blocking=False), "the downgrade waited"
+        rec.released(op)
+        writer.release()
+        if reader is not None:
+            op = rec.invoke(name, "read")
+            rec.granted(op, reader.fencing_token)
+            time.sleep(0.002)  # others' writers queued meanwhile must wait for it
+            rec.released(op)
+            reader.release()
+    out.put(True)
+    done()
+
+
+def test_downgrades_of_8_processes_never_overlap_a_writer(zk, unique, tmp_path: Path) -> None:
+    path = tmp_path / "history.jsonl"
+    _, exitcodes = run_forked(_downgrader, (path, unique()), 8, timeout=60)
+    assert exitcodes == [0] * 8
+    report = check(load(path))
+    report.raise_if_bad()
+    assert report.processes == 8
