@@ -32,7 +32,7 @@ from .histories import FORK, done, fork_ready, run_forked
 
 WORKERS = 8
 LIMIT = 3  # the semaphores' limit
-RUN_FOR = 1.0  # seconds each process keeps taking locks
+RUN_FOR = 0.8  # seconds each process keeps taking locks
 KILL_TTL = 1.0  # the killed holders' lease, where locks expire
 SLACK = 3.0  # how late past its bound a killed holder's share may come back
 
