@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from redis.cluster import key_slot
 
 from django_distlock import locks
 from django_distlock.exceptions import LockLost, SemaphoreLimitMismatch
@@ -423,3 +424,27 @@ def test_fencing_tokens_grow_across_writers_and_readers(alias: str) -> None:
         with make(name) as handle:
             tokens.append(handle.fencing_token)
     assert tokens == sorted(tokens) and len(set(tokens)) == 4
+
+
+@pytest.mark.parametrize("name", ["{tag}", "a{b}c:{d}", "ünï ✓"])
+def test_a_names_share_keys_are_in_its_lock_slot(name: str) -> None:
+    require_redis(cluster=True)
+    backend = locks["redis-cluster"]
+    calls = backend.kind_calls_for(backend.make_key(unique("slot") + name), "read")
+    keys = (*calls.acquire.keys, *calls.release.keys, *calls.extend.keys, *calls.leave.keys)
+    assert len({key_slot(k.encode()) for k in keys}) == 1
+
+
+def test_listing_and_force_release_with_decoded_replies() -> None:
+    """``decode_responses=True``: the shares' rows parse from str replies too."""
+    require_redis()
+    backend, base = locks["redis-decoded"], unique("decoded")
+    reader, permit = backend.read_lock(f"{base}/r"), backend.semaphore(f"{base}/s", 2)
+    assert reader.acquire(blocking=False) and permit.acquire(blocking=False)
+    rows = sorted(backend.held_locks(prefix=base), key=lambda r: r.name)
+    assert [(r.kind, r.fencing_token) for r in rows] == [
+        ("read", reader.fencing_token), ("semaphore", permit.fencing_token),
+    ]
+    assert backend.force_release(f"{base}/s", owner=rows[1].owner)
+    assert not backend.is_locked(f"{base}/s")
+    reader.release()
