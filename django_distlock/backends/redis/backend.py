@@ -164,7 +164,12 @@ class RedisBackend(BaseLockBackend):
         return calls
 
     def kind_calls_for(self, key: str, kind: str) -> Calls:
-        """The packed script calls of a read lock, write lock or semaphore (memoised)."""
+        """The packed script calls of a read lock, write lock or semaphore (memoised).
+
+        :param key: the lock's storage key.
+        :param kind: ``"read"``, ``"write"`` or ``"semaphore"``.
+        :returns: the calls (see :func:`.kinds.kind_calls`).
+        """
         calls = self._kind_calls.get((key, kind))
         if calls is None:
             if len(self._kind_calls) >= _KEYS_CACHE:

@@ -29,14 +29,22 @@ WRITER = "w@"
 
 
 def share_keys(keys: Keys) -> tuple[str, str]:
-    """The ``holders`` and ``data`` keys of a name held in shares (same hash tag)."""
+    """The ``holders`` and ``data`` keys of a name held in shares (same hash tag).
+
+    :param keys: the name's keys.
+    :returns: ``(holders, data)``.
+    """
     base = keys.seq[:-1]  # the tag's prefix: ``seq`` is ``<base>n``
     return base + "h:" + keys.member, base + "d:" + keys.member
 
 
 def kind_calls(keys: Keys, kind: str) -> Calls:
-    """The packed script calls of one name for ``kind`` (``read``, ``write`` or
-    ``semaphore``)."""
+    """The packed script calls of one name for a kind of lock.
+
+    :param keys: the name's keys.
+    :param kind: ``"read"``, ``"write"`` or ``"semaphore"``.
+    :returns: the calls (a write lock's are the exclusive lock's but for ``leave``).
+    """
     k = keys
     leave = Packed(KIND_SCRIPTS["leave"], (k.lock, k.queue, k.waiters), ())
     if kind == "write":

@@ -253,14 +253,6 @@ return out
 """
 )
 
-KIND_SCRIPTS = {
-    name: Script(f"kinds_{name}", text)
-    for name, text in {
-        "acquire": ACQUIRE,
-        "release": RELEASE,
-        "extend": EXTEND,
-        "leave": LEAVE,
-        "force_release": FORCE_RELEASE,
-        "shares": SHARES,
-    }.items()
-}
+_TEXTS = {"acquire": ACQUIRE, "release": RELEASE, "extend": EXTEND, "leave": LEAVE,
+          "force_release": FORCE_RELEASE, "shares": SHARES}
+KIND_SCRIPTS = {name: Script(f"kinds_{name}", text) for name, text in _TEXTS.items()}
