@@ -5,7 +5,7 @@ from __future__ import annotations
 import abc
 from typing import Any
 
-from django.core.cache import caches
+from django.core.cache import InvalidCacheBackendError, caches
 
 
 class Driver(abc.ABC):
@@ -61,5 +61,10 @@ class Driver(abc.ABC):
         """One round trip to the server."""
 
     def close(self) -> None:
-        """Drop this thread's connections to the cache (they reopen when used)."""
-        caches[self.alias].close()
+        """Drop this thread's connections to the cache (they reopen when used); nothing
+        when the alias is gone from ``CACHES`` (settings changed)."""
+        try:
+            cache = caches[self.alias]
+        except InvalidCacheBackendError:
+            return
+        cache.close()

@@ -1,15 +1,21 @@
-"""Locks on memcached through a ``PyMemcacheCache`` alias, with the meta commands.
+"""Locks on memcached through a ``PyMemcacheCache`` alias: an add, a compared delete.
 
-Why meta commands and not ``add``/``gets``/``cas``: the text protocol's ``cas``
-can only overwrite, never delete, so a release would be a ``gets``, a comparison
-and a ``delete`` in three steps (another owner may take the key between them: the
-unsafe release of the classic recipe), or a tombstone left in the key. Memcached
-1.6's ``ms`` in add mode (``ME``) returns the item's CAS value with the grant, and
-``md ... C<cas>`` deletes only while the item still has that CAS value: a lock
-taken by anyone else (after an expiry, an eviction, a force release) has another
-one. So acquire is one round trip and release one, as a raw add/delete pair;
-extend is ``ms ... C<cas>`` (a compare-and-set with a new TTL). The calls go
-through the cache's own pymemcache client for the key's server.
+Why meta commands and not only ``add``/``gets``/``cas``: the text protocol's
+``cas`` can only overwrite, never delete, so a release would be a ``gets``, a
+comparison and a ``delete`` in separate steps (another owner may take the key
+between them: the unsafe release of the classic recipe), or a tombstone left in
+the key. Memcached 1.6's ``ms`` in add mode (``ME``) returns the item's CAS value
+with the grant, and ``md ... C<cas>`` deletes only while the item still has that
+CAS value; ``ms ... C<cas>`` re-stores it with a new TTL (extend) likewise.
+
+A CAS value names one version of one item only within one server process: a
+restarted memcached counts CAS values from 1 again, so a new owner's item may get
+the very number an old grant holds. The driver therefore trusts a grant's CAS
+value alone only on the TCP connection it came on (a restarted server cannot
+answer on a connection of the old process): then acquire and release are one
+round trip each, like a raw add/delete pair. On any other connection (another
+thread, a reconnect) it first reads the item with ``gets`` (value and CAS in one
+reply), compares the owner token, then deletes or re-stores with that CAS value.
 
 Granularity: memcached counts TTLs in whole seconds on a clock that ticks once a
 second, so an item stored with ``T<n>`` lives between ``n - 1`` and ``n`` seconds.
@@ -50,17 +56,9 @@ def server_ttl(ttl: float) -> int:
     return seconds
 
 
-def _owner_flags(token: str) -> int:
-    # The short owner id (8 hex digits, 32 bits) rides in the item's client flags, so
-    # a force release by owner reads it with the CAS value in one single-line reply.
-    try:
-        return int(short_owner(token), 16)
-    except ValueError:
-        return 0
-
-
 class MemcachedDriver(Driver):
-    """Lock calls on a ``PyMemcacheCache`` alias (memcached 1.6 or later)."""
+    """Lock calls on a ``PyMemcacheCache`` alias (memcached 1.6 or later). A stamp is
+    ``(cas, connection)``: the grant's CAS value and the socket it came on."""
 
     def key(self, lock_key: str) -> str:
         key: str = self.cache().make_key("distlock:" + lock_key)
@@ -69,29 +67,50 @@ class MemcachedDriver(Driver):
             key = self.cache().make_key("distlock:#" + digest)
         return key
 
-    def _call(self, key: str, command: str) -> list[str]:
-        """Send one meta command to ``key``'s server; its reply line, split."""
+    def _client(self, key: str) -> tuple[Any, Any]:
+        """This thread's cache and the pymemcache client of ``key``'s server."""
         cache = self.cache()
         if getattr(cache, "_distlock_pid", None) != os.getpid():
             cache.close()  # a forked child: never share the parent's sockets
             cache._distlock_pid = os.getpid()
         hash_client = cache._cache
+        # HashClient picks the key's server (its public calls have no raw command).
+        client = hash_client._get_client(key) if hasattr(hash_client, "_get_client") \
+            else hash_client
+        if client is None:
+            raise BackendUnavailable(f"memcached (cache {self.alias!r}): no server is up")
+        return cache, client
+
+    def _call(self, key: str, command: str, client: Any = None) -> list[str]:
+        """Send one meta command to ``key``'s server; its reply line, split."""
+        if client is None:
+            client = self._client(key)[1]
+        reply: bytes = self._guarded(client, client.raw_command, command)
+        return reply.decode("ascii", "replace").split()
+
+    def _guarded(self, client: Any, call: Any, *args: Any) -> Any:
         try:
-            # HashClient picks the key's server (its public calls have no raw command).
-            client = hash_client._get_client(key) if hasattr(hash_client, "_get_client") \
-                else hash_client
-            if client is None:
-                raise MemcacheError("no memcached server is up for this key")
-            reply: bytes = client.raw_command(command)
+            return call(*args)
         except MemcacheUnknownCommandError as exc:
             raise LockConfigurationError(
                 f"CACHES[{self.alias!r}]: the memcached server does not know the meta "
                 "commands; the cache lock backend needs memcached 1.6 or later."
             ) from exc
         except (MemcacheError, OSError) as exc:
-            cache.close()
+            client.close()
             raise BackendUnavailable(f"memcached (cache {self.alias!r}) failed: {exc}") from exc
-        return reply.decode("ascii", "replace").split()
+
+    def _own_cas(self, key: str, client: Any, token: str | None, owner: str = "") -> Any:
+        """``gets``: the item's CAS value if it holds ``token`` (or, ``token`` None, an
+        owner id starting with ``owner``); else None."""
+        value, cas = self._guarded(client, client.gets, key)
+        if not isinstance(value, bytes) or cas is None:
+            return None
+        held = value.decode("ascii", "replace")
+        matches = held == token if token is not None else short_owner(held).startswith(owner)
+        if not matches:
+            return None
+        return cas.decode() if isinstance(cas, bytes) else cas
 
     @staticmethod
     def _flag(reply: list[str], name: str) -> int | None:
@@ -101,32 +120,41 @@ class MemcachedDriver(Driver):
         return None
 
     def add(self, key: str, token: str, ttl: float, want_ttl: bool) -> tuple[bool, Any]:
-        flags = _owner_flags(token)
-        reply = self._call(
-            key, f"ms {key} {len(token)} T{server_ttl(ttl)} F{flags} ME c\r\n{token}"
-        )
+        client = self._client(key)[1]
+        reply = self._call(key, f"ms {key} {len(token)} T{server_ttl(ttl)} ME c\r\n{token}",
+                           client)
         if reply[0] == "HD":
-            return True, self._flag(reply, "c")
+            return True, (self._flag(reply, "c"), getattr(client, "sock", None))
         if not want_ttl:
             return False, None
         # A second round trip, on a miss of a waiting acquire only: how long the holder
         # has left bounds the wait (whole seconds: the server's granularity).
-        left = self._call(key, f"mg {key} t")
+        left = self._call(key, f"mg {key} t", client)
         if left[0] == "EN":
             return False, 0.0
         seconds = self._flag(left, "t")
         return False, None if seconds is None or seconds < 0 else float(seconds)
 
+    def _cas_of_grant(self, key: str, token: str, stamp: Any, client: Any) -> Any:
+        cas, sock = stamp
+        if sock is not None and getattr(client, "sock", None) is sock:
+            return cas  # the same connection, so the same server process: one round trip
+        return self._own_cas(key, client, token)
+
     def release(self, key: str, token: str, stamp: Any) -> bool:
-        return self._call(key, f"md {key} C{stamp}")[0] == "HD"
+        client = self._client(key)[1]
+        cas = self._cas_of_grant(key, token, stamp, client)
+        return cas is not None and self._call(key, f"md {key} C{cas}", client)[0] == "HD"
 
     def extend(self, key: str, token: str, stamp: Any, ttl: float) -> tuple[bool, Any]:
-        flags = _owner_flags(token)
-        reply = self._call(
-            key, f"ms {key} {len(token)} T{server_ttl(ttl)} F{flags} C{stamp} c\r\n{token}"
-        )
+        client = self._client(key)[1]
+        cas = self._cas_of_grant(key, token, stamp, client)
+        if cas is None:
+            return False, None
+        command = f"ms {key} {len(token)} T{server_ttl(ttl)} C{cas} c\r\n{token}"
+        reply = self._call(key, command, client)
         if reply[0] == "HD":
-            return True, self._flag(reply, "c")
+            return True, (self._flag(reply, "c"), getattr(client, "sock", None))
         return False, None
 
     def exists(self, key: str) -> bool:
@@ -135,13 +163,10 @@ class MemcachedDriver(Driver):
     def force_release(self, key: str, owner: str) -> bool:
         if not owner:
             return self._call(key, f"md {key}")[0] == "HD"
-        reply = self._call(key, f"mg {key} f c")
-        if reply[0] != "HD":
-            return False
-        if not f"{self._flag(reply, 'f') or 0:08x}".startswith(owner):
-            return False
+        client = self._client(key)[1]
+        cas = self._own_cas(key, client, None, owner)
         # Deleted only while the item is still the one read (a new grant: another CAS).
-        return self._call(key, f"md {key} C{self._flag(reply, 'c')}")[0] == "HD"
+        return cas is not None and self._call(key, f"md {key} C{cas}", client)[0] == "HD"
 
     def ping(self) -> None:
         if self._call("distlock:ping", "mn")[0] != "MN":
