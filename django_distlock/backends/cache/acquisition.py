@@ -18,9 +18,12 @@ class CacheAcquisition(Acquisition):
     backend: CacheBackend
     _stamp: Any = None
     _acquired_at: datetime | None = None
+    _cache_key: str | None = None
 
     def _key(self) -> str:
-        return self.backend.driver().key(self.lock.key)
+        if self._cache_key is None:  # once per acquisition: the cache's prefix, a digest
+            self._cache_key = self.backend.driver().key(self.lock.key)
+        return self._cache_key
 
     def attempt(self) -> Grant | Miss:
         driver = self.backend.driver()

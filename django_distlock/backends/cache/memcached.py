@@ -28,6 +28,9 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import re
+import threading
+from dataclasses import dataclass
 from typing import Any
 
 from pymemcache.exceptions import MemcacheError, MemcacheUnknownCommandError
@@ -38,8 +41,26 @@ from .driver import Driver
 
 #: Memcached takes a relative TTL of at most 30 days (longer is read as a Unix time).
 MAX_TTL = 30 * 24 * 3600
-#: Longest memcached key, in bytes.
-MAX_KEY = 250
+#: A key memcached takes as it is: printable ASCII, no space, at most 250 bytes.
+PLAIN_KEY = re.compile(r"[\x21-\x7e]{1,250}")
+
+
+@dataclass(frozen=True, slots=True)
+class Stamp:
+    """A grant's CAS value and the connection it came on (whose thread and process)."""
+
+    cas: int | None
+    client: Any
+    sock: Any
+    thread: int
+    pid: int
+
+    def same_connection(self) -> bool:
+        """Whether this thread of this process still talks on the granting socket."""
+        return (
+            self.sock is not None and getattr(self.client, "sock", None) is self.sock
+            and self.thread == threading.get_ident() and self.pid == os.getpid()
+        )
 
 
 def server_ttl(ttl: float) -> int:
@@ -57,14 +78,15 @@ def server_ttl(ttl: float) -> int:
 
 
 class MemcachedDriver(Driver):
-    """Lock calls on a ``PyMemcacheCache`` alias (memcached 1.6 or later). A stamp is
-    ``(cas, connection)``: the grant's CAS value and the socket it came on."""
+    """Lock calls on a ``PyMemcacheCache`` alias (memcached 1.6 or later); a grant's
+    stamp is a :class:`Stamp`."""
 
     def key(self, lock_key: str) -> str:
-        key: str = self.cache().make_key("distlock:" + lock_key)
-        if len(key) > MAX_KEY or not key.isascii() or any(c <= " " or c == "\x7f" for c in key):
+        cache = self.cache()
+        key: str = cache.make_key("distlock:" + lock_key)
+        if not PLAIN_KEY.fullmatch(key):
             digest = hashlib.sha256(lock_key.encode("utf-8", "surrogatepass")).hexdigest()
-            key = self.cache().make_key("distlock:#" + digest)
+            key = cache.make_key("distlock:#" + digest)
         return key
 
     def _client(self, key: str) -> tuple[Any, Any]:
@@ -74,9 +96,14 @@ class MemcachedDriver(Driver):
             cache.close()  # a forked child: never share the parent's sockets
             cache._distlock_pid = os.getpid()
         hash_client = cache._cache
-        # HashClient picks the key's server (its public calls have no raw command).
-        client = hash_client._get_client(key) if hasattr(hash_client, "_get_client") \
-            else hash_client
+        servers = getattr(hash_client, "clients", None)
+        if servers is not None and len(servers) == 1:
+            client = next(iter(servers.values()))  # one server: no hashing (pure Python)
+        elif hasattr(hash_client, "_get_client"):
+            # HashClient picks the key's server (its public calls have no raw command).
+            client = hash_client._get_client(key)
+        else:
+            client = hash_client
         if client is None:
             raise BackendUnavailable(f"memcached (cache {self.alias!r}): no server is up")
         return cache, client
@@ -124,7 +151,7 @@ class MemcachedDriver(Driver):
         reply = self._call(key, f"ms {key} {len(token)} T{server_ttl(ttl)} ME c\r\n{token}",
                            client)
         if reply[0] == "HD":
-            return True, (self._flag(reply, "c"), getattr(client, "sock", None))
+            return True, self._stamp(reply, client)
         if not want_ttl:
             return False, None
         # A second round trip, on a miss of a waiting acquire only: how long the holder
@@ -135,26 +162,31 @@ class MemcachedDriver(Driver):
         seconds = self._flag(left, "t")
         return False, None if seconds is None or seconds < 0 else float(seconds)
 
-    def _cas_of_grant(self, key: str, token: str, stamp: Any, client: Any) -> Any:
-        cas, sock = stamp
-        if sock is not None and getattr(client, "sock", None) is sock:
-            return cas  # the same connection, so the same server process: one round trip
-        return self._own_cas(key, client, token)
+    def _stamp(self, reply: list[str], client: Any) -> Stamp:
+        return Stamp(self._flag(reply, "c"), client, getattr(client, "sock", None),
+                     threading.get_ident(), os.getpid())
+
+    def _cas_of_grant(self, key: str, token: str, stamp: Stamp) -> tuple[Any, Any]:
+        """The client to use and the CAS value to compare (None: not this grant's)."""
+        if stamp.same_connection():
+            # The same connection, so the same server process: its CAS values never
+            # repeat, and the grant's names this grant's item only. One round trip.
+            return stamp.client, stamp.cas
+        client = self._client(key)[1]
+        return client, self._own_cas(key, client, token)
 
     def release(self, key: str, token: str, stamp: Any) -> bool:
-        client = self._client(key)[1]
-        cas = self._cas_of_grant(key, token, stamp, client)
+        client, cas = self._cas_of_grant(key, token, stamp)
         return cas is not None and self._call(key, f"md {key} C{cas}", client)[0] == "HD"
 
     def extend(self, key: str, token: str, stamp: Any, ttl: float) -> tuple[bool, Any]:
-        client = self._client(key)[1]
-        cas = self._cas_of_grant(key, token, stamp, client)
+        client, cas = self._cas_of_grant(key, token, stamp)
         if cas is None:
             return False, None
         command = f"ms {key} {len(token)} T{server_ttl(ttl)} C{cas} c\r\n{token}"
         reply = self._call(key, command, client)
         if reply[0] == "HD":
-            return True, (self._flag(reply, "c"), getattr(client, "sock", None))
+            return True, self._stamp(reply, client)
         return False, None
 
     def exists(self, key: str) -> bool:
