@@ -13,10 +13,12 @@ from typing import Any
 
 import pytest
 from django.conf import settings
+from django.contrib.auth.models import User
 from django.core import checks
 from django.core.cache import caches
 from django.core.cache.backends.base import BaseCache
-from django.test import override_settings
+from django.test import Client, override_settings
+from django.urls import reverse
 
 from django_distlock import locks
 from django_distlock.backends.cache.memcached import server_ttl
@@ -28,7 +30,7 @@ from django_distlock.exceptions import (
 )
 from django_distlock.testing import HistoryRecorder, LockContract, check, load
 
-from .conftest import CACHE_ALIASES, in_thread, require_memcached, require_redis
+from .conftest import CACHE_ALIASES, DATABASES, in_thread, require_memcached, require_redis
 from .histories import FORK, done, fork_ready, run_forked
 from .private_memcached import Memcached
 
@@ -313,3 +315,13 @@ def test_memcached_ttls_are_whole_seconds_rounded_up(unique) -> None:
     assert server_ttl(1.2) == 3 and server_ttl(1) == 2 and server_ttl(0.3) == 2
     with pytest.raises(UnsupportedOperation, match="30 days"):
         backend.lock(unique(), ttl=30 * 24 * 3600).acquire()
+
+
+@pytest.mark.django_db(transaction=True, databases=DATABASES)
+def test_the_admin_names_the_alias_and_why_it_cannot_list() -> None:
+    require_memcached()
+    client = Client()
+    client.force_login(User.objects.create_superuser("boss", "boss@example.com", "pw"))
+    page = client.get(reverse("admin:django_distlock_held_locks")).content.decode()
+    assert ("cache-memcached (CacheBackend) cannot list its locks. "
+            '<span class="distlock-unlisted-reason">A cache cannot list its keys') in page
