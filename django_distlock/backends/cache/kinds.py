@@ -40,8 +40,12 @@ REFUSED = {
 
 
 def cache_kind(alias: object) -> tuple[str | None, str]:
-    """Return ``(kind, "")`` for a usable cache alias ("memcached" or "redis"), or
-    ``(None, why)`` saying why a lock cannot live on it (reads settings only)."""
+    """Say whether a lock can live on the cache ``alias`` (reads settings only, no I/O).
+
+    :param alias: a ``CACHES`` alias (anything else is refused with a reason).
+    :returns: ``(kind, "")`` for a usable cache, ``kind`` being "memcached" or
+        "redis"; ``(None, why)`` for one that cannot hold a lock safely.
+    """
     caches = getattr(settings, "CACHES", {})
     if not isinstance(alias, str) or alias not in caches:
         return None, (

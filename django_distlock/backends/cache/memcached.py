@@ -56,7 +56,10 @@ class Stamp:
     pid: int
 
     def same_connection(self) -> bool:
-        """Whether this thread of this process still talks on the granting socket."""
+        """Whether this thread of this process still talks on the granting socket.
+
+        :returns: True when the grant's CAS value alone identifies its item.
+        """
         return (
             self.sock is not None and getattr(self.client, "sock", None) is self.sock
             and self.thread == threading.get_ident() and self.pid == os.getpid()
@@ -66,6 +69,8 @@ class Stamp:
 def server_ttl(ttl: float) -> int:
     """The ``T`` flag that keeps an item at least ``ttl`` seconds (see the module doc).
 
+    :param ttl: the lease, in seconds.
+    :returns: whole seconds, ``ceil(ttl) + 1``.
     :raises UnsupportedOperation: past memcached's 30 days.
     """
     seconds = math.ceil(ttl) + 1
