@@ -70,3 +70,18 @@ for _alias, _variable in (("zk", "DISTLOCK_ZK_HOSTS"), ("zk1", "DISTLOCK_ZK_STAN
             "LOCATION": os.environ[_variable],
             "OPTIONS": {"ROOT": "/distlock-bench-distlock"},  # zookeeper.DISTLOCK_ROOT
         }
+# memcached (benchmarks/cache.py): django-distlock's cache backend on a PyMemcacheCache.
+MEMCACHED = os.environ.get("DISTLOCK_MEMCACHED", "")
+if MEMCACHED:
+    CACHES = globals().get("CACHES") or {
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
+    }
+    CACHES["memcached"] = {
+        "BACKEND": "django.core.cache.backends.memcached.PyMemcacheCache",
+        "LOCATION": MEMCACHED,
+    }
+    DISTLOCK["cache-memcached"] = {
+        "BACKEND": "django_distlock.backends.cache.CacheBackend",
+        "OPTIONS": {"CACHE": "memcached"},
+        "TTL": 30,
+    }

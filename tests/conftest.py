@@ -54,6 +54,18 @@ def require_redis(cluster: bool = False, redlock: bool = False) -> None:
     pytest.skip("Redis not started (run scripts/test for the full suite)")
 
 
+CACHE_ALIASES = ["cache-memcached", "cache-redis"]
+
+
+def require_memcached() -> None:
+    """Fail (full run) or skip (local partial run) when memcached is absent."""
+    if "cache-memcached" in settings.DISTLOCK:
+        return
+    if FULL_RUN:
+        pytest.fail("DISTLOCK_SERVERS=1 but DISTLOCK_MEMCACHED is not set: memcached is missing.")
+    pytest.skip("memcached not started (run scripts/test for the full suite)")
+
+
 ZK_ALIASES = ["zk", "zk-auth"]
 
 

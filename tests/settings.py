@@ -127,6 +127,29 @@ if REDIS_CLUSTER_URL:
         "KEY_PREFIX": "k:",
     }
 
+# Locks on a Django cache (docs/cache.md): memcached through PyMemcacheCache, and Django's
+# RedisCache; each on its own cache alias, the Redis one with its own KEY_PREFIX.
+MEMCACHED = os.environ.get("DISTLOCK_MEMCACHED", "")
+_CACHE_LOCKS = "django_distlock.backends.cache.CacheBackend"
+if MEMCACHED or REDIS_URL:
+    CACHES = globals().get("CACHES") or {
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
+    }
+if MEMCACHED:
+    CACHES["locks-memcached"] = {
+        "BACKEND": "django.core.cache.backends.memcached.PyMemcacheCache",
+        "LOCATION": MEMCACHED,
+        "KEY_PREFIX": "dl-tests",
+    }
+    DISTLOCK["cache-memcached"] = {"BACKEND": _CACHE_LOCKS, "OPTIONS": {"CACHE": "locks-memcached"}}
+if REDIS_URL:
+    CACHES["locks-redis"] = {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": "dl-tests",
+    }
+    DISTLOCK["cache-redis"] = {"BACKEND": _CACHE_LOCKS, "OPTIONS": {"CACHE": "locks-redis"}}
+
 # ZooKeeper (started by scripts/test): the 3-node ensemble, and one alias with digest
 # auth whose nodes other ZooKeeper clients cannot delete.
 ZK_HOSTS = os.environ.get("DISTLOCK_ZK_HOSTS", "")

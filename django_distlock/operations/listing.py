@@ -48,6 +48,8 @@ class AliasState:
     backend_type: str
     listing: bool
     error: str = ""
+    #: Why the backend cannot list (its ``why_unsupported``), where ``listing`` is False.
+    reason: str = ""
 
 
 @dataclass(slots=True)
@@ -78,7 +80,10 @@ def alias_states(aliases: Sequence[str]) -> dict[str, AliasState]:
         except LockConfigurationError as exc:
             states[alias] = AliasState(alias, "?", False, f"misconfigured: {exc}")
             continue
-        states[alias] = AliasState(alias, backend_type(backend), backend.supports_listing)
+        reason = "" if backend.supports_listing else backend.why_unsupported.get(
+            "supports_listing", "")
+        states[alias] = AliasState(alias, backend_type(backend), backend.supports_listing,
+                                   reason=reason)
     return states
 
 

@@ -20,6 +20,8 @@ from .caches import cache_problem
 from .client import CLIENT_ERRORS, Redis, host_port, socket_timeout, unavailable
 from .hub import Hubs
 from .keys import Keys, make_keys, tag_base
+from .kinds import WRITER, KindAcquisition, kind_calls, share_keys
+from .kindscripts import KIND_SCRIPTS
 from .scripts import SCRIPTS
 
 _OPTIONS = {"ALLOW_EVICTION", "CACHE", "CLUSTER", "FAIR", "REENTRANT", "SHARDS"}
@@ -29,6 +31,10 @@ CLUSTER_SHARDS = 16
 #: Most index entries one listing call looks at (dropping ended leases on the way).
 LIST_BUDGET = 2000
 _KEYS_CACHE = 4096
+#: Most shares (readers, permits) of one name a listing shows.
+SHARES_LISTED = 100
+#: How a name held in shares starts its ``lock`` string (see :mod:`.kindscripts`).
+_SHARE_KINDS = {b"r" * 32 + b" ": "read", b"s" * 32 + b" ": "semaphore"}
 #: What to do about a server that evicts keys.
 EVICTION_HINT = (
     "Keep the locks on a Redis that does not evict (maxmemory-policy noeviction: it "
@@ -91,6 +97,8 @@ class RedisBackend(BaseLockBackend):
     supports_listing = True
     supports_force_release = True
     supports_reentrancy = True
+    supports_read_write = True
+    supports_semaphore = True
 
     def __init__(self, alias: str, params: Mapping[str, Any]) -> None:
         super().__init__(alias, params)
@@ -136,6 +144,7 @@ class RedisBackend(BaseLockBackend):
         self.redis = Redis(urls[0] if urls else None, cache, cluster, tuple(urls[1:]))
         self.hubs = Hubs()
         self._calls: dict[str, Calls] = {}
+        self._kind_calls: dict[tuple[str, str], Calls] = {}
         self._max_block: float | None = None
 
     # -- keys ---------------------------------------------------------------
@@ -152,6 +161,20 @@ class RedisBackend(BaseLockBackend):
                 self._calls.clear()
             keys = make_keys(self.key_prefix, key[len(self.key_prefix) :], self.shards)
             calls = self._calls[key] = Calls.of(keys)
+        return calls
+
+    def kind_calls_for(self, key: str, kind: str) -> Calls:
+        """The packed script calls of a read lock, write lock or semaphore (memoised).
+
+        :param key: the lock's storage key.
+        :param kind: ``"read"``, ``"write"`` or ``"semaphore"``.
+        :returns: the calls (see :func:`.kinds.kind_calls`).
+        """
+        calls = self._kind_calls.get((key, kind))
+        if calls is None:
+            if len(self._kind_calls) >= _KEYS_CACHE:
+                self._kind_calls.clear()
+            calls = self._kind_calls[key, kind] = kind_calls(self.keys_for(key), kind)
         return calls
 
     @property
@@ -173,6 +196,8 @@ class RedisBackend(BaseLockBackend):
     ) -> Acquisition:
         if not self._server_checked:
             self._check_server()
+        if lock.kind != "exclusive":
+            return KindAcquisition(self, lock, token, blocking, deadline)
         return super().acquisition(lock, token, blocking, deadline)
 
     def eviction_problem(self) -> str | None:
@@ -260,13 +285,34 @@ class RedisBackend(BaseLockBackend):
             next_cursor: str | None = page[-1][0].hex()
         else:
             next_cursor = cutoff.hex() if cutoff is not None else None
-        infos = [self._info(member, held, pttl, waiters) for member, held, pttl, waiters in page]
+        infos: list[LockInfo] = []
+        for member, held, pttl, waiters in page:
+            kind = _SHARE_KINDS.get(held[:33])
+            if kind is None:
+                infos.append(self._info(member, held, pttl, waiters))
+            else:  # readers or permits: one more call, for the shares of this name
+                infos.extend(self._shares(member, kind, waiters))
         return LockPage(infos, next_cursor)
 
-    def _info(self, member: bytes, held: bytes, pttl: int, waiters: int) -> LockInfo:
+    def _shares(self, member: bytes, kind: str, waiters: int) -> list[LockInfo]:
+        """One row per reader (or permit) of the name stored as ``member``."""
+        keys = make_keys(self.key_prefix, member.decode(), self.shards)
+        flat = self.redis.run(KIND_SCRIPTS["shares"], share_keys(keys), (SHARES_LISTED,))
+        rows = []
+        for i in range(0, len(flat), 3):
+            token, data = _as_bytes(flat[i]), _as_bytes(flat[i + 2])
+            held = token + b" 1 " + data
+            rows.append(self._info(member, held, flat[i + 1], waiters, kind))
+        return rows
+
+    def _info(
+        self, member: bytes, held: bytes, pttl: int, waiters: int, kind: str = "exclusive"
+    ) -> LockInfo:
         text = held.decode()
         token, _count, fencing, acquired, meta = text.split(" ", 4)
         host, pid, thread = ([*meta.split(" ", 2), "", ""])[:3]
+        if host.startswith(WRITER):
+            kind, host = "write", host[len(WRITER) :]
         return LockInfo(
             alias=self.alias,
             name=self.name_of(self.key_prefix + member.decode()),
@@ -278,13 +324,16 @@ class RedisBackend(BaseLockBackend):
             pid=int(pid) if pid.isdigit() else None,
             thread=thread,
             waiters=waiters,
+            kind=kind,
         )
 
     def _force_release(self, key: str, owner: str) -> Freed | None:
         keys = self.keys_for(key)
+        # The kinds' script: it frees an exclusive holder (or writer) as the exclusive
+        # lock's does, and readers or permits (the given owner's, or all).
         fencing = self.redis.run(
-            SCRIPTS["force_release"],
-            (keys.lock, keys.queue, keys.waiters, keys.listing),
+            KIND_SCRIPTS["force_release"],
+            (keys.lock, keys.queue, keys.waiters, keys.listing, *share_keys(keys)),
             (keys.member, owner),
         )
         return Freed(fencing) if fencing else None

@@ -155,6 +155,9 @@ class RedlockBackend(BaseLockBackend):
     why_unsupported = {
         "supports_fencing": "independent masters' counters cannot be ordered",
         "supports_listing": "no master knows which locks a majority holds",
+        "supports_read_write": "shares would need a majority each, and Redlock has no queue "
+        "to keep a waiting writer ahead of later readers",
+        "supports_semaphore": "permits would need a majority each (use RedisBackend)",
     }
 
     def __init__(self, alias: str, params: Mapping[str, Any]) -> None:
