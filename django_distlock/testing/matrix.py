@@ -109,13 +109,7 @@ REASONS: dict[tuple[str, str], str] = {
     ("SQLite transaction", "semaphore"): "the lock is the database's single write lock",
     ("SQLite transaction", "fair"): "SQLite's busy handler retries: no queue",
     ("SQLite transaction", "expiry/renewal"): "held until the transaction ends",
-    ("Redis", "read-write"): "not built yet",
-    ("Redis", "semaphore"): "not built yet",
-    ("Redis Cluster", "read-write"): "not built yet",
-    ("Redis Cluster", "semaphore"): "not built yet",
     ("Redlock", "reentrant"): "a count on independent masters could disagree",
-    ("Redlock", "read-write"): "not built: a majority of independent masters cannot queue",
-    ("Redlock", "semaphore"): "not built: a majority of independent masters cannot queue",
     ("Redlock", "fair"): "independent masters cannot share one queue: waiters retry",
     ("ZooKeeper", "expiry/renewal"): "a lock lives as long as its holder's session "
     "(ended SESSION_TIMEOUT after a crash); `ttl` is not used",
@@ -160,15 +154,21 @@ def cells() -> list[list[str]]:
 
 
 def stale_reasons() -> list[tuple[str, str]]:
-    """The cells of :data:`REASONS` whose backend now offers the kind (drop them).
+    """The cells of :data:`REASONS` to drop: their backend now offers the kind, or says
+    why not itself (``why_unsupported``).
 
     :returns: (column label, row label) pairs.
     """
     table = cells()
     labels, rows = table[0], {row[0]: row for row in table[1:]}
+    classes = {column.label: column.backend_class() for column in COLUMNS}
+    flags = {label: flag for label, flag, _ in ROWS}
     return [
         (column, row) for column, row in REASONS
-        if column in labels and rows[row][labels.index(column)] == "yes"
+        if column in labels and (
+            rows[row][labels.index(column)] == "yes"
+            or flags[row] in getattr(classes[column], "why_unsupported", {})
+        )
     ]
 
 
