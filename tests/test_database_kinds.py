@@ -10,15 +10,18 @@ import os
 import signal
 import threading
 import time
+from functools import partial
 from typing import Any
 
+import psycopg
 import pytest
 
 from django_distlock import locks
+from django_distlock.backends.database.shares_sql import PG_SHARES
 from django_distlock.exceptions import LockLost, SemaphoreLimitMismatch, UnsupportedOperation
 from django_distlock.testing import HistoryRecorder, check, load
 
-from .conftest import DATABASES, eventually, in_thread, needs_pg, require_pg
+from .conftest import DATABASES, in_thread, needs_pg, psycopg_params, require_pg
 from .histories import FORK, done, fork_ready, run_forked
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
@@ -329,3 +332,23 @@ def test_async_acquires_of_each_kind(alias: str, unique) -> None:
     peak_readers, peak_writers, peak_permits = asyncio.run(main())
     assert peak_writers == 1 and peak_permits <= 2 and peak_readers >= 1
     assert not backend.is_locked(name) and not backend.is_locked(name + "/s")
+
+
+def test_postgres_a_grant_waits_for_the_row_lock_of_another_grant(unique) -> None:
+    """The first statement of a grant locks the name's row, new or existing (the count of
+    live shares that follows is exact only so): a grant meanwhile waits for it (here,
+    past the session's row-lock wait: a miss) and is granted once it commits."""
+    require_pg()
+    backend = locks["pg-lease"]
+    for fresh in (True, False):
+        name = unique(f"row-lock-{fresh}")
+        if not fresh:
+            assert _take(partial(backend.read_lock, name))  # the row exists
+        key = backend.make_key(name)
+        with psycopg.connect(**psycopg_params("pg")) as side:  # a transaction
+            side.execute(PG_SHARES.lock_row, {"key": key})
+            started = time.monotonic()
+            assert not _take(partial(backend.semaphore, name, 2))
+            assert time.monotonic() - started >= 0.2
+            side.rollback()
+        assert _take(partial(backend.semaphore, name, 2))

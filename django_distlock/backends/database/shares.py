@@ -69,23 +69,29 @@ def in_transaction(
                 return steps(run)
         except ERRORS as exc:
             raise backend.unavailable(exc, doing) from exc
-    try:
-        return _on_session(backend, steps, deadline)
-    except ERRORS as exc:
-        if is_busy(exc):  # rolled back; the session stays usable
-            raise backend.unavailable(exc, doing) from exc
-        backend.sessions.forget()
-        if not connection_lost(exc):
-            raise backend.unavailable(exc, doing) from exc
-    try:  # the session was gone (terminated, the server restarted): once more
-        return _on_session(backend, steps, deadline)
-    except ERRORS as exc:
-        backend.sessions.forget()
-        raise backend.unavailable(exc, doing) from exc
+    for last in (False, True):
+        session: Session | None = None
+        try:
+            session = backend.sessions.get()
+            return _on_session(session, steps, deadline)
+        except ERRORS as exc:
+            if is_busy(exc) and not (session and session.timed_out):
+                raise backend.unavailable(exc, doing) from exc  # rolled back; session usable
+            backend.sessions.forget()
+            if session is not None and session.timed_out:
+                raise BackendUnavailable(
+                    f"Database {backend.database!r} did not answer within the timeout "
+                    f"(lock alias {backend.alias!r}); its connection was cut."
+                ) from exc
+            if last or not connection_lost(exc):
+                raise backend.unavailable(exc, doing) from exc
+            # The session was gone (terminated, the server restarted): once more.
+    raise AssertionError("unreachable")
 
 
-def _on_session(backend: LeaseBackend, steps: Callable[[Run], T], deadline: float | None) -> T:
-    session: Session = backend.sessions.get()
+def _on_session(session: Session, steps: Callable[[Run], T], deadline: float | None) -> T:
+    """Run ``steps`` between ``BEGIN`` and ``COMMIT`` on ``session`` (rolled back if it
+    raises), watched until ``deadline``."""
     cursor = session.cursor
 
     def run(statement: str, params: dict[str, Any]) -> list[Any]:
