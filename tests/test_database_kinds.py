@@ -352,3 +352,43 @@ def test_postgres_a_grant_waits_for_the_row_lock_of_another_grant(unique) -> Non
             assert time.monotonic() - started >= 0.2
             side.rollback()
         assert _take(partial(backend.semaphore, name, 2))
+
+
+def test_auto_renew_keeps_a_share_past_its_ttl(alias: str, unique) -> None:
+    backend = locks[alias]
+    name = unique("renew")
+    with backend.read_lock(name, ttl=1, auto_renew=True) as reader:
+        time.sleep(2.0)  # renewed every third of its ttl
+        assert not reader.lost
+        assert not _take(lambda: backend.write_lock(name))
+    with backend.semaphore(name + "/s", 1, ttl=1, auto_renew=True) as permit:
+        time.sleep(2.0)
+        assert not permit.lost
+        assert not _take(lambda: backend.semaphore(name + "/s", 1))
+    assert _take(lambda: backend.write_lock(name))
+
+
+def test_decorator_kinds(alias: str, unique) -> None:
+    from django_distlock import distlock
+
+    backend = locks[alias]
+    name = unique("decorated")
+    seen: list[tuple[str, bool]] = []
+
+    @distlock(name, using=alias, kind="read")
+    def read() -> None:
+        seen.append(("read", _take(lambda: backend.read_lock(name))))
+        seen.append(("write", _take(lambda: backend.write_lock(name))))
+
+    @distlock(name, using=alias, kind="write")
+    def write() -> None:
+        seen.append(("read", _take(lambda: backend.read_lock(name))))
+
+    @distlock(name + "/sem", using=alias, kind="semaphore", limit=2)
+    def permit() -> None:
+        seen.append(("second permit", _take(lambda: backend.semaphore(name + "/sem", 2))))
+
+    read()
+    write()
+    permit()
+    assert seen == [("read", True), ("write", False), ("read", False), ("second permit", True)]
