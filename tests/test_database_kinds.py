@@ -21,7 +21,15 @@ from django_distlock.backends.database.shares_sql import PG_SHARES
 from django_distlock.exceptions import LockLost, SemaphoreLimitMismatch, UnsupportedOperation
 from django_distlock.testing import HistoryRecorder, check, load
 
-from .conftest import DATABASES, in_thread, needs_pg, psycopg_params, require_pg
+from .conftest import (
+    DATABASES,
+    advisory_locks,
+    eventually,
+    in_thread,
+    needs_pg,
+    psycopg_params,
+    require_pg,
+)
 from .histories import FORK, done, fork_ready, run_forked
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
@@ -392,3 +400,35 @@ def test_decorator_kinds(alias: str, unique) -> None:
     write()
     permit()
     assert seen == [("read", True), ("write", False), ("read", False), ("second permit", True)]
+
+
+def test_postgres_waiters_queue_in_the_server_in_arrival_order(unique) -> None:
+    """Waiting readers, writers and permits of a name queue in the server (an advisory
+    lock whose head polls, the others sleep behind it): they are served in arrival
+    order, and a wait that times out leaves nothing behind."""
+    require_pg()
+    backend = locks["pg-lease"]
+    name = unique("queue")
+    key = backend.make_key(name)
+    holder = backend.semaphore(name, 1, ttl=30)
+    assert holder.acquire()
+    served: list[int] = []
+
+    def wait(i: int) -> None:
+        with backend.semaphore(name, 1, timeout=30):
+            served.append(i)
+            time.sleep(0.02)
+
+    threads = []
+    for i in range(4):
+        threads.append(threading.Thread(target=wait, args=(i,)))
+        threads[-1].start()
+        assert eventually(lambda i=i: advisory_locks(backend, key, -3)
+                          + advisory_locks(backend, key, -3, granted=False) == i + 1)
+    assert advisory_locks(backend, key, -3) == 1  # the head; the others sleep behind it
+    assert in_thread(lambda: backend.semaphore(name, 1).acquire(timeout=0.3)) is False
+    holder.release()
+    for thread in threads:
+        thread.join(30)
+    assert served == [0, 1, 2, 3]
+    assert advisory_locks(backend, key, -3) + advisory_locks(backend, key, -3, granted=False) == 0

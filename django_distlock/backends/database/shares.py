@@ -21,10 +21,13 @@ from django.db import connections, transaction
 
 from ...exceptions import BackendUnavailable, SemaphoreLimitMismatch
 from ..base import Acquisition, ExcInfo, Freed, Grant, Miss
-from .backend import is_busy
+from .backend import is_busy, server_wait
 from .sessions import ERRORS, WATCHDOG, Session, connection_lost
 from .shares_sql import (
     PERMITS,
+    PG_JOIN_QUEUE,
+    PG_LEAVE_QUEUE,
+    PG_QUEUE_WAIT,
     PG_SHARES,
     READERS,
     SENTINEL,
@@ -166,6 +169,11 @@ class KindAcquisition(Acquisition):
         #: The owner as the row stores it (a writer's token carries a suffix).
         self.owner = self.token + WRITER_SUFFIX if lock.kind == "write" else self.token
         self.marked = False
+        #: PostgreSQL: this acquisition heads the name's queue (its session holds it).
+        self.queued = False
+        #: An asyncio task's attempts: they do not queue in the server (their calls share
+        #: one thread), so they may pass the queue rather than starve behind it.
+        self.barging = False
 
     def _ttl(self, seconds: float) -> float | str:
         return seconds if self.pg else sqlite_ttl(seconds)
@@ -174,7 +182,8 @@ class KindAcquisition(Acquisition):
         lock = self.lock
         return {"key": lock.key, "owner": self.owner, "ttl": self._ttl(lock.ttl),
                 "host": lock.host, "pid": lock.pid, "thread": lock.holder_field,
-                "limit": lock.limit, "kind": lock.kind, "sentinel": SENTINEL.get(lock.kind)}
+                "limit": lock.limit, "kind": lock.kind, "sentinel": SENTINEL.get(lock.kind),
+                "queued": self.queued or self.barging}
 
     def attempt(self) -> Grant | Miss:
         params = self._params()
@@ -189,6 +198,36 @@ class KindAcquisition(Acquisition):
             raise outcome
         return outcome
 
+    async def aattempt(self) -> Grant | Miss:
+        self.barging = True
+        return await super().aattempt()
+
+    def wait(self, miss: Miss) -> Grant | None:
+        if not self.pg or self.queued:
+            return super().wait(miss)  # SQLite, or the head: poll
+        # Sleep in the server behind the waiters before this one, until it heads the
+        # name's queue (the head's grant, or its giving up, wakes the next one).
+        wait = f"{max(int(server_wait(self.deadline) * 1000), 1)}ms"
+
+        def join(run: Run) -> None:
+            run(PG_QUEUE_WAIT, {"wait": wait})
+            run(PG_JOIN_QUEUE, {"key": self.lock.key})
+
+        try:
+            in_transaction(self.backend, "waiting for a lock", join, self.deadline)
+        except BackendUnavailable as exc:
+            if exc.__cause__ is None or not is_busy(exc.__cause__):
+                raise
+            self._leave()  # a lock granted just as its wait timed out is kept
+            return None
+        self.queued = True
+        return None
+
+    def _leave(self) -> None:
+        """Give back the queue's lock if this thread's session holds it."""
+        self.queued = False
+        self.backend.run(PG_LEAVE_QUEUE, {"key": self.lock.key}, "leaving a lock's queue")
+
     def _attempt(self, run: Run, params: dict[str, Any]) -> Grant | Miss | SemaphoreLimitMismatch:
         sql = self.sql
         run(sql.lock_row, params)
@@ -196,6 +235,7 @@ class KindAcquisition(Acquisition):
             rows = run(sql.grant_write, params)
             if rows:
                 self.marked = False  # the grant cleared the writer's mark
+                self._granted(run)
                 fencing, acquired_at, expires_at = rows[0]
                 return Grant(fencing, as_datetime(acquired_at), as_datetime(expires_at))
         else:
@@ -204,6 +244,7 @@ class KindAcquisition(Acquisition):
                 fencing, acquired_at, expires_at = rows[0]
                 run(sql.insert_share, {**params, "fencing": fencing,
                                        "acquired_at": acquired_at, "expires_at": expires_at})
+                self._granted(run)
                 return Grant(fencing, as_datetime(acquired_at), as_datetime(expires_at))
         found = run(sql.missed, params)
         retry_after, stored = found[0] if found else (None, None)
@@ -221,7 +262,16 @@ class KindAcquisition(Acquisition):
             self.marked = True
         return Miss(retry_after)
 
+    def _granted(self, run: Run) -> None:
+        """A grant to the queue's head: the next waiter heads the queue (at the commit)."""
+        if self.queued:
+            run(PG_LEAVE_QUEUE, {"key": self.lock.key})
+            self.queued = False
+
     def close(self) -> None:
+        if self.queued:
+            with contextlib.suppress(BackendUnavailable):  # its session is gone, and the lock
+                self._leave()
         if self.marked:
             self.marked = False
             params = {"key": self.lock.key, "owner": self.owner}

@@ -75,11 +75,13 @@ class ShareDialect:
 
 
 def _dialect(now: str, later: str, intent: str, seconds_until: str, reserved: str,
-             skip: str, clear_reservation: str) -> ShareDialect:
+             skip: str, clear_reservation: str, queue: str) -> ShareDialect:
     live = f"s.name = %(key)s AND s.expires_at > {now}"
     free = f"owner IS NULL OR expires_at <= {now}"
     limit = "CAST(%(limit)s AS integer)"
     not_reserved = f" AND (next_owner IS NULL OR NOT {reserved})" if reserved else ""
+    if queue:  # no passing the waiters queued in the server (their head holds the queue)
+        not_reserved += f" AND (%(queued)s OR pg_try_advisory_xact_lock({queue}))"
     no_intent = f"(intent_owner IS NULL OR intent_owner = %(owner)s OR intent_until <= {now})"
     next_end = seconds_until.format(
         f"coalesce((SELECT min(s.expires_at) FROM {SHARES} s WHERE {live}), expires_at)"
@@ -163,6 +165,7 @@ PG_SHARES = _dialect(
     # grant does: a handover to it may have been issued and lost with a crash).
     skip=" + (next_owner IS NOT NULL)::int",
     clear_reservation=", next_owner = NULL",
+    queue="hashtextextended(%(key)s, -3)",
 )
 
 _NOW = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')"
@@ -174,4 +177,14 @@ SQLITE_SHARES = _dialect(
     reserved="",
     skip="",
     clear_reservation="",
+    queue="",
 )
+
+#: PostgreSQL: wait in the server, behind the waiters before, to head the name's queue
+#: of readers, writers and permits (an advisory lock; its head polls). Run with
+#: ``PG_QUEUE_WAIT`` in one transaction. Params: key.
+PG_JOIN_QUEUE = "SELECT pg_advisory_lock(hashtextextended(%(key)s, -3))"
+#: The join's wait, for its transaction. Params: wait (a ``lock_timeout`` value).
+PG_QUEUE_WAIT = "SELECT set_config('lock_timeout', %(wait)s, true)"
+#: Leave the queue (the head was granted, or gives up). Params: key.
+PG_LEAVE_QUEUE = "SELECT django_distlock_unlock_if_held(hashtextextended(%(key)s, -3))"
