@@ -54,11 +54,9 @@ class LeaseBackend(DatabaseBackend, mode="lease"):
         super().__init__(alias, params)
         self.async_pool = AsyncSessions(self.session_factory, self.async_sessions)
 
-    def acquisition(
+    def kind_acquisition(
         self, lock: Lock, token: str, blocking: bool, deadline: float | None
     ) -> Acquisition:
-        if lock.kind == "exclusive":
-            return self.acquisitions[self.dialect.vendor](self, lock, token, blocking, deadline)
         return KindAcquisition(self, lock, token, blocking, deadline)
 
     def is_locked(self, name: str) -> bool:
