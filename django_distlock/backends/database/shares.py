@@ -5,10 +5,12 @@ Each grant, release and extend is one short transaction that locks the name's ro
 first (``shares_sql.py`` says why that makes the count of live shares exact). A
 reader or a permit is a row of ``django_distlock_share`` with its own expiry; a
 writer holds the name's row as an exclusive holder does, so ``lock(name)`` and
-``write_lock(name)`` exclude each other and share one fencing counter. Waiters poll
-with backoff and jitter (not the exclusive lock's queue in the server): a waiting
-writer marks the row, and the mark keeps new readers out until it is granted, gives
-up, or stops renewing the mark (docs/database.md).
+``write_lock(name)`` exclude each other and share one fencing counter. On PostgreSQL,
+waiting threads queue in the server on an advisory lock of the name (not the
+exclusive lock's queue) and the head polls; on SQLite, and for asyncio tasks, every
+waiter polls with backoff and jitter. A waiting writer marks the row, and the mark
+keeps new readers out until it is granted, gives up, or stops renewing it
+(docs/database.md).
 """
 
 from __future__ import annotations
@@ -119,8 +121,11 @@ def _on_session(session: Session, steps: Callable[[Run], T], deadline: float | N
 
 
 def kind_of_owner(owner: str) -> str:
-    """The kind of lock a row's ``owner`` holds: ``"exclusive"``, ``"write"``, ``"read"``
-    or ``"semaphore"``."""
+    """The kind of lock a row's ``owner`` holds.
+
+    :param owner: the ``owner`` column of a held row.
+    :returns: ``"exclusive"``, ``"write"``, ``"read"`` or ``"semaphore"``.
+    """
     if owner == READERS:
         return "read"
     if owner == PERMITS:
@@ -129,8 +134,14 @@ def kind_of_owner(owner: str) -> str:
 
 
 def listed_shares(backend: LeaseBackend, keys: list[str]) -> list[Any]:
-    """The live shares of the names ``keys``, the one that ends last of each name last
-    (rows: name, owner, fencing, acquired_at, expires_at, host, pid, thread, kind)."""
+    """The live shares of the names ``keys``.
+
+    :param backend: the lease backend.
+    :param keys: storage keys whose rows show readers or permits.
+    :returns: rows (name, owner, fencing, acquired_at, expires_at, host, pid, thread,
+        kind), the share of each name that ends last after its others.
+    :raises BackendUnavailable: when the database fails.
+    """
     names = ", ".join(f"%(n{index})s" for index in range(len(keys)))
     statement = share_dialect(backend).listed.format(names=names)
     params = {f"n{index}": key for index, key in enumerate(keys)}
@@ -138,8 +149,14 @@ def listed_shares(backend: LeaseBackend, keys: list[str]) -> list[Any]:
 
 
 def force_release(backend: LeaseBackend, key: str, owner: str) -> Freed | None:
-    """Free the name ``key``: its holder, or its readers or permits (only the one whose
-    short owner id is ``owner``, unless it is ""); None when nothing held was freed."""
+    """Free the name ``key``: its holder, or its readers or permits.
+
+    :param backend: the lease backend.
+    :param key: the storage key.
+    :param owner: free only the holder or share whose short owner id this is ("": all).
+    :returns: :class:`Freed`, or None when nothing held was freed.
+    :raises BackendUnavailable: when the database fails.
+    """
     sql = share_dialect(backend)
     params = {"key": key, "length": len(owner), "expected": owner}
 
@@ -156,8 +173,9 @@ def force_release(backend: LeaseBackend, key: str, owner: str) -> Freed | None:
 
 
 class KindAcquisition(Acquisition):
-    """One acquisition of a reader, a writer or a permit: attempts poll (the base class'
-    backoff with jitter, bounded by the acquire's timeout and the holder's expiry)."""
+    """One acquisition of a reader, a writer or a permit. Its head of queue (PostgreSQL
+    threads), and every waiter elsewhere, polls with the base class' backoff and jitter,
+    bounded by the acquire's timeout and the holder's expiry."""
 
     backend: LeaseBackend
 
