@@ -32,6 +32,12 @@ class LockRecord(models.Model):
     next_thread = models.CharField(max_length=255, null=True, blank=True)
     # The server's epoch when the reservation was made (see docs/database.md).
     next_epoch = models.BigIntegerField(null=True, blank=True)
+    # Lease mode, read-write locks and semaphores (docs/database.md): a semaphore's limit,
+    # binding while its permits are held; a waiting writer's mark (it keeps new readers
+    # out) and when it lapses if the writer stops renewing it.
+    share_limit = models.IntegerField(null=True, blank=True)
+    intent_owner = models.CharField(max_length=64, null=True, blank=True)
+    intent_until = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "django_distlock_lock"
@@ -45,6 +51,37 @@ class LockRecord(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class LockShare(models.Model):
+    """Lease mode: one reader of a read-write lock, or one permit of a semaphore.
+
+    Each share has its own expiry, on the database's clock. While shares are held, the
+    name's :class:`LockRecord` row shows ``owner`` ``"~read"`` or ``"~semaphore"`` and
+    the latest end of its live shares, so an exclusive ``lock()`` of the name waits
+    without reading this table (docs/database.md).
+    """
+
+    name = models.CharField(max_length=255)
+    owner = models.CharField(max_length=64)
+    #: ``"read"`` or ``"semaphore"``.
+    kind = models.CharField(max_length=16)
+    fencing = models.BigIntegerField()
+    acquired_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+    host = models.CharField(max_length=255, blank=True, default="")
+    pid = models.IntegerField(null=True, blank=True)
+    thread = models.CharField(max_length=255, blank=True, default="")
+
+    class Meta:
+        db_table = "django_distlock_share"
+        verbose_name = "lock share"
+        constraints = [
+            models.UniqueConstraint(fields=["name", "owner"], name="distlock_share_owner_uniq"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.name}"
 
 
 class LockEvent(models.Model):

@@ -121,7 +121,21 @@ class DatabaseBackend(BaseLockBackend):
     def acquisition(
         self, lock: Lock, token: str, blocking: bool, deadline: float | None
     ) -> Acquisition:
+        if lock.kind != "exclusive":
+            return self.kind_acquisition(lock, token, blocking, deadline)
         return self.acquisitions[self.dialect.vendor](self, lock, token, blocking, deadline)
+
+    def kind_acquisition(
+        self, lock: Lock, token: str, blocking: bool, deadline: float | None
+    ) -> Acquisition:
+        """The acquisition of a reader, a writer or a permit (lease mode); never reached in
+        a mode whose ``supports_read_write`` and ``supports_semaphore`` are False.
+
+        :raises UnsupportedOperation: in such a mode.
+        """
+        raise UnsupportedOperation(
+            f"{type(self).__name__} (alias {self.alias!r}) has no {lock.kind} locks."
+        )
 
     # -- running statements -------------------------------------------------------
 

@@ -21,10 +21,13 @@ from django.db import connections
 
 from ...backoff import remaining
 from ...exceptions import BackendUnavailable
+from ...handle import Lock
 from ...values import short_owner
 from ..base import Acquisition, ExcInfo, Freed, Grant, LockInfo, LockPage, Miss
 from .backend import DatabaseBackend, is_busy, server_wait
 from .sessions import ERRORS, WATCHDOG, AsyncSessions, Session, connection_lost
+from .shares import KindAcquisition, force_release, kind_of_owner, listed_shares
+from .shares_sql import SENTINELS
 from .sql import (
     PG_WAIT,
     POSTGRESQL,
@@ -44,10 +47,17 @@ class LeaseBackend(DatabaseBackend, mode="lease"):
 
     supports_listing = True
     supports_force_release = True
+    supports_read_write = True
+    supports_semaphore = True
 
     def __init__(self, alias: str, params: Mapping[str, Any]) -> None:
         super().__init__(alias, params)
         self.async_pool = AsyncSessions(self.session_factory, self.async_sessions)
+
+    def kind_acquisition(
+        self, lock: Lock, token: str, blocking: bool, deadline: float | None
+    ) -> Acquisition:
+        return KindAcquisition(self, lock, token, blocking, deadline)
 
     def is_locked(self, name: str) -> bool:
         return bool(self.run(self.dialect.is_locked, [self.make_key(name)], "checking a lock"))
@@ -56,7 +66,10 @@ class LeaseBackend(DatabaseBackend, mode="lease"):
         low = self.key_prefix + prefix
         params = [cursor or "", low, upper_bound(low), limit]
         rows = self.run(self.dialect.held, params, "listing locks")
-        infos = [self._info(row) for row in rows]
+        # A name held by readers or permits shows the share whose lease ends last.
+        shared = [row[0] for row in rows if row[1] in SENTINELS]
+        last = {share[0]: share for share in listed_shares(self, shared)} if shared else {}
+        infos = [self._info(last.get(row[0], row)) for row in rows]
         return LockPage(infos, rows[-1][0] if len(rows) == limit else None)
 
     def _info(self, row: tuple[Any, ...]) -> LockInfo:
@@ -71,12 +84,11 @@ class LeaseBackend(DatabaseBackend, mode="lease"):
             host=host,
             pid=pid,
             thread=thread,
+            kind=row[8] if len(row) > 8 else kind_of_owner(owner),
         )
 
     def _force_release(self, key: str, owner: str) -> Freed | None:
-        params = [key, len(owner), owner]
-        freed = self.run(self.dialect.force_release, params, "force-releasing a lock")
-        return Freed() if freed else None
+        return force_release(self, key, owner)
 
     def close(self) -> None:
         self.async_pool.close()

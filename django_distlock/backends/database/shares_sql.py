@@ -1,0 +1,190 @@
+"""SQL of lease mode's read-write locks and semaphores, one set per vendor.
+
+Every grant, release and extend of a share runs in one transaction whose first
+statement locks the name's row (``LOCK_ROW``); the statements after it see every
+share committed before (PostgreSQL's READ COMMITTED takes a new snapshot per
+statement; SQLite holds its write lock), and no other grant of the name runs
+meanwhile. So "count the live shares, then add one" is decided on a stable count.
+
+While shares are held, the row's ``owner`` is ``"~read"`` or ``"~semaphore"`` and its
+``expires_at`` the latest end of its live shares (``RECOMPUTE`` keeps it so): the
+exclusive lock's statements, unchanged, see the name held until the last share
+ends. A writer holds the row as an exclusive holder does, under its owner token with
+``":w"`` appended (the listing tells the kinds apart; its short owner id is the
+token's). Expiry is decided with the database's clock only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .sql import _RESERVED, TABLE
+
+SHARES = "django_distlock_share"
+READERS = "~read"
+PERMITS = "~semaphore"
+#: The row owner of each share kind.
+SENTINEL = {"read": READERS, "semaphore": PERMITS}
+SENTINELS = frozenset(SENTINEL.values())
+#: Appended to a writer's owner token in the row (``owner`` is 64 wide, tokens 32).
+WRITER_SUFFIX = ":w"
+#: How long a waiting writer's mark keeps new readers out unless renewed (a waiting
+#: writer renews it at each attempt, at least every quarter second).
+INTENT_SECONDS = 2
+
+
+@dataclass(frozen=True)
+class ShareDialect:
+    """The statements of one vendor (named ``%(...)s`` placeholders)."""
+
+    #: Create the name's row if new, and lock it until the transaction ends.
+    #: Params: key.
+    lock_row: str
+    #: Grant a reader (``sentinel`` ``~read``, ``limit`` NULL) or a permit. Params: key,
+    #: owner, sentinel, ttl, limit, host, pid, thread. Row on a grant: (fencing,
+    #: acquired_at, the share's expires_at).
+    grant_share: str
+    #: After a grant: the share itself. Params: key, owner, kind, fencing, acquired_at,
+    #: expires_at, host, pid, thread.
+    insert_share: str
+    #: Grant a writer. Params: key, owner (with the suffix), ttl, host, pid, thread.
+    #: Row: (fencing, acquired_at, expires_at).
+    grant_write: str
+    #: After a miss. Params: key, limit. Row: (retry_after, stored limit that differs
+    #: from ``limit`` while permits are held, else NULL).
+    missed: str
+    #: A waiting writer marks the name. Params: key, owner.
+    mark_intent: str
+    #: A writer that gives up withdraws its mark. Params: key, owner.
+    drop_intent: str
+    #: Release a share (and forget the name's expired ones). Params: key, owner.
+    #: Rows: (valid,) for the share released, (false,) for each expired one.
+    release_share: str
+    #: Params: key, owner, ttl. Row: (fencing, acquired_at, expires_at).
+    extend_share: str
+    #: Make the row show the live shares again (owner NULL when none). Params: key.
+    recompute: str
+    #: Force release. Params: key, length of the short owner id (0: any), that id.
+    #: Rows: one per share freed.
+    force_shares: str
+    #: Force release of the row's holder (with "" also the readers' or permits' row).
+    #: Params: as ``force_shares``. Row when one was freed.
+    force_row: str
+    #: Listing: the live share of each name that ends last. Params: the names.
+    listed: str
+
+
+def _dialect(now: str, later: str, intent: str, seconds_until: str, reserved: str,
+             skip: str, clear_reservation: str, queue: str) -> ShareDialect:
+    live = f"s.name = %(key)s AND s.expires_at > {now}"
+    free = f"owner IS NULL OR expires_at <= {now}"
+    limit = "CAST(%(limit)s AS integer)"
+    not_reserved = f" AND (next_owner IS NULL OR NOT {reserved})" if reserved else ""
+    if queue:  # no passing the waiters queued in the server (their head holds the queue)
+        not_reserved += f" AND (%(queued)s OR pg_try_advisory_xact_lock({queue}))"
+    no_intent = f"(intent_owner IS NULL OR intent_owner = %(owner)s OR intent_until <= {now})"
+    next_end = seconds_until.format(
+        f"coalesce((SELECT min(s.expires_at) FROM {SHARES} s WHERE {live}), expires_at)"
+    )
+    return ShareDialect(
+        lock_row=f"""
+INSERT INTO {TABLE} (name, fencing, host, thread) VALUES (%(key)s, 0, '', '')
+ON CONFLICT (name) DO UPDATE SET fencing = {TABLE}.fencing WHERE false""",
+        grant_share=f"""
+UPDATE {TABLE} SET owner = %(sentinel)s, fencing = fencing + 1, acquired_at = {now},
+    expires_at = CASE WHEN owner = %(sentinel)s AND expires_at > {later} THEN expires_at
+        ELSE {later} END,
+    host = %(host)s, pid = %(pid)s, thread = %(thread)s,
+    share_limit = coalesce({limit}, share_limit)
+WHERE name = %(key)s AND (
+    EXISTS (SELECT 1 FROM {SHARES} s WHERE {live} AND s.owner = %(owner)s)
+    OR (({free} OR owner = %(sentinel)s){not_reserved} AND CASE WHEN {limit} IS NULL
+        THEN (intent_owner IS NULL OR intent_until <= {now})
+        ELSE ({free} OR share_limit = {limit})
+            AND (SELECT count(*) FROM {SHARES} s WHERE {live}) < {limit} END))
+RETURNING fencing, acquired_at, {later}""",
+        insert_share=f"""
+INSERT INTO {SHARES} (name, owner, kind, fencing, acquired_at, expires_at, host, pid, thread)
+VALUES (%(key)s, %(owner)s, %(kind)s, %(fencing)s, %(acquired_at)s, %(expires_at)s, %(host)s,
+    %(pid)s, %(thread)s)
+ON CONFLICT (name, owner) DO UPDATE SET fencing = excluded.fencing,
+    acquired_at = excluded.acquired_at, expires_at = excluded.expires_at""",
+        grant_write=f"""
+UPDATE {TABLE} SET owner = %(owner)s, fencing = fencing + 1{skip}, acquired_at = {now},
+    expires_at = {later}, host = %(host)s, pid = %(pid)s, thread = %(thread)s{clear_reservation},
+    intent_owner = CASE WHEN intent_owner = %(owner)s THEN NULL ELSE intent_owner END
+WHERE name = %(key)s AND ({free} OR owner = %(owner)s){not_reserved} AND {no_intent}
+    AND NOT EXISTS (SELECT 1 FROM {SHARES} s WHERE {live})
+RETURNING fencing, acquired_at, expires_at""",
+        missed=f"""
+SELECT {next_end},
+    CASE WHEN owner = '{PERMITS}' AND expires_at > {now} AND share_limit <> {limit}
+        THEN share_limit END
+FROM {TABLE} WHERE name = %(key)s""",
+        mark_intent=f"""
+UPDATE {TABLE} SET intent_owner = %(owner)s, intent_until = {intent}
+WHERE name = %(key)s AND {no_intent}""",
+        drop_intent=f"""
+UPDATE {TABLE} SET intent_owner = NULL, intent_until = NULL
+WHERE name = %(key)s AND intent_owner = %(owner)s""",
+        release_share=f"""
+DELETE FROM {SHARES} WHERE name = %(key)s AND (owner = %(owner)s OR expires_at <= {now})
+RETURNING owner = %(owner)s AND expires_at > {now}""",
+        extend_share=f"""
+UPDATE {SHARES} SET expires_at = {later}
+WHERE name = %(key)s AND owner = %(owner)s AND expires_at > {now}
+RETURNING fencing, acquired_at, expires_at""",
+        recompute=f"""
+UPDATE {TABLE} SET
+    expires_at = coalesce((SELECT max(s.expires_at) FROM {SHARES} s WHERE {live}), expires_at),
+    owner = CASE WHEN EXISTS (SELECT 1 FROM {SHARES} s WHERE {live}) THEN owner END
+WHERE name = %(key)s AND owner IN ('{READERS}', '{PERMITS}')""",
+        force_shares=f"""
+DELETE FROM {SHARES} WHERE name = %(key)s AND expires_at > {now}
+    AND substr(owner, 1, %(length)s) = %(expected)s
+RETURNING fencing""",
+        force_row=f"""
+UPDATE {TABLE} SET owner = NULL{clear_reservation}
+WHERE name = %(key)s AND owner IS NOT NULL AND expires_at > {now}
+    AND substr(owner, 1, %(length)s) = %(expected)s
+RETURNING 1""",
+        listed=f"""
+SELECT name, owner, fencing, acquired_at, expires_at, host, pid, thread, kind
+FROM {SHARES} WHERE name IN ({{names}}) AND expires_at > {now}
+ORDER BY expires_at""",
+    )
+
+
+PG_SHARES = _dialect(
+    now="now()",
+    later="now() + %(ttl)s * interval '1 second'",
+    intent=f"now() + interval '{INTENT_SECONDS} seconds'",
+    seconds_until="EXTRACT(EPOCH FROM {} - now())::float8",
+    reserved=_RESERVED,
+    # Over an exclusive waiter's reservation, skip a fencing number (as the exclusive
+    # grant does: a handover to it may have been issued and lost with a crash).
+    skip=" + (next_owner IS NOT NULL)::int",
+    clear_reservation=", next_owner = NULL",
+    queue="hashtextextended(%(key)s, -3)",
+)
+
+_NOW = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')"
+SQLITE_SHARES = _dialect(
+    now=_NOW,
+    later="strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %(ttl)s)",
+    intent=f"strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', '+{INTENT_SECONDS} seconds')",
+    seconds_until="(julianday({}) - julianday('now')) * 86400.0",
+    reserved="",
+    skip="",
+    clear_reservation="",
+    queue="",
+)
+
+#: PostgreSQL: wait in the server, behind the waiters before, to head the name's queue
+#: of readers, writers and permits (an advisory lock; its head polls). Run with
+#: ``PG_QUEUE_WAIT`` in one transaction. Params: key.
+PG_JOIN_QUEUE = "SELECT pg_advisory_lock(hashtextextended(%(key)s, -3))"
+#: The join's wait, for its transaction. Params: wait (a ``lock_timeout`` value).
+PG_QUEUE_WAIT = "SELECT set_config('lock_timeout', %(wait)s, true)"
+#: Leave the queue (the head was granted, or gives up). Params: key.
+PG_LEAVE_QUEUE = "SELECT django_distlock_unlock_if_held(hashtextextended(%(key)s, -3))"
