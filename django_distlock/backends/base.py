@@ -125,7 +125,8 @@ class BaseLockBackend(abc.ABC):
     #: ``lock(name, reentrant=True)`` works: the same owner acquires again, counted.
     supports_reentrancy: ClassVar[bool] = False
     #: ``read_lock(name)`` and ``write_lock(name)`` work: readers share, a writer excludes
-    #: readers and writers (and exclusive locks of the name), served in arrival order.
+    #: readers and writers (and exclusive locks of the name); a waiting writer keeps later
+    #: readers out.
     supports_read_write: ClassVar[bool] = False
     #: ``semaphore(name, limit)`` works: up to ``limit`` holders at once.
     supports_semaphore: ClassVar[bool] = False
@@ -299,7 +300,8 @@ class BaseLockBackend(abc.ABC):
     def semaphore(self, name: str, limit: int, **options: Any) -> Lock:
         """Build a handle on one of the ``limit`` leases of the counting semaphore
         ``name`` (every client of a name must use the same ``limit``). Takes the
-        options of :meth:`lock`; waiters are served in arrival order.
+        options of :meth:`lock`; waiters are served in arrival order where the backend
+        is fair (docs/kinds.md: not on SQLite, nor for asyncio tasks on PostgreSQL).
 
         :raises UnsupportedOperation: when ``supports_semaphore`` is False.
         :raises TypeError, ValueError: for a ``limit`` that is not an int from 1 to 10,000.

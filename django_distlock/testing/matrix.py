@@ -86,7 +86,6 @@ ROWS: tuple[tuple[str, str | None, Callable[[type], bool] | None], ...] = (
     ("async", None, _always),
 )
 
-_LEASE_KINDS = "not built in lease mode yet (a row per holder and kind is the design)"
 _TX = "a transaction-mode lock is a server-side row lock held by one connection"
 _LOCAL = "one process' memory: it excludes threads and tasks of that process only"
 #: Why a "no" cell is no, by (column label, row label), where the backend's own
@@ -94,11 +93,7 @@ _LOCAL = "one process' memory: it excludes threads and tasks of that process onl
 REASONS: dict[tuple[str, str], str] = {
     ("PostgreSQL lease", "reentrant"): "the lease row has one owner token; use Redis or "
     "ZooKeeper for reentrant locks",
-    ("PostgreSQL lease", "read-write"): _LEASE_KINDS,
-    ("PostgreSQL lease", "semaphore"): _LEASE_KINDS,
     ("SQLite lease", "reentrant"): "the lease row has one owner token",
-    ("SQLite lease", "read-write"): _LEASE_KINDS,
-    ("SQLite lease", "semaphore"): _LEASE_KINDS,
     ("SQLite lease", "fair"): "SQLite has no lock queue: waiters poll with backoff",
     ("PostgreSQL transaction", "reentrant"): _TX + " (a nested one deadlocks on itself)",
     ("PostgreSQL transaction", "read-write"): "not built (`FOR SHARE` readers would fit)",
