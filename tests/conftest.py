@@ -78,6 +78,17 @@ def require_zookeeper() -> None:
     pytest.skip("ZooKeeper not started (run scripts/test for the full suite)")
 
 
+@pytest.fixture
+def zk() -> Any:
+    """The ``"zk"`` alias' :class:`ZooKeeperBackend` (a full run fails without ZooKeeper)."""
+    from django_distlock.backends.zookeeper import ZooKeeperBackend
+
+    require_zookeeper()
+    backend = locks["zk"]
+    assert isinstance(backend, ZooKeeperBackend)
+    return backend
+
+
 def psycopg_params(database: str) -> dict[str, Any]:
     """``psycopg.connect()`` keywords for the database alias ``database`` (a side connection)."""
     db = connections[database].settings_dict

@@ -52,14 +52,6 @@ class TestZooKeeperAuth(ZooKeeperContract):
     alias = "zk-auth"
 
 
-@pytest.fixture
-def zk() -> ZooKeeperBackend:
-    require_zookeeper()
-    backend = locks["zk"]
-    assert isinstance(backend, ZooKeeperBackend)
-    return backend
-
-
 def _children(backend: ZooKeeperBackend, name: str) -> list[str]:
     parent = backend.parent_of(backend.make_key(name))
     kazoo = backend.client.get()

@@ -20,16 +20,8 @@ from django_distlock.backends.zookeeper import ZooKeeperBackend
 from django_distlock.exceptions import LockLost
 from django_distlock.testing.history import HistoryRecorder, check, load
 
-from .conftest import eventually, in_thread, require_zookeeper
+from .conftest import eventually, in_thread
 from .histories import FORK, done, fork_ready, run_forked
-
-
-@pytest.fixture
-def zk() -> ZooKeeperBackend:
-    require_zookeeper()
-    backend = locks["zk"]
-    assert isinstance(backend, ZooKeeperBackend)
-    return backend
 
 
 def _children(backend: ZooKeeperBackend, name: str) -> list[str]:
