@@ -7,6 +7,11 @@ acquisition on one started ``KazooClient`` per process (``acquire(timeout=5)``,
 ``release()``), as a user who writes kazoo by hand does; django-distlock's
 ``ZooKeeperBackend`` (alias ``zk``, ``benchmarks/settings.py``) through its public
 API (aliases ``zk`` and ``zk1``). Lock paths live under ``/distlock-bench``.
+
+The semaphore rows (``*.sem-*``, uncontended) put django-distlock's
+``semaphore(name, 4)`` next to kazoo's ``Semaphore(client, path, max_leases=4)``,
+a new one per acquisition as for the lock; ``x kazoo Semaphore`` divides by
+kazoo's row on the same server.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import os
 from typing import Any
 
 from kazoo.client import KazooClient
-from kazoo.recipe.lock import Lock
+from kazoo.recipe.lock import Lock, Semaphore
 
 from . import contention, lockers, uncontended
 from .harness import Unavailable, add_bar, add_case
@@ -27,6 +32,8 @@ ALLOWED_HOSTS = ("127.0.0.1",)
 ROOT = "/distlock-bench"
 #: The ``ROOT`` of the alias ``zk`` in ``benchmarks/settings.py``.
 DISTLOCK_ROOT = "/distlock-bench-distlock"
+#: Permits of the semaphore rows.
+LIMIT = 4
 
 
 #: The environment variable naming the servers of each target.
@@ -125,6 +132,31 @@ class DistLock(lockers.DistLock):
     """(c) django-distlock's ``ZooKeeperBackend`` (:class:`benchmarks.lockers.DistLock`)."""
 
 
+class KazooSemaphore(KazooLock):
+    """kazoo's ``Semaphore(client, path, max_leases=LIMIT)``, a new one per acquisition."""
+
+    def acquire(self) -> bool:
+        self.lock = Semaphore(self.client, self.path, max_leases=LIMIT)
+        return bool(self.lock.acquire(timeout=ACQUIRE_TIMEOUT))
+
+
+class DistSemaphore(lockers.DistLock):
+    """django-distlock's ``semaphore(name, LIMIT)``, a new handle per acquisition."""
+
+    def _handle(self) -> Any:
+        return self.locks[self.alias].semaphore(
+            self.key, LIMIT, ttl=lockers.TTL, timeout=self.timeout
+        )
+
+    def acquire(self) -> bool:
+        self.handle = self._handle()
+        return bool(self.handle.acquire())
+
+    async def aacquire(self) -> bool:
+        self.handle = self._handle()
+        return bool(await self.handle.aacquire())
+
+
 _U, _C = uncontended.NAME, contention.NAME
 for _target, _where in (("zk", "ensemble"), ("zk1", "standalone")):
     _exists = functools.partial(Exists, target=_target)
@@ -140,3 +172,14 @@ for _target, _where in (("zk", "ensemble"), ("zk1", "standalone")):
     add_bar(_C, f"{_target}.distlock", f"{_target}.kazoo", 1.0, metric="rate", at_least=True)
     add_bar(_C, f"{_target}.distlock", None, 0.7, metric="fair_min", at_least=True)
     add_bar(_C, f"{_target}.distlock", None, 1.3, metric="fair_max")
+    _sem = f"zookeeper semaphore, {_where}"  # a group of its own: its ``x kazoo`` column
+    add_case(
+        _U, f"{_target}.sem-kazoo", functools.partial(KazooSemaphore, target=_target),
+        f"kazoo `Semaphore(max_leases={LIMIT})`, {_where}", group=_sem,
+        reference="kazoo Semaphore",
+    )
+    add_case(
+        _U, f"{_target}.sem-distlock", functools.partial(DistSemaphore, alias=_target),
+        f"django-distlock `semaphore(name, {LIMIT})`, {_where}", group=_sem,
+    )
+    add_bar(_U, f"{_target}.sem-distlock", f"{_target}.sem-kazoo", 1.0)
