@@ -31,7 +31,7 @@ import os
 import re
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from pymemcache.exceptions import MemcacheError, MemcacheUnknownCommandError
 
@@ -45,9 +45,10 @@ MAX_TTL = 30 * 24 * 3600
 PLAIN_KEY = re.compile(r"[\x21-\x7e]{1,250}")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass' __init__ costs 1 µs a grant
 class Stamp:
-    """A grant's CAS value and the connection it came on (whose thread and process)."""
+    """A grant's CAS value and the connection it came on (whose thread and process);
+    never changed once made."""
 
     cas: int | None
     client: Any
@@ -86,17 +87,28 @@ class MemcachedDriver(Driver):
     """Lock calls on a ``PyMemcacheCache`` alias (memcached 1.6 or later); a grant's
     stamp is a :class:`Stamp`."""
 
+    def __init__(self, alias: str) -> None:
+        super().__init__(alias)
+        #: ``(thread id, cache)`` that :meth:`key` looked up, for the call that follows it
+        #: in the same thread (a grant's first attempt): ``caches[alias]`` once, not twice.
+        self._looked_up: tuple[int, Any] | None = None
+
     def key(self, lock_key: str) -> str:
         cache = self.cache()
         key: str = cache.make_key("distlock:" + lock_key)
         if not PLAIN_KEY.fullmatch(key):
             digest = hashlib.sha256(lock_key.encode("utf-8", "surrogatepass")).hexdigest()
             key = cache.make_key("distlock:#" + digest)
+        self._looked_up = (threading.get_ident(), cache)
         return key
 
     def _client(self, key: str) -> tuple[Any, Any]:
         """This thread's cache and the pymemcache client of ``key``'s server."""
-        cache = self.cache()
+        looked_up, self._looked_up = self._looked_up, None
+        if looked_up is not None and looked_up[0] == threading.get_ident():
+            cache = looked_up[1]  # what caches[alias] gave this thread just now, in key()
+        else:
+            cache = self.cache()
         if getattr(cache, "_distlock_pid", None) != os.getpid():
             cache.close()  # a forked child: never share the parent's sockets
             cache._distlock_pid = os.getpid()
@@ -117,20 +129,27 @@ class MemcachedDriver(Driver):
         """Send one meta command to ``key``'s server; its reply line, split."""
         if client is None:
             client = self._client(key)[1]
-        reply: bytes = self._guarded(client, client.raw_command, command)
+        try:
+            reply: bytes = client.raw_command(command)
+        except (MemcacheError, OSError) as exc:
+            self._failed(client, exc)
         return reply.decode("ascii", "replace").split()
 
     def _guarded(self, client: Any, call: Any, *args: Any) -> Any:
         try:
             return call(*args)
-        except MemcacheUnknownCommandError as exc:
+        except (MemcacheError, OSError) as exc:
+            self._failed(client, exc)
+
+    def _failed(self, client: Any, exc: Exception) -> NoReturn:
+        """Raise what a failed call on ``client`` means (closing it if the server failed)."""
+        if isinstance(exc, MemcacheUnknownCommandError):
             raise LockConfigurationError(
                 f"CACHES[{self.alias!r}]: the memcached server does not know the meta "
                 "commands; the cache lock backend needs memcached 1.6 or later."
             ) from exc
-        except (MemcacheError, OSError) as exc:
-            client.close()
-            raise BackendUnavailable(f"memcached (cache {self.alias!r}) failed: {exc}") from exc
+        client.close()
+        raise BackendUnavailable(f"memcached (cache {self.alias!r}) failed: {exc}") from exc
 
     def _own_cas(self, key: str, client: Any, token: str | None, owner: str = "") -> Any:
         """``gets``: the item's CAS value if it holds ``token`` (or, ``token`` None, an
