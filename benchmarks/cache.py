@@ -7,6 +7,9 @@ floor, not a safe lock). ``cache.distlock`` is ``locks["cache-memcached"]``
 (``CacheBackend`` on a ``PyMemcacheCache`` alias, see ``benchmarks/settings.py``):
 ``ms ... ME c`` then ``md ... C<cas>`` on the granting connection, one round trip
 each, plus the handle's work. The issue's bar: within 1.2x of the floor.
+``cache.calls`` makes the same backend's memcached calls with no lock handle
+around them (the driver's ``key``, ``add`` and ``release``, a fresh token each
+time): (b) minus (c) is the handle's share, measured in the same run.
 """
 
 from __future__ import annotations
@@ -80,9 +83,34 @@ class DistLock(lockers.DistLock):
     """(b) django-distlock through its public API (:class:`benchmarks.lockers.DistLock`)."""
 
 
+class Calls:
+    """(c) the cache backend's own calls for one grant and its release, no handle."""
+
+    def __init__(self, key: str) -> None:
+        lockers.django_setup()
+        from django_distlock import locks
+
+        self.locks, backend = locks, locks["cache-memcached"]
+        self.driver, self.lock_key = backend.driver(), backend.make_key(key)
+        self.key, self.token, self.stamp = "", "", None
+
+    def acquire(self) -> bool:
+        self.key, self.token = self.driver.key(self.lock_key), secrets.token_hex(16)
+        stored, self.stamp = self.driver.add(self.key, self.token, TTL, True)
+        return bool(stored)
+
+    def release(self) -> None:
+        self.driver.release(self.key, self.token, self.stamp)
+
+    def close(self) -> None:
+        self.locks.close_all()
+
+
 _U = uncontended.NAME
 add_case(_U, "cache.floor", Floor, "(a) pymemcache `add` + `delete`, raw", group=GROUP,
          reference="floor")
 add_case(_U, "cache.distlock", functools.partial(DistLock, alias="cache-memcached"),
          "(b) django-distlock, `CacheBackend` on `PyMemcacheCache`", group=GROUP)
+add_case(_U, "cache.calls", Calls,
+         "(c) the same backend's memcached calls, no lock handle", group=GROUP)
 add_bar(_U, "cache.distlock", "cache.floor", 1.2)
