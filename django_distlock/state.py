@@ -136,6 +136,12 @@ class HandleState:
         return self._token is None and self._owner_token is None
 
     @property
+    def holder(self) -> object:
+        """Who acquired it: the thread or asyncio task (``holders.current_holder()``),
+        an object equal only for the same one; None before any acquisition."""
+        return self._holder
+
+    @property
     def owner_id(self) -> str | None:
         """A short, non-secret id of the owner token of the current (or last) grant, as
         listings show it (None before any)."""

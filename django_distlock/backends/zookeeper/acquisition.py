@@ -172,7 +172,7 @@ class ZooKeeperAcquisition(ThreadHops):
         writer = self.backend.writers.get(self.parent) if self.lock.kind == "read" else None
         if (
             writer is None or not writer.granted or writer.node is None or not writer.lock.held
-            or writer.lock._holder != self.lock._holder or not writer._same_session()
+            or writer.lock.holder != self.lock.holder or not writer._same_session()
         ):
             self._create()
             return
