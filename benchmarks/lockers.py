@@ -9,6 +9,10 @@ modules of the chosen cases by the factory's ``__module__``): subclass
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from django_distlock import Lock
 
 #: Lease length of every acquisition (long enough never to expire during a run).
 TTL = 30.0
@@ -37,13 +41,17 @@ class DistLock:
 
     def __init__(self, key: str, *, alias: str, timeout: float = ACQUIRE_TIMEOUT) -> None:
         django_setup()
-        from django_distlock import Lock, locks
+        from django_distlock import locks
 
         self.locks, self.alias, self.key, self.timeout = locks, alias, key, timeout
         self.handle: Lock | None = None
 
+    def _handle(self) -> Lock:
+        """A new handle for the next acquisition (subclasses build other kinds)."""
+        return self.locks[self.alias].lock(self.key, ttl=TTL, timeout=self.timeout)
+
     def acquire(self) -> bool:
-        self.handle = self.locks[self.alias].lock(self.key, ttl=TTL, timeout=self.timeout)
+        self.handle = self._handle()
         return self.handle.acquire()
 
     def release(self) -> None:
@@ -51,7 +59,7 @@ class DistLock:
         self.handle.release()
 
     async def aacquire(self) -> bool:
-        self.handle = self.locks[self.alias].lock(self.key, ttl=TTL, timeout=self.timeout)
+        self.handle = self._handle()
         return await self.handle.aacquire()
 
     async def arelease(self) -> None:

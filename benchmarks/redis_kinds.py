@@ -148,14 +148,6 @@ class Kind(lockers.DistLock):
             return backend.write_lock(self.key, **options)
         return backend.lock(self.key, **options)
 
-    def acquire(self) -> bool:
-        self.handle = self._handle()
-        return bool(self.handle.acquire())
-
-    async def aacquire(self) -> bool:
-        self.handle = self._handle()
-        return bool(await self.handle.aacquire())
-
 
 def _factory(cls: type, kind: str) -> Any:
     def build(key: str) -> Any:

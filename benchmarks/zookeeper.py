@@ -148,14 +148,6 @@ class DistSemaphore(lockers.DistLock):
             self.key, LIMIT, ttl=lockers.TTL, timeout=self.timeout
         )
 
-    def acquire(self) -> bool:
-        self.handle = self._handle()
-        return bool(self.handle.acquire())
-
-    async def aacquire(self) -> bool:
-        self.handle = self._handle()
-        return bool(await self.handle.aacquire())
-
 
 _U, _C = uncontended.NAME, contention.NAME
 for _target, _where in (("zk", "ensemble"), ("zk1", "standalone")):
