@@ -1,4 +1,5 @@
-"""System checks of the ``DISTLOCK`` setting (ids ``distlock.E001`` ...).
+"""System checks of the ``DISTLOCK`` setting (ids ``distlock.E001`` ...) and of the
+scheduled jobs (``schedules.py``).
 
 This module only loops over the aliases; each backend's own ``check()``
 holds the checks of its options.
@@ -13,6 +14,7 @@ from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 
 from .handler import DEFAULT_LOCK_ALIAS, LockHandler, locks
+from .schedules import check_jobs
 
 
 @checks.register("distlock")
@@ -54,3 +56,9 @@ def _gather(deploy: bool) -> list[checks.CheckMessage]:
             continue
         messages.extend(backend.check(deploy=deploy))
     return messages
+
+
+@checks.register("distlock")
+def check_scheduled_jobs(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """The jobs decorated with ``once_per_slot`` (``distlock.E040``, ``distlock.W040``)."""
+    return check_jobs()

@@ -1,0 +1,182 @@
+"""``once_per_slot`` in one process, on the real lock servers: the decision, the
+``min_hold`` keep, the ``max_hold`` lease, and the system check.
+
+The races between processes (cron-like firing, Celery beat) are in
+``test_schedules_processes.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.core import checks
+
+from django_distlock import locks
+from django_distlock.exceptions import LockLost
+from django_distlock.schedules import once_per_slot, scheduled_jobs
+
+from .conftest import DATABASES, needs_pg, require_pg, require_redis, require_zookeeper
+
+pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
+
+#: Backends whose locks expire: min_hold and max_hold apply.
+LEASE_ALIASES = ["sqlite-lease", "pg-lease", "redis", "locmem"]
+
+
+def _require(alias: str) -> None:
+    if needs_pg(alias):
+        require_pg()
+    elif alias.startswith("redis"):
+        require_redis()
+
+
+def _counting(name: str, alias: str, **options: Any) -> tuple[Callable[[], Any], list[int]]:
+    runs: list[int] = []
+
+    @once_per_slot(name, using=alias, skip_value="skipped", **options)
+    def job() -> str:
+        runs.append(1)
+        return "ran"
+
+    return job, runs
+
+
+@pytest.mark.parametrize("alias", LEASE_ALIASES)
+def test_kept_for_min_hold_then_free(alias: str, unique: Callable[[str], str]) -> None:
+    _require(alias)
+    job, runs = _counting(unique("job"), alias, max_hold=30, min_hold=0.6)
+    assert job() == "ran"
+    # A late node of the same slot: the lock is kept, it skips without waiting.
+    assert job() == "skipped"
+    assert locks[alias].is_locked(job.job.name)
+    time.sleep(0.8)  # past min_hold: the next slot runs
+    assert job() == "ran"
+    assert len(runs) == 2
+
+
+@pytest.mark.parametrize("alias", LEASE_ALIASES)
+def test_min_hold_zero_releases_at_once(alias: str, unique: Callable[[str], str]) -> None:
+    _require(alias)
+    job, _ = _counting(unique("job"), alias, max_hold=30)
+    assert [job(), job()] == ["ran", "ran"]
+    assert not locks[alias].is_locked(job.job.name)
+
+
+@pytest.mark.parametrize("alias", ["sqlite-lease", "redis"])
+def test_a_crashed_winner_frees_the_job_after_max_hold(
+    alias: str, unique: Callable[[str], str]
+) -> None:
+    _require(alias)
+    job, _ = _counting(unique("job"), alias, max_hold=0.5)
+    # Another node won the slot and died: its lease (max_hold) was never released.
+    crashed = locks[alias].lock(job.job.name, ttl=0.5, blocking=False)
+    assert crashed.acquire()
+    assert job() == "skipped"
+    time.sleep(0.7)
+    assert job() == "ran"
+
+
+@pytest.mark.parametrize("alias", ["sqlite-lease", "redis"])
+def test_a_failed_run_keeps_the_slot(alias: str, unique: Callable[[str], str]) -> None:
+    _require(alias)
+    name = unique("job")
+
+    @once_per_slot(name, using=alias, max_hold=30, min_hold=0.5)
+    def failing() -> None:
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError):
+        failing()
+    assert failing() is None  # kept: the slot was used, even by a failed run
+    time.sleep(0.7)
+    with pytest.raises(RuntimeError):
+        failing()
+
+
+def test_a_run_longer_than_max_hold(
+    unique: Callable[[str], str], caplog: pytest.LogCaptureFixture
+) -> None:
+    require_redis()
+    name = unique("job")
+
+    def slow() -> str:
+        time.sleep(0.5)
+        return "done"
+
+    logged = once_per_slot(name, using="redis", max_hold=0.2, min_hold=0.1)(slow)
+    with caplog.at_level(logging.WARNING, logger="django_distlock"):
+        assert logged() == "done"
+    assert "ran past its lease" in caplog.text
+    raising = once_per_slot(name, using="redis", max_hold=0.2, on_lost="raise")(slow)
+    with pytest.raises(LockLost):
+        raising()
+
+
+@pytest.mark.parametrize("alias", ["sqlite-lease", "redis"])
+def test_async_job(alias: str, unique: Callable[[str], str]) -> None:
+    _require(alias)
+    runs: list[int] = []
+
+    @once_per_slot(unique("job"), using=alias, max_hold=30, min_hold=0.5, skip_value="skipped")
+    async def job() -> str:
+        runs.append(1)
+        return "ran"
+
+    async def twice() -> list[str]:
+        return [await job(), await job()]
+
+    assert asyncio.run(twice()) == ["ran", "skipped"]
+    assert len(runs) == 1
+
+
+def test_bad_options() -> None:
+    with pytest.raises(ValueError, match=r"min_hold .* is above max_hold"):
+        once_per_slot("j", max_hold=1, min_hold=2)
+    with pytest.raises(TypeError, match="max_hold must"):
+        once_per_slot("j", max_hold="1")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="max_hold must"):
+        once_per_slot("j", max_hold=0)
+    with pytest.raises(TypeError, match="min_hold must"):
+        once_per_slot("j", max_hold=1, min_hold=-1)
+    with pytest.raises(ValueError, match="on_lost"):
+        once_per_slot("j", max_hold=1, on_lost="skip")  # type: ignore[arg-type]
+
+
+def _messages() -> list[checks.CheckMessage]:
+    return [m for m in checks.run_checks(tags=["distlock"]) if m.id.endswith("040")]
+
+
+def test_check_min_hold_on_locks_that_do_not_expire(unique: Callable[[str], str]) -> None:
+    require_zookeeper()
+    name = unique("job")
+    assert _messages() == []
+
+    def job() -> None:
+        return None
+
+    tx = once_per_slot(name, using="sqlite-tx", max_hold=30, min_hold=5)(job)
+    zk = once_per_slot(name, using="zk", max_hold=30, min_hold=5)(job)
+    plain = once_per_slot(name, using="sqlite-tx", max_hold=30)(lambda: None)
+    messages = _messages()
+    assert sorted((m.id, m.obj.split(".")[-1]) for m in messages) == [
+        ("distlock.W040", "job"), ("distlock.W040", "job"),
+    ], messages
+    assert "do not expire" in messages[0].msg and "lease mode" in (messages[0].hint or "")
+    del tx, zk, plain
+    gc.collect()
+    assert _messages() == []  # the registry forgets jobs whose functions are gone
+
+
+def test_check_unknown_alias(unique: Callable[[str], str]) -> None:
+    job = once_per_slot(unique("job"), using="nowhere", max_hold=30)(lambda: None)
+    [message] = _messages()
+    assert message.id == "distlock.E040" and "'nowhere'" in message.msg
+    assert job.job in scheduled_jobs()
+    del job
+    gc.collect()
