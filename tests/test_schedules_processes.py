@@ -142,3 +142,81 @@ def test_one_run_per_slot_across_nodes(tmp_path: Path) -> None:
     time.sleep(SKEW)
     late = _finish([_restock(sqlite_env)])
     assert "skipped" in late[0], late  # kept for the shop's MIN_HOLD (20 s)
+
+
+def _celery(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "tests.schedule_beat_app", *args],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+
+
+def _stop(procs: list[subprocess.Popen[str]]) -> str:
+    """SIGTERM (Celery's warm shutdown), then the processes' output."""
+    for proc in procs:
+        proc.terminate()
+    return "\n".join(proc.communicate(timeout=60)[0] for proc in procs)
+
+
+#: Workers, their prefork children each, beats, and slots fired.
+WORKERS, CHILDREN, BEATS, BEAT_SLOTS = 2, 2, 2, 5
+
+
+@pytest.mark.servers
+def test_celery_beat_on_every_node_runs_each_slot_once(tmp_path: Path) -> None:
+    """Beat started on two nodes sends every tick twice; several workers race for it."""
+    pytest.importorskip("celery")
+    require_redis()
+    ready = tmp_path / "ready"
+    ready.mkdir()
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "DISTLOCK_BEAT_QUEUE": f"distlock-beat-{os.getpid()}-{time.time_ns()}",
+        "DISTLOCK_BEAT_JOB": f"beat-restock-{os.getpid()}-{time.time_ns()}",
+        "DISTLOCK_BEAT_HISTORY": str(tmp_path / "history.jsonl"),
+        "DISTLOCK_BEAT_READY": str(ready),
+        "DISTLOCK_SQLITE_DIR": str(tmp_path),
+    }
+    workers = [
+        _celery(
+            "worker", "--pool", "prefork", "--concurrency", str(CHILDREN), "-n", f"w{i}@%h",
+            "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "warning",
+            env=env,
+        )
+        for i in range(WORKERS)
+    ]
+    beats: list[subprocess.Popen[str]] = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(ready.iterdir())) < WORKERS:
+            assert time.monotonic() < deadline, "the Celery workers did not start"
+            assert all(w.poll() is None for w in workers), _stop(workers)
+            time.sleep(0.1)
+        beats = [
+            _celery("beat", "-s", str(tmp_path / f"beat{i}"), "--pidfile=", "-l", "warning",
+                    env=env)
+            for i in range(BEATS)
+        ]
+        history = tmp_path / "history.jsonl"
+        deadline = time.monotonic() + 60
+        while True:  # until the beats have fired BEAT_SLOTS slots after their first
+            slots = {json.loads(line)["slot"] for line in
+                     (history.read_text().splitlines() if history.exists() else [])}
+            if len(slots) > BEAT_SLOTS + 1:
+                break
+            assert time.monotonic() < deadline, f"the beats fired too few slots: {slots}"
+            time.sleep(0.2)
+    finally:
+        output = _stop(beats) + _stop(workers)
+    runs, firings = _runs(tmp_path / "history.jsonl")
+    # The first and last slots may have been fired by one beat only (started and
+    # stopped between them); every slot between was sent by both.
+    inner = sorted(firings)[1:-1]
+    assert len(inner) >= BEAT_SLOTS, (firings, output)
+    assert all(firings[slot] == BEATS for slot in inner), (firings, output)
+    assert all(runs[slot] == 1 for slot in inner), (runs, firings, output)
+    assert all(count <= 1 for count in runs.values()), (runs, output)
+    pids = {json.loads(line)["pid"] for line in history.read_text().splitlines()}
+    assert len(pids) >= 2, pids  # the messages were spread over several worker children
