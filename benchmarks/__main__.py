@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 
 #: Modules that register cases; each has ``setup()`` (raises Unavailable) and ``describe()``.
 CASE_MODULES = ("benchmarks.pg", "benchmarks.orm", "benchmarks.redis", "benchmarks.redis_kinds",
-                "benchmarks.redlock", "benchmarks.zookeeper", "benchmarks.cache")
+                "benchmarks.redlock", "benchmarks.zookeeper", "benchmarks.cache",
+                "benchmarks.schedules")
 #: Suites run in this order by default; suites registered elsewhere follow.
 SUITE_ORDER = ("uncontended", "contended", "asyncio")
 RESULTS = Path(__file__).resolve().parent / "results" / "latest.md"

@@ -8,6 +8,7 @@ when it is set). Only 127.0.0.1 may be a target.
 """
 
 import os
+import tempfile
 
 SECRET_KEY = "benchmarks-only-not-secret"
 USE_TZ = True
@@ -28,8 +29,16 @@ DATABASES = {
     },
 }
 
+# Suite ``schedules``: the lease on SQLite too (a fixed path: spawned processes share it).
+DATABASES["sqlite"] = {
+    "ENGINE": "django.db.backends.sqlite3",
+    "NAME": os.path.join(tempfile.gettempdir(), f"{BENCH_DB_NAME}.sqlite3"),
+    "OPTIONS": {"timeout": 30, "init_command": "PRAGMA journal_mode=WAL;"},
+}
+
 _DB = "django_distlock.backends.database.DatabaseBackend"
 DISTLOCK = {
+    "sqlite-lease": {"BACKEND": _DB, "OPTIONS": {"DATABASE": "sqlite"}},
     "pg": {"BACKEND": _DB, "OPTIONS": {"DATABASE": "default"}},
     "pg-tx": {"BACKEND": _DB, "OPTIONS": {"DATABASE": "default", "MODE": "transaction"}},
     # Suite ``asyncio``: lease mode with more pooled sessions for asyncio tasks (default 16).
