@@ -19,8 +19,9 @@ from .schedules import check_jobs
 
 @checks.register("distlock")
 def check_distlock(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """Build every alias' backend (no I/O) and gather its messages."""
-    return _gather(deploy=False)
+    """Build every alias' backend (no I/O) and gather its messages, then those of the
+    jobs decorated with ``once_per_slot`` (``distlock.E040``, ``distlock.W040``)."""
+    return _gather(deploy=False) + check_jobs()
 
 
 @checks.register("distlock", deploy=True)
@@ -56,9 +57,3 @@ def _gather(deploy: bool) -> list[checks.CheckMessage]:
             continue
         messages.extend(backend.check(deploy=deploy))
     return messages
-
-
-@checks.register("distlock")
-def check_scheduled_jobs(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """The jobs decorated with ``once_per_slot`` (``distlock.E040``, ``distlock.W040``)."""
-    return check_jobs()

@@ -29,13 +29,16 @@ import threading
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from django.core.exceptions import ImproperlyConfigured
 
 from .context import enter, leave
 from .exceptions import DistLockError, LockLost
 from .handle import Lock
+
+if TYPE_CHECKING:
+    from .backends.base import BaseLockBackend
 from .handler import DEFAULT_LOCK_ALIAS, locks
 from .names import validate_name
 from .values import MIN_TTL, validate_ttl
@@ -248,26 +251,43 @@ def _after(exc: DistLockError, handle: Lock, job: ScheduledJob, on_lost: OnLost)
 def check_jobs() -> list[Any]:
     """The system check of the decorated jobs (``distlock.E040``, ``distlock.W040``).
 
+    A job on an alias that the setting's own checks already report (a malformed
+    ``DISTLOCK``: E003; a missing ``"default"``: E001; a backend that cannot be
+    built: E002/E003) adds no message of its own.
+
     :returns: Django check messages.
     """
+    from django.conf import settings
     from django.core import checks
 
+    from .handler import LockHandler
+
+    try:
+        aliases = LockHandler.configure(getattr(settings, "DISTLOCK", None))
+    except ImproperlyConfigured:
+        return []
+    backends: dict[str, BaseLockBackend | None] = {}
     messages: list[Any] = []
     for job in scheduled_jobs():
-        try:
-            backend = locks[job.using]
-        except ImproperlyConfigured as exc:  # an unknown alias, or a bad one (E002/E003)
-            messages.append(
-                checks.Error(
-                    f"Scheduled job {job.name!r} ({job.function}) locks on alias "
-                    f"{job.using!r}, which cannot be used: {exc}",
-                    hint="Pass using= an alias of the DISTLOCK setting.",
-                    obj=job.function,
-                    id="distlock.E040",
+        if job.using not in aliases:
+            if job.using != DEFAULT_LOCK_ALIAS:
+                messages.append(
+                    checks.Error(
+                        f"Scheduled job {job.name!r} ({job.function}) locks on alias "
+                        f"{job.using!r}, which DISTLOCK does not configure.",
+                        hint="Pass using= an alias of the DISTLOCK setting.",
+                        obj=job.function,
+                        id="distlock.E040",
+                    )
                 )
-            )
             continue
-        if job.min_hold and not backend.supports_expiry:
+        if job.using not in backends:
+            try:
+                backends[job.using] = locks.create_backend(job.using)
+            except ImproperlyConfigured:
+                backends[job.using] = None
+        backend = backends[job.using]
+        if backend is not None and job.min_hold and not backend.supports_expiry:
             messages.append(
                 checks.Warning(
                     f"Scheduled job {job.name!r} ({job.function}) has min_hold="

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from django.core import checks
+from django.test import override_settings
 
 from django_distlock import locks
 from django_distlock.exceptions import LockLost
@@ -179,4 +180,13 @@ def test_check_unknown_alias(unique: Callable[[str], str]) -> None:
     assert message.id == "distlock.E040" and "'nowhere'" in message.msg
     assert job.job in scheduled_jobs()
     del job
+    gc.collect()
+    # A missing "default" is E001's, a broken alias E002's: no E040 beside them.
+    with override_settings(DISTLOCK={"other": {"BACKEND": "django_distlock.nope.X"}}):
+        on_default = once_per_slot(unique("job"), max_hold=30)(lambda: None)
+        on_other = once_per_slot(unique("job"), using="other", max_hold=30)(lambda: None)
+        assert _messages() == []
+        ids = [m.id for m in checks.run_checks(tags=["distlock"])]
+        assert "distlock.E001" in ids and "distlock.E002" in ids
+    del on_default, on_other
     gc.collect()
