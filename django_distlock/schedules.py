@@ -117,7 +117,8 @@ def once_per_slot(
     :param on_lost: when the lease turned out to have ended before the job returned
         (it ran longer than ``max_hold``, or the lock was force-released):
         ``"log"`` logs a warning and returns the result, ``"raise"`` raises
-        :class:`~django_distlock.exceptions.LockLost`.
+        :class:`~django_distlock.exceptions.LockLost`. When the job itself raised,
+        its exception propagates and the loss is only logged.
     :returns: the decorator; the wrapper has ``job`` (:class:`ScheduledJob`).
     :raises TypeError, ValueError: when decorating, for a bad name, duration or
         ``on_lost``, or ``min_hold`` above ``max_hold``.
@@ -157,16 +158,12 @@ def once_per_slot(
                 if not won:
                     return skip_value
                 try:
-                    return await func(*args, **kwargs)
-                finally:
-                    keep = _keep_for(handle, job)
-                    try:
-                        if keep:
-                            await handle.aextend(keep)
-                        else:
-                            await handle.arelease()
-                    except DistLockError as exc:
-                        _after(exc, handle, job, on_lost)
+                    result = await func(*args, **kwargs)
+                except BaseException:
+                    await _afinish(handle, job, "log")  # never hides the job's exception
+                    raise
+                await _afinish(handle, job, on_lost)
+                return result
 
         else:
 
@@ -181,16 +178,12 @@ def once_per_slot(
                 if not won:
                     return skip_value
                 try:
-                    return func(*args, **kwargs)
-                finally:
-                    keep = _keep_for(handle, job)
-                    try:
-                        if keep:  # the server's lease now ends min_hold after the grant
-                            handle.extend(keep)
-                        else:
-                            handle.release()
-                    except DistLockError as exc:
-                        _after(exc, handle, job, on_lost)
+                    result = func(*args, **kwargs)
+                except BaseException:
+                    _finish(handle, job, "log")  # never hides the job's exception
+                    raise
+                _finish(handle, job, on_lost)
+                return result
 
         wrapper.job = job
         return wrapper
@@ -212,6 +205,30 @@ def _describe(func: Callable[..., Any]) -> str:
 def _handle(job: ScheduledJob) -> Lock:
     """A non-blocking handle whose lease is ``max_hold`` (never renewed)."""
     return locks[job.using].lock(job.name, ttl=job.max_hold, blocking=False, auto_renew=False)
+
+
+def _finish(handle: Lock, job: ScheduledJob, on_lost: OnLost) -> None:
+    """After the run: keep the lock until ``min_hold`` after the grant, or release it."""
+    keep = _keep_for(handle, job)
+    try:
+        if keep:  # the server's lease now ends min_hold after the grant
+            handle.extend(keep)
+        else:
+            handle.release()
+    except DistLockError as exc:
+        _after(exc, handle, job, on_lost)
+
+
+async def _afinish(handle: Lock, job: ScheduledJob, on_lost: OnLost) -> None:
+    """Async :func:`_finish`."""
+    keep = _keep_for(handle, job)
+    try:
+        if keep:
+            await handle.aextend(keep)
+        else:
+            await handle.arelease()
+    except DistLockError as exc:
+        _after(exc, handle, job, on_lost)
 
 
 def _keep_for(handle: Lock, job: ScheduledJob) -> float:

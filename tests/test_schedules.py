@@ -118,6 +118,14 @@ def test_a_run_longer_than_max_hold(
     with pytest.raises(LockLost):
         raising()
 
+    def slow_failure() -> None:
+        time.sleep(0.5)
+        raise RuntimeError("the job's own")
+
+    failing = once_per_slot(name, using="redis", max_hold=0.2, on_lost="raise")(slow_failure)
+    with pytest.raises(RuntimeError, match="the job's own"):
+        failing()  # not LockLost: the job's exception is what the caller must see
+
 
 @pytest.mark.parametrize("alias", ["sqlite-lease", "redis"])
 def test_async_job(alias: str, unique: Callable[[str], str]) -> None:
