@@ -68,9 +68,10 @@ app.conf.beat_schedule = {
 
 @before_task_publish.connect
 def _stamp_slot(sender: str | None = None, body: Any = None, **kwargs: Any) -> None:
-    """In a beat: put the slot the message fires for into its kwargs."""
+    """In a beat: put the slot the message fires for into its kwargs (a beat fires
+    a slot at its start or later, never before: :class:`aligned`)."""
     if sender == "restock_tick":
-        body[1]["slot"] = round(time.time() / EVERY)
+        body[1]["slot"] = math.floor(time.time() / EVERY)
 
 
 @worker_ready.connect

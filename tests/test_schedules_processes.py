@@ -8,7 +8,10 @@ as every machine of a site would run it from its own schedule. Two forms:
   of them has a clock ``SKEW`` seconds behind the others, so it fires every slot
   that much late. With ``min_hold`` above the skew and below the period, every
   slot must have exactly one run. The same firing with ``min_hold=0`` is the
-  control that shows the test can fail: the late node runs the slot again.
+  control that shows the test can fail: the late node runs the slot again. The
+  nodes start together: each says "ready" once connected, then reads the time
+  of the first slot (``--start -``), so a slow start on a busy machine misses no
+  slot.
 - cron's form: a crontab line on each node starts ``manage.py restock`` at the
   same moment, so 4 fresh processes race; one runs, and a late cron a second
   later finds the slot kept (the shop's own ``min_hold``).
@@ -38,18 +41,18 @@ NODES = 4
 SLOTS = 6
 #: The schedule's period (s), the late node's clock skew (s), the lock's min_hold (s):
 #: SKEW < MIN_HOLD < EVERY, with margins for the processes' scheduling on a busy machine.
-EVERY = 2.5
+EVERY = 3.0
 SKEW = 1.0
-MIN_HOLD = 1.5
-#: Seconds given to the processes to start Django before the first slot (a node that
-#: is not up by then misses slots, as cron misses a down machine's ticks).
-STARTUP = 5.0
+MIN_HOLD = 2.0
+#: Seconds from the moment every node is up and connected to the first slot.
+LEAD = 0.5
 
 
 def _restock(env: dict[str, str], *options: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "manage.py", "restock", *options],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
     )
 
 
@@ -105,20 +108,28 @@ def test_one_run_per_slot_across_nodes(tmp_path: Path) -> None:
         "redis": (redis_env, "redis", MIN_HOLD),
         "redis, min_hold=0 (control)": (control_env, "redis", 0.0),
     }
-    # Half a period before the first slot: every node, skewed or not, counts the
-    # same first slot (the skew is under half a period).
-    start = (math.ceil((time.time() + STARTUP) / EVERY) - 0.5) * EVERY
     procs: dict[str, list[subprocess.Popen[str]]] = defaultdict(list)
     for group, (env, alias, min_hold) in groups.items():
         history = tmp_path / f"{group}.jsonl"
         for node in range(NODES):
             late = node == NODES - 1
             procs[group].append(_restock(
-                env, "--every", str(EVERY), "--slots", str(SLOTS), "--start", str(start),
+                env, "--every", str(EVERY), "--slots", str(SLOTS), "--start", "-",
                 "--using", alias, "--min-hold", str(min_hold), "--max-hold", "30",
                 "--clock-offset", str(-SKEW if late else 0.0),
                 "--node", "late" if late else f"node{node}", "--history", str(history),
             ))
+    every_proc = [proc for group in groups for proc in procs[group]]
+    for proc in every_proc:  # each has set Django up and connected to its lock server
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "ready", _finish([proc])
+    # Half a period before the first slot: every node, skewed or not, counts the
+    # same first slot (the skew is under half a period).
+    start = (math.ceil((time.time() + LEAD) / EVERY) - 0.5) * EVERY
+    for proc in every_proc:
+        assert proc.stdin is not None
+        proc.stdin.write(f"{start}\n")
+        proc.stdin.flush()  # communicate() closes it
     for group in groups:
         _finish(procs[group])
 
@@ -212,10 +223,11 @@ def test_celery_beat_on_every_node_runs_each_slot_once(tmp_path: Path) -> None:
         output = _stop(beats) + _stop(workers)
     runs, firings = _runs(tmp_path / "history.jsonl")
     # The first and last slots may have been fired by one beat only (started and
-    # stopped between them); every slot between was sent by both.
+    # stopped between them); the slots between were sent by both (a beat starved of
+    # CPU for a whole period may fire one slot late, for the next: at most one).
     inner = sorted(firings)[1:-1]
     assert len(inner) >= BEAT_SLOTS, (firings, output)
-    assert all(firings[slot] == BEATS for slot in inner), (firings, output)
+    assert sum(firings[slot] == BEATS for slot in inner) >= len(inner) - 1, (firings, output)
     assert all(runs[slot] == 1 for slot in inner), (runs, firings, output)
     assert all(count <= 1 for count in runs.values()), (runs, output)
     pids = {json.loads(line)["pid"] for line in history.read_text().splitlines()}

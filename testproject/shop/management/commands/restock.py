@@ -6,12 +6,14 @@ import argparse
 import json
 import math
 import os
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from django_distlock import locks
 from django_distlock.schedules import once_per_slot
 
 from ...restock import EVERY, MAX_HOLD, MIN_HOLD, restock, restock_products
@@ -40,10 +42,12 @@ class Command(BaseCommand):
         )
         parser.add_argument("--slots", type=int, default=1, help="how many slots to fire")
         parser.add_argument(
-            "--start", type=float, default=None,
+            "--start", default=None,
             help="with --every: the first slot is the first multiple at or after this "
             "Unix time (default: the next one); slots already past are missed, as cron "
-            "misses the ticks of a node that was down",
+            "misses the ticks of a node that was down. '-': print 'ready' once connected "
+            "to the lock server, then read the time from standard input (a driver starting "
+            "several nodes together)",
         )
         parser.add_argument(
             "--clock-offset", type=float, default=0.0,
@@ -67,8 +71,7 @@ class Command(BaseCommand):
         if options["every"] is None:
             slots = [math.floor((time.time() + offset) / every)]
         else:
-            start = options["start"] if options["start"] is not None else time.time()
-            first = math.ceil((start + offset) / every)
+            first = math.ceil((self._start(options) + offset) / every)
             slots = list(range(first, first + options["slots"]))
         for slot in slots:
             if options["every"] is not None:
@@ -89,6 +92,25 @@ class Command(BaseCommand):
                 line = json.dumps({"node": node, "slot": slot, "ran": ran, "pid": os.getpid()})
                 with open(options["history"], "a", encoding="utf-8") as history:
                     history.write(line + "\n")  # one short write: whole under O_APPEND
+
+    def _start(self, options: dict[str, Any]) -> float:
+        """The ``--start`` time: given, now, or (``-``) read after saying ready."""
+        start = options["start"]
+        if start is None:
+            return time.time()
+        if start != "-":
+            try:
+                return float(start)
+            except ValueError:
+                raise CommandError(f"--start must be a Unix time or '-', not {start!r}") from None
+        locks[options["using"] or "default"].is_locked("shop:restock")  # connect first
+        self.stdout.write("ready")
+        self.stdout.flush()
+        line = sys.stdin.readline()
+        try:
+            return float(line)
+        except ValueError:
+            raise CommandError(f"expected a Unix time on standard input, got {line!r}") from None
 
     def _job(self, options: dict[str, Any]) -> Callable[[], int | None]:
         """The shop's job, or the same job on another alias or with other durations."""
