@@ -118,3 +118,14 @@ def test_lock_held_while_the_task_runs_in_db_workers(tmp_path: Path) -> None:
         spans = sorted((run["start"], run["end"]) for run in runs if run["day"] == day)
         pairs = itertools.pairwise(spans)
         assert all(a_end <= b_start for (_, a_end), (b_start, _) in pairs), spans
+
+
+def _plain_report(day: str) -> None:
+    """A module-level function (``@task`` refuses others) for the wrong order below."""
+
+
+def test_distlock_above_task_fails_when_decorating() -> None:
+    """The other order would lock around the enqueue, in the wrong process: refused."""
+    enqueued = task(_plain_report)
+    with pytest.raises(TypeError, match="not a callable"):
+        distlock(NAME)(enqueued)  # type: ignore[type-var]
