@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import math
 import threading
 import weakref
 from collections.abc import Callable
@@ -35,13 +36,13 @@ from django.core.exceptions import ImproperlyConfigured
 
 from .context import enter, leave
 from .exceptions import DistLockError, LockLost
-from .handle import Lock
-
-if TYPE_CHECKING:
-    from .backends.base import BaseLockBackend
 from .handler import DEFAULT_LOCK_ALIAS, locks
 from .names import validate_name
 from .values import MIN_TTL, validate_ttl
+
+if TYPE_CHECKING:
+    from .backends.base import BaseLockBackend
+    from .handle import Lock
 
 __all__ = ["ScheduledJob", "once_per_slot", "scheduled_jobs"]
 
@@ -127,8 +128,10 @@ def once_per_slot(
     if not isinstance(using, str):
         raise TypeError("using must be a DISTLOCK alias (a str).")
     max_hold = _duration("max_hold", max_hold)
-    if isinstance(min_hold, bool) or not isinstance(min_hold, int | float) or min_hold < 0:
-        raise TypeError(f"min_hold must be a number of seconds >= 0, not {min_hold!r}.")
+    if isinstance(min_hold, bool) or not isinstance(min_hold, int | float):
+        raise TypeError(f"min_hold must be a number of seconds, not {type(min_hold).__name__}.")
+    if not math.isfinite(min_hold) or min_hold < 0:
+        raise ValueError(f"min_hold must be a finite number of seconds >= 0, got {min_hold!r}.")
     min_hold = float(min_hold)
     if min_hold > max_hold:
         raise ValueError(

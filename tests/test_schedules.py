@@ -167,8 +167,14 @@ def test_bad_options() -> None:
         once_per_slot("j", max_hold="1")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="max_hold must"):
         once_per_slot("j", max_hold=0)
-    with pytest.raises(TypeError, match="min_hold must"):
+    with pytest.raises(ValueError, match="min_hold must"):
         once_per_slot("j", max_hold=1, min_hold=-1)
+    with pytest.raises(ValueError, match="min_hold must"):
+        once_per_slot("j", max_hold=1, min_hold=float("nan"))
+    with pytest.raises(TypeError, match="min_hold must"):
+        once_per_slot("j", max_hold=1, min_hold="1")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="name"):
+        once_per_slot("", max_hold=1)
     with pytest.raises(ValueError, match="on_lost"):
         once_per_slot("j", max_hold=1, on_lost="skip")  # type: ignore[arg-type]
 
