@@ -6,7 +6,3 @@ class ShopConfig(AppConfig):
     label = "shop"
     verbose_name = "Shop"
     default_auto_field = "django.db.models.BigAutoField"
-
-    def ready(self) -> None:
-        """Import the scheduled restock job, so the system checks see it."""
-        from . import restock  # noqa: F401
