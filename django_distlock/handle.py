@@ -200,6 +200,8 @@ class Lock(HandleState):
             else:
                 if blocking and not self.reentrant and self.kind in ("exclusive", "write"):
                     holders.refuse(self, holder)
+                elif blocking and self.kind == "read" and not self.backend.supports_downgrade:
+                    holders.refuse(self, holder, only=("exclusive", "write"))
                 self._holder = holder
             self._busy = True
         if self._token is None:

@@ -129,11 +129,13 @@ def _discard(key: Key, ref: weakref.ref[HandleState]) -> None:
             del _held[key]
 
 
-def refuse(handle: HandleState, holder: object) -> None:
+def refuse(handle: HandleState, holder: object, only: tuple[str, ...] = ()) -> None:
     """Raise if ``holder`` holds ``handle``'s lock through another live handle.
 
     :param handle: the handle about to wait.
     :param holder: who is acquiring (:func:`current_holder`).
+    :param only: the kinds of the other handle that block (empty: every kind), e.g. a
+        reader is blocked by its own write lock but not by its own read lock.
     :raises SelfDeadlock: if the wait could only end at the timeout.
     """
     key = (handle.backend.alias, handle.key)
@@ -146,7 +148,9 @@ def refuse(handle: HandleState, holder: object) -> None:
             other = ref()
             if other is None or not other.held:  # ran out, lost, being released
                 _discard(key, ref)
-            elif other is not handle and other_holder == holder:
+            elif other is not handle and other_holder == holder and (
+                not only or other.kind in only
+            ):
                 raise SelfDeadlock(
                     f"This thread (or task) already holds lock {handle.name!r} on "
                     f"{handle.backend.alias!r} through another handle; waiting for it "

@@ -34,6 +34,7 @@ class HandleState:
     backend: BaseLockBackend
     name: str
     key: str
+    kind: str
     ttl: float
     auto_renew: bool
     _owner_token: str | None

@@ -130,6 +130,11 @@ class BaseLockBackend(abc.ABC):
     supports_read_write: ClassVar[bool] = False
     #: ``semaphore(name, limit)`` works: up to ``limit`` holders at once.
     supports_semaphore: ClassVar[bool] = False
+    #: The holder of a write lock takes the read side of its name at once (a downgrade:
+    #: ``read_lock(name)`` in the same thread or task, kept after the write's release).
+    #: Where False, that ``read_lock`` raises :class:`~..exceptions.SelfDeadlock` at once
+    #: instead of waiting for its own write lock until the timeout.
+    supports_downgrade: ClassVar[bool] = False
 
     def __init__(self, alias: str, params: Mapping[str, Any]) -> None:
         self._check_implementation()
