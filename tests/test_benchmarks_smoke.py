@@ -88,3 +88,18 @@ def test_every_benchmark_case_builds_its_client_and_uses_it_once() -> None:
         if line.startswith("smoke ok: ")
     }
     assert done == cases - skipped, smoked.stdout + smoked.stderr
+
+
+def test_the_contended_analysis_counts_holds_beyond_the_limit_as_overlaps() -> None:
+    """A semaphore's row (``at_once`` n) counts a grant as an overlap only while n holds
+    are open; an exclusive row, any two open holds."""
+    from benchmarks.contention import RoundResult, analyse
+
+    ms = 1_000_000
+    # three holds open together over 3..4 ms; a fourth begins at 10 ms, after them
+    grants = [(0, 1 * ms, 5 * ms), (1, 2 * ms, 6 * ms), (2, 3 * ms, 7 * ms), (0, 10 * ms, 11 * ms)]
+    history = RoundResult(starts=[0, 0, 0], grants=grants, timeouts=0)
+    assert analyse(history, 1.0, 0.0).overlaps == 2
+    assert analyse(history, 1.0, 0.0, at_once=2).overlaps == 1
+    assert analyse(history, 1.0, 0.0, at_once=3).overlaps == 0
+    assert analyse(history, 1.0, 0.0, at_once=3).handoffs == []
