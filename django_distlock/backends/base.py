@@ -24,7 +24,8 @@ from .. import (
     signals,
 )
 from ..auditing import AuditSettings, parse_audit
-from ..exceptions import InvalidBackendOptions, UnsupportedOperation
+from ..circuit import Circuit, validate_fail_fast
+from ..exceptions import BackendUnavailable, InvalidBackendOptions, UnsupportedOperation
 from ..handle import Lock
 from ..multilock import MultiLock
 from ..names import MAX_PREFIX_LENGTH, display_name, storage_key, validate_name
@@ -63,7 +64,8 @@ __all__ = [
 MAX_LEASES = 10_000
 
 _PARAM_KEYS = frozenset(
-    {"BACKEND", "LOCATION", "OPTIONS", "KEY_PREFIX", "TTL", "TIMEOUT", "AUTO_RENEW", "AUDIT"}
+    {"BACKEND", "LOCATION", "OPTIONS", "KEY_PREFIX", "TTL", "TIMEOUT", "AUTO_RENEW", "AUDIT",
+     "FAIL_FAST"}
 )
 
 
@@ -173,6 +175,8 @@ class BaseLockBackend(abc.ABC):
             )
         #: Whether ``lock()`` renews leases while held by default (``AUTO_RENEW``).
         self.default_auto_renew: bool = auto_renew
+        #: Fails acquires and listings at once while the server is down (``FAIL_FAST``).
+        self.circuit = Circuit(self, validate_fail_fast(alias, params.get("FAIL_FAST", 0)))
         #: Whether and how the audit trail records this alias' lock events (``AUDIT``).
         self.audit: AuditSettings | None = parse_audit(alias, params.get("AUDIT"))
         options = params.get("OPTIONS", {})
@@ -414,11 +418,21 @@ class BaseLockBackend(abc.ABC):
         :returns: the page.
         :raises UnsupportedOperation: when ``supports_listing`` is False.
         :raises TypeError, ValueError: for bad arguments (before any I/O).
-        :raises BackendUnavailable: when the server fails.
+        :raises BackendUnavailable: when the server fails, or at once while the
+            alias' circuit is open (``FAIL_FAST``).
         """
         prefix, limit, cursor = validate_page_args(prefix, limit, cursor)
         self.refuse_unless("supports_listing", "list held locks")
-        return self._held_locks(prefix, limit, cursor)
+        circuit = self.circuit
+        if circuit.cause is not None:
+            circuit.check("list held locks")
+        try:
+            page = self._held_locks(prefix, limit, cursor)
+        except BackendUnavailable as exc:
+            circuit.failed(exc)
+            raise
+        circuit.answered()
+        return page
 
     def _held_locks(self, prefix: str, limit: int, cursor: str | None) -> LockPage:
         """The backend's listing behind :meth:`held_locks` (where ``supports_listing``):
