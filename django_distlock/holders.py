@@ -16,6 +16,7 @@ import asyncio
 import os
 import threading
 import weakref
+from asyncio.events import _get_running_loop as _running_loop
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -59,10 +60,8 @@ def running_task() -> asyncio.Task[Any] | None:
 
     :returns: the task, or None.
     """
-    try:
-        return asyncio.current_task()
-    except RuntimeError:
-        return None
+    loop = _running_loop()  # None outside a loop: no RuntimeError raised and caught
+    return None if loop is None else asyncio.current_task(loop)
 
 
 def current_holder() -> object:

@@ -197,6 +197,8 @@ class HandleState:
         return True
 
     def _send(self, signal: Any, **extra: Any) -> None:
+        if not signal.receivers:  # the common case: build no arguments for nobody
+            return
         signal.send(
             sender=type(self.backend),
             backend=self.backend,
