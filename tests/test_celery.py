@@ -1,0 +1,153 @@
+"""``@distlock`` on Celery tasks run by real workers (tests/celery_workers.py): two
+``celery worker`` processes, prefork pools of two children each, the real Redis as
+broker; tasks in tests/celery_tasks.py."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+from typing import Any
+
+import pytest
+from celery import shared_task
+
+import testproject.celery
+from django_distlock import distlock, locks
+from django_distlock.integrations.celery import retry_delay, retry_task
+from django_distlock.testing.history import check, load
+
+from . import celery_tasks as tasks
+from .celery_workers import Running, workers_fixture  # noqa: F401  (celery_workers)
+from .conftest import DATABASES, eventually
+
+# The workers use the PostgreSQL test database (pg-lease, pg-tx): have it made.
+pytestmark = [pytest.mark.servers, pytest.mark.django_db(transaction=True, databases=DATABASES)]
+RESULT = 30  # seconds a test waits for a task's result at most
+
+
+def _name() -> str:
+    return uuid.uuid4().hex[:10]
+
+
+def _note(run: Running, what: str, timeout: float = 20) -> dict[str, Any]:
+    assert eventually(lambda: tasks.notes(run.path, what), timeout), f"no {what!r} note"
+    return tasks.notes(run.path, what)[0]
+
+
+# -- decoration order -------------------------------------------------------------------
+
+
+def test_distlock_on_a_task_object_is_refused_when_decorating() -> None:
+    def body(n: int) -> int:
+        return n
+
+    task = shared_task(name=f"tests.wrong_order_{_name()}")(body)  # a proxy
+    with pytest.raises(TypeError, match="below the task decorator"):
+        distlock("x:{n}")(task)
+    bound = testproject.celery.app.task(name=f"tests.wrong_order_{_name()}")(body)
+    with pytest.raises(TypeError, match="Celery task object"):
+        distlock("x:{n}")(bound)
+    assert distlock("x:{n}", using="locmem")(body)(3) == 3  # the right order works
+
+
+def test_retry_countdowns_grow_and_jitter_stays_within_half() -> None:
+    assert [retry_delay(n, 1.0, 2.0, 5.0, False) for n in range(5)] == [1, 2, 4, 5, 5]
+    draws = [retry_delay(3, 1.0, 2.0, 60.0, True) for _ in range(200)]
+    assert all(4.0 <= d <= 8.0 for d in draws) and len(set(draws)) > 1
+    with pytest.raises(ValueError):
+        retry_task(1.0, factor=0.5)
+
+
+# -- mutual exclusion across workers, from a recorded history ---------------------------
+
+
+def test_tasks_under_distlock_never_overlap_across_workers(celery_workers: Running) -> None:
+    run, name = celery_workers, _name()
+    path = run.path / f"exclusive-{name}"
+    path.mkdir()
+    results = [tasks.exclusive.delay(str(path), name, 0.1) for _ in range(8)]
+    pids = {result.get(timeout=RESULT) for result in results}
+    report = check(load(path))
+    report.raise_if_bad()
+    assert report.holds == 8
+    assert len(pids) >= 2, "one child ran every task: nothing was contended"
+    # The check can fail: the same tasks without the lock overlap.
+    loose = run.path / f"unlocked-{name}"
+    loose.mkdir()
+    for result in [tasks.unlocked.delay(str(loose), name, 0.3) for _ in range(4)]:
+        result.get(timeout=RESULT)
+    assert check(load(loose)).overlaps
+
+
+def test_a_task_that_misses_its_lock_is_skipped(celery_workers: Running) -> None:
+    name = _name()
+    with locks["redis"].lock(f"celery:{name}", ttl=30):
+        assert tasks.skipped.delay(name).get(timeout=RESULT) == "skipped"
+    assert tasks.skipped.delay(name).get(timeout=RESULT) == "ran"
+
+
+def test_a_task_that_misses_its_lock_is_retried_by_celery(celery_workers: Running) -> None:
+    run, name = celery_workers, _name()
+    path = run.path / f"retried-{name}"
+    path.mkdir()
+    with locks["redis"].lock(f"celery:{name}", ttl=30):
+        result = tasks.retried.delay(str(path), name)
+        time.sleep(1.0)  # countdowns of 0.1, 0.2, 0.4, 0.4 ... s: several retries
+    retries = result.get(timeout=RESULT)
+    assert retries >= 2
+    assert [note["retries"] for note in tasks.notes(path, "retried-ran")] == [retries]
+
+
+# -- a child killed mid-task: the lock is freed, the redelivery granted ------------------
+
+
+@pytest.mark.parametrize(
+    ("task", "freed_within"),
+    [(tasks.killable_redis, (1.0, 2.5)), (tasks.killable_pg_tx, (0.0, 0.5))],
+    ids=["redis-ttl", "pg-transaction"],
+)
+def test_a_child_killed_mid_task_frees_the_lock_for_the_redelivery(
+    celery_workers: Running, task: Any, freed_within: tuple[float, float]
+) -> None:
+    run, name = celery_workers, _name()
+    path = run.path / f"killed-{name}"
+    path.mkdir()
+    result = task.delay(str(path), name)
+    first = _wait_started(path, result.id, 1)[0]
+    alias = "redis" if task is tasks.killable_redis else "pg-tx"
+    assert locks[alias].is_locked(f"celery:{name}")
+    os.kill(first["pid"], signal.SIGKILL)
+    killed = time.monotonic()
+    # Freed when the test first sees it free, or when the redelivery got it (whichever
+    # comes first: the redelivery may take it back at once).
+    freed = None
+    while freed is None and time.monotonic() - killed < RESULT:
+        if not locks[alias].is_locked(f"celery:{name}"):
+            freed = time.monotonic()
+        elif len(tasks.notes(path, f"started-{result.id}")) > 1:
+            freed = tasks.notes(path, f"started-{result.id}")[1]["t"]
+        time.sleep(0.01)
+    assert freed is not None
+    second = _wait_started(path, result.id, 2)[1]
+    assert second["redelivered"] and second["pid"] != first["pid"]
+    # The worker requeued the message (acks_late, reject_on_worker_lost) instead of
+    # storing WorkerLostError; the redelivery ran to the end.
+    assert eventually(lambda: _meta(run, result.id)["status"] == "SUCCESS", RESULT)
+    assert _meta(run, result.id)["result"] == "done"
+    low, high = freed_within
+    # Redis: the lease (2 s, renewed every 2/3 s while the child lived) ends on its own;
+    # transaction mode: the server rolls back when the dead child's connection closes.
+    assert low <= freed - killed <= high, freed - killed
+
+
+def _meta(run: Running, task_id: str) -> dict[str, Any]:
+    meta: dict[str, Any] = run.app.backend.get_task_meta(task_id, cache=False)
+    return meta
+
+
+def _wait_started(path: Any, task_id: str, count: int) -> list[dict[str, Any]]:
+    what = f"started-{task_id}"
+    assert eventually(lambda: len(tasks.notes(path, what)) >= count, RESULT)
+    return tasks.notes(path, what)
