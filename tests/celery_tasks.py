@@ -179,9 +179,9 @@ def use_locks(path: str, what: str) -> None:
     for alias in PROBED:
         with locks[alias].lock(f"celery:fork:{os.getpid()}", ttl=30):
             pass
-    opened = {alias: sorted(set(tcp_ports(port)) - set(before[alias]))
-              for alias, port in ports.items()}
-    note(path, what, opened=opened)
+    after = {alias: tcp_ports(port) for alias, port in ports.items()}
+    opened = {alias: sorted(set(after[alias]) - set(before[alias])) for alias in ports}
+    note(path, what, opened=opened, all=after)
 
 
 @worker_init.connect

@@ -4,14 +4,18 @@ broker; tasks in tests/celery_tasks.py."""
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import time
 import uuid
 from typing import Any
 
+import psycopg
 import pytest
+import redis
 from celery import shared_task
+from django.conf import settings
 
 import testproject.celery
 from django_distlock import distlock, locks
@@ -20,7 +24,7 @@ from django_distlock.testing.history import check, load
 
 from . import celery_tasks as tasks
 from .celery_workers import Running, workers_fixture  # noqa: F401  (celery_workers)
-from .conftest import DATABASES, eventually
+from .conftest import DATABASES, eventually, psycopg_params
 
 # The workers use the PostgreSQL test database (pg-lease, pg-tx): have it made.
 pytestmark = [pytest.mark.servers, pytest.mark.django_db(transaction=True, databases=DATABASES)]
@@ -151,3 +155,95 @@ def _wait_started(path: Any, task_id: str, count: int) -> list[dict[str, Any]]:
     what = f"started-{task_id}"
     assert eventually(lambda: len(tasks.notes(path, what)) >= count, RESULT)
     return tasks.notes(path, what)
+
+
+# -- prefork: a child never uses a connection inherited from its parent -------------------
+
+
+def test_pool_children_use_their_own_connections_not_the_parents(celery_workers: Running) -> None:
+    """Each worker's main process took a Redis and a PostgreSQL-lease lock before forking
+    its pool (worker_init); its children then take locks too. The children open their
+    own connections, and the parent's stay open and unused (checked on the servers)."""
+    run = celery_workers
+    parents = tasks.notes(run.path, "parent")
+    assert {note["pid"] for note in parents} == set(run.workers.pids())
+    time.sleep(2.0)  # the parents' connections have been idle this long, at least
+    began = time.time()
+    children = {tasks.probe.delay(str(run.path)).get(timeout=RESULT) for _ in range(4)}
+    probes = [note for note in tasks.notes(run.path, "child") if note["pid"] in children]
+    assert len(children) >= 2
+    parent_ports = {alias: {port for note in parents for port in note["opened"][alias]}
+                    for alias in tasks.PROBED}
+    assert all(parent_ports.values()), parents
+    for note in probes:  # each child has connections of its own to both servers
+        assert note["ppid"] in run.workers.pids()
+        for alias in tasks.PROBED:
+            assert set(note["all"][alias]) - parent_ports[alias], (alias, note, parents)
+    idle = {int(client["addr"].rsplit(":", 1)[1]): client["idle"]
+            for client in redis.Redis.from_url(settings.REDIS_URL).client_list()}
+    for port in parent_ports["redis"]:
+        assert port in idle and int(idle[port]) >= 2, (port, idle.get(port))
+    with psycopg.connect(**psycopg_params("pg")) as conn:
+        rows = conn.execute(
+            "SELECT client_port, state, extract(epoch FROM state_change) FROM pg_stat_activity"
+            " WHERE client_port = ANY(%s)", [sorted(parent_ports["pg-lease"])]
+        ).fetchall()
+    assert len(rows) == len(parent_ports["pg-lease"]), rows
+    assert all(state == "idle" and changed < began for _, state, changed in rows), rows
+
+
+# -- auto_renew keeps a long task's lease; a lost lease is reported ------------------------
+
+
+def test_a_long_task_keeps_its_lease_with_auto_renew(celery_workers: Running) -> None:
+    run, name = celery_workers, _name()
+    path = run.path / f"renewed-{name}"
+    path.mkdir()
+    result = tasks.renewed.delay(str(path), name, 2.5)  # a 1 s lease, held 2.5 s
+    _wait_note(path, "renewed-started")
+    time.sleep(1.5)  # past the first lease's end
+    assert not locks["redis"].lock(f"celery:{name}", blocking=False).acquire()
+    assert result.get(timeout=RESULT) == "kept"
+
+
+def test_a_task_paused_past_its_ttl_is_told_its_lease_was_lost(celery_workers: Running) -> None:
+    run, name = celery_workers, _name()
+    path = run.path / f"paused-{name}"
+    path.mkdir()
+    result = tasks.renewed.delay(str(path), name, 1.0)
+    child = _wait_note(path, "renewed-started")["pid"]
+    os.kill(child, signal.SIGSTOP)  # the task and its renewal thread stop
+    try:
+        time.sleep(1.5)  # past the 1 s lease
+        taken = locks["redis"].lock(f"celery:{name}", ttl=5, blocking=False)
+        assert taken.acquire(), "the paused task's lease did not end"
+        taken.release()
+    finally:
+        os.kill(child, signal.SIGCONT)
+    assert result.get(timeout=RESULT) == "lost"
+    assert [note["error"] for note in tasks.notes(path, "lost")] == ["LockLost"]
+
+
+def _wait_note(path: Any, what: str) -> dict[str, Any]:
+    assert eventually(lambda: tasks.notes(path, what), RESULT), f"no {what!r} note"
+    return tasks.notes(path, what)[0]
+
+
+# -- the holder context: the task's name and id -----------------------------------------
+
+
+def test_a_lock_held_by_a_task_lists_its_name_and_id(celery_workers: Running) -> None:
+    from django.core.management import call_command
+
+    run, name = celery_workers, _name()
+    path = run.path / f"holds-{name}"
+    path.mkdir()
+    result = tasks.holds.delay(str(path), name, 2.0)
+    _wait_note(path, "holds-started")
+    [info] = locks["redis"].held_locks(prefix=f"celery:{name}").locks
+    assert info.context == f"tests.holds[{result.id}]"
+    out = io.StringIO()
+    call_command("distlock", "list", "--alias", "redis", "--prefix", f"celery:{name}",
+                 stdout=out)
+    assert f"tests.holds[{result.id}]" in out.getvalue()
+    assert result.get(timeout=RESULT) == result.id
