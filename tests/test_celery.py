@@ -19,6 +19,7 @@ from django.conf import settings
 
 import testproject.celery
 from django_distlock import distlock, locks
+from django_distlock.exceptions import AlreadyQueued, UnsupportedOperation
 from django_distlock.integrations.celery import retry_delay, retry_task
 from django_distlock.testing.history import check, load
 
@@ -247,3 +248,56 @@ def test_a_lock_held_by_a_task_lists_its_name_and_id(celery_workers: Running) ->
                  stdout=out)
     assert f"tests.holds[{result.id}]" in out.getvalue()
     assert result.get(timeout=RESULT) == result.id
+
+
+# -- enqueue-once ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("alias", ["redis", "pg-lease"])
+def test_enqueue_once_refuses_an_equal_task_while_queued_or_running(
+    celery_workers: Running, alias: str
+) -> None:
+    run, n = celery_workers, int(uuid.uuid4().int % 10**9)
+    task = tasks.once_redis if alias == "redis" else tasks.once_pg
+    path = str(run.path)
+    first = task.delay(path, n, 1.0)
+    with pytest.raises(AlreadyQueued) as refused:
+        task.delay(path, n, 1.0)
+    assert refused.value.alias == alias and locks[alias].is_locked(refused.value.name)
+    marker = task.apply_async((path, n, 1.0), once={"graceful": True})
+    assert marker.state == "REJECTED"
+    other = task.delay(path, n + 1)  # other arguments: another lock
+    assert other.get(timeout=RESULT) == n + 1
+    assert first.get(timeout=RESULT) == n
+    assert eventually(lambda: not locks[alias].is_locked(refused.value.name), 5)
+    again = task.delay(path, n)  # the first ended: its lock was released
+    assert again.get(timeout=RESULT) == n
+    failing = task.delay(path, n + 2, 0.0, True)
+    with pytest.raises(ValueError):
+        failing.get(timeout=RESULT)
+    assert task.delay(path, n + 2).get(timeout=RESULT) == n + 2  # a failure released it
+    ran = [note["n"] for note in tasks.notes(run.path, "once-ran") if n <= note["n"] <= n + 2]
+    assert sorted(ran) == sorted([n, n + 1, n, n + 2, n + 2])
+
+
+def test_enqueue_once_releases_only_its_own_grant(celery_workers: Running) -> None:
+    """A task whose lease ran out does not free the lock a later enqueue took: the
+    worker's release is checked against the enqueuer's token on the server."""
+    run, n = celery_workers, int(uuid.uuid4().int % 10**9)
+    path, name = str(run.path), f"once:{n}"  # once_redis's key is "once:{n}"
+    short = tasks.once_redis.apply_async((path, n, 2.0), once={"ttl": 1})
+    assert eventually(lambda: not locks["redis"].is_locked(name), 10)  # ran out, running on
+    later = tasks.once_redis.apply_async((path, n, 3.0), once={"ttl": 30})
+    assert short.get(timeout=RESULT) == n
+    assert locks["redis"].is_locked(name), "the ended task freed the later enqueue's lock"
+    with pytest.raises(AlreadyQueued):
+        tasks.once_redis.delay(path, n)
+    assert later.get(timeout=RESULT) == n
+    assert eventually(lambda: not locks["redis"].is_locked(name), 5)
+
+
+def test_enqueue_once_needs_a_lease() -> None:
+    with pytest.raises(UnsupportedOperation, match="lease"):
+        tasks.once_redis.apply_async(("x", 1), once={"using": "sqlite-tx"})
+    assert tasks.once_pg.once_name(("p", 3), {}) == 'once:tests.once_pg:{"fail":false,' \
+        '"hold":0.0,"n":3,"path":"p"}'
