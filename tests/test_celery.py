@@ -57,6 +57,25 @@ def test_distlock_on_a_task_object_is_refused_when_decorating() -> None:
     assert distlock("x:{n}", using="locmem")(body)(3) == 3  # the right order works
 
 
+def test_a_task_called_in_process_gives_its_name_and_id_as_context() -> None:
+    from django_distlock.context import current_context
+
+    @testproject.celery.app.task(bind=True, name=f"tests.context_{_name()}")
+    def where(self: Any) -> str:
+        return current_context() or str(_celery_context())
+
+    result = where.apply()
+    assert _celery_context() is None  # outside a task
+    assert result.get() == f"{where.name}[{result.id}]"
+    assert where() == where.name  # called directly: a task, with no id
+
+
+def _celery_context() -> str | None:
+    from django_distlock.context import _celery_task
+
+    return _celery_task()
+
+
 def test_retry_countdowns_grow_and_jitter_stays_within_half() -> None:
     assert [retry_delay(n, 1.0, 2.0, 5.0, False) for n in range(5)] == [1, 2, 4, 5, 5]
     draws = [retry_delay(3, 1.0, 2.0, 60.0, True) for _ in range(200)]
@@ -269,7 +288,7 @@ def test_enqueue_once_refuses_an_equal_task_while_queued_or_running(
     other = task.delay(path, n + 1)  # other arguments: another lock
     assert other.get(timeout=RESULT) == n + 1
     assert first.get(timeout=RESULT) == n
-    assert eventually(lambda: not locks[alias].is_locked(refused.value.name), 5)
+    assert not locks[alias].is_locked(refused.value.name)  # released before the result
     again = task.delay(path, n)  # the first ended: its lock was released
     assert again.get(timeout=RESULT) == n
     failing = task.delay(path, n + 2, 0.0, True)
@@ -278,6 +297,14 @@ def test_enqueue_once_refuses_an_equal_task_while_queued_or_running(
     assert task.delay(path, n + 2).get(timeout=RESULT) == n + 2  # a failure released it
     ran = [note["n"] for note in tasks.notes(run.path, "once-ran") if n <= note["n"] <= n + 2]
     assert sorted(ran) == sorted([n, n + 1, n, n + 2, n + 2])
+    if alias == "pg-lease":
+        # The enqueuing session gave back each grant's generation lock (the worker
+        # released the grant): none is left held here, however many were sent.
+        held = locks[alias].sessions.get().execute(  # gives back, then counts
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+            " AND pid = pg_backend_pid()", []
+        ).fetchone()[0]
+        assert held == 0
 
 
 def test_enqueue_once_releases_only_its_own_grant(celery_workers: Running) -> None:

@@ -14,8 +14,9 @@ message is sent; a miss raises :class:`~django_distlock.exceptions.AlreadyQueued
 (or, with ``once={"graceful": True}``, returns a result in state ``REJECTED``). The
 grant's owner token travels in the message's headers to the worker that runs it;
 that worker renews the lease when the task starts and releases it when the task
-ends or fails, a release checked against the token on the server (a lock taken by a
-later enqueue after this lease ran out is never freed by this task). A retry
+ends or fails (before its result is stored), a release checked against the token
+on the server (a lock taken by a later enqueue after this lease ran out is never
+freed by this task). A retry
 (``self.retry()``) keeps it. The lease (``once["ttl"]``, an hour by default) bounds
 how long a lost message keeps the name taken. docs/tasks.md says what it does not
 promise.
@@ -30,6 +31,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 from celery import Task, states
+from celery.exceptions import Retry
 from celery.result import EagerResult
 
 from ..decorators import _template_function as template_function
@@ -146,45 +148,49 @@ class QueueOnce(Task):
         return result
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the task with the enqueuer's grant: extend its lease to a full ``ttl`` as
+        the run starts, release it as the run ends or fails (before the worker stores
+        the result, so an enqueue after ``result.get()`` is accepted); a retry
+        (``celery.exceptions.Retry``) keeps it, for the retried message carries it.
+
+        :returns: the task's result.
+        :raises: whatever the task raises.
+        """
         grant = self._grant()
+        if grant is None:  # sent without the grant: called directly, or an old message
+            return super().__call__(*args, **kwargs)
         # The lease now counts from the start of the run (not on a retry: it did then).
-        if grant is not None and not self.request.retries and (
-            _acquisition(grant).extend(float(grant["ttl"])) is None
-        ):
+        if not self.request.retries and _acquisition(grant).extend(float(grant["ttl"])) is None:
             logger.warning(
                 "Enqueue-once lock %r of task %s[%s] ran out while the task was queued; "
                 "an equal task may have been enqueued meanwhile.",
                 grant["name"], self.name, self.request.id,
             )
-        return super().__call__(*args, **kwargs)
-
-    def after_return(self, status: str, retval: Any, task_id: str, args: Any, kwargs: Any,
-                     einfo: Any) -> None:
-        """Release the enqueue-once lock when the task ended or failed (not on a retry).
-
-        :param status: the task's state (``SUCCESS``, ``FAILURE``, ``RETRY``...).
-        :param retval: its return value or exception.
-        :param task_id: its id.
-        :param args: its positional arguments.
-        :param kwargs: its keyword arguments.
-        :param einfo: the exception info of a failure.
-        """
-        grant = self._grant()
-        if grant is not None and status != states.RETRY:
-            try:
-                # The server frees the lock only while this token holds it: a lease
-                # that ran out and was taken by a later enqueue stays taken.
-                _acquisition(grant).release(_NO_EXC)
-            except Exception:
-                logger.warning("Releasing enqueue-once lock %r failed (it ends with its "
-                               "lease)", grant["name"], exc_info=True)
-        super().after_return(status, retval, task_id, args, kwargs, einfo)
+        try:
+            result = super().__call__(*args, **kwargs)
+        except Retry:
+            raise
+        except BaseException:
+            _release(grant)
+            raise
+        _release(grant)
+        return result
 
     def _grant(self) -> dict[str, Any] | None:
         """The enqueuer's grant this run's message carries, if any."""
         request = self.request
         grant = getattr(request, HEADER, None) or (request.headers or {}).get(HEADER)
         return grant if isinstance(grant, dict) else None
+
+
+def _release(grant: dict[str, Any]) -> None:
+    """Release the enqueuer's grant; the server frees the lock only while this token
+    holds it (a lease that ran out and was taken by a later enqueue stays taken)."""
+    try:
+        _acquisition(grant).release(_NO_EXC)
+    except Exception:
+        logger.warning("Releasing enqueue-once lock %r failed (it ends with its lease)",
+                       grant["name"], exc_info=True)
 
 
 def _render(key: str, signature: inspect.Signature, task: str) -> Callable[..., str]:
