@@ -128,6 +128,15 @@ def renewed(self: Any, path: str, name: str, hold: float) -> str:
     return "kept"
 
 
+@shared_task(bind=True, name="tests.renewed_long")
+@distlock("celery:{name}", using="redis", ttl=2, auto_renew=True, on_lost=_report_lost)
+def renewed_long(self: Any, path: str, name: str, hold: float) -> str:
+    """Hold a 2 s lease for ``hold`` seconds, renewed."""
+    note(path, "renewed-started")
+    time.sleep(hold)
+    return "kept"
+
+
 @shared_task(bind=True, name="tests.holds")
 @distlock("celery:{name}", using="redis", ttl=30)
 def holds(self: Any, path: str, name: str, hold: float) -> str:
