@@ -106,7 +106,10 @@ class QueueOnce(Task):
     def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
         """Send the task unless an equal one holds its lock (see the module's doc).
 
-        :param once: this call's ``once`` options (:data:`ONCE_DEFAULTS`).
+        :param args: the task's positional arguments.
+        :param kwargs: the task's keyword arguments.
+        :param options: Celery's ``apply_async`` options, and ``once``: this call's
+            ``once`` options (:data:`ONCE_DEFAULTS`).
         :returns: Celery's ``AsyncResult``; with ``graceful``, an ``EagerResult`` in
             state ``REJECTED`` when refused.
         :raises AlreadyQueued: when refused (unless ``graceful``).

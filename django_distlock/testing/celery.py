@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
-__all__ = ["CeleryWorkers", "pool_children"]
+__all__ = ["CeleryWorkers"]
 
 
 class CeleryWorkers:
@@ -150,27 +150,3 @@ def _signal_group(pid: int, signum: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signum)
 
-
-def pool_children(pid: int) -> list[int]:
-    """The child processes of ``pid`` (a prefork worker's pool), read from ``/proc``.
-
-    :param pid: the parent process.
-    :returns: the children's pids (Linux; [] elsewhere).
-    """
-    children = []
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return []
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        # The command name may hold spaces: the fields after its closing ")".
-        fields = stat.rsplit(")", 1)[1].split()
-        if int(fields[1]) == pid:
-            children.append(int(entry))
-    return children
