@@ -51,3 +51,17 @@ def test_flashsale_via_celery_without_a_broker_says_what_to_set(tmp_path: Path) 
     proc = _run(env, "--strategies", "no-lock")
     assert proc.returncode == 1
     assert "--via celery needs a broker" in proc.stderr, proc.stderr
+
+
+def test_the_testproject_celery_app_imports_without_a_broker() -> None:
+    env = {key: value for key, value in _env().items()
+           if key not in ("DISTLOCK_REDIS_URL", "DISTLOCK_CELERY_BROKER_URL")}
+    proc = subprocess.run(
+        [sys.executable, "-c", "import django; django.setup(); "
+         "from testproject.celery import app; app.loader.import_default_modules(); "
+         "print(app.conf.broker_url, sorted(t for t in app.tasks if t.startswith('shop.')))"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split()[0] == "None", proc.stdout  # nothing configured, nothing sent
+    assert "shop.sell_one" in proc.stdout and "shop.flashsale_buy" in proc.stdout, proc.stdout
