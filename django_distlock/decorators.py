@@ -14,6 +14,7 @@ from .context import describer, enter, leave
 from .exceptions import BackendUnavailable, DistLockError, LockLost, LockNotAcquired
 from .handle import Lock
 from .handler import DEFAULT_LOCK_ALIAS, locks
+from .integrations.celery import refuse_task_object
 from .multilock import MultiLock
 from .names import validate_name
 from .renewal import validate_max_hold
@@ -131,10 +132,12 @@ def distlock(
     :param limit: the semaphore's number of leases (``kind="semaphore"`` only).
     :raises TypeError, ValueError: when decorating, for a bad option or a
         malformed template, or one naming an argument the function does not
-        have; the message names the template and the function.
+        have; the message names the template and the function. TypeError for a
+        Celery task object: ``@distlock`` goes below ``@shared_task``.
     """
 
     def decorator(func: F) -> F:
+        refuse_task_object(func, key)  # first: _describe() would evaluate a task proxy
         where = _describe(key, func)
         _check_options(where, using, ttl, timeout, blocking, on_fail)
         _check_renewal(where, auto_renew, max_hold)

@@ -153,3 +153,11 @@ class ConnectionInUse(UnsupportedOperation):
 
 
 __all__.append("ConnectionInUse")
+
+
+class AlreadyQueued(LockNotAcquired):
+    """An enqueue-once task was not sent: an equal one is queued or running (its lock,
+    :attr:`name` on :attr:`alias`, is held). See ``docs/tasks.md``."""
+
+
+__all__.append("AlreadyQueued")
