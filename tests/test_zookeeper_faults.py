@@ -26,6 +26,7 @@ from django_distlock.backends.zookeeper import ZooKeeperBackend
 from django_distlock.exceptions import BackendUnavailable, LockLost
 
 from .conftest import eventually, require_zookeeper
+from .figures import record
 from .histories import FORK
 from .histories import done as _done
 from .histories import fork_ready as _fork_ready
@@ -118,6 +119,8 @@ def test_sigkilled_holder_is_freed_within_the_session_timeout(unique) -> None:
     assert handle.acquire(blocking=False) is False  # the session outlives the process
     assert handle.acquire(timeout=SESSION_TIMEOUT * 2) is True
     freed_after = time.monotonic() - killed
+    record("sigkill", "zk", ttl_s=SESSION_TIMEOUT, freed_s=round(freed_after, 2),
+           bound_s=SESSION_TIMEOUT + 2 + 1.5)
     # ZooKeeper expires sessions in tickTime buckets (2 s): up to one tick past the
     # timeout; then a quorum write deletes the node and the watch wakes us (1.5 s of
     # slack for a loaded 2-core machine; measured 6.0-6.8 s).
@@ -174,6 +177,8 @@ def test_sigstopped_holder_comes_back_lost(unique) -> None:
         if proc.is_alive():
             os.kill(proc.pid, signal.SIGCONT)
             proc.kill()
+    record("sigstop", "zk", lost=report.get("lost"), release=report.get("release"),
+           repeated_tokens=int(not newcomer.fencing_token > old_token))
     assert report == {"release": "LockLost", "lost": True}
     assert proc.exitcode == 0
     parent = backend.parent_of(backend.make_key(name))
