@@ -40,7 +40,6 @@ from .conftest import DATABASES, require_memcached
 from .test_hostile import require
 
 
-
 def _aliases() -> list[Any]:
     """Every alias; the database ones marked for the test databases (the others run
     without, which spares each test a flush)."""
