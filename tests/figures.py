@@ -28,7 +28,9 @@ def record(scenario: str, backend: str, **figures: Any) -> None:
     if not path:
         return
     line = json.dumps({"scenario": scenario, "backend": backend, "at": time.time(),
-                       "pid": os.getpid(), **figures}, sort_keys=True, default=str)
+                       "pid": os.getpid(), "cpus": os.cpu_count(),
+                       "soak": os.environ.get("DISTLOCK_SOAK") == "1", **figures},
+                      sort_keys=True, default=str)
     with open(path, "a", encoding="utf-8") as out:  # one write per line: O_APPEND is atomic
         out.write(line + "\n")
 

@@ -5,7 +5,7 @@ file (``scripts/reliability`` sets it); each call is one JSON line. This module 
 those lines and replaces what lies between the two markers of docs/reliability.md
 with one table per scenario, a row per backend::
 
-    python -m tests.reliability_report figures.jsonl [docs/reliability.md]
+    python -m tests.reliability_report docs/reliability.jsonl [docs/reliability.md]
 
 Every scenario of :data:`SCENARIOS` gets a section, with "no figures" when the run had
 none; a scenario recorded but not described here gets a section too, flagged, so a new
@@ -15,7 +15,6 @@ scenario shows up at once and its description is added below.
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 from collections.abc import Iterable, Sequence
@@ -62,6 +61,12 @@ SCENARIOS: dict[str, str] = {
     "exhaustion": "more waiters than pool connections: a clear error, never a second holder.",
     "sentinel-failover": "a Sentinel-managed master killed right after grants, with and "
     "without `WAIT`: the double grant shown without it, none with it.",
+    "bad-input": "names, prefixes, cursors, ttl, timeout, limits and owner ids of every "
+    "hostile kind: each refused, with no call reaching the server "
+    "(tests/test_hostile_input.py; *refused*: kinds of bad value tried).",
+    "odd-names": "`/`, `../x`, `{tag}`, glob and `LIKE` characters, NFC and NFD forms, 1 KB "
+    "and 1 MB names: each its own lock; what the real server holds (keys, items, nodes, "
+    "rows) stays inside the alias' prefix, root or table.",
     "o1-million": "the Redis scripts' server time per call with 1,000,000 other keys and "
     "~10,000 held locks, against an almost empty server (tests/test_redis_o1.py).",
 }
@@ -80,7 +85,16 @@ COLUMNS: dict[str, str] = {
     "freed_s": "time to free after a crash (s)",
     "worst_call_s": "worst call (s)",
     "bound_s": "its bound (s)",
+    "keys": "other keys",
+    "held": "held locks",
+    "empty_usec": "server µs per call, almost empty",
+    "full_usec": "server µs per call, full",
+    "ratio": "ratio",
+    "bound_ratio": "its bound",
+    "commands_per_call": "commands per call",
 }
+#: Fields of a record that describe the run, not the scenario.
+_RUN = ("scenario", "backend", "at", "pid", "cpus", "soak")
 #: Figures that are not merged by adding: the largest of a run's records is shown.
 _LARGEST = re.compile(r"(_s|_ratio|_usec)$|^(worst|max|bound)")
 
@@ -96,7 +110,7 @@ def merge(records: Iterable[dict[str, Any]]) -> dict[str, dict[str, dict[str, An
     added, times and bounds (``*_s``, ``worst*``, ``bound*``) their largest, others the last."""
     merged: dict[str, dict[str, dict[str, Any]]] = {}
     for found in records:
-        figures = {k: v for k, v in found.items() if k not in ("scenario", "backend", "at", "pid")}
+        figures = {k: v for k, v in found.items() if k not in _RUN}
         row = merged.setdefault(found["scenario"], {}).setdefault(found["backend"], {})
         for key, value in figures.items():
             old = row.get(key)
@@ -117,8 +131,8 @@ def _cell(key: str, row: dict[str, Any]) -> str:
     if isinstance(value, float):
         value = f"{value:g}"
     text = str(value)
-    bound = row.get("bound_s")
-    if key in ("worst_call_s", "freed_s") and isinstance(bound, int | float) and \
+    bound = row.get("bound_ratio" if key == "ratio" else "bound_s")
+    if key in ("worst_call_s", "freed_s", "ratio") and isinstance(bound, int | float) and \
             row[key] > bound:
         text += " **over**"
     if key in ("overlaps", "repeated_tokens", "stale_writes_accepted") and value:
@@ -154,10 +168,23 @@ def render(merged: dict[str, dict[str, dict[str, Any]]], when: str, note: str = 
     return "\n".join(lines)
 
 
+def render_records(records: list[dict[str, Any]]) -> str:
+    """:func:`render` of a run's records, dated and described by them."""
+    when = datetime.fromtimestamp(max((r["at"] for r in records), default=0), UTC)
+    note = "`--soak` sizes" if any(r.get("soak") for r in records) else "CI sizes"
+    cpus = max((r.get("cpus") or 0 for r in records), default=0)
+    note += f", {cpus} CPUs" if cpus else ""
+    return render(merge(records), when.strftime("%Y-%m-%d %H:%M UTC"), note)
+
+
+def block_of(doc: str) -> str:
+    """What lies between the markers of ``doc`` (as :func:`write` puts it)."""
+    return doc.split(BEGIN, 1)[1].split(END, 1)[0]
+
+
 def scenario_names(doc: str) -> list[str]:
     """The scenario sections between the markers of ``doc``, in order."""
-    block = doc.split(BEGIN, 1)[1].split(END, 1)[0]
-    return re.findall(r"^### `([^`]+)`$", block, flags=re.M)
+    return re.findall(r"^### `([^`]+)`$", block_of(doc), flags=re.M)
 
 
 def write(doc_path: Path, block: str) -> None:
@@ -176,11 +203,7 @@ def main(argv: Sequence[str]) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     records = load(Path(argv[0]))
-    when = datetime.fromtimestamp(max((r["at"] for r in records), default=0), UTC)
-    note = "`--soak` sizes" if os.environ.get("DISTLOCK_SOAK") == "1" else "CI sizes"
-    note += f", {os.cpu_count()} CPUs"
-    write(Path(argv[1]) if len(argv) > 1 else DOC,
-          render(merge(records), when.strftime("%Y-%m-%d %H:%M UTC"), note))
+    write(Path(argv[1]) if len(argv) > 1 else DOC, render_records(records))
     print(f"{len(records)} records of {len({r['scenario'] for r in records})} scenarios written")
     return 0
 

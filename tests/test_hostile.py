@@ -331,7 +331,7 @@ def test_cancelled_acquires_leave_the_name_free(alias: str, unique) -> None:
         stop.set()
         thread.join(30)
     assert not thread.is_alive()
-    record("cancelled", alias, cancelled=cancelled, acquisitions=cycles[0], missed=len(missed))
+    record("cancelled", alias, cancelled=cancelled, holder_cycles=cycles[0], missed=len(missed))
     assert cancelled >= CANCELS // 2
     assert cycles[0] > 0
 

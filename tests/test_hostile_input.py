@@ -37,6 +37,7 @@ from django_distlock.handle import Lock
 from django_distlock.testing.contract import in_thread, io_calls
 
 from .conftest import DATABASES, require_memcached
+from .figures import record
 from .test_hostile import require
 
 
@@ -87,9 +88,9 @@ def _refused(call: Callable[[], Any]) -> None:
 
 
 @contextlib.contextmanager
-def _no_io(backend: BaseLockBackend) -> Iterator[None]:
+def _no_io(backend: BaseLockBackend) -> Iterator[list[str]]:
     with io_calls(backend) as calls:
-        yield
+        yield calls
     assert calls == [], f"refused only after {calls}"
 
 
@@ -100,7 +101,7 @@ def _no_io(backend: BaseLockBackend) -> Iterator[None]:
 def test_bad_input_is_refused_before_any_server_call(alias: str) -> None:
     backend = _require(alias)
     name = "hostile-input:" + secrets.token_hex(4)
-    with _no_io(backend):
+    with _no_io(backend) as calls:
         for bad in BAD_NAMES:
             _refused(lambda bad=bad: backend.lock(bad))
             _refused(lambda bad=bad: backend.force_release(bad))
@@ -129,6 +130,8 @@ def test_bad_input_is_refused_before_any_server_call(alias: str) -> None:
         for call in (lambda h: h.release(), lambda h: h.extend(), lambda h: h.extend(5)):
             with pytest.raises(LockNotHeld):
                 call(backend.lock(name))
+        record("bad-input", alias, refused=len(BAD_NAMES) + len(BAD_TTLS) + len(BAD_TIMEOUTS)
+               + len(BAD_OWNERS), server_calls=len(calls))
     # is_locked() is itself an entry point the count watches: its refusal is checked alone.
     for bad in BAD_NAMES:
         _refused(lambda bad=bad: backend.is_locked(bad))
@@ -212,6 +215,8 @@ def test_odd_names_are_distinct_locks_stored_inside_the_alias(alias: str) -> Non
         if held is not None:
             found, prefix = held
             outside = [key for key in found if not key.startswith(prefix)]
+            record("odd-names", alias, names=len(names), stored=len(found),
+                   outside_prefix=len(outside))
             assert outside == [], f"stored outside {prefix!r}: {outside}"
             assert len(found) >= len(names), (len(found), len(names))
             if "ZooKeeperBackend" in settings.DISTLOCK[alias]["BACKEND"]:  # one level down

@@ -54,3 +54,12 @@ def test_the_committed_page_lists_the_generators_scenarios() -> None:
     names = report.scenario_names(DOC.read_text(encoding="utf-8"))
     known = [name for name in names if name in report.SCENARIOS]
     assert known == list(report.SCENARIOS)
+
+
+def test_the_committed_page_is_the_generators_output_of_the_committed_figures() -> None:
+    """docs/reliability.md's tables are what the generator makes of docs/reliability.jsonl
+    (both written by scripts/reliability): a generator change regenerates the page."""
+    records = report.load(DOC.with_suffix(".jsonl"))
+    assert records, "docs/reliability.jsonl holds no figures"
+    block = report.block_of(DOC.read_text(encoding="utf-8"))
+    assert block == f"\n\n{report.render_records(records)}\n"
