@@ -50,6 +50,9 @@ SCENARIOS: dict[str, str] = {
     "sigkill": "a holder process SIGKILLed: the time until another process gets the name.",
     "sigstop": "a holder SIGSTOPped past its lease, then resumed: it finds its lock lost, "
     "cannot release it, and the newcomer's token is larger.",
+    "server-killed": "ZooKeeper servers SIGKILLed under a holder and a waiter (the connected "
+    "one, the leader: the session survives, nobody else is granted; two of three: a clear "
+    "error within its bound).",
     "frozen-server": "the server frozen (SIGSTOP) under a waiting call: how long the call "
     "takes to raise, against its bound.",
     "eviction": "a Redis allowed to evict (`ALLOW_EVICTION`) filled by a cache writer: the "

@@ -152,6 +152,8 @@ def test_postgres_a_frozen_server_does_not_hold_an_extend_past_the_lease(unique)
     finally:
         thaw.cancel()
         os.kill(pid, signal.SIGCONT)
+    record("frozen-server", "pg-lease (extend)", worst_call_s=round(took, 2),
+           bound_s=2 + WATCHDOG_GRACE + 1.5)
     assert took < 2 + WATCHDOG_GRACE + 1.5
 
 
@@ -303,6 +305,8 @@ def test_postgres_a_frozen_server_does_not_hold_a_release_past_the_lease(unique)
     finally:
         thaw.cancel()
         os.kill(pid, signal.SIGCONT)
+    record("frozen-server", "pg-lease (release)", worst_call_s=round(took, 2),
+           bound_s=2 + WATCHDOG_GRACE + 1.5)
     assert took < 2 + WATCHDOG_GRACE + 1.5
     assert handle.held or handle.lost  # not released: the caller may call release() again
     assert eventually(lambda: not backend.is_locked(handle.name))  # the lease runs out

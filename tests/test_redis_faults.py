@@ -230,6 +230,8 @@ def test_restarted_redis_loses_the_lock_and_fencing_still_grows(server: Server) 
         assert not holder.held
         newcomer = backend.lock("restart", ttl=30)
         assert newcomer.acquire(blocking=False)
+        record("restart", "redis (empty)", grants=2,
+               repeated_tokens=int(newcomer.fencing_token <= before))
         assert newcomer.fencing_token > before
         newcomer.release()
     finally:
@@ -249,6 +251,8 @@ def test_stopped_redis_raises_backend_unavailable(server: Server) -> None:
         began = time.monotonic()
         with pytest.raises(BackendUnavailable) as caught:
             handle.acquire(timeout=2)
+        record("frozen-server", "redis (stopped: acquire)",
+               worst_call_s=round(time.monotonic() - began, 2), bound_s=2 + 1.5)
         assert time.monotonic() - began < 2 + 1.5
         assert isinstance(caught.value.__cause__, redis.RedisError)
         assert not handle.held
@@ -305,6 +309,8 @@ def test_frozen_redis_holds_no_call_past_its_own_bound(server: Server) -> None:
         began = time.monotonic()
         with pytest.raises(BackendUnavailable):
             holder.release()  # its lease ends 2 s after the grant
+        record("frozen-server", "redis (release)",
+               worst_call_s=round(time.monotonic() - began, 2), bound_s=2 + READ_GRACE + 0.5)
         assert time.monotonic() - began < 2 + READ_GRACE + 0.5
         began = time.monotonic()  # a task, on a connection it opens (in the bound too)
         with pytest.raises(BackendUnavailable):
