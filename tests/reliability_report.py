@@ -53,8 +53,8 @@ SCENARIOS: dict[str, str] = {
     "server-killed": "ZooKeeper servers SIGKILLed under a holder and a waiter (the connected "
     "one, the leader: the session survives, nobody else is granted; two of three: a clear "
     "error within its bound).",
-    "frozen-server": "the server frozen (SIGSTOP) under a waiting call: how long the call "
-    "takes to raise, against its bound.",
+    "frozen-server": "the server frozen (SIGSTOP) or stopped under a call (a wait, an "
+    "extend, a release): how long the call takes to raise, against its bound.",
     "eviction": "a Redis allowed to evict (`ALLOW_EVICTION`) filled by a cache writer: the "
     "holder's key is evicted and a second holder granted (why it is refused by default).",
     "contention-100": "100 or more processes released at once on one name; a non-blocking "
