@@ -28,7 +28,14 @@ from ..circuit import Circuit, validate_fail_fast
 from ..exceptions import BackendUnavailable, InvalidBackendOptions, UnsupportedOperation
 from ..handle import Lock
 from ..multilock import MultiLock
-from ..names import MAX_PREFIX_LENGTH, display_name, storage_key, validate_name
+from ..names import (
+    MAX_PREFIX_LENGTH,
+    display_name,
+    listed_under,
+    storage_key,
+    stored_prefix,
+    validate_name,
+)
 from ..renewal import validate_max_hold
 from ..values import (
     DEFAULT,
@@ -410,7 +417,10 @@ class BaseLockBackend(abc.ABC):
         """Return one page of the locks held now, in key order, whose name starts with
         ``prefix``; pass the page's ``next_cursor`` back for the next page.
 
-        The cost grows with ``limit``, not with the number of locks held.
+        The cost grows with ``limit``, not with the number of locks held. A name over
+        200 characters is stored as its first 135, so a ``prefix`` longer than that
+        lists such a name when its first 135 characters match (it may not match
+        further); a page may then hold fewer than ``limit`` locks.
 
         :param prefix: the start of the names listed ("": all).
         :param limit: the most locks on the page, from 1 to 1,000.
@@ -426,13 +436,18 @@ class BaseLockBackend(abc.ABC):
         circuit = self.circuit
         if circuit.cause is not None:
             circuit.check("list held locks")
+        matched = stored_prefix(prefix)
         try:
-            page = self._held_locks(prefix, limit, cursor)
+            page = self._held_locks(matched, limit, cursor)
         except BackendUnavailable as exc:
             circuit.failed(exc)
             raise
         circuit.answered()
-        return page
+        if matched == prefix:
+            return page
+        # Longer than a long name's stored head: matched on the head in the server, on
+        # the names here (a page may then hold fewer than ``limit``).
+        return LockPage([i for i in page.locks if listed_under(i.name, prefix)], page.next_cursor)
 
     def _held_locks(self, prefix: str, limit: int, cursor: str | None) -> LockPage:
         """The backend's listing behind :meth:`held_locks` (where ``supports_listing``):
