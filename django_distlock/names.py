@@ -31,6 +31,8 @@ def validate_name(name: object) -> str:
         raise InvalidLockName(f"A lock name must be a str, not {type(name).__name__}.")
     if not name:
         raise InvalidLockName("A lock name must not be empty.")
+    if name.isprintable():  # no control character, no surrogate: one C call, no loop
+        return name
     for index, char in enumerate(name):
         category = unicodedata.category(char)
         if category == "Cc":
