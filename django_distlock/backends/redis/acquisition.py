@@ -161,6 +161,25 @@ class RedisAcquisition(Acquisition):
         fencing, acquired, now = reply
         return Grant(fencing, _when(acquired), _when(now + int(ttl * 1000)))
 
+    # -- the acquire script's calls (a subclass adds to them: .replication) ------
+
+    def _acquire(self, args: tuple[str | int, ...], timeout: float) -> Any:
+        """One acquire attempt: its reply, awaited at most ``timeout`` seconds."""
+        return self.backend.redis.call(self.calls.acquire, args, timeout)
+
+    def _block_then_acquire(
+        self, signal: str, bound: float, args: tuple[str | int, ...], read_timeout: float
+    ) -> tuple[int, Any] | None:
+        """Block on ``signal`` for ``bound`` seconds, then attempt (see
+        :meth:`.client.Redis.block_then_call`)."""
+        return self.backend.redis.block_then_call(
+            signal, bound, self.calls.acquire, args, read_timeout
+        )
+
+    async def _aacquire(self, args: tuple[str | int, ...], timeout: float) -> Any:
+        """Async :meth:`_acquire` (a connection of the loop waited for until the deadline)."""
+        return await self.backend.redis.acall(self.calls.acquire, args, self.deadline, timeout)
+
     # -- sync -----------------------------------------------------------------
 
     def attempt(self) -> Grant | Miss:
@@ -172,7 +191,7 @@ class RedisAcquisition(Acquisition):
             timeout = self._until_deadline()
             args = self._acquire_args(signal, self._not_after(time.monotonic(), timeout))
             self._pending = True
-            reply = redis.call(self.calls.acquire, args, timeout)
+            reply = self._acquire(args, timeout)
             self._pending = False
             if reply[0] == 1 or reply[1] != REFUSED:
                 break
@@ -206,10 +225,9 @@ class RedisAcquisition(Acquisition):
             sent = time.monotonic()
             read_timeout = bound + SERVER_TICK + READ_GRACE
             self._pending = True
-            replies = redis.block_then_call(
+            replies = self._block_then_acquire(
                 signal,
                 bound,
-                self.calls.acquire,
                 self._acquire_args("L " + signal, self._not_after(sent, read_timeout)),
                 read_timeout,
             )
@@ -280,7 +298,7 @@ class RedisAcquisition(Acquisition):
                 timeout = self._until_deadline()
                 args = self._acquire_args(signal, self._not_after(time.monotonic(), timeout))
                 self._pending = True
-                reply = await redis.acall(self.calls.acquire, args, self.deadline, timeout)
+                reply = await self._aacquire(args, timeout)
                 self._pending = False
                 if reply[0] == 1 or reply[1] != REFUSED:
                     break

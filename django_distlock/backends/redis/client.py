@@ -27,6 +27,7 @@ from ...exceptions import BackendUnavailable
 from .caches import async_client_like, cache_client
 from .keys import TIME_COMMAND, Packed, bulk
 from .scripts import Script
+from .sentinel import is_sentinel, master_client
 from .wire import CLIENT_ERRORS, KeptConnections, Sent, unavailable
 
 __all__ = [
@@ -112,6 +113,8 @@ class Redis:
         if self.cache is not None:
             return cache_client(self.cache)
         assert self.location is not None
+        if is_sentinel(self.location):
+            return master_client(self.location)
         if self.cluster:
             nodes = [redis.cluster.ClusterNode(host, port) for host, port in self.more_nodes]
             return redis.cluster.RedisCluster.from_url(self.location, startup_nodes=nodes)
@@ -150,7 +153,7 @@ class Redis:
         return clients
 
     @contextlib.asynccontextmanager
-    async def _connection_slot(self, deadline: float | None) -> AsyncIterator[None]:
+    async def connection_slot(self, deadline: float | None) -> AsyncIterator[None]:
         """Hold one of the event loop's connections for one call; wait for a free one
         until ``deadline`` (then :class:`NoConnection`) or :data:`POOL_WAIT`."""
         slots = self._slots[asyncio.get_running_loop()]
@@ -175,6 +178,8 @@ class Redis:
 
     def _build_async(self) -> Any:
         if self.location is not None:
+            if is_sentinel(self.location):
+                return master_client(self.location, asyncio=True)
             if self.cluster:
                 nodes = [
                     redis.asyncio.cluster.ClusterNode(host, port) for host, port in self.more_nodes
@@ -268,7 +273,7 @@ class Redis:
         if self.offset is not None or self.cluster:
             return
         client = self.aio()
-        async with self._connection_slot(deadline):
+        async with self.connection_slot(deadline):
             try:
                 async with asyncio.timeout(timeout):
                     seconds, micros = await client.time()
@@ -331,7 +336,7 @@ class Redis:
         :raises BackendUnavailable: when Redis fails or does not answer in time.
         """
         client = self.aio()
-        async with self._connection_slot(deadline):
+        async with self.connection_slot(deadline):
             try:
                 async with asyncio.timeout(timeout):
                     return await self._acall(client, packed, args)
@@ -393,7 +398,7 @@ class Redis:
     async def arun(self, script: Script, keys: tuple[str, ...], args: tuple[Any, ...]) -> Any:
         """Async :meth:`run`."""
         client = self.aio()
-        async with self._connection_slot(None):
+        async with self.connection_slot(None):
             return await self._arun(client, script, keys, args)
 
     async def _arun(

@@ -1,0 +1,269 @@
+"""Grants that survive a failover: ``OPTIONS["WAIT_REPLICAS"] = N`` makes every grant
+and extension wait (Redis ``WAIT N ms``) until N replicas acknowledged it.
+
+Redis replicates asynchronously: a master that fails right after a grant may be
+replaced (by Sentinel) with a replica that never saw it, and the next client is
+granted the same lock. ``WAIT`` is written in the same send as the acquire script,
+on the same connection (it waits for that connection's last write): a grant costs
+no extra round trip, only the replicas' acknowledgement. A grant that is not
+acknowledged in time is undone (the release script, with the owner token) and the
+acquire raises :class:`~django_distlock.exceptions.NotReplicated`; an extension
+that is not acknowledged raises it too and leaves the lease at its previous end (the
+replicated one). A release does not wait: a release lost in a failover leaves the
+lock held until its lease ends (a delay, never a second holder).
+
+The scripts go as ``EVAL`` (not ``EVALSHA``): a replica promoted by a failover has
+no script loaded, and a ``NOSCRIPT`` in the middle of a pipelined send would leave
+the ``WAIT`` reply unread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from ...backoff import remaining
+from ...exceptions import BackendUnavailable, InvalidBackendOptions, NotReplicated
+from ..base import Grant
+from .acquisition import READ_GRACE, Calls, RedisAcquisition
+from .client import CLIENT_ERRORS, NoConnection, unavailable
+from .keys import TIME_COMMAND, Packed, bulk
+
+if TYPE_CHECKING:
+    from ...handle import Lock
+    from .backend import RedisBackend
+
+#: Most replicas ``WAIT_REPLICAS`` may name.
+MAX_REPLICAS = 64
+#: ``WAIT_TIMEOUT``'s default and bounds (seconds).
+DEFAULT_WAIT = 1.0
+MAX_WAIT = 60.0
+#: Shortest ``WAIT`` sent: ``WAIT n 0`` would block for ever.
+MIN_WAIT_MS = 1
+_MEMO = 4096
+
+
+class InvalidReplicationOptions(InvalidBackendOptions):
+    """``WAIT_REPLICAS`` or ``WAIT_TIMEOUT`` is unusable (system check ``distlock.E012``)."""
+
+    check_id = "distlock.E012"
+
+
+class Replication(NamedTuple):
+    """How many replicas must acknowledge a grant, and for at most how long."""
+
+    replicas: int
+    timeout: float
+
+    def wait_ms(self, deadline: float | None, ttl: float) -> int:
+        """The ``WAIT`` timeout (ms): :attr:`timeout`, cut to the acquire's deadline
+        and to the lease (waiting longer than the lease is pointless), at least 1."""
+        bound = min(self.timeout, ttl)
+        left = remaining(deadline)
+        if left is not None:
+            bound = min(bound, left)
+        return max(int(bound * 1000), MIN_WAIT_MS)
+
+    def command(self, ms: int) -> bytes:
+        """``WAIT replicas ms``, packed."""
+        return b"*3\r\n$4\r\nWAIT\r\n%s%s" % (bulk(self.replicas), bulk(ms))
+
+
+def replication_options(
+    alias: str, options: Mapping[str, Any], cluster: bool
+) -> Replication | None:
+    """Read ``WAIT_REPLICAS`` and ``WAIT_TIMEOUT`` (no I/O).
+
+    :param alias: the lock alias, for the messages.
+    :param options: the alias' ``OPTIONS``.
+    :param cluster: whether the alias is a Redis Cluster's.
+    :returns: the replication to wait for, or None when ``WAIT_REPLICAS`` is absent or 0.
+    :raises InvalidReplicationOptions: for a bad value.
+    """
+    where = f"DISTLOCK[{alias!r}]['OPTIONS']"
+    replicas = options.get("WAIT_REPLICAS", 0)
+    if isinstance(replicas, bool) or not isinstance(replicas, int):
+        raise InvalidReplicationOptions(
+            f"{where}['WAIT_REPLICAS'] must be an int (replicas to wait for), got {replicas!r}."
+        )
+    if not 0 <= replicas <= MAX_REPLICAS:
+        raise InvalidReplicationOptions(
+            f"{where}['WAIT_REPLICAS'] must be from 0 to {MAX_REPLICAS}, got {replicas}."
+        )
+    timeout = options.get("WAIT_TIMEOUT", DEFAULT_WAIT)
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or not math.isfinite(timeout)
+        or not 0.001 <= timeout <= MAX_WAIT
+    ):
+        raise InvalidReplicationOptions(
+            f"{where}['WAIT_TIMEOUT'] must be seconds from 0.001 to {MAX_WAIT:g}, got {timeout!r}."
+        )
+    if "WAIT_TIMEOUT" in options and not replicas:
+        raise InvalidReplicationOptions(f"{where}['WAIT_TIMEOUT'] needs WAIT_REPLICAS.")
+    if replicas and cluster:
+        raise InvalidReplicationOptions(
+            f"{where}['WAIT_REPLICAS'] is for one master and its replicas (with Sentinel), "
+            "not a Redis Cluster."
+        )
+    return Replication(replicas, float(timeout)) if replicas else None
+
+
+def eval_form(packed: Packed) -> Packed:
+    """``packed`` sent as ``EVAL`` with the script's text instead of ``EVALSHA``."""
+    form = Packed(packed.script, packed.keys, packed.args)
+    parts = ("EVAL", packed.script.text, len(packed.keys), *packed.keys, *packed.args)
+    form.head = b"".join(bulk(part) for part in parts)
+    return form
+
+
+class ReplicatedAcquisition(RedisAcquisition):
+    """A Redis acquisition whose grants and extensions wait for ``WAIT_REPLICAS``."""
+
+    def __init__(
+        self,
+        backend: RedisBackend,
+        lock: Lock,
+        token: str,
+        blocking: bool,
+        deadline: float | None,
+    ) -> None:
+        super().__init__(backend, lock, token, blocking, deadline)
+        assert backend.replication is not None
+        self.replication: Replication = backend.replication
+        self.acquire_eval, self.extend_eval = _eval_calls(backend, self.calls)
+
+    # -- the hooks of RedisAcquisition ----------------------------------------
+
+    def _acquire(self, args: tuple[str | int, ...], timeout: float) -> Any:
+        ms = self.replication.wait_ms(self.deadline, self.lock.ttl)
+        payload = self.acquire_eval.command(args) + self.replication.command(ms)
+        reply, acked = self._exchange(payload, 2, timeout + ms / 1000)
+        self._confirm(reply, acked, ms)
+        return reply
+
+    def _block_then_acquire(
+        self, signal: str, bound: float, args: tuple[str | int, ...], read_timeout: float
+    ) -> tuple[int, Any] | None:
+        ms = self.replication.wait_ms(self.deadline, self.lock.ttl)
+        block = b"*3\r\n$5\r\nBLPOP\r\n%s%s" % (bulk(signal), bulk(f"{bound:.3f}"))
+        payload = (
+            TIME_COMMAND + block + self.acquire_eval.command(args) + self.replication.command(ms)
+        )
+        (seconds, micros), _, reply, acked = self._exchange(
+            payload, 4, read_timeout + ms / 1000
+        )
+        self._confirm(reply, acked, ms)
+        return int(seconds) * 1000 + int(micros) // 1000, reply
+
+    async def _aacquire(self, args: tuple[str | int, ...], timeout: float) -> Any:
+        ms = self.replication.wait_ms(self.deadline, self.lock.ttl)
+        payload = self.acquire_eval.command(args) + self.replication.command(ms)
+        reply, acked = await self._aexchange(payload, timeout + ms / 1000, self.deadline)
+        if reply[0] == 1 and acked < self.replication.replicas:
+            self._pending = False
+            try:
+                await self.backend.redis.acall(
+                    self.calls.release, (self.token,), None, READ_GRACE
+                )
+            except (BackendUnavailable, NoConnection):
+                self._give_back_later()
+            raise self._not_replicated(acked, ms, "grant was undone")
+        return reply
+
+    # -- extend: waits too; release does not ------------------------------------
+
+    def extend(self, ttl: float) -> Grant | None:
+        ms = self.replication.wait_ms(None, ttl)
+        args = (self.token, max(int(ttl * 1000), 1))
+        payload = self.extend_eval.command(args) + self.replication.command(ms)
+        reply, acked = self._exchange(payload, 2, self._until_lease_end() + ms / 1000)
+        if reply and acked < self.replication.replicas:
+            raise self._not_replicated(acked, ms, "lease keeps its previous end")
+        return self._extended(reply, ttl)
+
+    async def aextend(self, ttl: float) -> Grant | None:
+        ms = self.replication.wait_ms(None, ttl)
+        args = (self.token, max(int(ttl * 1000), 1))
+        payload = self.extend_eval.command(args) + self.replication.command(ms)
+        reply, acked = await self._aexchange(payload, self._until_lease_end() + ms / 1000, None)
+        if reply and acked < self.replication.replicas:
+            raise self._not_replicated(acked, ms, "lease keeps its previous end")
+        return self._extended(reply, ttl)
+
+    # -- helpers ------------------------------------------------------------------
+
+    def _exchange(self, payload: bytes, replies: int, timeout: float) -> list[Any]:
+        redis = self.backend.redis
+        return redis.wire.exchange(redis.sync().connection_pool, payload, replies, timeout)
+
+    async def _aexchange(
+        self, payload: bytes, timeout: float, deadline: float | None
+    ) -> tuple[Any, int]:
+        """Write ``payload`` (a script call and ``WAIT``) on one of the loop's
+        connections and read both replies within ``timeout`` seconds.
+
+        :raises NoConnection: when ``deadline`` passed before a connection came free.
+        :raises BackendUnavailable: when Redis fails or does not answer in time.
+        """
+        redis = self.backend.redis
+        client = redis.aio()
+        async with redis.connection_slot(deadline):
+            pool = client.connection_pool
+            try:
+                conn = await pool.get_connection()
+            except CLIENT_ERRORS as exc:
+                raise unavailable(exc) from exc
+            try:
+                async with asyncio.timeout(timeout):
+                    await conn.send_packed_command([payload], check_health=False)
+                    reply = await conn.read_response()
+                    acked = await conn.read_response()
+            except TimeoutError as exc:
+                await conn.disconnect()
+                raise BackendUnavailable(
+                    f"Redis did not answer within {timeout:.3g} s (frozen or unreachable?)"
+                ) from exc
+            except CLIENT_ERRORS as exc:
+                await conn.disconnect()
+                raise unavailable(exc) from exc
+            except BaseException:
+                await conn.disconnect()  # cancelled mid-reply: the connection is out of step
+                raise
+            finally:
+                await pool.release(conn)
+        return reply, int(acked)
+
+    def _confirm(self, reply: Any, acked: int, ms: int) -> None:
+        """Undo a grant that fewer than ``WAIT_REPLICAS`` replicas acknowledged.
+
+        :raises NotReplicated: then.
+        """
+        if reply[0] != 1 or acked >= self.replication.replicas:
+            return
+        self._pending = False  # answered: nothing for close() to give back
+        try:
+            self.backend.redis.call(self.calls.release, (self.token,), READ_GRACE)
+        except BackendUnavailable:
+            self._give_back_later()  # tried again until the lease it got has ended
+        raise self._not_replicated(acked, ms, "grant was undone")
+
+    def _not_replicated(self, acked: int, ms: int, outcome: str) -> NotReplicated:
+        return NotReplicated(
+            f"DISTLOCK[{self.backend.alias!r}]: {acked} of the {self.replication.replicas} "
+            f"replicas of WAIT_REPLICAS acknowledged within {ms} ms; the {outcome}."
+        )
+
+
+def _eval_calls(backend: RedisBackend, calls: Calls) -> tuple[Packed, Packed]:
+    """The ``EVAL`` forms of a lock's acquire and extend calls (memoised per lock)."""
+    memo = backend.eval_calls
+    found = memo.get(calls.keys.lock)
+    if found is None:
+        if len(memo) >= _MEMO:
+            memo.clear()
+        found = memo[calls.keys.lock] = (eval_form(calls.acquire), eval_form(calls.extend))
+    return found
