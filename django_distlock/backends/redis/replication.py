@@ -57,10 +57,11 @@ class Replication(NamedTuple):
     replicas: int
     timeout: float
 
-    def wait_ms(self, deadline: float | None, ttl: float) -> int:
-        """The ``WAIT`` timeout (ms): :attr:`timeout`, cut to the acquire's deadline
-        and to the lease (waiting longer than the lease is pointless), at least 1."""
-        bound = min(self.timeout, ttl)
+    def wait_ms(self, deadline: float | None, ttl: float, cap: float) -> int:
+        """The ``WAIT`` timeout (ms): :attr:`timeout`, cut to the acquire's deadline,
+        to the lease (waiting longer than the lease is pointless) and to ``cap`` (the
+        longest reply the socket timeout lets a read wait for), at least 1."""
+        bound = min(self.timeout, ttl, cap)
         left = remaining(deadline)
         if left is not None:
             bound = min(bound, left)
@@ -135,11 +136,13 @@ class ReplicatedAcquisition(RedisAcquisition):
         assert backend.replication is not None
         self.replication: Replication = backend.replication
         self.acquire_eval, self.extend_eval = _eval_calls(backend, self.calls)
+        #: The socket timeout bounds each read, the ``WAIT``'s reply too (as a block's).
+        self.cap = backend.max_block
 
     # -- the hooks of RedisAcquisition ----------------------------------------
 
     def _acquire(self, args: tuple[str | int, ...], timeout: float) -> Any:
-        ms = self.replication.wait_ms(self.deadline, self.lock.ttl)
+        ms = self.replication.wait_ms(self.deadline, self.lock.ttl, self.cap)
         payload = self.acquire_eval.command(args) + self.replication.command(ms)
         reply, acked = self._exchange(payload, 2, timeout + ms / 1000)
         self._confirm(reply, acked, ms)
@@ -148,7 +151,7 @@ class ReplicatedAcquisition(RedisAcquisition):
     def _block_then_acquire(
         self, signal: str, bound: float, args: tuple[str | int, ...], read_timeout: float
     ) -> tuple[int, Any] | None:
-        ms = self.replication.wait_ms(self.deadline, self.lock.ttl)
+        ms = self.replication.wait_ms(self.deadline, self.lock.ttl, self.cap)
         block = b"*3\r\n$5\r\nBLPOP\r\n%s%s" % (bulk(signal), bulk(f"{bound:.3f}"))
         payload = (
             TIME_COMMAND + block + self.acquire_eval.command(args) + self.replication.command(ms)
@@ -160,7 +163,7 @@ class ReplicatedAcquisition(RedisAcquisition):
         return int(seconds) * 1000 + int(micros) // 1000, reply
 
     async def _aacquire(self, args: tuple[str | int, ...], timeout: float) -> Any:
-        ms = self.replication.wait_ms(self.deadline, self.lock.ttl)
+        ms = self.replication.wait_ms(self.deadline, self.lock.ttl, self.cap)
         payload = self.acquire_eval.command(args) + self.replication.command(ms)
         reply, acked = await self._aexchange(payload, timeout + ms / 1000, self.deadline)
         if reply[0] == 1 and acked < self.replication.replicas:
@@ -177,7 +180,7 @@ class ReplicatedAcquisition(RedisAcquisition):
     # -- extend: waits too; release does not ------------------------------------
 
     def extend(self, ttl: float) -> Grant | None:
-        ms = self.replication.wait_ms(None, ttl)
+        ms = self.replication.wait_ms(None, ttl, self.cap)
         args = (self.token, max(int(ttl * 1000), 1))
         payload = self.extend_eval.command(args) + self.replication.command(ms)
         reply, acked = self._exchange(payload, 2, self._until_lease_end() + ms / 1000)
@@ -186,7 +189,7 @@ class ReplicatedAcquisition(RedisAcquisition):
         return self._extended(reply, ttl)
 
     async def aextend(self, ttl: float) -> Grant | None:
-        ms = self.replication.wait_ms(None, ttl)
+        ms = self.replication.wait_ms(None, ttl, self.cap)
         args = (self.token, max(int(ttl * 1000), 1))
         payload = self.extend_eval.command(args) + self.replication.command(ms)
         reply, acked = await self._aexchange(payload, self._until_lease_end() + ms / 1000, None)
