@@ -631,6 +631,9 @@ def cmd_start(dir_: Path, kinds: list[str]) -> int:
             where = ",".join(f"127.0.0.1:{e['port']}" for e in sentinels)
             env["DISTLOCK_SENTINEL_URL"] = f"redis+sentinel://{where}/{SENTINEL_SERVICE}/0"
             env["DISTLOCK_SENTINELS"] = where
+            # the master as started (the shared set is never failed over): the benchmarks'
+            # plain lock on the same server
+            env["DISTLOCK_SENTINEL_MASTER_URL"] = f"redis://127.0.0.1:{watched[0]['port']}/0"
         if "postgres" in kinds:
             pg = start_postgres(dir_, next(ports))
             env["DISTLOCK_PG_HOST"] = "127.0.0.1"

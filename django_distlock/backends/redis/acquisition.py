@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -96,6 +97,12 @@ class RedisAcquisition(Acquisition):
         #: The token is this acquisition's own (not a held lock's acquired again, nor an
         #: explicit owner's): a lock held under it can only be what an attempt got.
         self._fresh = lock.fresh_token
+        redis = backend.redis
+        #: How the acquire script is sent: the client's own calls, bound here so that the
+        #: hot path has no extra layer (:mod:`.replication` puts ``WAIT`` behind them).
+        self._call: Callable[..., Any] = redis.call
+        self._block_then_call: Callable[..., Any] = redis.block_then_call
+        self._acall: Callable[..., Any] = redis.acall
 
     # -- the scripts' arguments and replies ----------------------------------
 
@@ -161,25 +168,6 @@ class RedisAcquisition(Acquisition):
         fencing, acquired, now = reply
         return Grant(fencing, _when(acquired), _when(now + int(ttl * 1000)))
 
-    # -- the acquire script's calls (a subclass adds to them: .replication) ------
-
-    def _acquire(self, args: tuple[str | int, ...], timeout: float) -> Any:
-        """One acquire attempt: its reply, awaited at most ``timeout`` seconds."""
-        return self.backend.redis.call(self.calls.acquire, args, timeout)
-
-    def _block_then_acquire(
-        self, signal: str, bound: float, args: tuple[str | int, ...], read_timeout: float
-    ) -> tuple[int, Any] | None:
-        """Block on ``signal`` for ``bound`` seconds, then attempt (see
-        :meth:`.client.Redis.block_then_call`)."""
-        return self.backend.redis.block_then_call(
-            signal, bound, self.calls.acquire, args, read_timeout
-        )
-
-    async def _aacquire(self, args: tuple[str | int, ...], timeout: float) -> Any:
-        """Async :meth:`_acquire` (a connection of the loop waited for until the deadline)."""
-        return await self.backend.redis.acall(self.calls.acquire, args, self.deadline, timeout)
-
     # -- sync -----------------------------------------------------------------
 
     def attempt(self) -> Grant | Miss:
@@ -191,7 +179,7 @@ class RedisAcquisition(Acquisition):
             timeout = self._until_deadline()
             args = self._acquire_args(signal, self._not_after(time.monotonic(), timeout))
             self._pending = True
-            reply = self._acquire(args, timeout)
+            reply = self._call(self.calls.acquire, args, timeout)
             self._pending = False
             if reply[0] == 1 or reply[1] != REFUSED:
                 break
@@ -225,9 +213,10 @@ class RedisAcquisition(Acquisition):
             sent = time.monotonic()
             read_timeout = bound + SERVER_TICK + READ_GRACE
             self._pending = True
-            replies = self._block_then_acquire(
+            replies = self._block_then_call(
                 signal,
                 bound,
+                self.calls.acquire,
                 self._acquire_args("L " + signal, self._not_after(sent, read_timeout)),
                 read_timeout,
             )
@@ -298,7 +287,7 @@ class RedisAcquisition(Acquisition):
                 timeout = self._until_deadline()
                 args = self._acquire_args(signal, self._not_after(time.monotonic(), timeout))
                 self._pending = True
-                reply = await self._aacquire(args, timeout)
+                reply = await self._acall(self.calls.acquire, args, self.deadline, timeout)
                 self._pending = False
                 if reply[0] == 1 or reply[1] != REFUSED:
                     break

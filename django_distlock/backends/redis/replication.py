@@ -138,34 +138,56 @@ class ReplicatedAcquisition(RedisAcquisition):
         self.acquire_eval, self.extend_eval = _eval_calls(backend, self.calls)
         #: The socket timeout bounds each read, the ``WAIT``'s reply too (as a block's).
         self.cap = backend.max_block
+        self._call, self._block_then_call, self._acall = (
+            self._acquire, self._block_then_acquire, self._aacquire
+        )
 
-    # -- the hooks of RedisAcquisition ----------------------------------------
+    # -- the acquire's calls (RedisAcquisition's _call, _block_then_call, _acall) ------
 
-    def _acquire(self, args: tuple[str | int, ...], timeout: float) -> Any:
+    def _acquire(
+        self, _packed: Packed, args: tuple[str | int, ...], timeout: float | None
+    ) -> Any:
+        """The acquire script (as ``EVAL``) and ``WAIT``, written at once.
+
+        :raises NotReplicated: when a grant was not acknowledged (it is undone).
+        """
         ms = self.replication.wait_ms(self.deadline, self.lock.ttl, self.cap)
         payload = self.acquire_eval.command(args) + self.replication.command(ms)
-        reply, acked = self._exchange(payload, 2, timeout + ms / 1000)
+        reply, acked = self._exchange(payload, 2, _plus(timeout, ms))
         self._confirm(reply, acked, ms)
         return reply
 
     def _block_then_acquire(
-        self, signal: str, bound: float, args: tuple[str | int, ...], read_timeout: float
+        self,
+        signal: str,
+        bound: float,
+        _packed: Packed,
+        args: tuple[str | int, ...],
+        read_timeout: float | None,
     ) -> tuple[int, Any] | None:
+        """``TIME``, ``BLPOP``, the acquire script and ``WAIT``, written at once."""
         ms = self.replication.wait_ms(self.deadline, self.lock.ttl, self.cap)
         block = b"*3\r\n$5\r\nBLPOP\r\n%s%s" % (bulk(signal), bulk(f"{bound:.3f}"))
         payload = (
             TIME_COMMAND + block + self.acquire_eval.command(args) + self.replication.command(ms)
         )
         (seconds, micros), _, reply, acked = self._exchange(
-            payload, 4, read_timeout + ms / 1000
+            payload, 4, _plus(read_timeout, ms)
         )
         self._confirm(reply, acked, ms)
         return int(seconds) * 1000 + int(micros) // 1000, reply
 
-    async def _aacquire(self, args: tuple[str | int, ...], timeout: float) -> Any:
+    async def _aacquire(
+        self,
+        _packed: Packed,
+        args: tuple[str | int, ...],
+        deadline: float | None,
+        timeout: float | None,
+    ) -> Any:
+        """Async :meth:`_acquire`."""
         ms = self.replication.wait_ms(self.deadline, self.lock.ttl, self.cap)
         payload = self.acquire_eval.command(args) + self.replication.command(ms)
-        reply, acked = await self._aexchange(payload, timeout + ms / 1000, self.deadline)
+        reply, acked = await self._aexchange(payload, _plus(timeout, ms), deadline)
         if reply[0] == 1 and acked < self.replication.replicas:
             self._pending = False
             try:
@@ -199,12 +221,12 @@ class ReplicatedAcquisition(RedisAcquisition):
 
     # -- helpers ------------------------------------------------------------------
 
-    def _exchange(self, payload: bytes, replies: int, timeout: float) -> list[Any]:
+    def _exchange(self, payload: bytes, replies: int, timeout: float | None) -> list[Any]:
         redis = self.backend.redis
         return redis.wire.exchange(redis.sync().connection_pool, payload, replies, timeout)
 
     async def _aexchange(
-        self, payload: bytes, timeout: float, deadline: float | None
+        self, payload: bytes, timeout: float | None, deadline: float | None
     ) -> tuple[Any, int]:
         """Write ``payload`` (a script call and ``WAIT``) on one of the loop's
         connections and read both replies within ``timeout`` seconds.
@@ -228,7 +250,7 @@ class ReplicatedAcquisition(RedisAcquisition):
             except TimeoutError as exc:
                 await conn.disconnect()
                 raise BackendUnavailable(
-                    f"Redis did not answer within {timeout:.3g} s (frozen or unreachable?)"
+                    f"Redis did not answer within {timeout or 0:.3g} s (frozen or unreachable?)"
                 ) from exc
             except CLIENT_ERRORS as exc:
                 await conn.disconnect()
@@ -259,6 +281,11 @@ class ReplicatedAcquisition(RedisAcquisition):
             f"DISTLOCK[{self.backend.alias!r}]: {acked} of the {self.replication.replicas} "
             f"replicas of WAIT_REPLICAS acknowledged within {ms} ms; the {outcome}."
         )
+
+
+def _plus(timeout: float | None, ms: int) -> float | None:
+    """A read timeout that also covers a ``WAIT`` of ``ms`` (None: the socket's)."""
+    return None if timeout is None else timeout + ms / 1000
 
 
 def _eval_calls(backend: RedisBackend, calls: Calls) -> tuple[Packed, Packed]:
