@@ -118,7 +118,16 @@ def test_a_lock_through_the_sentinels(form: str, unique) -> None:
                 other = backend.lock(name, ttl=5)
                 assert await other.aacquire(blocking=False) is False
                 await held.aextend(5)
-                return held.fencing_token
+                # a waiting task is woken through the master's channel
+                next_holder = backend.lock(name, ttl=5)
+                waiter = asyncio.ensure_future(next_holder.aacquire(timeout=3))
+                await asyncio.sleep(0.2)
+                assert not waiter.done()
+            woken = time.monotonic()
+            assert await waiter is True
+            assert time.monotonic() - woken < 1.0
+            await next_holder.arelease()
+            return held.fencing_token
 
         later = asyncio.run(run())
         assert later is not None and token is not None and later > token
