@@ -377,3 +377,19 @@ def test_with_wait_a_failover_keeps_every_grant(tmp_path: Path, unique) -> None:
     _figures("redis-sentinel-wait", report, took)
     assert report.ok, report
     assert report.holds == NAMES  # the contenders got none of them
+
+
+# -- 5. the catalogue's mixed run, through the Sentinels with WAIT ------------------------
+
+
+def test_a_mixed_run_through_the_sentinels_with_wait(unique, tmp_path: Path) -> None:
+    from .test_hostile import PROCESSES, assert_history_good, mixed_run
+
+    url = require_sentinel()
+    params = {"BACKEND": REDIS, "LOCATION": url, "OPTIONS": {"WAIT_REPLICAS": 2}}
+    path = tmp_path / "history.jsonl"
+    with aliases(redis_sentinel=params):
+        results = mixed_run("redis-sentinel", unique("mixed"), PROCESSES, path)
+    assert {kind for kind, held in results if held} == {"task", "thread", "process"}, results
+    report = assert_history_good(path)
+    assert report.holds == sum(held for _, held in results)

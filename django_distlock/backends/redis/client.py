@@ -27,7 +27,7 @@ from ...exceptions import BackendUnavailable
 from .caches import async_client_like, cache_client
 from .keys import TIME_COMMAND, Packed, bulk
 from .scripts import Script
-from .sentinel import is_sentinel, master_client
+from .sentinel import close_sentinels, is_sentinel, master_client
 from .wire import CLIENT_ERRORS, KeptConnections, Sent, unavailable
 
 __all__ = [
@@ -203,6 +203,8 @@ class Redis:
             wire.give_back(pool)
         if self.cache is None:
             client.close()
+            if is_sentinel(self.location):
+                close_sentinels(client)
 
     # -- calls ----------------------------------------------------------------
 

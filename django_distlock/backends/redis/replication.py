@@ -58,9 +58,14 @@ class Replication(NamedTuple):
     timeout: float
 
     def wait_ms(self, deadline: float | None, ttl: float, cap: float) -> int:
-        """The ``WAIT`` timeout (ms): :attr:`timeout`, cut to the acquire's deadline,
-        to the lease (waiting longer than the lease is pointless) and to ``cap`` (the
-        longest reply the socket timeout lets a read wait for), at least 1."""
+        """The ``WAIT`` timeout: :attr:`timeout`, cut to the acquire's deadline, to the
+        lease (waiting longer than the lease is pointless) and to ``cap``.
+
+        :param deadline: the acquire's deadline (``time.monotonic()``), or None.
+        :param ttl: the lease asked for, seconds.
+        :param cap: the longest reply the socket timeout lets a read wait for, seconds.
+        :returns: milliseconds, at least :data:`MIN_WAIT_MS` (``WAIT n 0`` never ends).
+        """
         bound = min(self.timeout, ttl, cap)
         left = remaining(deadline)
         if left is not None:
@@ -68,7 +73,11 @@ class Replication(NamedTuple):
         return max(int(bound * 1000), MIN_WAIT_MS)
 
     def command(self, ms: int) -> bytes:
-        """``WAIT replicas ms``, packed."""
+        """``WAIT`` for :attr:`replicas`, packed.
+
+        :param ms: the ``WAIT`` timeout, milliseconds (> 0).
+        :returns: the RESP command.
+        """
         return b"*3\r\n$4\r\nWAIT\r\n%s%s" % (bulk(self.replicas), bulk(ms))
 
 
@@ -114,7 +123,11 @@ def replication_options(
 
 
 def eval_form(packed: Packed) -> Packed:
-    """``packed`` sent as ``EVAL`` with the script's text instead of ``EVALSHA``."""
+    """The same script call sent as ``EVAL`` (with the script's text), not ``EVALSHA``.
+
+    :param packed: a packed ``EVALSHA`` call.
+    :returns: its ``EVAL`` form (same keys and arguments).
+    """
     form = Packed(packed.script, packed.keys, packed.args)
     parts = ("EVAL", packed.script.text, len(packed.keys), *packed.keys, *packed.args)
     form.head = b"".join(bulk(part) for part in parts)
@@ -202,19 +215,23 @@ class ReplicatedAcquisition(RedisAcquisition):
     # -- extend: waits too; release does not ------------------------------------
 
     def extend(self, ttl: float) -> Grant | None:
-        ms = self.replication.wait_ms(None, ttl, self.cap)
-        args = (self.token, max(int(ttl * 1000), 1))
-        payload = self.extend_eval.command(args) + self.replication.command(ms)
+        payload, ms = self._extension(ttl)
         reply, acked = self._exchange(payload, 2, self._until_lease_end() + ms / 1000)
-        if reply and acked < self.replication.replicas:
-            raise self._not_replicated(acked, ms, "lease keeps its previous end")
-        return self._extended(reply, ttl)
+        return self._extension_result(reply, acked, ms, ttl)
 
     async def aextend(self, ttl: float) -> Grant | None:
+        payload, ms = self._extension(ttl)
+        reply, acked = await self._aexchange(payload, self._until_lease_end() + ms / 1000, None)
+        return self._extension_result(reply, acked, ms, ttl)
+
+    def _extension(self, ttl: float) -> tuple[bytes, int]:
+        """The extend script (as ``EVAL``) and ``WAIT``, packed; and the wait (ms)."""
         ms = self.replication.wait_ms(None, ttl, self.cap)
         args = (self.token, max(int(ttl * 1000), 1))
-        payload = self.extend_eval.command(args) + self.replication.command(ms)
-        reply, acked = await self._aexchange(payload, self._until_lease_end() + ms / 1000, None)
+        return self.extend_eval.command(args) + self.replication.command(ms), ms
+
+    def _extension_result(self, reply: Any, acked: int, ms: int, ttl: float) -> Grant | None:
+        """:raises NotReplicated: when an extension made was not acknowledged in time."""
         if reply and acked < self.replication.replicas:
             raise self._not_replicated(acked, ms, "lease keeps its previous end")
         return self._extended(reply, ttl)

@@ -43,7 +43,11 @@ class SentinelLocation(NamedTuple):
 
 
 def is_sentinel(location: object) -> TypeGuard[str]:
-    """Whether ``location`` is a ``redis+sentinel://`` (or ``rediss+sentinel://``) URL."""
+    """Whether ``location`` names Sentinels.
+
+    :param location: a ``LOCATION`` setting (any value).
+    :returns: True for a ``redis+sentinel://`` (or ``rediss+sentinel://``) URL.
+    """
     return isinstance(location, str) and location.startswith(SCHEMES)
 
 
@@ -151,8 +155,22 @@ def async_master_like(pool: Any, kwargs: dict[str, Any]) -> Any:
 
 
 def is_sentinel_pool(pool: Any) -> bool:
-    """Whether ``pool`` is a (sync) Sentinel connection pool."""
+    """Whether ``pool`` follows a master through its Sentinels.
+
+    :param pool: a sync redis-py connection pool.
+    :returns: True for a ``redis.sentinel.SentinelConnectionPool``.
+    """
     return isinstance(pool, redis.sentinel.SentinelConnectionPool)
+
+
+def close_sentinels(client: Any) -> None:
+    """Close the connections to the Sentinels of a client :func:`master_client` built
+    (the client's own pool is closed by ``client.close()``).
+
+    :param client: a sync client on a Sentinel pool.
+    """
+    for sentinel in client.connection_pool.sentinel_manager.sentinels:
+        sentinel.close()
 
 
 def _master(
