@@ -21,7 +21,7 @@ from .private_redis import Server, _free_port
 SERVICE = "private"
 #: Sentinel settings of a quick failover (milliseconds).
 DOWN_AFTER_MS = 400
-FAILOVER_TIMEOUT_MS = 3000
+FAILOVER_TIMEOUT_MS = 1500  # also: a failed election is tried again after twice this
 
 
 class Gate:
@@ -94,8 +94,27 @@ class Gate:
                 sock.close()
 
 
+class Gates:
+    """The gates of every replica, held, opened or cut together (``each[i]``: replica i's)."""
+
+    def __init__(self, each: list[Gate]) -> None:
+        self.each = each
+
+    def hold(self) -> None:
+        for gate in self.each:
+            gate.hold()
+
+    def open(self) -> None:
+        for gate in self.each:
+            gate.open()
+
+    def cut(self) -> None:
+        for gate in self.each:
+            gate.cut()
+
+
 class Sentinels:
-    """A master, 2 replicas (through a :class:`Gate`) and 3 Sentinels of ``SERVICE``,
+    """A master, 2 replicas (each through a :class:`Gate`) and 3 Sentinels of ``SERVICE``,
     in ``directory``; :meth:`stop` ends them all."""
 
     def __init__(self, directory: Path) -> None:
@@ -105,13 +124,13 @@ class Sentinels:
         # default for more replicas to share a diskless transfer
         self.master = Server(directory / "master", ("--repl-diskless-sync-delay", "0"))
         self.master.start()
-        self.gate = Gate(self.master.port)
+        self.gate = Gates([Gate(self.master.port) for _ in range(2)])
         self.replicas = []
         for i in range(2):
             (directory / f"replica{i}").mkdir()
             replica = Server(
                 directory / f"replica{i}",
-                ("--replicaof", "127.0.0.1", str(self.gate.port)),
+                ("--replicaof", "127.0.0.1", str(self.gate.each[i].port)),
             )
             replica.start()
             self.replicas.append(replica)

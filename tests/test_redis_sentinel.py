@@ -283,17 +283,16 @@ def _contend(alias: str, names: list[str], path: str) -> None:
 
 
 def _failover_round(
-    s: Sentinels, alias: str, names: list[str], path: Path, replicate: bool
+    s: Sentinels, alias: str, names: list[str], path: Path, held: tuple[int, ...]
 ) -> tuple[list[Any], float]:
-    """Grant ``names`` to this process (the replication held back unless
-    ``replicate``), SIGKILL the master, wait for Sentinel's failover, then let
-    CONTENDERS processes try them. Returns the holders (op, handle) and the failover's
-    seconds."""
+    """Grant ``names`` to this process with the replication to the replicas ``held``
+    held back, SIGKILL the master, wait for Sentinel's failover, then let CONTENDERS
+    processes try them. Returns the holders (op, handle) and the failover's seconds."""
     recorder = HistoryRecorder(path)
     backend = locks[alias]
     backend.is_locked(names[0])  # connected, offset and eviction checks done
-    if not replicate:
-        s.gate.hold()
+    for i in held:
+        s.gate.each[i].hold()
     holders = []
     for name in names:
         handle = backend.lock(name, ttl=TTL, blocking=False)
@@ -326,8 +325,9 @@ def _end(holders: list[Any], path: Path) -> HistoryReport:
     return check(load(path))
 
 
-def _figures(backend: str, report: HistoryReport, took: float) -> None:
-    record("sentinel-failover", backend, processes=report.processes,
+def _figures(backend: str, report: HistoryReport, took: float,
+             scenario: str = "sentinel-failover") -> None:
+    record(scenario, backend, processes=report.processes,
            acquisitions=report.holds, overlaps=len(report.overlaps),
            repeated_tokens=len(report.repeated_tokens), time_to_failover_s=round(took, 2))
 
@@ -338,7 +338,7 @@ def test_without_wait_a_failover_grants_the_lock_twice(tmp_path: Path, unique) -
     path = tmp_path / "history.jsonl"
     try:
         with aliases(plain={"BACKEND": REDIS, "LOCATION": s.url("socket_timeout=1")}):
-            holders, took = _failover_round(s, "plain", names, path, replicate=False)
+            holders, took = _failover_round(s, "plain", names, path, held=(0, 1))
             report = _end(holders, path)
     finally:
         s.stop()
@@ -354,7 +354,10 @@ def test_without_wait_a_failover_grants_the_lock_twice(tmp_path: Path, unique) -
     assert later and min(later) > first
 
 
-def test_with_wait_a_failover_keeps_every_grant(tmp_path: Path, unique) -> None:
+@pytest.mark.parametrize("lagging", [False, True])
+def test_with_wait_a_failover_keeps_every_grant(lagging: bool, tmp_path: Path, unique) -> None:
+    """WAIT_REPLICAS = 1 of 2 replicas; with ``lagging``, the grants reach only one of
+    them: Sentinel must promote that one (the furthest ahead)."""
     s = _private(tmp_path)
     names = [unique(f"kept{i}") for i in range(NAMES)]
     path = tmp_path / "history.jsonl"
@@ -362,8 +365,10 @@ def test_with_wait_a_failover_keeps_every_grant(tmp_path: Path, unique) -> None:
               "OPTIONS": {"WAIT_REPLICAS": 1, "WAIT_TIMEOUT": 0.5}}
     try:
         with aliases(waited=params):
-            holders, took = _failover_round(s, "waited", names, path, replicate=True)
+            holders, took = _failover_round(s, "waited", names, path, held=(1,) if lagging else ())
             backend = locks["waited"]
+            if lagging:  # the one that has the grants, not the one that lagged
+                assert s.master_port() == s.replicas[0].port
             assert all(backend.is_locked(name) for name in names)  # on the new master
             first = max(h.fencing_token for _, h in holders)
             report = _end(holders, path)
@@ -374,7 +379,9 @@ def test_with_wait_a_failover_keeps_every_grant(tmp_path: Path, unique) -> None:
             after.release()
     finally:
         s.stop()
-    _figures("redis-sentinel-wait", report, took)
+    # the lagging variant is a scenario of its own: one replica never got the grants
+    scenario = "sentinel-failover-lagging-replica" if lagging else "sentinel-failover"
+    _figures("redis-sentinel-wait", report, took, scenario)
     assert report.ok, report
     assert report.holds == NAMES  # the contenders got none of them
 
