@@ -108,6 +108,8 @@ def test_a_lock_through_the_sentinels(form: str, unique) -> None:
         assert handle.acquire(blocking=False)
         assert backend.is_locked(name)
         assert in_thread(lambda: backend.lock(name, ttl=5).acquire(timeout=0.2)) is False
+        assert [info.name for info in backend.held_locks(prefix=name).locks] == [name]
+        assert backend.health() >= 0
         handle.extend(5)
         token = handle.fencing_token
         handle.release()

@@ -54,7 +54,8 @@ class NoConnection(Exception):
 class Redis:
     """The clients of one alias in this process.
 
-    :param location: a ``redis://``, ``rediss://`` or ``unix://`` URL, or None.
+    :param location: a ``redis://``, ``rediss://``, ``unix://`` or ``redis+sentinel://``
+        URL, or None.
     :param cache: the alias of a Redis cache in ``CACHES`` whose pool is reused, or None.
     :param cluster: whether ``location`` names a Redis Cluster.
     :param more_nodes: more startup nodes of the cluster (URLs; their host and port
