@@ -123,20 +123,30 @@ class Sentinels:
         # a replica's first sync starts at once, not after the 5 s Redis 7 waits by
         # default for more replicas to share a diskless transfer
         self.master = Server(directory / "master", ("--repl-diskless-sync-delay", "0"))
+        self.replicas: list[Server] = []
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.ports = [_free_port() for _ in range(3)]
+        self.gate = Gates([])
+        try:
+            self._start()
+        except BaseException:
+            self.stop()  # what was started, if the set did not come up
+            raise
+
+    def _start(self) -> None:
+        from .conftest import eventually
+
+        directory = self.directory
         self.master.start()
         self.gate = Gates([Gate(self.master.port) for _ in range(2)])
-        self.replicas = []
         for i in range(2):
             (directory / f"replica{i}").mkdir()
             replica = Server(
                 directory / f"replica{i}",
                 ("--replicaof", "127.0.0.1", str(self.gate.each[i].port)),
             )
-            replica.start()
             self.replicas.append(replica)
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self.ports = [_free_port() for _ in range(3)]
-        from .conftest import eventually
+            replica.start()
 
         assert eventually(self._synced, timeout=15), "the replicas did not sync"
         for i, port in enumerate(self.ports):
