@@ -212,7 +212,7 @@ def test_bad_sentinel_locations_are_refused(location: str) -> None:
 def test_kinds_are_refused_with_wait_before_any_server_call() -> None:
     # port 1 is closed: a server call would raise BackendUnavailable instead
     params = {"BACKEND": REDIS, "LOCATION": "redis://127.0.0.1:1/0",
-              "OPTIONS": {"WAIT_REPLICAS": 1, "ALLOW_EVICTION": True}}
+              "OPTIONS": {"WAIT_REPLICAS": 1}}
     with aliases(w=params):
         with pytest.raises(UnsupportedOperation, match="WAIT_REPLICAS"):
             locks["w"].read_lock("r").acquire(blocking=False)

@@ -221,15 +221,15 @@ class RedisBackend(BaseLockBackend):
     def acquisition(
         self, lock: Lock, token: str, blocking: bool, deadline: float | None
     ) -> Acquisition:
+        if lock.kind != "exclusive" and self.replication is not None:  # before any call
+            raise UnsupportedOperation(
+                f"DISTLOCK[{self.alias!r}]: OPTIONS['WAIT_REPLICAS'] covers exclusive "
+                f"locks only; a {lock.kind} lock is not offered with it (use an alias "
+                "without WAIT_REPLICAS)."
+            )
         if not self._server_checked:
             self._check_server()
         if lock.kind != "exclusive":
-            if self.replication is not None:
-                raise UnsupportedOperation(
-                    f"DISTLOCK[{self.alias!r}]: OPTIONS['WAIT_REPLICAS'] covers exclusive "
-                    f"locks only; a {lock.kind} lock is not offered with it (use an alias "
-                    "without WAIT_REPLICAS)."
-                )
             return KindAcquisition(self, lock, token, blocking, deadline)
         if self.replication is not None:
             return ReplicatedAcquisition(self, lock, token, blocking, deadline)
