@@ -104,7 +104,7 @@ def async_client_like(pool: Any, alias: str) -> Any:
         if name not in kwargs and "orig_" + name in given:  # redis-py 8 keeps them there
             kwargs[name] = given["orig_" + name]
     if is_sentinel_pool(pool):  # django-redis' SentinelClient: the master moves
-        return async_master_like(pool, kwargs)
+        return async_master_like(pool, kwargs, issubclass(sync_class, _sync.SSLConnection))
     return redis.asyncio.Redis(
         connection_pool=redis.asyncio.ConnectionPool(connection_class=async_class, **kwargs)
     )

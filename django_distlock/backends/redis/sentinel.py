@@ -135,12 +135,13 @@ def master_client(url: str, asyncio: bool = False) -> Any:
     return _master(list(loc.sentinels), loc.service, sentinel_kwargs, kwargs, asyncio)
 
 
-def async_master_like(pool: Any, kwargs: dict[str, Any]) -> Any:
+def async_master_like(pool: Any, kwargs: dict[str, Any], ssl: bool = False) -> Any:
     """A ``redis.asyncio`` client of the master that the sync Sentinel ``pool`` (a
     django-redis ``SentinelClient``'s) follows, with its Sentinels and service.
 
     :param pool: a ``redis.sentinel.SentinelConnectionPool``.
     :param kwargs: the master connections' settings mirrored for asyncio.
+    :param ssl: whether the master's connections use TLS.
     :returns: a ``redis.asyncio.Redis`` on a Sentinel pool.
     """
     manager = pool.sentinel_manager
@@ -149,6 +150,8 @@ def async_master_like(pool: Any, kwargs: dict[str, Any]) -> Any:
         for s in manager.sentinels
     ]
     own = {k: v for k, v in kwargs.items() if k not in ("host", "port", "path")}
+    if ssl:
+        own["ssl"] = True
     sentinel_kwargs = {k: v for k, v in (manager.sentinel_kwargs or {}).items() if k in own}
     sentinel_kwargs.setdefault("socket_timeout", SENTINEL_TIMEOUT)
     return _master(sentinels, pool.service_name, sentinel_kwargs, own, True)
