@@ -23,6 +23,7 @@ over every grant.
 
 from __future__ import annotations
 
+import heapq
 import math
 import multiprocessing
 import os
@@ -192,26 +193,33 @@ class Analysis:
     timeouts: int
 
 
-def analyse(result: RoundResult, duration: float, warmup: float) -> Analysis:
-    """Merge a round's grants by acquire time and measure them (see the module docstring)."""
+def analyse(
+    result: RoundResult, duration: float, warmup: float, at_once: int = 1
+) -> Analysis:
+    """Merge a round's grants by acquire time and measure them (see the module docstring).
+
+    ``at_once``: how many may hold together (a semaphore's limit); a grant while that
+    many holds are open is an overlap. Handoffs are measured only when it is 1."""
     grants = sorted(result.grants, key=lambda g: g[1])
     window_start = max(result.starts) + int(warmup * 1e9)
     window_end = min(result.starts) + int(duration * 1e9)
     overlaps = 0
-    latest_release = -math.inf
+    open_until: list[int] = []  # a heap of the release times of the holds still open
     handoffs: list[int] = []
     holds: list[int] = []
     self_handoffs = 0
     per_process = [0] * len(result.starts)
     for i, (index, acquired, releasing) in enumerate(grants):
-        if acquired < latest_release:
-            overlaps += 1  # this hold began before an earlier one ended
-        latest_release = max(latest_release, releasing)
+        while open_until and open_until[0] <= acquired:
+            heapq.heappop(open_until)
+        if len(open_until) >= at_once:
+            overlaps += 1  # this hold began while the most allowed were still held
+        heapq.heappush(open_until, releasing)
         if not window_start <= acquired <= window_end:
             continue
         per_process[index] += 1
         holds.append(releasing - acquired)
-        if i > 0:
+        if i > 0 and at_once == 1:
             previous = grants[i - 1]
             handoffs.append(acquired - previous[2])
             self_handoffs += previous[0] == index
@@ -269,7 +277,8 @@ def run(cases: Sequence[Case], options: Options) -> list[Row]:
             options.duration,
             options.hold_ms,
         )
-        rows.append(Row(case, summarise([analyse(r, options.duration, warmup) for r in history])))
+        analyses = [analyse(r, options.duration, warmup, case.at_once) for r in history]
+        rows.append(Row(case, summarise(analyses)))
     return rows
 
 
@@ -287,6 +296,8 @@ def _notes(options: Options) -> str:
         f"{options.duration:g} s, hold {options.hold_ms:g} ms by `time.sleep`; stats over the "
         f"steady-state window (first {_warmup(options):g} s and the tail after the first "
         "process stops are left out; overlaps are checked over every grant). "
+        "A semaphore's row (limit n) counts a grant as an overlap only while n holds are "
+        "open, and has no handoff. "
         "handoff = previous holder's just-before-release → this grant's acquire-return "
         "(`CLOCK_MONOTONIC`, µs); hold = acquire-return → just-before-release (the sleep, "
         "as long as the OS made it); self = share of grants going to the process that held the "

@@ -84,6 +84,7 @@ class Case:
     group: str  # the server; ratios compare rows of one group
     reference: str | None = None  # the ratio column this row anchors, if any
     module: str = ""  # the module that registered it (a missing server drops its rows)
+    at_once: int = 1  # holders allowed together (a semaphore's limit); more is an overlap
 
 
 @dataclass(frozen=True)
@@ -164,10 +165,12 @@ def add_case(
     *,
     group: str,
     reference: str | None = None,
+    at_once: int = 1,
 ) -> None:
-    """Register a case of ``suite``; ``reference`` makes it anchor a ``x reference`` column."""
+    """Register a case of ``suite``; ``reference`` makes it anchor a ``x reference`` column;
+    ``at_once``: how many may hold together (a semaphore's limit; contended suite)."""
     module = getattr(factory, "func", factory).__module__  # a functools.partial has .func
-    CASES.append(Case(suite, name, factory, what, group, reference, module))
+    CASES.append(Case(suite, name, factory, what, group, reference, module, at_once))
 
 
 def add_bar(

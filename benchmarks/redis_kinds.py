@@ -13,11 +13,12 @@ within 1.3x of the exclusive lock's uncontended time.
 
 from __future__ import annotations
 
+import functools
 import secrets
 import time
 from typing import Any
 
-from . import lockers, uncontended
+from . import contention, lockers, uncontended
 from .harness import add_bar, add_case
 from .redis import connect, describe, setup
 
@@ -150,10 +151,8 @@ class Kind(lockers.DistLock):
 
 
 def _factory(cls: type, kind: str) -> Any:
-    def build(key: str) -> Any:
-        return cls(key, kind=kind)
-
-    return build
+    """A picklable factory (the contended suite spawns its workers)."""
+    return functools.partial(cls, kind=kind)
 
 
 _U = uncontended.NAME
@@ -173,3 +172,13 @@ for _kind, _what in (("read", "read lock"), ("write", "write lock"), ("semaphore
     )
     add_bar(_U, f"redis_kinds.{_kind}", "redis_kinds.exclusive", 1.3)
     add_bar(_U, f"redis_kinds.{_kind}", f"redis_kinds.floor-{_kind}", None)
+_C = contention.NAME
+add_case(
+    _C, "redis_kinds.exclusive", _factory(Kind, "exclusive"),
+    "django-distlock `lock()` (the rate's reference)", group=GROUP,
+)
+add_case(
+    _C, "redis_kinds.semaphore", _factory(Kind, "semaphore"),
+    "django-distlock `semaphore(name, 4)`: 4 permits", group=GROUP, at_once=4,
+)
+add_bar(_C, "redis_kinds.semaphore", "redis_kinds.exclusive", None, metric="rate")

@@ -70,6 +70,18 @@ if REDLOCK_URLS:
         "LOCATION": REDLOCK_URLS,
         "TTL": 30,
     }
+# Redis behind Sentinel (benchmarks/redis_sentinel.py): the master itself, the same
+# through its Sentinels, and with every grant waiting for one replica.
+SENTINEL_URL = os.environ.get("DISTLOCK_SENTINEL_URL", "")
+if SENTINEL_URL and os.environ.get("DISTLOCK_SENTINEL_MASTER_URL"):
+    _SENTINEL = {"BACKEND": "django_distlock.backends.redis.RedisBackend", "TTL": 30}
+    DISTLOCK["sentinel-direct"] = {
+        **_SENTINEL, "LOCATION": os.environ["DISTLOCK_SENTINEL_MASTER_URL"]
+    }
+    DISTLOCK["sentinel"] = {**_SENTINEL, "LOCATION": SENTINEL_URL}
+    DISTLOCK["sentinel-wait1"] = {
+        **_SENTINEL, "LOCATION": SENTINEL_URL, "OPTIONS": {"WAIT_REPLICAS": 1}
+    }
 # ZooKeeper (benchmarks/zookeeper.py): the 3-node ensemble and the standalone server
 # scripts/bench starts.
 for _alias, _variable in (("zk", "DISTLOCK_ZK_HOSTS"), ("zk1", "DISTLOCK_ZK_STANDALONE")):

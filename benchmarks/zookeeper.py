@@ -175,3 +175,12 @@ for _target, _where in (("zk", "ensemble"), ("zk1", "standalone")):
         f"django-distlock `semaphore(name, {LIMIT})`, {_where}", group=_sem,
     )
     add_bar(_U, f"{_target}.sem-distlock", f"{_target}.sem-kazoo", 1.0)
+    for _name, _cls, _who in (("sem-kazoo", KazooSemaphore, "kazoo `Semaphore`"),
+                              ("sem-distlock", DistSemaphore, "django-distlock `semaphore`")):
+        _arg = {"target": _target} if _cls is KazooSemaphore else {"alias": _target}
+        add_case(
+            _C, f"{_target}.{_name}", functools.partial(_cls, **_arg),
+            f"{_who}, {LIMIT} permits, {_where}", group=_sem, at_once=LIMIT,
+        )
+    add_bar(_C, f"{_target}.sem-distlock", f"{_target}.sem-kazoo", 1.0, metric="rate",
+            at_least=True)

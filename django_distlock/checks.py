@@ -53,6 +53,7 @@ def _gather(deploy: bool) -> list[checks.CheckMessage]:
             cause = exc.__cause__
             import_failed = isinstance(cause, ImportError) or "BaseLockBackend" in str(exc)
             check_id = "distlock.E002" if import_failed else "distlock.E003"
+            check_id = getattr(exc, "check_id", check_id)  # an option's own id (E012)
             messages.append(checks.Error(str(exc), obj=alias, id=check_id))
             continue
         messages.extend(backend.check(deploy=deploy))

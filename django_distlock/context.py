@@ -64,8 +64,9 @@ def current_context() -> str:
 def describer(func: Callable[..., Any]) -> Callable[[tuple[Any, ...]], str]:
     """Return ``args -> context`` of a ``@distlock`` call: ``"<METHOD> <path>"`` when a
     request is among the first two positional arguments (functions and methods), else
-    the running Celery task's name, else ``module.qualname`` of ``func`` (Celery's
-    default task name)."""
+    the running Celery task's name and id (``"shop.sell_one[<task id>]"``, as Celery's
+    log lines show a task), else ``module.qualname`` of ``func`` (Celery's default
+    task name)."""
     name = clean(f"{func.__module__}.{getattr(func, '__qualname__', func.__name__)}", MAX_CONTEXT)
 
     def describe(args: tuple[Any, ...]) -> str:
@@ -80,11 +81,17 @@ def describer(func: Callable[..., Any]) -> Callable[[tuple[Any, ...]], str]:
 
 
 def _celery_task() -> str | None:
+    """``"name[id]"`` of the Celery task running in this thread (``"name"`` when it was
+    called directly, so has no id), or None outside a task."""
     celery = sys.modules.get("celery")
     if celery is None:
         return None
     try:
         task = celery.current_task
-        return clean(task.name, MAX_CONTEXT) if task else None
+        if not task:
+            return None
+        task_id = task.request.id
+        text = f"{task.name}[{task_id}]" if isinstance(task_id, str) else task.name
+        return clean(text, MAX_CONTEXT)
     except Exception:  # outside a worker, Celery's proxy may fail in any way: no name
         return None

@@ -11,9 +11,10 @@ from collections.abc import Callable
 from typing import Any, Literal, TypeVar, cast
 
 from .context import describer, enter, leave
-from .exceptions import LockLost, LockNotAcquired
+from .exceptions import BackendUnavailable, DistLockError, LockLost, LockNotAcquired
 from .handle import Lock
 from .handler import DEFAULT_LOCK_ALIAS, locks
+from .integrations.celery import refuse_task_object
 from .multilock import MultiLock
 from .names import validate_name
 from .renewal import validate_max_hold
@@ -68,6 +69,7 @@ def distlock(
     timeout: float | _Default | None = DEFAULT,
     blocking: bool = True,
     on_fail: OnFail = "raise",
+    on_unavailable: OnFail = "raise",
     skip_value: Any = None,
     on_lost: OnLost = "raise",
     auto_renew: bool | _Default = DEFAULT,
@@ -104,6 +106,10 @@ def distlock(
         ``"skip"`` returns ``skip_value`` without calling the function; a
         callable is called as ``on_fail(exc, *args, **kwargs)`` and its result
         returned (see :mod:`django_distlock.http` for view responses).
+    :param on_unavailable: when the lock server fails while acquiring
+        (:class:`~django_distlock.exceptions.BackendUnavailable`, also at once while
+        the alias' ``FAIL_FAST`` circuit is open): the same choices as ``on_fail``
+        (``http.unavailable_response`` answers 503).
     :param on_lost: when the lock turns out lost (expired, force-released)
         as the function returns, its work already done: ``"raise"`` raises
         :class:`~django_distlock.exceptions.LockLost` (a view answers 500);
@@ -126,10 +132,12 @@ def distlock(
     :param limit: the semaphore's number of leases (``kind="semaphore"`` only).
     :raises TypeError, ValueError: when decorating, for a bad option or a
         malformed template, or one naming an argument the function does not
-        have; the message names the template and the function.
+        have; the message names the template and the function. TypeError for a
+        Celery task object: ``@distlock`` goes below ``@shared_task``.
     """
 
     def decorator(func: F) -> F:
+        refuse_task_object(func, key)  # first: _describe() would evaluate a task proxy
         where = _describe(key, func)
         _check_options(where, using, ttl, timeout, blocking, on_fail)
         _check_renewal(where, auto_renew, max_hold)
@@ -137,17 +145,19 @@ def distlock(
         if isinstance(key, list | tuple) and kind != "exclusive":
             raise ValueError(f"{where}: a list of names takes exclusive locks only (kind).")
         _check_policy(where, "on_lost", on_lost, ("raise", "log"))
+        _check_policy(where, "on_unavailable", on_unavailable, ("raise", "skip"))
         name_of = _key_function(key, func, where)
         describe = describer(func)
         raise_lost = on_lost == "raise"
         call_lost = None if isinstance(on_lost, str) else on_lost
 
-        def failed(exc: LockNotAcquired, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-            if on_fail == "raise":
+        def failed(exc: DistLockError, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            policy = on_fail if isinstance(exc, LockNotAcquired) else on_unavailable
+            if policy == "raise":
                 raise exc
-            if on_fail == "skip":
+            if policy == "skip":
                 return skip_value
-            return cast(Callable[..., Any], on_fail)(exc, *args, **kwargs)
+            return cast(Callable[..., Any], policy)(exc, *args, **kwargs)
 
         if inspect.iscoroutinefunction(func):
 
@@ -160,7 +170,7 @@ def distlock(
                 context = enter(describe(args))
                 try:
                     await held.__aenter__()
-                except LockNotAcquired as exc:
+                except (LockNotAcquired, BackendUnavailable) as exc:
                     result = failed(exc, args, kwargs)
                     return await result if inspect.isawaitable(result) else result
                 finally:
@@ -194,7 +204,7 @@ def distlock(
                 context = enter(describe(args))
                 try:
                     held.__enter__()
-                except LockNotAcquired as exc:
+                except (LockNotAcquired, BackendUnavailable) as exc:
                     return failed(exc, args, kwargs)
                 finally:
                     leave(context)

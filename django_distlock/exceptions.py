@@ -24,6 +24,7 @@ __all__ = [
     "LockNotAcquired",
     "LockNotHeld",
     "LockTimeout",
+    "NotReplicated",
     "SelfDeadlock",
     "SemaphoreLimitMismatch",
     "StaleFencingToken",
@@ -72,6 +73,13 @@ class LockLost(LockNotHeld):
 
 class BackendUnavailable(DistLockError):
     """The lock server failed or could not be reached; chained to the client error."""
+
+
+class NotReplicated(BackendUnavailable):
+    """A grant (or an extension) was not acknowledged by ``OPTIONS["WAIT_REPLICAS"]``
+    replicas in time (Redis ``WAIT``): a failover could lose it. A grant is undone
+    before this is raised (the lock is not held); an extension leaves the lease at
+    its previous, replicated end. See ``docs/redis.md``, "Sentinel and failover"."""
 
 
 class TooManyLocks(DistLockError):
@@ -153,3 +161,11 @@ class ConnectionInUse(UnsupportedOperation):
 
 
 __all__.append("ConnectionInUse")
+
+
+class AlreadyQueued(LockNotAcquired):
+    """An enqueue-once task was not sent: an equal one is queued or running (its lock,
+    :attr:`name` on :attr:`alias`, is held). See ``docs/tasks.md``."""
+
+
+__all__.append("AlreadyQueued")

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from . import holders, signals
 from .context import current_context
 from .exceptions import (
+    BackendUnavailable,
     DistLockError,
     LockLost,
     LockNotAcquired,
@@ -145,6 +146,13 @@ class Lock(HandleState):
     def _acquiring(self, blocking: bool, deadline: float | None, asynchronous: bool) -> Core[bool]:
         """The acquire loop (see ``steps.py``): attempt, wait, attempt again, until a
         grant whose lease is still valid, a miss when not blocking, or the deadline."""
+        circuit = self.backend.circuit
+        if circuit.cause is not None:  # FAIL_FAST: the server failed lately (circuit.py)
+            try:
+                circuit.check("acquire", self.name)
+            except BackendUnavailable:
+                self._busy = False
+                raise
         try:
             while True:
                 acquisition = self.backend.acquisition(self, self._new_token(), blocking, deadline)
@@ -169,6 +177,7 @@ class Lock(HandleState):
                     if not granted:
                         yield CLOSE, acquisition, None
                 if self._granted(acquisition, result, sent, asynchronous):
+                    circuit.answered()
                     return True
                 try:  # give back a grant whose lease ended before it reached us
                     yield RELEASE, acquisition, _NO_EXC
@@ -176,6 +185,9 @@ class Lock(HandleState):
                     logger.warning("Giving back an expired grant of %r failed", self, exc_info=True)
                 if not blocking or _past(deadline):
                     return False
+        except BackendUnavailable as exc:
+            circuit.failed(exc)
+            raise
         finally:
             self._busy = False
 
@@ -200,6 +212,8 @@ class Lock(HandleState):
             else:
                 if blocking and not self.reentrant and self.kind in ("exclusive", "write"):
                     holders.refuse(self, holder)
+                elif blocking and self.kind == "read" and not self.backend.supports_downgrade:
+                    holders.refuse(self, holder, only=("exclusive", "write"))
                 self._holder = holder
             self._busy = True
         if self._token is None:

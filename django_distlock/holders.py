@@ -16,6 +16,7 @@ import asyncio
 import os
 import threading
 import weakref
+from asyncio.events import _get_running_loop as _running_loop
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -59,10 +60,8 @@ def running_task() -> asyncio.Task[Any] | None:
 
     :returns: the task, or None.
     """
-    try:
-        return asyncio.current_task()
-    except RuntimeError:
-        return None
+    loop = _running_loop()  # None outside a loop: no RuntimeError raised and caught
+    return None if loop is None else asyncio.current_task(loop)
 
 
 def current_holder() -> object:
@@ -129,11 +128,13 @@ def _discard(key: Key, ref: weakref.ref[HandleState]) -> None:
             del _held[key]
 
 
-def refuse(handle: HandleState, holder: object) -> None:
+def refuse(handle: HandleState, holder: object, only: tuple[str, ...] = ()) -> None:
     """Raise if ``holder`` holds ``handle``'s lock through another live handle.
 
     :param handle: the handle about to wait.
     :param holder: who is acquiring (:func:`current_holder`).
+    :param only: the kinds of the other handle that block (empty: every kind), e.g. a
+        reader is blocked by its own write lock but not by its own read lock.
     :raises SelfDeadlock: if the wait could only end at the timeout.
     """
     key = (handle.backend.alias, handle.key)
@@ -146,7 +147,9 @@ def refuse(handle: HandleState, holder: object) -> None:
             other = ref()
             if other is None or not other.held:  # ran out, lost, being released
                 _discard(key, ref)
-            elif other is not handle and other_holder == holder:
+            elif other is not handle and other_holder == holder and (
+                not only or other.kind in only
+            ):
                 raise SelfDeadlock(
                     f"This thread (or task) already holds lock {handle.name!r} on "
                     f"{handle.backend.alias!r} through another handle; waiting for it "

@@ -31,6 +31,8 @@ def validate_name(name: object) -> str:
         raise InvalidLockName(f"A lock name must be a str, not {type(name).__name__}.")
     if not name:
         raise InvalidLockName("A lock name must not be empty.")
+    if name.isprintable():  # no control character, no surrogate: one C call, no loop
+        return name
     for index, char in enumerate(name):
         category = unicodedata.category(char)
         if category == "Cc":
@@ -63,3 +65,22 @@ def display_name(stored: str) -> str:
     ``head…[sha256:12 hex digits]``."""
     head, sep, digest = stored.partition(_SHORTENED)
     return f"{head}…[sha256:{digest[:12]}]" if sep else stored
+
+
+def stored_prefix(prefix: str) -> str:
+    """Return the part of a listing ``prefix`` that a stored key can be matched on: a
+    name over :data:`MAX_STORED_NAME` characters keeps only its first ``_HEAD`` ones
+    in its key, so a longer prefix is matched there on its head, then again on the
+    names (:func:`listed_under`)."""
+    return prefix[:_HEAD]
+
+
+def listed_under(shown: str, prefix: str) -> bool:
+    """Whether the name a listing shows (:func:`display_name`) belongs under ``prefix``:
+    a whole name when it starts with it; a shortened one when its head starts like
+    ``prefix`` (past its head it cannot be told apart, so it is kept: a listing never
+    hides a held lock)."""
+    if shown.startswith(prefix):
+        return True
+    head, _, rest = shown.partition("…[sha256:")
+    return len(head) == _HEAD and bool(rest) and prefix.startswith(head)

@@ -34,6 +34,7 @@ class HandleState:
     backend: BaseLockBackend
     name: str
     key: str
+    kind: str
     ttl: float
     auto_renew: bool
     _owner_token: str | None
@@ -196,6 +197,8 @@ class HandleState:
         return True
 
     def _send(self, signal: Any, **extra: Any) -> None:
+        if not signal.receivers:  # the common case: build no arguments for nobody
+            return
         signal.send(
             sender=type(self.backend),
             backend=self.backend,

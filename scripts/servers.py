@@ -15,6 +15,11 @@ Kind redis starts one server (DISTLOCK_REDIS_URL), 5 more for Redlock
 (DISTLOCK_REDLOCK_URLS) and a Redis Cluster of 3 masters without replicas
 (DISTLOCK_REDIS_CLUSTER_URL, one seed node; DISTLOCK_REDIS_CLUSTER_NODES, all).
 
+Kind sentinel starts a master with 2 replicas and 3 Sentinels watching it as the
+service `distlock` (DISTLOCK_SENTINEL_URL, a redis+sentinel:// URL;
+DISTLOCK_SENTINELS, the Sentinels' host:port list). Tests that fail it over
+start a set of their own (tests/private_sentinel.py).
+
 `start` writes DIR/env (shell `export` lines, also printed on stdout) and
 DIR/state.json (pids, ports). `stop` ends only the pids recorded there.
 Standard library only (Python 3.11), so it runs before any virtualenv exists.
@@ -35,12 +40,15 @@ import sys
 import time
 from pathlib import Path
 
-KINDS = ("redis", "zookeeper", "postgres", "memcached")
+KINDS = ("redis", "sentinel", "zookeeper", "postgres", "memcached")
 #: Started only when named in --only (scripts/bench): a standalone ZooKeeper.
 EXTRA_KINDS = ("zookeeper-standalone",)
 REDLOCK_COUNT = 5  # independent Redis servers for the Redlock backend
 CLUSTER_NODES = 3  # masters of the Redis Cluster (no replicas)
 ZK_NODES = 3
+SENTINEL_REPLICAS = 2  # replicas of the Sentinel-watched master
+SENTINELS = 3
+SENTINEL_SERVICE = "distlock"
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 # DISTLOCK_TEST_ZK_JAR: only to test the failure path (a bad jar makes ZooKeeper fail).
@@ -48,6 +56,7 @@ ZK_JAR = os.environ.get("DISTLOCK_TEST_ZK_JAR", "/usr/share/java/zookeeper.jar")
 ZK_CLASSPATH = [ZK_JAR, "/usr/share/java/slf4j-log4j12.jar", "/usr/share/java/log4j-1.2.jar"]
 APT_PACKAGES = [
     "redis-server",
+    "redis-sentinel",
     "zookeeper",
     "postgresql",
     "memcached",
@@ -57,6 +66,7 @@ APT_PACKAGES = [
 
 READY_TIMEOUT = {
     "redis": 30.0,
+    "sentinel": 30.0,
     "zookeeper": 60.0,
     "zookeeper-standalone": 60.0,
     "postgres": 30.0,
@@ -316,6 +326,59 @@ def wait_redis_cluster(entries: list[dict]) -> None:
     wait_until("cluster", joined, None, READY_TIMEOUT["redis"], log, status=lambda: seen)
 
 
+def launch_sentinel_set(dir_: Path, ports: list[int]) -> tuple[list[dict], list[int]]:
+    """Launch a master and SENTINEL_REPLICAS replicas of it (``ports``: theirs, then the
+    Sentinels'); wait_sentinel_set starts the Sentinels once the replicas are in sync."""
+    # the replicas' first sync at once (Redis 7 waits 5 s for more replicas by default)
+    master = launch_redis(dir_, "sentinel-master", ports[0], "--repl-diskless-sync-delay", "0")
+    replicas = [
+        launch_redis(dir_, f"sentinel-replica{i + 1}", ports[1 + i],
+                     "--replicaof", "127.0.0.1", str(ports[0]))
+        for i in range(SENTINEL_REPLICAS)
+    ]
+    return [master, *replicas], ports[1 + SENTINEL_REPLICAS:]
+
+
+def sentinel_argv(conf: Path) -> list[str]:
+    """How to run a Sentinel on ``conf`` (redis-sentinel is redis-server in Sentinel mode)."""
+    if shutil.which("redis-sentinel"):
+        return ["redis-sentinel", str(conf)]
+    return ["redis-server", str(conf), "--sentinel"]
+
+
+def wait_sentinel_set(dir_: Path, servers: list[dict], ports: list[int]) -> list[dict]:
+    """Wait until the replicas are in sync, start the Sentinels, and wait until each
+    names the master of SENTINEL_SERVICE and knows both replicas."""
+    wait_redis(servers)
+    for e in servers[1:]:
+        synced = lambda port=e["port"]: b"master_link_status:up" in redis_bulk(  # noqa: E731
+            port, b"INFO replication\r\n"
+        )
+        wait_until(e["name"], synced, e, READY_TIMEOUT["sentinel"], Path(e["log"]))
+    master = servers[0]["port"]
+    sentinels = []
+    for i, port in enumerate(ports):
+        wd = dir_ / f"sentinel{i + 1}"
+        wd.mkdir()
+        conf = wd / "sentinel.conf"  # Sentinel rewrites it: in its own directory
+        conf.write_text(
+            f"port {port}\nbind 127.0.0.1\ndir {wd}\nlogfile \"\"\n"
+            f"sentinel monitor {SENTINEL_SERVICE} 127.0.0.1 {master} 2\n"
+            f"sentinel down-after-milliseconds {SENTINEL_SERVICE} 2000\n"
+            f"sentinel failover-timeout {SENTINEL_SERVICE} 10000\n"
+        )
+        sentinels.append(spawn(f"sentinel{i + 1}", "sentinel", port, sentinel_argv(conf), wd,
+                               wd / "sentinel.log"))
+    for e in sentinels:
+        def ready(port: int = e["port"]) -> bool:
+            reply = ask(port, f"SENTINEL master {SENTINEL_SERVICE}\r\n".encode())
+            return f"${len(str(master))}\r\n{master}\r\n".encode() in reply and (
+                b"num-slaves\r\n$1\r\n%d\r\n" % SENTINEL_REPLICAS in reply
+            )
+        wait_until(e["name"], ready, e, READY_TIMEOUT["sentinel"], Path(e["log"]))
+    return sentinels
+
+
 def start_memcached(dir_: Path, port: int) -> dict:
     """Start memcached in the foreground as user nobody; ready when `version` answers."""
     wd = dir_ / "memcached"
@@ -529,7 +592,9 @@ def cmd_start(dir_: Path, kinds: list[str]) -> int:
                 shutil.rmtree(sub)
     t0 = time.monotonic()
     env = {"DISTLOCK_SERVERS": "1"}
-    ports = iter(free_ports(1 + REDLOCK_COUNT + 2 * CLUSTER_NODES + 3 * ZK_NODES + 3))
+    ports = iter(free_ports(
+        1 + REDLOCK_COUNT + 2 * CLUSTER_NODES + 3 * ZK_NODES + 3 + 1 + SENTINEL_REPLICAS + SENTINELS
+    ))
 
     def save() -> None:
         state = {"dir": str(dir_), "servers": LAUNCHED}
@@ -556,6 +621,19 @@ def cmd_start(dir_: Path, kinds: list[str]) -> int:
                 f"redis://127.0.0.1:{e['port']}/0" for e in redlock
             )
             join_redis_cluster(dir_, cluster)
+        if "sentinel" in kinds:
+            watched, sentinel_ports = launch_sentinel_set(
+                dir_, [next(ports) for _ in range(1 + SENTINEL_REPLICAS + SENTINELS)]
+            )
+            save()
+            sentinels = wait_sentinel_set(dir_, watched, sentinel_ports)
+            save()
+            where = ",".join(f"127.0.0.1:{e['port']}" for e in sentinels)
+            env["DISTLOCK_SENTINEL_URL"] = f"redis+sentinel://{where}/{SENTINEL_SERVICE}/0"
+            env["DISTLOCK_SENTINELS"] = where
+            # the master as started (the shared set is never failed over): the benchmarks'
+            # plain lock on the same server
+            env["DISTLOCK_SENTINEL_MASTER_URL"] = f"redis://127.0.0.1:{watched[0]['port']}/0"
         if "postgres" in kinds:
             pg = start_postgres(dir_, next(ports))
             env["DISTLOCK_PG_HOST"] = "127.0.0.1"
@@ -608,7 +686,8 @@ def cmd_start(dir_: Path, kinds: list[str]) -> int:
 
 def cmd_install() -> int:
     """apt-get install the servers if any of their binaries is missing."""
-    needed = ["redis-server", "memcached", "java", "/usr/share/java/zookeeper.jar"]
+    needed = ["redis-server", "redis-sentinel", "memcached", "java"]
+    needed.append("/usr/share/java/zookeeper.jar")
     needed += ["/usr/bin/chromium", "/usr/bin/chromedriver"]  # the admin's browser tests
     needed.append(str(PG_BIN / "initdb"))
     missing = [n for n in needed if not (shutil.which(n) or (n[0] == "/" and Path(n).exists()))]

@@ -8,12 +8,15 @@ Service addresses come from the environment only:
   ``DISTLOCK_PG_NAME`` (distlock);
 - ``DISTLOCK_REDIS_URL``, ``DISTLOCK_ZK_HOSTS``: when set (``scripts/servers.py``
   exports both), the aliases ``redis`` and ``zk`` lock on that Redis server and
-  ZooKeeper ensemble, and the flash sale compares them too.
+  ZooKeeper ensemble, and the flash sale compares them too;
+- ``DISTLOCK_CELERY_BROKER_URL``: Celery's broker (default: the Redis of
+  ``DISTLOCK_REDIS_URL``, database 11), for ``manage.py flashsale --via celery``.
 """
 
 import os
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -113,6 +116,16 @@ if os.environ.get("DISTLOCK_REDIS_URL"):
         "KEY_PREFIX": "shop:",
         "TIMEOUT": 10,
     }
+# Celery (testproject/celery.py, ``manage.py flashsale --via celery``): the broker from
+# DISTLOCK_CELERY_BROKER_URL, else the Redis of DISTLOCK_REDIS_URL in a database number
+# of its own (11); none: Celery stays unconfigured (the app still imports).
+CELERY_BROKER_URL = os.environ.get("DISTLOCK_CELERY_BROKER_URL") or (
+    urlsplit(os.environ["DISTLOCK_REDIS_URL"])._replace(path="/11").geturl()
+    if os.environ.get("DISTLOCK_REDIS_URL") else None
+)
+CELERY_RESULT_BACKEND = CELERY_BROKER_URL
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+
 if os.environ.get("DISTLOCK_ZK_HOSTS"):
     DISTLOCK["zk"] = {
         "BACKEND": "django_distlock.backends.zookeeper.ZooKeeperBackend",

@@ -151,3 +151,9 @@ def eventually(check: Callable[[], Any], timeout: float = 10) -> bool:
     while not check() and time.monotonic() < deadline:
         time.sleep(0.01)
     return bool(check())
+
+
+def soak(ci: Any, longer: Any) -> Any:
+    """A scenario's size: ``ci`` in a normal run, ``longer`` under ``scripts/test --soak``
+    (``DISTLOCK_SOAK=1``: the same fault scenarios, longer and with more processes)."""
+    return longer if os.environ.get("DISTLOCK_SOAK") == "1" else ci

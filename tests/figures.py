@@ -14,7 +14,7 @@ import os
 import time
 from typing import Any
 
-__all__ = ["record"]
+__all__ = ["record", "record_history"]
 
 
 def record(scenario: str, backend: str, **figures: Any) -> None:
@@ -28,6 +28,21 @@ def record(scenario: str, backend: str, **figures: Any) -> None:
     if not path:
         return
     line = json.dumps({"scenario": scenario, "backend": backend, "at": time.time(),
-                       "pid": os.getpid(), **figures}, sort_keys=True, default=str)
+                       "pid": os.getpid(), "cpus": os.cpu_count(),
+                       "soak": os.environ.get("DISTLOCK_SOAK") == "1", **figures},
+                      sort_keys=True, default=str)
     with open(path, "a", encoding="utf-8") as out:  # one write per line: O_APPEND is atomic
         out.write(line + "\n")
+
+
+def record_history(scenario: str, backend: str, report: Any, **figures: Any) -> None:
+    """:func:`record` the counts of a checked history (a ``HistoryReport``) and ``figures``.
+
+    :param scenario: the scenario's short name.
+    :param backend: the lock alias (and kind).
+    :param report: what :func:`django_distlock.testing.history.check` returned.
+    :param figures: more figures of the run (bounds, times).
+    """
+    record(scenario, backend, processes=report.processes, acquisitions=report.holds,
+           overlaps=len(report.overlaps), repeated_tokens=len(report.repeated_tokens),
+           stale_writes_accepted=len(report.backwards_writes), **figures)

@@ -8,6 +8,7 @@ processes of the concurrency tests share it.
 import os
 import tempfile
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import django.contrib.admin
 
@@ -193,3 +194,14 @@ TEMPLATES = [
 # The admin's CSS and JS, served by the live server of the browser tests (no staticfiles app).
 STATIC_URL = "/static/"
 STATIC_ROOT = str(Path(django.contrib.admin.__file__).parent / "static")
+
+# Celery (tests/celery_workers.py starts real workers: ``celery -A testproject``): the
+# broker and results on the Redis of scripts/test, in a database number of their own
+# (11) so they never meet lock keys; each test run consumes a queue of its own.
+CELERY_BROKER_URL = os.environ.get("DISTLOCK_CELERY_BROKER_URL") or (
+    urlsplit(REDIS_URL)._replace(path="/11").geturl() if REDIS_URL else None
+)
+CELERY_RESULT_BACKEND = CELERY_BROKER_URL
+CELERY_IMPORTS = ["tests.celery_tasks"]
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True

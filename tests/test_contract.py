@@ -101,6 +101,10 @@ class ClaimsReadWrite(LocMemBackend):
     supports_read_write = True
 
 
+class ClaimsDowngrade(ClaimsReadWrite):
+    supports_downgrade = True  # its write holder's read_lock waits for itself
+
+
 class ClaimsSemaphores(LocMemBackend):
     supports_semaphore = True
 
@@ -126,6 +130,7 @@ LIES = [
     (ClaimsReentrancy, "reentrant_acquisitions_nest"),
     (ClaimsReentrancy, "reentrant_owner_is_shared_by_handles"),
     (ClaimsReadWrite, "readers_share_and_writers_exclude"),
+    (ClaimsDowngrade, "the_write_holder_reading_its_name"),
     (ClaimsSemaphores, "a_semaphore_admits_at_most_its_limit"),
     (ClaimsDistributed, "distributed_locks_exclude_another_process"),
     (ListsBeforeRefusing, "a_capability_it_lacks_is_refused_before_any_io"),

@@ -20,6 +20,7 @@ from django_distlock.handle import Lock
 from django_distlock.testing.signals import signals_sent
 
 from .conftest import DATABASES, eventually, in_thread, psycopg_params, require_pg
+from .figures import record
 from .private_redis import Server
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
@@ -123,6 +124,8 @@ def test_postgres_a_frozen_server_does_not_hold_a_wait_past_its_timeout(unique) 
             os.kill(pid, signal.SIGCONT)
     assert isinstance(box.get("error"), BackendUnavailable), box
     assert "did not answer" in str(box["error"])
+    record("frozen-server", "pg-lease (wait)", worst_call_s=round(box["took"], 2),
+           bound_s=2 + WATCHDOG_GRACE + 1.5)
     assert box["took"] < 2 + WATCHDOG_GRACE + 1.5
     holder.release()
 
@@ -149,6 +152,8 @@ def test_postgres_a_frozen_server_does_not_hold_an_extend_past_the_lease(unique)
     finally:
         thaw.cancel()
         os.kill(pid, signal.SIGCONT)
+    record("frozen-server", "pg-lease (extend)", worst_call_s=round(took, 2),
+           bound_s=2 + WATCHDOG_GRACE + 1.5)
     assert took < 2 + WATCHDOG_GRACE + 1.5
 
 
@@ -300,6 +305,8 @@ def test_postgres_a_frozen_server_does_not_hold_a_release_past_the_lease(unique)
     finally:
         thaw.cancel()
         os.kill(pid, signal.SIGCONT)
+    record("frozen-server", "pg-lease (release)", worst_call_s=round(took, 2),
+           bound_s=2 + WATCHDOG_GRACE + 1.5)
     assert took < 2 + WATCHDOG_GRACE + 1.5
     assert handle.held or handle.lost  # not released: the caller may call release() again
     assert eventually(lambda: not backend.is_locked(handle.name))  # the lease runs out

@@ -55,7 +55,9 @@ from .conftest import (
     require_pg,
     require_redis,
     require_zookeeper,
+    soak,
 )
+from .figures import record, record_history
 from .histories import FORK, done, fork_ready
 from .private_redis import Server
 from .test_zookeeper_faults import _servers as zk_servers
@@ -103,9 +105,13 @@ def hold_once(rec: HistoryRecorder, handle: Any, seconds: float) -> bool:
     return True
 
 
-def assert_history_good(path: Path) -> HistoryReport:
-    """The recorded history at ``path`` passes the shipped checker; its report."""
+def assert_history_good(path: Path, scenario: str = "", backend: str = "",
+                        **figures: Any) -> HistoryReport:
+    """The recorded history at ``path`` passes the shipped checker; its report (its
+    figures recorded first when ``scenario`` is named)."""
     report = check(load(path))
+    if scenario:
+        record_history(scenario, backend, report, **figures)
     report.raise_if_bad()
     return report
 
@@ -127,10 +133,10 @@ def test_the_history_check_sees_overlaps_and_repeated_tokens(tmp_path: Path) -> 
 
 # -- 1. a mixed run on one name -----------------------------------------------------
 
-TASKS, THREADS, PROCESSES = 20, 4, 3
-ROUNDS = 8  # per worker, unless the deadline comes first
-RUN_FOR = 3.0  # seconds after which no worker starts another round
-GIVE_UP = 8.0  # seconds after which a waiting worker stops waiting
+TASKS, THREADS, PROCESSES = soak(20, 60), soak(4, 8), soak(3, 12)
+ROUNDS = soak(8, 200)  # per worker, unless the deadline comes first
+RUN_FOR = soak(3.0, 20.0)  # seconds after which no worker starts another round
+GIVE_UP = soak(8.0, 40.0)  # seconds after which a waiting worker stops waiting
 
 
 def _sync_rounds(alias: str, name: str, start: float, rec: HistoryRecorder) -> int:
@@ -245,7 +251,7 @@ def test_a_mixed_run_never_overlaps_and_fences(alias: str, unique, tmp_path: Pat
     results = mixed_run(alias, unique("mixed"), processes, path)
     served = {kind for kind, held in results if held}
     assert served == {"task", "thread"} | ({"process"} if processes else set()), results
-    report = assert_history_good(path)
+    report = assert_history_good(path, "mixed", alias, workers=TASKS + THREADS + processes)
     assert report.holds == sum(held for _, held in results)
     if locks[alias].supports_fencing:
         assert report.writes == report.holds  # every hold's token checked
@@ -253,7 +259,7 @@ def test_a_mixed_run_never_overlaps_and_fences(alias: str, unique, tmp_path: Pat
 
 # -- 2. cancelled acquires ------------------------------------------------------------
 
-CANCELS = 40
+CANCELS = soak(40, 400)
 
 
 def _cancel_many(alias: str, name: str) -> tuple[int, int]:
@@ -325,6 +331,7 @@ def test_cancelled_acquires_leave_the_name_free(alias: str, unique) -> None:
         stop.set()
         thread.join(30)
     assert not thread.is_alive()
+    record("cancelled", alias, cancelled=cancelled, holder_cycles=cycles[0], missed=len(missed))
     assert cancelled >= CANCELS // 2
     assert cycles[0] > 0
 
@@ -553,6 +560,8 @@ def test_a_release_that_fails(alias: str, request: pytest.FixtureRequest, sent: 
         with fault(handle), pytest.raises((BackendUnavailable, LockLost)) as caught:
             handle.release()
         took = time.monotonic() - began
+        record("release-fails", alias, fault=RELEASE_FAULTS[alias], worst_call_s=round(took, 2),
+               bound_s=FAULT_TTL + WATCHDOG_GRACE + 2)
         assert caught.value.__cause__ is not None
         assert took < FAULT_TTL + WATCHDOG_GRACE + 2, took  # the lease's end, and a grace
         if isinstance(caught.value, LockLost):  # the session ended: so did its lock
@@ -653,6 +662,8 @@ def test_redis_restarted_from_its_saved_state(persistence: str, tmp_path: Path) 
             with pytest.raises(LockLost):
                 holder.release()
         assert _acquire_retrying(newcomer, blocking=False)
+        record("restart", f"redis ({persistence})", grants=len(tokens) + 1,
+               repeated_tokens=int(newcomer.fencing_token <= max(tokens)))
         assert newcomer.fencing_token > max(tokens), (newcomer.fencing_token, tokens)
         newcomer.release()
     finally:
@@ -728,6 +739,8 @@ def _every_session_ended(alias: str, backend: Any, name: str) -> None:
     fresh.release()
     again = backend.lock(name, ttl=30)
     assert _acquire_retrying(again, blocking=False)
+    record("restart", alias, grants=len(tokens) + 1,
+           repeated_tokens=int(again.fencing_token <= max(tokens)))
     assert again.fencing_token > max(tokens), (again.fencing_token, tokens)
     again.release()
 
@@ -784,6 +797,8 @@ def test_zookeeper_restarted_from_its_data_dir(zookeeper: ZooKeeper) -> None:
         thread.join(30)
         assert waited.get("got") is True, waited
         assert waited["at"] >= released_at or not waited["held"]
+        record("restart", "zk", grants=len(tokens) + 1, overlaps=0,
+               repeated_tokens=int(waited["token"] <= max(tokens)))
         assert waited["token"] > max(tokens), (waited["token"], tokens)
     finally:
         backend.close()
@@ -878,7 +893,8 @@ def test_a_waiters_entry_deleted_under_it(alias: str, unique, tmp_path: Path) ->
     rec.close()
     assert "error" not in result, result
     assert result["took"] < 4 + 2, result
-    assert_history_good(path)
+    assert_history_good(path, "waiter-deleted", alias, worst_call_s=round(result["took"], 2),
+                        bound_s=4 + 2)
     assert eventually(lambda: _free_now(backend, name), timeout=5)
 
 

@@ -27,12 +27,13 @@ from django_distlock.backends.database.transaction import SqliteTransactionBacke
 from django_distlock.handle import Lock
 from django_distlock.testing.history import HistoryRecorder, check, load
 
-from .conftest import DATABASES
+from .conftest import DATABASES, soak
+from .figures import record_history
 from .histories import FORK, done, fork_ready, run_forked
 
-WORKERS = 8
+WORKERS = soak(8, 32)
 LIMIT = 3  # the semaphores' limit
-RUN_FOR = 0.8  # seconds each process keeps taking locks
+RUN_FOR = soak(0.8, 10.0)  # seconds each process keeps taking locks
 KILL_TTL = 1.0  # the killed holders' lease, where locks expire
 SLACK = 3.0  # how late past its bound a killed holder's share may come back
 
@@ -110,6 +111,7 @@ def test_holds_of_8_processes_never_overlap(alias: str, tmp_path: Path, unique) 
     assert exitcodes == [0] * WORKERS
     events = load(path)
     report = check(events)
+    record_history("kinds-history", alias, report, kinds=len(kinds))
     report.raise_if_bad()
     assert report.processes == WORKERS and report.holds == sum(taken)
     taken_kinds = {e["kind"] for e in events if e["ev"] == "invoke"}
@@ -184,6 +186,8 @@ def test_a_killed_holder_frees_its_share(alias: str, tmp_path: Path, unique) -> 
             proc.kill()
             proc.join(10)
     assert set(took) == set(kinds), f"shares never freed: {set(kinds) - set(took)}"
+    record_history("kinds-sigkill", alias, check(load(path)), kinds=len(kinds),
+                   freed_s=round(max(took.values()), 2), bound_s=bound)
     assert max(took.values()) <= bound, took
     report = check(load(path))  # nobody got a share before its holder's lease ended
     if isinstance(backend, SqliteTransactionBackend):

@@ -27,6 +27,7 @@ from .conftest import (
     needs_pg,
     require_pg,
 )
+from .figures import record
 from .histories import FORK, done, fork_ready, history, overlaps, run_forked
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
@@ -66,6 +67,7 @@ def test_sigkilled_holder_frees_the_lock(alias: str, unique) -> None:
     backend = locks[alias]
     assert backend.lock(name).acquire(blocking=False) is False
     os.kill(proc.pid, signal.SIGKILL)
+    killed = time.monotonic()
     proc.join(10)
     handle = backend.lock(name)
     if backend.supports_expiry:
@@ -75,6 +77,8 @@ def test_sigkilled_holder_frees_the_lock(alias: str, unique) -> None:
     else:
         # Transaction mode: the dead connection's transaction is rolled back.
         assert handle.acquire(timeout=5) is True
+    record("sigkill", alias, ttl_s=1.5, freed_s=round(time.monotonic() - killed, 2),
+           bound_s=10 if backend.supports_expiry else 5)
     handle.release()
 
 

@@ -17,6 +17,7 @@ from django_distlock.exceptions import LockLost, StaleFencingToken
 from django_distlock.fencing import fenced_save
 from tests.testapp.models import FencedItem
 
+from .figures import record
 from .private_redis import Server
 
 
@@ -59,6 +60,8 @@ def test_tokens_keep_growing_after_a_restart_from_an_older_snapshot(
         assert admin.exists(backend.keys_for(backend.make_key("snap-a")).seq)  # old state
         newcomer = backend.lock("snap-b", ttl=30)  # same tag, same counter
         assert newcomer.acquire(blocking=False)
+        record("restart", "redis (older snapshot)", grants=len(tokens) + 1,
+               repeated_tokens=int(newcomer.fencing_token <= max(tokens)))
         assert newcomer.fencing_token > max(tokens), (newcomer.fencing_token, tokens)
         fresh = FencedItem.objects.get(pk=item.pk)
         fresh.label = "newcomer"
@@ -108,7 +111,10 @@ def test_a_redlock_master_restarted_empty_lets_a_second_holder_in(
         a.kill()  # SIGKILL: a crash
         a.start()  # empty, or from its append-only file
         second = backend.lock("restarted", ttl=30)
-        assert second.acquire(blocking=False) is second_holder
+        got = second.acquire(blocking=False)
+        record("restart", f"redlock ({'fsync' if options else 'no persistence'})",
+               overlaps=int(got and holder.held))
+        assert got is second_holder
         assert holder.held  # the first holder's lease runs on
         if second_holder:
             second.release()

@@ -18,6 +18,7 @@ from django_distlock.backends.redis import RedisBackend
 from django_distlock.exceptions import LockConfigurationError
 from django_distlock.operations.health import check_health
 
+from .figures import record
 from .private_redis import Server
 
 
@@ -56,6 +57,7 @@ def test_an_evicting_server_grants_a_held_lock_again(server: Server, admin: redi
         assert not admin.exists(lock_key)
         second = backend.lock("evicted", ttl=60)
         assert second.acquire(blocking=False)  # both hold now
+        record("eviction", "redis (ALLOW_EVICTION)", overlaps=int(holder.held and second.held))
         assert holder.held and second.held
     finally:
         backend.close()

@@ -27,6 +27,7 @@ from django_distlock.backends.redis.giveback import GIVE_BACKS
 from django_distlock.exceptions import BackendUnavailable, LockLost, LockNotHeld
 
 from .conftest import eventually, in_thread, require_redis
+from .figures import record
 from .histories import FORK
 from .histories import done as _done
 from .histories import fork_ready as _fork_ready
@@ -81,6 +82,7 @@ def test_sigkilled_holder_frees_the_lock_within_its_ttl(unique) -> None:
     assert backend.is_locked(name)
     assert handle.acquire(timeout=3) is True
     freed_after = time.monotonic() - acquired_by_child
+    record("sigkill", "redis", ttl_s=1.5, freed_s=round(freed_after, 2), bound_s=1.5 + 0.5)
     assert freed_after < 1.5 + 0.5, freed_after
     handle.release()
 
@@ -137,6 +139,8 @@ def test_sigstopped_holder_past_its_ttl_finds_its_lock_lost(unique) -> None:
             os.kill(proc.pid, signal.SIGCONT)
             proc.kill()
     assert tag == "report"
+    record("sigstop", "redis", lost=report["lost"], release=report["release"],
+           repeated_tokens=int(newcomer.fencing_token <= old_token))
     assert report == {"lost": True, "held": False, "extend": "LockLost", "release": "LockLost"}
     assert proc.exitcode == 0
     assert newcomer.held
@@ -226,6 +230,8 @@ def test_restarted_redis_loses_the_lock_and_fencing_still_grows(server: Server) 
         assert not holder.held
         newcomer = backend.lock("restart", ttl=30)
         assert newcomer.acquire(blocking=False)
+        record("restart", "redis (empty)", grants=2,
+               repeated_tokens=int(newcomer.fencing_token <= before))
         assert newcomer.fencing_token > before
         newcomer.release()
     finally:
@@ -245,6 +251,8 @@ def test_stopped_redis_raises_backend_unavailable(server: Server) -> None:
         began = time.monotonic()
         with pytest.raises(BackendUnavailable) as caught:
             handle.acquire(timeout=2)
+        record("frozen-server", "redis (stopped: acquire)",
+               worst_call_s=round(time.monotonic() - began, 2), bound_s=2 + 1.5)
         assert time.monotonic() - began < 2 + 1.5
         assert isinstance(caught.value.__cause__, redis.RedisError)
         assert not handle.held
@@ -301,6 +309,8 @@ def test_frozen_redis_holds_no_call_past_its_own_bound(server: Server) -> None:
         began = time.monotonic()
         with pytest.raises(BackendUnavailable):
             holder.release()  # its lease ends 2 s after the grant
+        record("frozen-server", "redis (release)",
+               worst_call_s=round(time.monotonic() - began, 2), bound_s=2 + READ_GRACE + 0.5)
         assert time.monotonic() - began < 2 + READ_GRACE + 0.5
         began = time.monotonic()  # a task, on a connection it opens (in the bound too)
         with pytest.raises(BackendUnavailable):
@@ -487,6 +497,8 @@ def test_a_waiter_on_a_frozen_server_returns_within_its_timeout_and_the_grace(
         finally:
             freeze.join()
             server.resume()
+        record("frozen-server", "redis (wait)", worst_call_s=round(took, 2),
+               bound_s=3 + READ_GRACE + 1)
         assert took < 3 + READ_GRACE + 1, took
         # The give-back thread takes the waiter out of the queue once the server answers.
         queue = backend.keys_for(backend.make_key("frozen-wait")).queue

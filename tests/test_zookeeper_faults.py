@@ -26,6 +26,7 @@ from django_distlock.backends.zookeeper import ZooKeeperBackend
 from django_distlock.exceptions import BackendUnavailable, LockLost
 
 from .conftest import eventually, require_zookeeper
+from .figures import record
 from .histories import FORK
 from .histories import done as _done
 from .histories import fork_ready as _fork_ready
@@ -118,6 +119,8 @@ def test_sigkilled_holder_is_freed_within_the_session_timeout(unique) -> None:
     assert handle.acquire(blocking=False) is False  # the session outlives the process
     assert handle.acquire(timeout=SESSION_TIMEOUT * 2) is True
     freed_after = time.monotonic() - killed
+    record("sigkill", "zk", ttl_s=SESSION_TIMEOUT, freed_s=round(freed_after, 2),
+           bound_s=SESSION_TIMEOUT + 2 + 1.5)
     # ZooKeeper expires sessions in tickTime buckets (2 s): up to one tick past the
     # timeout; then a quorum write deletes the node and the watch wakes us (1.5 s of
     # slack for a loaded 2-core machine; measured 6.0-6.8 s).
@@ -174,6 +177,8 @@ def test_sigstopped_holder_comes_back_lost(unique) -> None:
         if proc.is_alive():
             os.kill(proc.pid, signal.SIGCONT)
             proc.kill()
+    record("sigstop", "zk", lost=report.get("lost"), release=report.get("release"),
+           repeated_tokens=int(not newcomer.fencing_token > old_token))
     assert report == {"release": "LockLost", "lost": True}
     assert proc.exitcode == 0
     parent = backend.parent_of(backend.make_key(name))
@@ -247,7 +252,8 @@ def _first_server_backend(ensemble: Ensemble) -> ZooKeeperBackend:
     return ensemble.backend(CLIENT_OPTIONS={"randomize_hosts": False})
 
 
-def _survives(ensemble: Ensemble, victim: dict, backend: ZooKeeperBackend) -> None:
+def _survives(ensemble: Ensemble, victim: dict, backend: ZooKeeperBackend,
+              label: str = "") -> None:
     """Hold a lock with a waiter queued, kill ``victim``: the session survives, the
     holder keeps the lock (unsure meanwhile), no node is duplicated, nobody else gets
     it, and the waiter is served after the release."""
@@ -267,7 +273,9 @@ def _survives(ensemble: Ensemble, victim: dict, backend: ZooKeeperBackend) -> No
     watch.start()
     ensemble.kill(victim)
     other = ensemble.backend("other")  # another session, on any server still up
-    assert other.lock(name).acquire(timeout=3) is False  # never two holders
+    second = other.lock(name).acquire(timeout=3)
+    record("server-killed", f"zk ({label})", overlaps=int(second))
+    assert second is False  # never two holders
     watch.join(15)
     assert eventually(lambda: not holder.unsure, 15)
     assert holder.held and not holder.lost
@@ -283,12 +291,12 @@ def _survives(ensemble: Ensemble, victim: dict, backend: ZooKeeperBackend) -> No
 
 def test_the_connected_server_killed(ensemble) -> None:
     backend = _first_server_backend(ensemble)
-    _survives(ensemble, ensemble.entries[0], backend)
+    _survives(ensemble, ensemble.entries[0], backend, "the connected server")
 
 
 def test_the_leader_killed(ensemble) -> None:
     [leader] = [e for e in ensemble.entries if ensemble.mode(e) == "leader"]
-    _survives(ensemble, leader, ensemble.backend())
+    _survives(ensemble, leader, ensemble.backend(), "the leader")
 
 
 def test_two_of_three_down_is_a_clear_error_in_time(ensemble) -> None:
@@ -301,6 +309,8 @@ def test_two_of_three_down_is_a_clear_error_in_time(ensemble) -> None:
     started = time.monotonic()
     with pytest.raises(BackendUnavailable, match="ZooKeeper") as info:
         backend.lock("other").acquire(timeout=1)
+    record("server-killed", "zk (2 of 3)", worst_call_s=round(time.monotonic() - started, 2),
+           bound_s=3 + 1.5)
     assert time.monotonic() - started < 3 + 1.5  # CONNECT_TIMEOUT and slack
     assert info.value.__cause__ is not None
     fresh = ensemble.backend()  # a new client cannot even open a session

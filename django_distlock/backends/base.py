@@ -24,10 +24,18 @@ from .. import (
     signals,
 )
 from ..auditing import AuditSettings, parse_audit
-from ..exceptions import InvalidBackendOptions, UnsupportedOperation
+from ..circuit import Circuit, validate_fail_fast
+from ..exceptions import BackendUnavailable, InvalidBackendOptions, UnsupportedOperation
 from ..handle import Lock
 from ..multilock import MultiLock
-from ..names import MAX_PREFIX_LENGTH, display_name, storage_key, validate_name
+from ..names import (
+    MAX_PREFIX_LENGTH,
+    display_name,
+    listed_under,
+    storage_key,
+    stored_prefix,
+    validate_name,
+)
 from ..renewal import validate_max_hold
 from ..values import (
     DEFAULT,
@@ -63,7 +71,8 @@ __all__ = [
 MAX_LEASES = 10_000
 
 _PARAM_KEYS = frozenset(
-    {"BACKEND", "LOCATION", "OPTIONS", "KEY_PREFIX", "TTL", "TIMEOUT", "AUTO_RENEW", "AUDIT"}
+    {"BACKEND", "LOCATION", "OPTIONS", "KEY_PREFIX", "TTL", "TIMEOUT", "AUTO_RENEW", "AUDIT",
+     "FAIL_FAST"}
 )
 
 
@@ -130,6 +139,11 @@ class BaseLockBackend(abc.ABC):
     supports_read_write: ClassVar[bool] = False
     #: ``semaphore(name, limit)`` works: up to ``limit`` holders at once.
     supports_semaphore: ClassVar[bool] = False
+    #: The holder of a write lock takes the read side of its name at once (a downgrade:
+    #: ``read_lock(name)`` in the same thread or task, kept after the write's release).
+    #: Where False, that ``read_lock`` raises :class:`~..exceptions.SelfDeadlock` at once
+    #: instead of waiting for its own write lock until the timeout.
+    supports_downgrade: ClassVar[bool] = False
 
     def __init__(self, alias: str, params: Mapping[str, Any]) -> None:
         self._check_implementation()
@@ -168,6 +182,8 @@ class BaseLockBackend(abc.ABC):
             )
         #: Whether ``lock()`` renews leases while held by default (``AUTO_RENEW``).
         self.default_auto_renew: bool = auto_renew
+        #: Fails acquires and listings at once while the server is down (``FAIL_FAST``).
+        self.circuit = Circuit(self, validate_fail_fast(alias, params.get("FAIL_FAST", 0)))
         #: Whether and how the audit trail records this alias' lock events (``AUDIT``).
         self.audit: AuditSettings | None = parse_audit(alias, params.get("AUDIT"))
         options = params.get("OPTIONS", {})
@@ -401,7 +417,10 @@ class BaseLockBackend(abc.ABC):
         """Return one page of the locks held now, in key order, whose name starts with
         ``prefix``; pass the page's ``next_cursor`` back for the next page.
 
-        The cost grows with ``limit``, not with the number of locks held.
+        The cost grows with ``limit``, not with the number of locks held. A name over
+        200 characters is stored as its first 135, so a ``prefix`` longer than that
+        lists such a name when its first 135 characters match (it may not match
+        further); a page may then hold fewer than ``limit`` locks.
 
         :param prefix: the start of the names listed ("": all).
         :param limit: the most locks on the page, from 1 to 1,000.
@@ -409,11 +428,26 @@ class BaseLockBackend(abc.ABC):
         :returns: the page.
         :raises UnsupportedOperation: when ``supports_listing`` is False.
         :raises TypeError, ValueError: for bad arguments (before any I/O).
-        :raises BackendUnavailable: when the server fails.
+        :raises BackendUnavailable: when the server fails, or at once while the
+            alias' circuit is open (``FAIL_FAST``).
         """
         prefix, limit, cursor = validate_page_args(prefix, limit, cursor)
         self.refuse_unless("supports_listing", "list held locks")
-        return self._held_locks(prefix, limit, cursor)
+        circuit = self.circuit
+        if circuit.cause is not None:
+            circuit.check("list held locks")
+        matched = stored_prefix(prefix)
+        try:
+            page = self._held_locks(matched, limit, cursor)
+        except BackendUnavailable as exc:
+            circuit.failed(exc)
+            raise
+        circuit.answered()
+        if matched == prefix:
+            return page
+        # Longer than a long name's stored head: matched on the head in the server, on
+        # the names here (a page may then hold fewer than ``limit``).
+        return LockPage([i for i in page.locks if listed_under(i.name, prefix)], page.next_cursor)
 
     def _held_locks(self, prefix: str, limit: int, cursor: str | None) -> LockPage:
         """The backend's listing behind :meth:`held_locks` (where ``supports_listing``):

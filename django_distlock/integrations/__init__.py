@@ -1,2 +1,3 @@
 """Optional integrations with other packages (install the matching extra):
-``health_check`` (django-health-check) and ``prometheus`` (prometheus_client)."""
+``health_check`` (django-health-check), ``prometheus`` (prometheus_client), and
+``celery`` / ``celery_once`` (Celery: docs/tasks.md)."""

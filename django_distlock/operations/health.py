@@ -21,6 +21,11 @@ class Health:
     latency: float | None
     error: str = ""
 
+    @property
+    def latency_ms(self) -> float | None:
+        """The latency in milliseconds (3 decimals), as every report shows it."""
+        return None if self.latency is None else round(self.latency * 1000, 3)
+
 
 def probe(alias: str) -> float:
     """Return the latency of ``alias``' ``health()``; when the alias audits, also check
@@ -86,7 +91,7 @@ def health_view(request: HttpRequest) -> JsonResponse:
         "aliases": {
             h.alias: {
                 "ok": h.ok,
-                "latency_ms": None if h.latency is None else round(h.latency * 1000, 3),
+                "latency_ms": h.latency_ms,
                 "error": h.error.split(":", 1)[0],
             }
             for h in results

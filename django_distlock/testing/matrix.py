@@ -76,6 +76,7 @@ ROWS: tuple[tuple[str, str | None, Callable[[type], bool] | None], ...] = (
     ("reentrant", "supports_reentrancy", _flag("supports_reentrancy")),
     ("read-write", "supports_read_write", _flag("supports_read_write")),
     ("semaphore", "supports_semaphore", _flag("supports_semaphore")),
+    ("downgrade", "supports_downgrade", _flag("supports_downgrade")),
     ("multi-lock", None, _always),
     ("fair", None, None),
     ("fencing", "supports_fencing", _flag("supports_fencing")),
@@ -87,6 +88,8 @@ ROWS: tuple[tuple[str, str | None, Callable[[type], bool] | None], ...] = (
 )
 
 _TX = "a transaction-mode lock is a server-side row lock held by one connection"
+_NO_DOWNGRADE = ("not built: the write lock's release would have to leave the name to "
+                 "its holder's read share; that `read_lock` raises `SelfDeadlock` at once")
 _LOCAL = "one process' memory: it excludes threads and tasks of that process only"
 #: Why a "no" cell is no, by (column label, row label), where the backend's own
 #: ``why_unsupported`` does not say.
@@ -104,6 +107,10 @@ REASONS: dict[tuple[str, str], str] = {
     ("SQLite transaction", "semaphore"): "the lock is the database's single write lock",
     ("SQLite transaction", "fair"): "SQLite's busy handler retries: no queue",
     ("SQLite transaction", "expiry/renewal"): "held until the transaction ends",
+    ("PostgreSQL lease", "downgrade"): _NO_DOWNGRADE,
+    ("SQLite lease", "downgrade"): _NO_DOWNGRADE,
+    ("Redis", "downgrade"): _NO_DOWNGRADE,
+    ("Redis Cluster", "downgrade"): _NO_DOWNGRADE,
     ("Redlock", "reentrant"): "a count on independent masters could disagree",
     ("Redlock", "fair"): "independent masters cannot share one queue: waiters retry",
     ("ZooKeeper", "expiry/renewal"): "a lock lives as long as its holder's session "
@@ -141,6 +148,8 @@ def cells() -> list[list[str]]:
                 continue
             own = getattr(cls, "why_unsupported", {}).get(flag or "")
             reason = own or reason
+            if label == "downgrade" and not getattr(cls, "supports_read_write", False):
+                reason = reason or "no read-write locks"
             if reason is None:
                 raise LookupError(f"{column.label} / {label} is no, with no reason given.")
             row.append(f"no: {reason}")

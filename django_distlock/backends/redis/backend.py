@@ -11,7 +11,12 @@ from typing import Any
 from django.core import checks
 from redis.exceptions import ResponseError
 
-from ...exceptions import BackendUnavailable, InvalidBackendOptions, LockConfigurationError
+from ...exceptions import (
+    BackendUnavailable,
+    InvalidBackendOptions,
+    LockConfigurationError,
+    UnsupportedOperation,
+)
 from ...handle import Lock
 from ...values import short_owner
 from ..base import Acquisition, BaseLockBackend, Freed, LockInfo, LockPage, check_option_keys
@@ -22,9 +27,15 @@ from .hub import Hubs
 from .keys import Keys, make_keys, tag_base
 from .kinds import WRITER, KindAcquisition, kind_calls, share_keys
 from .kindscripts import KIND_SCRIPTS
+from .replication import ReplicatedAcquisition, Replication, replication_options
 from .scripts import SCRIPTS
+from .sentinel import is_sentinel
+from .sentinel import parse as parse_sentinel
 
-_OPTIONS = {"ALLOW_EVICTION", "CACHE", "CLUSTER", "FAIR", "REENTRANT", "SHARDS"}
+_OPTIONS = {
+    "ALLOW_EVICTION", "CACHE", "CLUSTER", "FAIR", "REENTRANT", "SHARDS", "WAIT_REPLICAS",
+    "WAIT_TIMEOUT",
+}
 _SCHEMES = ("redis://", "rediss://", "unix://")
 #: Index tags of a Redis Cluster by default: the locks spread over this many slots.
 CLUSTER_SHARDS = 16
@@ -85,7 +96,10 @@ class RedisBackend(BaseLockBackend):
     Django's own ``RedisCache``) whose connection pool it reuses, or with
     ``LOCATION``, a ``redis://``, ``rediss://`` or ``unix://`` URL (with
     ``OPTIONS["CLUSTER"] = True`` for a Redis Cluster, whose ``LOCATION`` may list
-    several startup nodes: a list of URLs, or one string separated by commas).
+    several startup nodes: a list of URLs, or one string separated by commas), or a
+    ``redis+sentinel://host:port,host:port/service[/db]`` URL naming Sentinels.
+    ``WAIT_REPLICAS`` (default 0) makes every grant wait for that many replicas'
+    acknowledgement, at most ``WAIT_TIMEOUT`` seconds (default 1).
     Options: ``FAIR``
     (default True: waiters are served in arrival order), ``REENTRANT``
     (default False: the default of ``lock(reentrant=...)``), ``SHARDS`` (how
@@ -117,7 +131,20 @@ class RedisBackend(BaseLockBackend):
                     f"DISTLOCK[{alias!r}]['OPTIONS'][{flag!r}] must be a bool."
                 )
         cluster = options.get("CLUSTER", False)
-        urls = _location_urls(alias, location, cluster) if location is not None else []
+        if is_sentinel(location):
+            if cluster:
+                raise InvalidBackendOptions(
+                    f"DISTLOCK[{alias!r}]: a redis+sentinel:// LOCATION names one master's "
+                    "Sentinels, not a Redis Cluster: drop OPTIONS['CLUSTER']."
+                )
+            parse_sentinel(alias, location)
+            urls = [location]
+        else:
+            urls = _location_urls(alias, location, cluster) if location is not None else []
+        #: ``WAIT_REPLICAS``: every grant and extension waits for its replication.
+        self.replication: Replication | None = replication_options(alias, options, cluster)
+        #: The ``EVAL`` forms of the locks' calls, when grants wait (:mod:`.replication`).
+        self.eval_calls: dict[str, tuple[Any, Any]] = {}
         if cluster and cache is not None:
             raise InvalidBackendOptions(
                 f"DISTLOCK[{alias!r}]: OPTIONS['CLUSTER'] needs LOCATION (a cluster node's URL)."
@@ -194,10 +221,18 @@ class RedisBackend(BaseLockBackend):
     def acquisition(
         self, lock: Lock, token: str, blocking: bool, deadline: float | None
     ) -> Acquisition:
+        if lock.kind != "exclusive" and self.replication is not None:  # before any call
+            raise UnsupportedOperation(
+                f"DISTLOCK[{self.alias!r}]: OPTIONS['WAIT_REPLICAS'] covers exclusive "
+                f"locks only; a {lock.kind} lock is not offered with it (use an alias "
+                "without WAIT_REPLICAS)."
+            )
         if not self._server_checked:
             self._check_server()
         if lock.kind != "exclusive":
             return KindAcquisition(self, lock, token, blocking, deadline)
+        if self.replication is not None:
+            return ReplicatedAcquisition(self, lock, token, blocking, deadline)
         return super().acquisition(lock, token, blocking, deadline)
 
     def eviction_problem(self) -> str | None:

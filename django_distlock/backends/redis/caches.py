@@ -10,6 +10,7 @@ import redis.asyncio
 from django.core.cache import caches
 
 from ...exceptions import LockConfigurationError
+from .sentinel import async_master_like, is_sentinel_pool
 
 #: Cache backends whose connection the backend can reuse (subclasses too).
 DJANGO_REDIS_CACHE = "django_redis.cache.RedisCache"
@@ -102,6 +103,8 @@ def async_client_like(pool: Any, alias: str) -> Any:
     for name in ("socket_timeout", "socket_connect_timeout"):
         if name not in kwargs and "orig_" + name in given:  # redis-py 8 keeps them there
             kwargs[name] = given["orig_" + name]
+    if is_sentinel_pool(pool):  # django-redis' SentinelClient: the master moves
+        return async_master_like(pool, kwargs, issubclass(sync_class, _sync.SSLConnection))
     return redis.asyncio.Redis(
         connection_pool=redis.asyncio.ConnectionPool(connection_class=async_class, **kwargs)
     )

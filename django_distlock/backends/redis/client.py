@@ -27,6 +27,7 @@ from ...exceptions import BackendUnavailable
 from .caches import async_client_like, cache_client
 from .keys import TIME_COMMAND, Packed, bulk
 from .scripts import Script
+from .sentinel import close_sentinels, is_sentinel, master_client
 from .wire import CLIENT_ERRORS, KeptConnections, Sent, unavailable
 
 __all__ = [
@@ -53,7 +54,8 @@ class NoConnection(Exception):
 class Redis:
     """The clients of one alias in this process.
 
-    :param location: a ``redis://``, ``rediss://`` or ``unix://`` URL, or None.
+    :param location: a ``redis://``, ``rediss://``, ``unix://`` or ``redis+sentinel://``
+        URL, or None.
     :param cache: the alias of a Redis cache in ``CACHES`` whose pool is reused, or None.
     :param cluster: whether ``location`` names a Redis Cluster.
     :param more_nodes: more startup nodes of the cluster (URLs; their host and port
@@ -112,6 +114,8 @@ class Redis:
         if self.cache is not None:
             return cache_client(self.cache)
         assert self.location is not None
+        if is_sentinel(self.location):
+            return master_client(self.location)
         if self.cluster:
             nodes = [redis.cluster.ClusterNode(host, port) for host, port in self.more_nodes]
             return redis.cluster.RedisCluster.from_url(self.location, startup_nodes=nodes)
@@ -150,7 +154,7 @@ class Redis:
         return clients
 
     @contextlib.asynccontextmanager
-    async def _connection_slot(self, deadline: float | None) -> AsyncIterator[None]:
+    async def connection_slot(self, deadline: float | None) -> AsyncIterator[None]:
         """Hold one of the event loop's connections for one call; wait for a free one
         until ``deadline`` (then :class:`NoConnection`) or :data:`POOL_WAIT`."""
         slots = self._slots[asyncio.get_running_loop()]
@@ -175,6 +179,8 @@ class Redis:
 
     def _build_async(self) -> Any:
         if self.location is not None:
+            if is_sentinel(self.location):
+                return master_client(self.location, asyncio=True)
             if self.cluster:
                 nodes = [
                     redis.asyncio.cluster.ClusterNode(host, port) for host, port in self.more_nodes
@@ -198,6 +204,8 @@ class Redis:
             wire.give_back(pool)
         if self.cache is None:
             client.close()
+            if is_sentinel(self.location):
+                close_sentinels(client)
 
     # -- calls ----------------------------------------------------------------
 
@@ -268,7 +276,7 @@ class Redis:
         if self.offset is not None or self.cluster:
             return
         client = self.aio()
-        async with self._connection_slot(deadline):
+        async with self.connection_slot(deadline):
             try:
                 async with asyncio.timeout(timeout):
                     seconds, micros = await client.time()
@@ -331,7 +339,7 @@ class Redis:
         :raises BackendUnavailable: when Redis fails or does not answer in time.
         """
         client = self.aio()
-        async with self._connection_slot(deadline):
+        async with self.connection_slot(deadline):
             try:
                 async with asyncio.timeout(timeout):
                     return await self._acall(client, packed, args)
@@ -393,7 +401,7 @@ class Redis:
     async def arun(self, script: Script, keys: tuple[str, ...], args: tuple[Any, ...]) -> Any:
         """Async :meth:`run`."""
         client = self.aio()
-        async with self._connection_slot(None):
+        async with self.connection_slot(None):
             return await self._arun(client, script, keys, args)
 
     async def _arun(

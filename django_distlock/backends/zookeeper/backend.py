@@ -55,6 +55,7 @@ class ZooKeeperBackend(BaseLockBackend):
     supports_listing = True
     supports_force_release = True
     supports_read_write = True
+    supports_downgrade = True
     supports_semaphore = True
     supports_reentrancy = True
 

@@ -167,12 +167,13 @@ class Command(BaseCommand):
         if options["json"]:
             self.stdout.write(
                 json.dumps(
-                    {h.alias: {"ok": h.ok, "latency": h.latency, "error": h.error} for h in results}
+                    {h.alias: {"ok": h.ok, "latency_ms": h.latency_ms, "error": h.error}
+                     for h in results}
                 )
             )
         else:
             for h in results:
-                state = f"ok {h.latency * 1000:.2f} ms" if h.latency is not None else h.error
+                state = f"ok {h.latency_ms:.2f} ms" if h.latency_ms is not None else h.error
                 self.stdout.write(f"{h.alias}\t{state}")
         if not all(h.ok for h in results):
             raise CommandError("Some aliases are unavailable.", returncode=1)

@@ -7,7 +7,7 @@ import time
 from functools import partial
 
 from ...backends.base import BaseLockBackend
-from ...exceptions import LockNotHeld
+from ...exceptions import LockNotHeld, SelfDeadlock
 from ...handle import Lock
 from .support import ContractBase, acquire_release, held_elsewhere, in_thread, raises
 
@@ -81,6 +81,34 @@ class KindChecks(ContractBase):
             assert in_thread(lambda: _take(backend.read_lock(name), timeout=0.3)) is False
             assert time.monotonic() - started >= 0.3
         assert in_thread(lambda: _take(backend.read_lock(name), timeout=5)) is True
+
+    def check_the_write_holder_reading_its_name(self, backend: BaseLockBackend) -> None:
+        """``supports_downgrade``: the write holder's ``read_lock`` of the name is granted
+        at once and keeps others' writers out after the write's release; where False, it
+        raises ``SelfDeadlock`` at once (it could only wait for itself until the timeout)."""
+        if not backend.supports_read_write:
+            return
+        name = self.unique()
+        writer = backend.write_lock(name, ttl=30)
+        assert writer.acquire(blocking=False)
+        reader = backend.read_lock(name, ttl=30, timeout=2)
+        started = time.monotonic()
+        if not backend.supports_downgrade:
+            with raises(SelfDeadlock):
+                reader.acquire()
+            assert time.monotonic() - started < 1, "the refusal waited"
+            writer.release()
+            assert reader.acquire(blocking=False), "refused after the write's release"
+            reader.release()
+            return
+        assert reader.acquire(), "the write holder waited for its own read side"
+        assert time.monotonic() - started < 1, "the downgrade waited"
+        writer.release()
+        assert reader.held
+        assert in_thread(lambda: backend.write_lock(name).acquire(blocking=False)) is False
+        assert in_thread(lambda: _take(backend.read_lock(name))) is True
+        reader.release()
+        assert in_thread(lambda: _take(backend.write_lock(name))) is True
 
     def check_a_semaphore_admits_at_most_its_limit(self, backend: BaseLockBackend) -> None:
         """``supports_semaphore``: ``limit`` holders at once; the next one waits (and times

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from ...flashsale import store
+from ...flashsale import store, via_celery
 from ...flashsale.progress import Progress
 from ...flashsale.report import StrategyReport, table, verdict
 from ...flashsale.runner import run_strategy
@@ -55,18 +56,27 @@ class Command(BaseCommand):
             help='comma-separated: "no-lock" and/or DISTLOCK aliases (default: all)',
         )
         parser.add_argument("--no-progress", action="store_true", help="no live progress line")
+        parser.add_argument(
+            "--via", choices=("processes", "celery"), default="processes",
+            help="who buys: worker processes the command forks (default), or Celery tasks "
+            "run by `celery worker` processes it starts (needs a broker: CELERY_BROKER_URL)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         workers, stock, work = options["workers"], options["stock"], options["work"]
         store.migrate_if_needed()
         strategies = select(options["strategies"])
         progress = Progress(self.stdout, enabled=not options["no_progress"])
+        via = options["via"]
+        who = "Celery worker children" if via == "celery" else "worker processes"
         self.stdout.write(
-            f"Flash sale: {stock} units, {workers} worker processes, {work * 1000:g} ms of work "
+            f"Flash sale: {stock} units, {workers} {who}, {work * 1000:g} ms of work "
             f"per purchase, database {store.describe_database()}."
         )
         try:
-            reports = [self._run(s, stock, workers, work, progress) for s in strategies]
+            with (via_celery.celery_workers(workers) if via == "celery"
+                  else contextlib.nullcontext()):
+                reports = [self._run(s, stock, workers, work, progress, via) for s in strategies]
         except KeyboardInterrupt:
             progress.close()
             raise CommandError("Interrupted.") from None
@@ -84,13 +94,15 @@ class Command(BaseCommand):
         self.stdout.write(self.style.SUCCESS(line))
 
     def _run(
-        self, strategy: Strategy, stock: int, workers: int, work: float, progress: Progress
+        self, strategy: Strategy, stock: int, workers: int, work: float, progress: Progress,
+        via: str,
     ) -> StrategyReport:
         if strategy.skipped:
             progress.skip(strategy.short)
             return StrategyReport(strategy, stock)
         product = store.reset_product(strategy.label, stock)
-        results = run_strategy(
+        run = via_celery.run_strategy if via == "celery" else run_strategy
+        results = run(
             strategy,
             product_id=product.pk,
             stock=stock,
