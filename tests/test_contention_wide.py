@@ -15,11 +15,12 @@ import os
 import selectors
 import time
 
+import psycopg
 import pytest
 
 from django_distlock import locks
 
-from .conftest import DATABASES, require_memcached
+from .conftest import DATABASES, eventually, psycopg_params, require_memcached
 from .figures import record
 from .histories import done, fork_ready
 from .test_hostile import require
@@ -121,8 +122,13 @@ def test_a_non_blocking_round_of_100_processes_has_one_winner(alias: str, unique
         require(alias)
     name = unique("contended")
     locks[alias].is_locked(name)  # warm: the imports and the backend built before forking
+    processes = PROCESSES
+    if alias.startswith("pg"):  # room for them under max_connections (200: scripts/servers.py)
+        processes = min(PROCESSES, 150)
+        assert eventually(lambda: _sessions(locks[alias].database) <= 190 - processes,
+                          timeout=15), "the server's sessions are taken by others"
     began = time.monotonic()
-    answers = contend(alias, name, PROCESSES)
+    answers = contend(alias, name, processes)
     took = time.monotonic() - began
     errors = [line for line in answers if line.startswith("E")]
     assert errors == [], errors[:5]
@@ -133,9 +139,17 @@ def test_a_non_blocking_round_of_100_processes_has_one_winner(alias: str, unique
     worst = max(int(line.split()[1]) for line in answers) / 1e9
     assert worst < 10, worst  # a non-blocking call is back at once, even under this load
     assert not locks[alias].is_locked(name) or _freed_soon(alias, name)
-    record("contention-100", alias, processes=PROCESSES, acquisitions=len(answers),
+    record("contention-100", alias, processes=processes, acquisitions=len(answers),
            winners=len(won), overlaps=max(0, len(won) - 1), worst_call_s=round(worst, 4),
            bound_s=10, round_s=round(took, 2))
+
+
+def _sessions(database: str) -> int:
+    """How many sessions the server has open (every database: they share its limit)."""
+    with psycopg.connect(**psycopg_params(database), autocommit=True) as side:
+        row = side.execute("SELECT count(*) FROM pg_stat_activity WHERE backend_type = "
+                           "'client backend'").fetchone()
+    return int(row[0]) if row else 0
 
 
 def _freed_soon(alias: str, name: str) -> bool:
