@@ -27,7 +27,7 @@ from django_distlock.testing.history import HistoryRecorder, check, load
 from .conftest import DATABASES, eventually, require_pg, require_redis
 from .figures import record
 from .kinds_catalogue import worst_call_s
-from .test_hostile import private_backend
+from .test_hostile import _free_now, private_backend
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
 
@@ -165,7 +165,7 @@ def test_more_waiters_than_connections(case: str, unique, tmp_path: Path) -> Non
         events = load(path)
         report = check(events)
         report.raise_if_bad()
-        assert eventually(lambda: _free(backend, name), timeout=5)
+        assert eventually(lambda: _free_now(backend, name), timeout=5)
     finally:
         backend.close()
     record("exhaustion", case, processes=1, acquisitions=report.holds, waiters=WAITERS,
@@ -174,10 +174,3 @@ def test_more_waiters_than_connections(case: str, unique, tmp_path: Path) -> Non
            repeated_tokens=len(report.repeated_tokens), worst_call_s=round(worst, 3),
            worst_acquire_s=worst_call_s(events), bound_s=TIMEOUT + GRACE)
 
-
-def _free(backend: Any, name: str) -> bool:
-    handle = backend.lock(name, ttl=30)
-    if handle.acquire(blocking=False):
-        handle.release()
-        return True
-    return False

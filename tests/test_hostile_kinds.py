@@ -47,6 +47,7 @@ from .test_hostile import (  # noqa: F401  (fixtures: redis_servers, zookeeper)
     PROCESSES,
     _cancel_many,
     _release_fault,
+    _release_retrying,
     mixed_run,
     redis_servers,
     require,
@@ -155,17 +156,6 @@ RELEASE_FAULTS = ["redis", "pg-lease", "zk"]
 
 def test_every_kinds_alias_has_its_release_fail_or_a_reason() -> None:
     assert set(RELEASE_FAULTS) | set(NO_RELEASE_FAULT) == set(KIND_ALIASES)
-
-
-def _release_retrying(handle: Any) -> None:
-    deadline = time.monotonic() + 15
-    while True:
-        try:
-            handle.release()
-            return
-        except BackendUnavailable:
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
 
 
 def _lost_only_when_ended(handle: Any, exc: BaseException) -> None:
