@@ -43,6 +43,8 @@ LIBFAKETIME = [Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"),
 TTL = 1.5
 JUMP = 3600  # seconds, forward then back
 MARGIN = 1.0  # how late past its TTL a lease may be seen free (polling, calls)
+#: Where a lease may end later than that, and why (never an hour: the jump).
+LATER = {"cache-memcached": 2.0}  # memcached: whole seconds, its clock ticks once a second
 
 CLOCK_ALIASES = ["pg-lease", "redis", "redis-cluster", "redlock", "cache-memcached",
                  "cache-redis"]
@@ -172,9 +174,9 @@ def test_a_jumping_wall_clock_neither_shortens_nor_extends_a_lease(
         other = backend.lock(name, ttl=TTL)
         assert not other.acquire(blocking=False), f"a {offset:+d} s jump shortened the lease"
     jumped.jump(0)
-    freed = backend.lock(name, ttl=TTL)
+    freed, bound = backend.lock(name, ttl=TTL), TTL + MARGIN + LATER.get(alias, 0.0)
     while not freed.acquire(blocking=False):
-        assert time.monotonic() < granted_at + TTL + MARGIN, "a jump extended the lease"
+        assert time.monotonic() < granted_at + bound, "a jump extended the lease"
         time.sleep(0.02)
     free_after = time.monotonic() - granted_at
     freed.release()
@@ -197,7 +199,7 @@ def test_a_jumping_wall_clock_neither_shortens_nor_extends_a_lease(
     assert jumped.ask("acquire", held.name, TTL)["won"]  # and takes it once free
     jumped.ask("release", held.name)
     record("clock-jump", alias, processes=2, acquisitions=6, overlaps=0, jump_s=JUMP,
-           free_after_s=round(free_after, 3), bound_s=TTL + MARGIN,
+           free_after_s=round(free_after, 3), bound_s=bound,
            worst_call_s=round(worst, 3))
 
 
