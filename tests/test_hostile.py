@@ -93,11 +93,23 @@ def require(alias: str) -> None:
 # going backwards).
 
 
+def fenced(handle: Any) -> bool:
+    """Whether ``handle``'s holds write their fencing token: an exclusive or write lock's
+    (readers and permits hold side by side: their tokens need not grow in write order)."""
+    return bool(handle.backend.supports_fencing) and handle.kind in ("exclusive", "write")
+
+
+def exclusive(backend: BaseLockBackend, name: str, **options: Any) -> Any:
+    """The handle a worker of the scenarios takes: ``lock(name)`` (the kinds' module
+    passes its own maker)."""
+    return backend.lock(name, **options)
+
+
 def hold_once(rec: HistoryRecorder, handle: Any, seconds: float) -> bool:
     """Hold ``handle`` for ``seconds`` through ``rec`` (writing its token); False on a miss."""
     try:
         with rec.hold(handle):
-            if handle.backend.supports_fencing:
+            if fenced(handle):
                 rec.write(handle.name, handle.fencing_token, accepted=True)
             time.sleep(seconds)
     except LockNotAcquired:
@@ -139,28 +151,30 @@ RUN_FOR = soak(3.0, 20.0)  # seconds after which no worker starts another round
 GIVE_UP = soak(8.0, 40.0)  # seconds after which a waiting worker stops waiting
 
 
-def _sync_rounds(alias: str, name: str, start: float, rec: HistoryRecorder) -> int:
+def _sync_rounds(alias: str, name: str, start: float, rec: HistoryRecorder,
+                 make: Callable[..., Any] = exclusive) -> int:
     """A thread's or a process' rounds: a fenced hold of 1 ms each; how many it held."""
     backend, held = locks[alias], 0
     for _ in range(ROUNDS):
         if time.monotonic() > start + RUN_FOR:
             break
         timeout = max(0.1, start + GIVE_UP - time.monotonic())
-        if not hold_once(rec, backend.lock(name, ttl=30, timeout=timeout), 0.001):
+        if not hold_once(rec, make(backend, name, ttl=30, timeout=timeout), 0.001):
             break
         held += 1
     return held
 
 
-async def _task_rounds(alias: str, name: str, start: float, rec: HistoryRecorder) -> int:
+async def _task_rounds(alias: str, name: str, start: float, rec: HistoryRecorder,
+                       make: Callable[..., Any] = exclusive) -> int:
     backend, held = locks[alias], 0
     for _ in range(ROUNDS):
         if time.monotonic() > start + RUN_FOR:
             break
         timeout = max(0.1, start + GIVE_UP - time.monotonic())
         try:
-            async with rec.ahold(backend.lock(name, ttl=30, timeout=timeout)) as handle:
-                if backend.supports_fencing:
+            async with rec.ahold(make(backend, name, ttl=30, timeout=timeout)) as handle:
+                if fenced(handle):
                     rec.write(name, handle.fencing_token, accepted=True)
                 await asyncio.sleep(0.001)
         except LockNotAcquired:
@@ -169,32 +183,36 @@ async def _task_rounds(alias: str, name: str, start: float, rec: HistoryRecorder
     return held
 
 
-def _process(alias: str, name: str, path: Path, go: Any, out: Any) -> None:
+def _process(alias: str, name: str, path: Path, make: Callable[..., Any], go: Any,
+             out: Any) -> None:
     try:
         go.wait(30)
-        out.put(("process", _sync_rounds(alias, name, time.monotonic(), HistoryRecorder(path))))
+        start = time.monotonic()
+        out.put(("process", _sync_rounds(alias, name, start, HistoryRecorder(path), make)))
     except BaseException as exc:
         out.put(("error", repr(exc)))
     finally:
         done()
 
 
-def _thread(alias: str, name: str, start: float, rec: HistoryRecorder, out: list[Any]) -> None:
+def _thread(alias: str, name: str, start: float, rec: HistoryRecorder, out: list[Any],
+            make: Callable[..., Any]) -> None:
     try:
-        out.append(("thread", _sync_rounds(alias, name, start, rec)))
+        out.append(("thread", _sync_rounds(alias, name, start, rec, make)))
     except BaseException as exc:
         out.append(("error", repr(exc)))
     finally:
         connections.close_all()
 
 
-def mixed_run(alias: str, name: str, processes: int, path: Path) -> list[tuple[str, Any]]:
+def mixed_run(alias: str, name: str, processes: int, path: Path,
+              make: Callable[..., Any] = exclusive) -> list[tuple[str, Any]]:
     """TASKS tasks, THREADS threads and ``processes`` forked processes recording their
-    holds of ``name`` at ``path``; each worker's (kind, holds)."""
+    holds of ``name`` (handles from ``make``) at ``path``; each worker's (kind, holds)."""
     fork_ready()  # fork first: no thread or event loop of ours is copied
     go, out = FORK.Event(), FORK.Queue()
     procs = [
-        FORK.Process(target=_process, args=(alias, name, path, go, out))
+        FORK.Process(target=_process, args=(alias, name, path, make, go, out))
         for _ in range(processes)
     ]
     for proc in procs:
@@ -205,7 +223,7 @@ def mixed_run(alias: str, name: str, processes: int, path: Path) -> list[tuple[s
         go.set()
         start = time.monotonic()
         threads = [
-            threading.Thread(target=_thread, args=(alias, name, start, rec, results))
+            threading.Thread(target=_thread, args=(alias, name, start, rec, results, make))
             for _ in range(THREADS)
         ]
         for thread in threads:
@@ -214,7 +232,7 @@ def mixed_run(alias: str, name: str, processes: int, path: Path) -> list[tuple[s
         async def tasks() -> list[Any]:
             try:
                 return await asyncio.gather(
-                    *(_task_rounds(alias, name, start, rec) for _ in range(TASKS)),
+                    *(_task_rounds(alias, name, start, rec, make) for _ in range(TASKS)),
                     return_exceptions=True,
                 )
             finally:
@@ -262,7 +280,7 @@ def test_a_mixed_run_never_overlaps_and_fences(alias: str, unique, tmp_path: Pat
 CANCELS = soak(40, 400)
 
 
-def _cancel_many(alias: str, name: str) -> tuple[int, int]:
+def _cancel_many(alias: str, name: str, make: Callable[..., Any] = exclusive) -> tuple[int, int]:
     """Start ``aacquire()``s on ``name`` and cancel each after 0..11 loop turns (a timer
     fires too late: the reply comes first on loopback); release those that got it.
     Return (cancelled, granted)."""
@@ -274,7 +292,7 @@ def _cancel_many(alias: str, name: str) -> tuple[int, int]:
             for _ in range(CANCELS * 3):
                 if cancelled >= CANCELS:
                     break
-                handle = backend.lock(name, ttl=30)
+                handle = make(backend, name, ttl=30)
                 task = asyncio.ensure_future(handle.aacquire(timeout=5))
                 for _ in range(rng.randrange(12)):
                     await asyncio.sleep(0)

@@ -16,6 +16,7 @@ keeps new readers out until it is granted, gives up, or stops renewing it
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -341,5 +342,8 @@ class KindAcquisition(Acquisition):
         return Grant(fencing, as_datetime(acquired_at), as_datetime(expires_at))
 
     def _bound(self) -> float | None:
-        """Until when a release or an extend waits for a frozen server: the lease's end."""
-        return self.lock.valid_until
+        """Until when a release or an extend waits for a frozen server: the lease's end;
+        a call for a lease already over gets the watchdog's grace from now (as the
+        exclusive release: watched until a past moment, every call would be cut at once)."""
+        until = self.lock.valid_until
+        return None if until is None else max(time.monotonic(), until)

@@ -246,13 +246,14 @@ class RedisAcquisition(Acquisition):
 
     def release(self, exc_info: ExcInfo) -> bool:
         reply = self.backend.redis.call(
-            self.calls.release, (self.token,), self._until_lease_end()
+            self.calls.release, (self.token,), self._until_lease_end(), spare=True
         )
         return self._released(reply)
 
     def extend(self, ttl: float) -> Grant | None:
         reply = self.backend.redis.call(
-            self.calls.extend, (self.token, max(int(ttl * 1000), 1)), self._until_lease_end()
+            self.calls.extend, (self.token, max(int(ttl * 1000), 1)), self._until_lease_end(),
+            spare=True,
         )
         return self._extended(reply, ttl)
 

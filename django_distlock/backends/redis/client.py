@@ -210,12 +210,14 @@ class Redis:
     # -- calls ----------------------------------------------------------------
 
     def call(
-        self, packed: Packed, args: tuple[str | int, ...], timeout: float | None = None
+        self, packed: Packed, args: tuple[str | int, ...], timeout: float | None = None,
+        spare: bool = False,
     ) -> Any:
         """Run a pre-packed script call with its per-call ``args``: one send, one read
         on a kept connection, none of redis-py's per-command wrapper work (the hot
         path: acquire and release), the reply awaited at most ``timeout`` seconds.
-        A cluster client takes :meth:`run`'s way.
+        A cluster client takes :meth:`run`'s way. ``spare``: a holder's release or
+        extend, which may take a connection outside a full pool (``Wire.exchange``).
 
         :raises BackendUnavailable: when Redis fails or does not answer in time.
         """
@@ -224,7 +226,7 @@ class Redis:
         if pool is None:  # RedisCluster: it routes by the keys
             return self.run(packed.script, packed.keys, (*packed.args, *args))
         try:
-            return self.wire.exchange(pool, packed.command(args), 1, timeout)[0]
+            return self.wire.exchange(pool, packed.command(args), 1, timeout, spare)[0]
         except NoScriptError:  # EVAL loads the script
             return self._eval(client, packed.script, packed.keys, (*packed.args, *args))
 

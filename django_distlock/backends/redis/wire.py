@@ -12,7 +12,13 @@ import os
 from collections import deque
 from typing import Any, NamedTuple
 
-from redis.exceptions import ConnectionError, NoScriptError, RedisClusterException, RedisError
+from redis.exceptions import (
+    ConnectionError,
+    MaxConnectionsError,
+    NoScriptError,
+    RedisClusterException,
+    RedisError,
+)
 
 from ...exceptions import BackendUnavailable
 
@@ -31,6 +37,8 @@ class Sent(NamedTuple):
     conn: Any
     kept: bool  # the connection was kept between calls (it may have been closed)
     payload: bytes
+    spare: bool = False  # the call may take a connection outside a full pool
+    extra: bool = False  # it did: closed after the call, never kept
 
 
 class KeptConnections:
@@ -41,7 +49,8 @@ class KeptConnections:
         self._pid = os.getpid()
 
     def exchange(
-        self, pool: Any, payload: bytes, replies: int, timeout: float | None
+        self, pool: Any, payload: bytes, replies: int, timeout: float | None,
+        spare: bool = False,
     ) -> list[Any]:
         """Write ``payload`` (packed commands) and read ``replies`` replies, on a kept
         connection (else the pool's), each read within ``timeout`` seconds (or the
@@ -54,18 +63,23 @@ class KeptConnections:
         acquire finds its own grant, a retried extend extends again (redis-py's own
         retries make the same bet on every command).
 
+        ``spare``: a holder's release or extend, which takes one connection outside the
+        pool for itself when every connection of the pool is out (waiting threads hold
+        theirs in ``BLPOP``): waiters never keep their holder from releasing.
+
         :raises BackendUnavailable: when Redis fails.
         """
-        return self.receive(self.send(pool, payload), replies, timeout)
+        return self.receive(self.send(pool, payload, spare=spare), replies, timeout)
 
-    def send(self, pool: Any, payload: bytes, fresh: bool = False) -> Sent:
+    def send(self, pool: Any, payload: bytes, fresh: bool = False, spare: bool = False) -> Sent:
         """The first half of :meth:`exchange`: write ``payload`` (on a new connection
-        if ``fresh``); :meth:`receive` reads the replies. Between the two, other
-        connections may be written to: the servers work in parallel (Redlock).
+        if ``fresh``; outside a full pool if ``spare``); :meth:`receive` reads the
+        replies. Between the two, other connections may be written to: the servers
+        work in parallel (Redlock).
 
         :raises BackendUnavailable: when Redis fails.
         """
-        conn, kept = None, False
+        conn, kept, extra = None, False, False
         if not fresh:
             if self._pid != os.getpid():  # forked: the kept ones are the parent's
                 self._kept, self._pid = deque(), os.getpid()
@@ -74,9 +88,9 @@ class KeptConnections:
         while True:
             try:
                 if conn is None:
-                    conn = pool.get_connection()
+                    conn, extra = _connection(pool, spare)
                 conn.send_packed_command([payload], check_health=False)
-                return Sent(pool, conn, kept, payload)
+                return Sent(pool, conn, kept, payload, spare, extra)
             except CLIENT_ERRORS as exc:
                 drop(pool, conn)
                 if kept and isinstance(exc, ConnectionError):
@@ -108,12 +122,16 @@ class KeptConnections:
         except CLIENT_ERRORS as exc:
             drop(pool, conn)
             if sent.kept and isinstance(exc, ConnectionError):
-                return self.receive(self.send(pool, sent.payload, fresh=True), replies, timeout)
+                return self.receive(self.send(pool, sent.payload, True, sent.spare), replies,
+                                    timeout)
             raise unavailable(exc) from exc
         except BaseException:
             drop(pool, conn)  # interrupted mid-reply: the connection is out of step
             raise
-        self.keep(pool, conn)
+        if sent.extra:
+            conn.disconnect()
+        else:
+            self.keep(pool, conn)
         if isinstance(got[-1], NoScriptError):
             raise got[-1]
         return got
@@ -132,6 +150,17 @@ class KeptConnections:
         if self._pid == os.getpid():
             for conn in kept:
                 pool.release(conn)
+
+
+def _connection(pool: Any, spare: bool) -> tuple[Any, bool]:
+    """A connection of ``pool``; with ``spare``, a new one outside it when the pool is
+    full (True then: the caller closes it after its call)."""
+    try:
+        return pool.get_connection(), False
+    except MaxConnectionsError:
+        if not spare:
+            raise
+        return pool.connection_class(**pool.connection_kwargs), True
 
 
 def drop(pool: Any, conn: Any) -> None:
