@@ -42,6 +42,7 @@ from django.conf import settings
 from django.db import connections
 
 from django_distlock import locks
+from django_distlock.backends.cache.memcached import DEFAULT_TIMEOUT
 from django_distlock.backends.database.sessions import WATCHDOG_GRACE
 from django_distlock.backends.redis.acquisition import READ_GRACE
 from django_distlock.testing.history import HistoryRecorder, check, load
@@ -62,7 +63,9 @@ ZK_SESSION = 4.0
 #: redis-py 8's default socket timeouts: what opening a new connection may take
 #: (docs/redis.md, "Failures": "opening a new connection is bounded by the socket
 #: timeouts only").
-REDIS_CONNECT = 5.0  # the "zk" alias' SESSION_TIMEOUT (and so its CONNECT_TIMEOUT)
+REDIS_CONNECT = 5.0
+#: What a memcached call may take (no ``timeout`` in the cache's OPTIONS: the driver's).
+MEMCACHED_TIMEOUT = DEFAULT_TIMEOUT  # the "zk" alias' SESSION_TIMEOUT (and so its CONNECT_TIMEOUT)
 
 
 def _hostport(address: str) -> tuple[str, int]:
@@ -249,7 +252,7 @@ CASES = [
     Case("redlock", "redlock", READ_GRACE, REDIS_CONNECT, count=2, label="redlock/2-of-5"),
     Case("pg-lease", "pg", WATCHDOG_GRACE),
     Case("pg-lease", "pg", WATCHDOG_GRACE, auto_renew=True, label="pg-lease/auto_renew"),
-    Case("cache-memcached", "memcached", READ_GRACE),
+    Case("cache-memcached", "memcached", 0.0, MEMCACHED_TIMEOUT),
 ]
 
 
