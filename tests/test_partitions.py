@@ -52,6 +52,7 @@ from .conftest import DATABASES, require_memcached, require_pg, require_redis, r
 from .figures import record
 from .forwarder import Forwarder
 from .netns import Namespace, require_netns
+from .test_zookeeper_faults import _servers as zk_servers
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
 
@@ -60,10 +61,11 @@ ROOT = Path(__file__).resolve().parent.parent
 SLACK = 0.75
 TTL = 1.5
 ZK_SESSION = 4.0
-#: redis-py 8's default socket timeouts: what opening a new connection may take
-#: (docs/redis.md, "Failures": "opening a new connection is bounded by the socket
-#: timeouts only").
-REDIS_CONNECT = 5.0
+#: What opening a new connection to Redis may take (docs/redis.md, "Failures": "opening
+#: a new connection is bounded by the socket timeouts only"): A's URLs set 1 s, as a
+#: user would for a lease of seconds (redis-py 8's default is 5 s).
+REDIS_CONNECT = 1.0
+REDIS_QUERY = "socket_connect_timeout=1"
 #: What a memcached call may take (no ``timeout`` in the cache's OPTIONS: the driver's).
 MEMCACHED_TIMEOUT = DEFAULT_TIMEOUT  # the "zk" alias' SESSION_TIMEOUT (and so its CONNECT_TIMEOUT)
 
@@ -80,16 +82,30 @@ class Routes:
 
     ns: Namespace
     fwd: dict[str, list[Forwarder]] = field(default_factory=dict)
+    bs: list[B] = field(default_factory=list)
+
+    #: How long a server takes to notice that A vanished (its TCP keepalives; see the
+    #: forwarder), per kind of server.
+    peer_timeouts: dict[str, float] = field(default_factory=dict)
 
     def add(self, kind: str, addresses: list[str]) -> list[str]:
-        made = [Forwarder(_hostport(a), host=self.ns.root_ip) for a in addresses]
+        peer = self.peer_timeouts.get(kind, 3.0)
+        made = [Forwarder(_hostport(a), host=self.ns.root_ip, peer_timeout=peer)
+                for a in addresses]
         self.fwd[kind] = made
         return [f.address for f in made]
 
     def ports(self, kind: str, count: int | None = None) -> list[int]:
         return [f.port for f in self.fwd[kind][:count]]
 
+    def b(self, alias: str, name: str, rec: HistoryRecorder, timeout: float) -> B:
+        """Client B (released at the end of the test, whatever happened)."""
+        self.bs.append(B(alias, name, rec, timeout))
+        return self.bs[-1]
+
     def close(self) -> None:
+        for b in self.bs:
+            b.release()
         for made in self.fwd.values():
             for f in made:
                 f.close()
@@ -106,12 +122,13 @@ class Routes:
         if settings.REDIS_URL:
             url = urlsplit(settings.REDIS_URL)
             [via] = self.add("redis", [url.netloc])
-            env["DISTLOCK_REDIS_URL"] = url._replace(netloc=via).geturl()
+            env["DISTLOCK_REDIS_URL"] = url._replace(netloc=via, query=REDIS_QUERY).geturl()
         if settings.REDLOCK_URLS:
             urls = [urlsplit(u) for u in settings.REDLOCK_URLS.split(",")]
             vias = self.add("redlock", [u.netloc for u in urls])
             env["DISTLOCK_REDLOCK_URLS"] = ",".join(
-                u._replace(netloc=v).geturl() for u, v in zip(urls, vias, strict=True))
+                u._replace(netloc=v).geturl()  # Redlock's own 0.1 s socket timeouts
+                for u, v in zip(urls, vias, strict=True))
         if settings.MEMCACHED:
             [env["DISTLOCK_MEMCACHED"]] = self.add("memcached", [settings.MEMCACHED])
         if settings.ZK_HOSTS:
@@ -188,17 +205,21 @@ def library_error(reply: dict[str, Any]) -> bool:
 
 
 class B:
-    """Client B, direct: waits for the name in a thread, its hold recorded."""
+    """Client B, direct: waits for the name in a thread of its own, which then holds it
+    (a transaction-mode lock lives in that thread's transaction) and runs :meth:`do`'s
+    calls until :meth:`release`; its hold is recorded."""
 
     def __init__(self, alias: str, name: str, rec: HistoryRecorder, timeout: float) -> None:
         self.handle = locks[alias].lock(name, ttl=30)
         self.rec, self.timeout = rec, timeout
         self.granted_at: float | None = None
         self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._wait, daemon=True)
+        self.decided = threading.Event()
+        self.jobs: queue.Queue[Any] = queue.Queue()
+        self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
-    def _wait(self) -> None:
+    def _run(self) -> None:
         self.op = self.rec.invoke(self.handle.name)
         try:
             if self.handle.acquire(timeout=self.timeout):
@@ -209,23 +230,47 @@ class B:
         except BaseException as exc:
             self.error = exc
             self.rec.failed(self.op, exc)
-        finally:
-            connections.close_all()
+        self.decided.set()
+        while (job := self.jobs.get()) is not None:
+            func, out = job
+            try:
+                out.put((True, func()))
+            except BaseException as exc:
+                out.put((False, exc))
+        connections.close_all()
 
     def join(self) -> None:
-        self.thread.join(self.timeout + 10)
-        assert not self.thread.is_alive()
+        """Wait until B was granted or gave up."""
+        assert self.decided.wait(self.timeout + 10)
+
+    def do(self, func: Any) -> Any:
+        """``func()`` in B's thread; what it returned (or raise what it raised)."""
+        out: queue.Queue[tuple[bool, Any]] = queue.Queue()
+        self.jobs.put((func, out))
+        ok, value = out.get(timeout=30)
+        if not ok:
+            raise value
+        return value
 
     def write(self, pk: int) -> None:
-        item = FencedItem.objects.using("pg").get(pk=pk)
-        item.label, began = "B", time.monotonic_ns()
-        item.fenced_save(self.handle, using="pg")
-        self.rec.write(self.handle.name, self.handle.fencing_token, accepted=True, began=began)
+        """A fenced write with B's token: accepted."""
+        def write() -> None:
+            item = FencedItem.objects.using("pg").get(pk=pk)
+            item.label, began = "B", time.monotonic_ns()
+            item.fenced_save(self.handle, using="pg")
+            self.rec.write(self.handle.name, self.handle.fencing_token, accepted=True,
+                           began=began)
+
+        self.do(write)
 
     def release(self) -> None:
-        if self.granted_at is not None:
-            self.rec.released(self.op)
-            self.handle.release()
+        """Release (if granted) and end the thread; once."""
+        if not self.thread.is_alive():
+            return
+        if self.decided.wait(self.timeout + 10) and self.granted_at is not None:
+            self.do(lambda: (self.rec.released(self.op), self.handle.release()))
+        self.jobs.put(None)
+        self.thread.join(10)
 
 
 # -- a lease holder partitioned from its servers --------------------------------------
@@ -248,8 +293,8 @@ class Case:
 CASES = [
     Case("redis", "redis", READ_GRACE, REDIS_CONNECT),
     Case("redis", "redis", READ_GRACE, REDIS_CONNECT, auto_renew=True, label="redis/auto_renew"),
-    Case("redlock", "redlock", READ_GRACE, REDIS_CONNECT, count=3, label="redlock/3-of-5"),
-    Case("redlock", "redlock", READ_GRACE, REDIS_CONNECT, count=2, label="redlock/2-of-5"),
+    Case("redlock", "redlock", READ_GRACE, count=3, label="redlock/3-of-5"),
+    Case("redlock", "redlock", READ_GRACE, count=2, label="redlock/2-of-5"),
     Case("pg-lease", "pg", WATCHDOG_GRACE),
     Case("pg-lease", "pg", WATCHDOG_GRACE, auto_renew=True, label="pg-lease/auto_renew"),
     Case("cache-memcached", "memcached", 0.0, MEMCACHED_TIMEOUT),
@@ -321,7 +366,7 @@ def test_a_partitioned_holder_loses_its_lease_and_nothing_else(
         until = a("status")["valid_until"]
         ns.partition(routes.ports(case.cut, case.count))
         cut_at = time.monotonic()
-        b = B(case.alias, name, rec, timeout=TTL * 2 + 8)
+        b = routes.b(case.alias, name, rec, timeout=TTL * 2 + 8)
         extended = calls.check(a("extend", wait=TTL + 10), until)
         kept = "error" not in extended  # Redlock with a quorum still reachable
         status = a("status") if kept else wait_for(a, "lost", until + case.grace + 5)
@@ -346,7 +391,7 @@ def test_a_partitioned_holder_loses_its_lease_and_nothing_else(
         else:  # A's late release cannot touch B's lock
             again = a("release")
             assert "error" not in again or again["library"], again
-            b.handle.extend()
+            b.do(b.handle.extend)
             assert locks[case.alias].is_locked(name)
         b.release()
     finally:
@@ -357,4 +402,145 @@ def test_a_partitioned_holder_loses_its_lease_and_nothing_else(
            overlaps=len(report.overlaps), repeated_tokens=len(report.repeated_tokens),
            stale_writes_accepted=stale,
            lost_notice_s=None if kept else round(status["seen"]["lost"] - cut_at, 3),
+           worst_call_s=round(calls.worst, 3), bound_s=round(calls.bound, 3))
+
+
+# -- ZooKeeper: the session is the lease ------------------------------------------------
+
+
+def zk_leader() -> str:
+    """``host:port`` of the ensemble's leader (four-letter word ``srvr``)."""
+    servers = zk_servers()
+    for host in settings.ZK_HOSTS.split(","):
+        reply = servers.ask(_hostport(host)[1], b"srvr").decode(errors="replace")
+        if "Mode: leader" in reply:
+            return str(host)
+    raise AssertionError("no ZooKeeper leader found")
+
+
+def test_zookeeper_client_partitioned_from_every_node(
+    ns: Namespace, routes: Routes, tmp_path: Path, unique: Any
+) -> None:
+    """A is unsure within the session timeout; B is granted once the session expired on
+    the servers; A learns `lost` when it can reach them again."""
+    require("zk")
+    name, history = unique("partition"), tmp_path / "history.jsonl"
+    rec = HistoryRecorder(history)
+    pk = FencedItem.objects.using("pg").create(label="init").pk
+    a, calls, stale = Child(ns, routes.env(), history), Calls(0.0, ZK_SESSION), 0
+    try:
+        assert "error" not in a("acquire", alias="zk", name=name, ttl=TTL)
+        assert a("write", pk=pk, label="A")["accepted"]
+        ns.partition(routes.ports("zk"))
+        cut_at = time.monotonic()
+        b = routes.b("zk", name, rec, timeout=ZK_SESSION * 3 + 5)
+        calls.check(a("extend"), None)
+        status = wait_for(a, "unsure", cut_at + ZK_SESSION + SLACK)
+        unsure_at = status["seen"]["unsure"]
+        assert unsure_at <= cut_at + ZK_SESSION, status
+        b.join()
+        assert b.error is None and b.granted_at is not None, b.error
+        b.write(pk)
+        late = a("write", pk=pk, label="A-late")
+        stale += late["accepted"]
+        a("end")
+        calls.check(a("release"), None)
+        ns.heal()
+        healed = time.monotonic()
+        status = wait_for(a, "lost", healed + ZK_SESSION * 2)
+        assert "lost" in status["seen"], status
+        again = a("release")
+        assert "error" not in again or again["library"], again
+        b.do(b.handle.extend)
+        b.release()
+    finally:
+        a.close()
+    report = checked(history)
+    assert stale == 0
+    record("partition", "zk/all-nodes", processes=2, acquisitions=report.holds,
+           overlaps=len(report.overlaps), repeated_tokens=len(report.repeated_tokens),
+           stale_writes_accepted=stale, lost_notice_s=round(unsure_at - cut_at, 3),
+           worst_call_s=round(calls.worst, 3), bound_s=round(calls.bound, 3))
+
+
+def test_zookeeper_client_partitioned_from_the_leader_moves_to_another_node(
+    ns: Namespace, routes: Routes, tmp_path: Path, unique: Any
+) -> None:
+    """The session (and the lock) survive on another node: B is not granted meanwhile."""
+    require("zk")
+    name, history = unique("partition"), tmp_path / "history.jsonl"
+    rec = HistoryRecorder(history)
+    a, calls = Child(ns, routes.env(zk_first=zk_leader()), history), Calls(0.0, ZK_SESSION)
+    try:
+        assert "error" not in a("acquire", alias="zk", name=name, ttl=TTL)
+        ns.partition(routes.ports("zk", 1))  # A is connected to the first: the leader
+        cut_at = time.monotonic()
+        b = routes.b("zk", name, rec, timeout=ZK_SESSION + 2)
+        calls.check(a("extend"), None)
+        status = wait_for(a, "unsure", cut_at + ZK_SESSION + SLACK)
+        assert "unsure" in status["seen"], status
+        deadline = time.monotonic() + ZK_SESSION
+        while status["unsure"] and time.monotonic() < deadline:
+            status = a("status")
+            time.sleep(0.05)
+        assert not status["unsure"] and not status["lost"], status  # reconnected in time
+        b.join()
+        assert b.error is None and b.granted_at is None  # A's session kept the lock
+        a("end")
+        assert "error" not in calls.check(a("release"), None)
+    finally:
+        a.close()
+    report = checked(history)
+    record("partition", "zk/leader", processes=2, acquisitions=report.holds,
+           overlaps=len(report.overlaps), repeated_tokens=len(report.repeated_tokens),
+           stale_writes_accepted=0,
+           lost_notice_s=round(status["seen"]["unsure"] - cut_at, 3),
+           worst_call_s=round(calls.worst, 3), bound_s=round(calls.bound, 3))
+
+
+# -- transaction mode: the lock is the holder's own open transaction -----------------
+
+#: The partitioned client's libpq ``tcp_user_timeout`` on its transaction-mode database
+#: (tests/partitioned.py): its calls give up after it.
+TX_CLIENT_TIMEOUT = 3.0
+
+
+def test_postgres_transaction_mode_holder_partitioned(
+    ns: Namespace, routes: Routes, tmp_path: Path, unique: Any
+) -> None:
+    """No TTL: the server frees the row lock when it drops A's session (its TCP
+    keepalives, here 6 s); A's calls give up after its own libpq timeouts (3 s). With
+    the client's timeout the shorter, A knows before B is granted."""
+    require("pg-tx")
+    name, history = unique("partition"), tmp_path / "history.jsonl"
+    rec = HistoryRecorder(history)
+    routes.peer_timeouts["pg"] = 2 * TX_CLIENT_TIMEOUT
+    a, calls = Child(ns, routes.env(), history), Calls(0.0, TX_CLIENT_TIMEOUT)
+    try:
+        assert "error" not in a("acquire", alias="pg-tx", name=name, ttl=TTL)
+        ns.partition(routes.ports("pg"))
+        cut_at = time.monotonic()
+        b = routes.b("pg-tx", name, rec, timeout=4 * TX_CLIENT_TIMEOUT + 5)
+        extended = calls.check(a("extend"), None)
+        assert "error" in extended, extended
+        status = a("status")
+        assert status["lost"], status  # the failed extend told A
+        lost_at = status["seen"].get("lost", status["now"])
+        b.join()
+        assert b.error is None and b.granted_at is not None, b.error
+        assert b.granted_at >= lost_at
+        a("end")
+        calls.check(a("release"), None)
+        ns.heal()
+        again = a("release")
+        assert "error" not in again or again["library"], again
+        assert locks["pg-tx"].is_locked(name)
+        b.release()
+    finally:
+        a.close()
+        connections.close_all()
+    report = checked(history)
+    record("partition", "pg-tx", processes=2, acquisitions=report.holds,
+           overlaps=len(report.overlaps), repeated_tokens=len(report.repeated_tokens),
+           stale_writes_accepted=0, lost_notice_s=round(lost_at - cut_at, 3),
            worst_call_s=round(calls.worst, 3), bound_s=round(calls.bound, 3))
