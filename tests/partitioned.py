@@ -38,8 +38,8 @@ def _configure() -> None:
     # cut: a user's libpq settings for a network that can vanish bound its calls (see
     # docs/faults.md). Its own database alias, so that lease mode runs without them.
     conf["DATABASES"]["pgtx"] = {**pg, "OPTIONS": {
-        "connect_timeout": 3, "keepalives_idle": 1, "keepalives_interval": 1,
-        "keepalives_count": 2, "tcp_user_timeout": 3000}}
+        "connect_timeout": 2, "keepalives_idle": 1, "keepalives_interval": 1,
+        "keepalives_count": 2, "tcp_user_timeout": 2000}}
     if "pg-tx" in conf["DISTLOCK"]:
         conf["DISTLOCK"]["pg-tx"]["OPTIONS"]["DATABASE"] = "pgtx"
     if "zk" in conf["DISTLOCK"]:  # the first host first: the test puts the leader there
@@ -117,6 +117,36 @@ class Client:
             accepted = False
         self.rec.write(self.handle.name, token, accepted=accepted, began=began)
         return {"accepted": accepted}
+
+    def rounds(self, alias: str, name: str, seconds: float, ttl: float, timeout: float,
+               hold: float) -> dict[str, Any]:
+        """Contend for ``name`` for ``seconds``: fenced holds of ``hold`` s, recorded; the
+        counts, the slowest acquire and release, and any non-library exception."""
+        from django_distlock import locks
+        from django_distlock.exceptions import DistLockError, LockNotAcquired
+
+        backend, end = locks[alias], time.monotonic() + seconds
+        out: dict[str, Any] = {"held": 0, "missed": 0, "errors": [], "raw": [],
+                               "acquire": 0.0, "release": 0.0}
+        while time.monotonic() < end:
+            handle, began, step = backend.lock(name, ttl=ttl), time.monotonic(), "acquire"
+            try:
+                with self.rec.hold(handle):
+                    out["acquire"] = max(out["acquire"], time.monotonic() - began)
+                    if backend.supports_fencing:
+                        self.rec.write(name, handle.fencing_token, accepted=True)
+                    time.sleep(hold)
+                    began, step = time.monotonic(), "release"
+                out["release"] = max(out["release"], time.monotonic() - began)
+                out["held"] += 1
+            except LockNotAcquired:
+                out["missed"] += 1
+            except DistLockError as exc:
+                out[step] = max(out[step], time.monotonic() - began)
+                out["errors"].append(f"{step}: {type(exc).__name__}: {exc}"[:200])
+            except Exception as exc:  # noqa: BLE001 - what escapes is the finding
+                out["raw"].append(f"{step}: {type(exc).__module__}.{type(exc).__name__}: {exc}")
+        return out
 
     def status(self) -> dict[str, Any]:
         handle = self.handle
