@@ -62,6 +62,8 @@ APT_PACKAGES = [
     "memcached",
     "chromium",  # with chromium-driver: the admin's browser tests (test_optimistic_browser.py)
     "chromium-driver",
+    "iproute2",  # with iptables: the partition tests (tests/test_partitions.py), namespaces
+    "iptables",
 ]
 
 READY_TIMEOUT = {
@@ -689,6 +691,7 @@ def cmd_install() -> int:
     needed = ["redis-server", "redis-sentinel", "memcached", "java"]
     needed.append("/usr/share/java/zookeeper.jar")
     needed += ["/usr/bin/chromium", "/usr/bin/chromedriver"]  # the admin's browser tests
+    needed += ["ip", "iptables"]  # the partition tests
     needed.append(str(PG_BIN / "initdb"))
     missing = [n for n in needed if not (shutil.which(n) or (n[0] == "/" and Path(n).exists()))]
     if not missing:

@@ -43,6 +43,10 @@ from .driver import Driver
 MAX_TTL = 30 * 24 * 3600
 #: A key memcached takes as it is: printable ASCII, no space, at most 250 bytes.
 PLAIN_KEY = re.compile(r"[\x21-\x7e]{1,250}")
+#: Seconds a call waits on its socket (to connect, and for each read) when the cache's
+#: ``OPTIONS`` set no ``timeout``: pymemcache's default waits forever, so a partitioned
+#: server held a release for as long as TCP kept retrying (minutes). redis-py 8's default.
+DEFAULT_TIMEOUT = 5.0
 
 
 @dataclass(slots=True)  # not frozen: a frozen dataclass' __init__ costs 1 µs a grant
@@ -65,6 +69,15 @@ class Stamp:
             self.sock is not None and getattr(self.client, "sock", None) is self.sock
             and self.thread == threading.get_ident() and self.pid == os.getpid()
         )
+
+
+def _bound_waits(client: Any) -> None:
+    """Give a pymemcache client that would wait forever :data:`DEFAULT_TIMEOUT` instead."""
+    client.timeout = DEFAULT_TIMEOUT
+    if getattr(client, "connect_timeout", 0) is None:
+        client.connect_timeout = DEFAULT_TIMEOUT
+    if getattr(client, "sock", None) is not None:
+        client.sock.settimeout(DEFAULT_TIMEOUT)
 
 
 def server_ttl(ttl: float) -> int:
@@ -123,6 +136,8 @@ class MemcachedDriver(Driver):
             client = hash_client
         if client is None:
             raise BackendUnavailable(f"memcached (cache {self.alias!r}): no server is up")
+        if getattr(client, "timeout", 0) is None:
+            _bound_waits(client)
         return cache, client
 
     def _call(self, key: str, command: str, client: Any = None) -> list[str]:

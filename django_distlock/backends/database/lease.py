@@ -159,14 +159,14 @@ class PgLeaseAcquisition(Acquisition):
     # -- sync: this thread's session ---------------------------------------------
 
     def attempt(self) -> Grant | Miss:
-        return self._retried(self._attempt_on)
+        return self._retried(self._attempt_on, self.deadline)
 
     def wait(self, miss: Miss) -> Grant | None:
-        return self._retried(self._wait_on)
+        return self._retried(self._wait_on, self.deadline)
 
     def release(self, exc_info: ExcInfo) -> bool:
         try:
-            return self._retried(self._release_on)
+            return self._retried(self._release_on, self._release_bound())
         finally:
             self._give_back()
 
@@ -190,12 +190,13 @@ class PgLeaseAcquisition(Acquisition):
                     session.execute(POSTGRESQL.extend, [ttl, self.lock.key, self.token])
                     .fetchall()))
 
-        return self._retried(extend_on)
+        return self._retried(extend_on, until)
 
-    def _retried(self, op: Callable[[Session], T]) -> T:
+    def _retried(self, op: Callable[[Session], T], bound: float | None = None) -> T:
         """Run ``op`` on this acquisition's session; if the connection turns out lost
-        (the server restarted, the session was terminated), once more on a new one."""
-        session = self._session()
+        (the server restarted, the session was terminated), once more on a new one. A
+        session opened for it connects by ``bound`` (the call's deadline) + the grace."""
+        session = self._session(bound)
         try:
             return op(session)
         except BackendUnavailable as exc:
@@ -206,16 +207,17 @@ class PgLeaseAcquisition(Acquisition):
                 ) from exc
             if not connection_lost(exc.__cause__):
                 raise
-        return op(self._session())  # the lost session was closed by op's error handling
+        return op(self._session(bound))  # the lost session was closed by op's error handling
 
-    def _session(self) -> Session:
-        """The task's pooled session (reopened if it was closed), or this thread's."""
+    def _session(self, bound: float | None = None) -> Session:
+        """The task's pooled session (reopened if it was closed), or this thread's; one
+        opened now connects by ``bound`` + the grace."""
         try:
             if self.taken is None:
-                return self.backend.sessions.get()
+                return self.backend.sessions.get(bound)
             if not self.taken.usable:
                 self.taken.close()
-                self.taken = self.backend.session_factory.open()
+                self.taken = self.backend.session_factory.open(bound)
             return self.taken
         except ERRORS as exc:
             raise self.backend.unavailable(exc, "connecting") from exc

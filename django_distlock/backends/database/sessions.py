@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import heapq
 import itertools
+import math
 import os
 import socket
 import threading
@@ -230,9 +231,16 @@ class SessionFactory:
         # Weak: a finished thread's session is closed when collected.
         self._open: weakref.WeakSet[Session] = weakref.WeakSet()
 
-    def open(self) -> Session:
-        """Connect and set the session up (one round trip after the connect)."""
+    def open(self, bound: float | None = None) -> Session:
+        """Connect and set the session up (one round trip after the connect).
+
+        :param bound: the deadline (monotonic) of the call that needs the session: the
+            connect gives up by then plus :data:`WATCHDOG_GRACE`, as the watchdog does
+            for the call itself (libpq counts whole seconds, 2 at least).
+        """
         wrapper = connections.create_connection(self.database)
+        if bound is not None:
+            _bound_connect(wrapper, bound)
         wrapper.inc_thread_sharing()  # used, and closed, from other threads too
         wrapper.ensure_connection()
         raw = wrapper.connection
@@ -257,6 +265,20 @@ class SessionFactory:
             session.close()
 
 
+def _bound_connect(wrapper: BaseDatabaseWrapper, bound: float) -> None:
+    """Make ``wrapper``'s connect give up by ``bound`` + the grace (a partitioned or frozen
+    server: psycopg waits 130 s by default), unless its ``connect_timeout`` is shorter."""
+    seconds = max(2, math.ceil(bound + WATCHDOG_GRACE - time.monotonic()))
+    options = wrapper.settings_dict.get("OPTIONS") or {}
+    try:
+        given = float(options.get("connect_timeout") or 0)
+    except (TypeError, ValueError):
+        return  # psycopg reports it
+    if given <= 0 or seconds < given:  # a copy: the settings' dict is shared
+        wrapper.settings_dict = {**wrapper.settings_dict,
+                                 "OPTIONS": {**options, "connect_timeout": seconds}}
+
+
 class _Local(threading.local):
     session: Session | None = None
 
@@ -268,13 +290,15 @@ class ThreadSessions:
         self.factory = factory
         self._local = _Local()
 
-    def get(self) -> Session:
+    def get(self, bound: float | None = None) -> Session:
+        """This thread's session; one opened by ``bound`` (see :meth:`SessionFactory.open`)
+        if it has none."""
         session = self._local.session
         if session is None or not session.usable:
             self._local.session = None
             if session is not None:
                 session.close()  # cut, or inherited: closes only this process' own
-            session = self._local.session = self.factory.open()
+            session = self._local.session = self.factory.open(bound)
         return session
 
     def current(self) -> Session | None:
