@@ -247,27 +247,34 @@ def test_a_semaphore_limit_is_stored_on_the_name(alias: str, unique) -> None:
 def test_listing_and_force_release_of_shares(alias: str, unique) -> None:
     backend = locks[alias]
     name = unique("list")
-    readers = [backend.read_lock(name, ttl=30 + i) for i in range(2)]
+    readers = [backend.read_lock(name, ttl=30 + i) for i in range(3)]
     for reader in readers:
         assert reader.acquire()
-    [info] = backend.held_locks(prefix=name).locks
-    assert info.kind == "read" and info.owner == readers[1].owner_id  # the one ending last
-    assert info.host and info.pid == os.getpid()
-    assert backend.force_release(name, owner=readers[1].owner_id)
+    # Every reader is listed, each with its own owner, fencing token and expiry.
+    infos = backend.held_locks(prefix=name).locks
+    assert [(i.kind, i.owner, i.fencing_token, i.expires_at) for i in infos] == [
+        ("read", r.owner_id, r.fencing_token, infos[n].expires_at) for n, r in enumerate(readers)]
+    assert all(i.name == name and i.host and i.pid == os.getpid() for i in infos)
+    assert infos[0].expires_at < infos[1].expires_at < infos[2].expires_at
+    assert backend.force_release(name, owner=readers[2].owner_id)
+    with pytest.raises(LockLost):
+        readers[2].release()
+    assert [i.owner for i in backend.held_locks(prefix=name).locks] == [
+        readers[0].owner_id, readers[1].owner_id]
+    readers[1].release()
     [info] = backend.held_locks(prefix=name).locks
     assert info.owner == readers[0].owner_id
-    with pytest.raises(LockLost):
-        readers[1].release()
     assert not _take(lambda: backend.write_lock(name))
     assert backend.force_release(name)  # every reader
     assert not backend.is_locked(name)
     with pytest.raises(LockLost):
         readers[0].extend()
-    permit = backend.semaphore(name + "/s", 2)
-    assert permit.acquire()
-    [info] = backend.held_locks(prefix=name + "/s").locks
-    assert info.kind == "semaphore" and info.owner == permit.owner_id
-    permit.release()
+    permits = [backend.semaphore(name + "/s", 2) for _ in range(2)]
+    assert all(permit.acquire() for permit in permits)
+    assert [(i.kind, i.owner) for i in backend.held_locks(prefix=name + "/s").locks] == [
+        ("semaphore", permit.owner_id) for permit in permits]
+    for permit in permits:
+        permit.release()
     assert backend.held_locks(prefix=name).locks == []
 
 

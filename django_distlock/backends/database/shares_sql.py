@@ -16,6 +16,7 @@ token's). Expiry is decided with the database's clock only.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 from .sql import _RESERVED, TABLE
@@ -70,7 +71,8 @@ class ShareDialect:
     #: Force release of the row's holder (with "" also the readers' or permits' row).
     #: Params: as ``force_shares``. Row when one was freed.
     force_row: str
-    #: Listing: the live share of each name that ends last. Params: the names.
+    #: Listing: the live shares of the names, at most ``most`` per name (the first
+    #: granted), in grant order. Params: the names, most.
     listed: str
 
 
@@ -149,9 +151,10 @@ WHERE name = %(key)s AND owner IS NOT NULL AND expires_at > {now}
     AND substr(owner, 1, %(length)s) = %(expected)s
 RETURNING 1""",
         listed=f"""
-SELECT name, owner, fencing, acquired_at, expires_at, host, pid, thread, kind
-FROM {SHARES} WHERE name IN ({{names}}) AND expires_at > {now}
-ORDER BY expires_at""",
+SELECT name, owner, fencing, acquired_at, expires_at, host, pid, thread, kind FROM (
+    SELECT s.*, row_number() OVER (PARTITION BY s.name ORDER BY s.fencing) AS n
+    FROM {SHARES} s WHERE s.name IN ({{names}}) AND s.expires_at > {now}
+) listed WHERE n <= %(most)s ORDER BY fencing""",
     )
 
 
@@ -180,11 +183,33 @@ SQLITE_SHARES = _dialect(
     queue="",
 )
 
-#: PostgreSQL: wait in the server, behind the waiters before, to head the name's queue
-#: of readers, writers and permits (an advisory lock; its head polls). Run with
-#: ``PG_QUEUE_WAIT`` in one transaction. Params: key.
-PG_JOIN_QUEUE = "SELECT pg_advisory_lock(hashtextextended(%(key)s, -3))"
-#: The join's wait, for its transaction. Params: wait (a ``lock_timeout`` value).
-PG_QUEUE_WAIT = "SELECT set_config('lock_timeout', %(wait)s, true)"
-#: Leave the queue (the head was granted, or gives up). Params: key.
-PG_LEAVE_QUEUE = "SELECT django_distlock_unlock_if_held(hashtextextended(%(key)s, -3))"
+# PostgreSQL: one call per operation, the functions of migration 0009
+# (migrations/sql/0009_share_routines.sql); the casts pick each function's types.
+
+#: One attempt. Params: key, owner, kind, ttl, limit, host, pid, thread, pass (may pass
+#: the queue), head (heads it: leaves it with a grant), mark (a writer that will wait).
+#: Row: (granted, fencing, acquired_at, expires_at, retry_after, stored limit, generation).
+PG_GRANT = """SELECT * FROM django_distlock_share_grant(%(key)s, %(owner)s, %(kind)s,
+    %(ttl)s::float8, %(limit)s::integer, %(host)s, %(pid)s::integer, %(thread)s,
+    %(pass)s::boolean, %(head)s::boolean, %(mark)s::boolean)"""
+#: Release a reader or a permit. Params: key, owner. Row: (valid,).
+PG_RELEASE = "SELECT django_distlock_share_release(%(key)s, %(owner)s)"
+#: Extend a reader or a permit. Params: key, owner, ttl. Row: (fencing, acquired_at,
+#: expires_at), NULLs when not held.
+PG_EXTEND = "SELECT * FROM django_distlock_share_extend(%(key)s, %(owner)s, %(ttl)s::float8)"
+#: Force release. Params: key, expected (a short owner id, "": any). Row: (freed,).
+PG_FORCE = "SELECT django_distlock_share_force(%(key)s, %(expected)s)"
+#: Wait (``wait`` seconds at most) to head the name's queue of readers, writers and
+#: permits, then listen on its channel. Params: key, wait. Row: (joined,).
+PG_JOIN = "SELECT django_distlock_share_join(%(key)s, %(wait)s::float8)"
+#: Leave the queue (if queued) and withdraw a writer's mark (owner, or NULL). Params:
+#: key, queued, owner.
+PG_LEAVE = "SELECT django_distlock_share_leave(%(key)s, %(queued)s::boolean, %(owner)s)"
+#: Most readers or permits of one name a listing shows (as the Redis backend).
+SHARES_LISTED = 100
+
+
+def pg_channel(key: str) -> str:
+    """The channel the head of ``key``'s queue listens on (``django_distlock_share_wake``
+    notifies it): ``django_distlock_`` and the MD5 of the key, in hex."""
+    return "django_distlock_" + hashlib.md5(key.encode(), usedforsecurity=False).hexdigest()
