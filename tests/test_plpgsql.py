@@ -38,7 +38,7 @@ FIXED = {
         "7600b7faca59b7f389a39a3af1393850c3cd07a77c7097d63b9797463141b6c4"
     ),
     "0009_share_routines.sql": (
-        "01fb938b5e0bb15e28c8ab483d48adb6473a4244c610cbbd26e7dac234a77c10"
+        "b91b71520d06712365bf872657caae2af6de3cc1e7922c3534975db8e359ba00"
     ),
 }
 

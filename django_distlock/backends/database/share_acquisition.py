@@ -19,7 +19,7 @@ from ...backoff import remaining
 from ...exceptions import BackendUnavailable, SemaphoreLimitMismatch
 from ..base import Acquisition, ExcInfo, Grant, Miss
 from .backend import is_busy, server_wait
-from .sessions import ERRORS, Session
+from .sessions import ERRORS, SHARES_BELL, Session
 from .shares import in_transaction, pg_call, share_dialect
 from .shares_sql import (
     INTENT_SECONDS,
@@ -62,8 +62,9 @@ class KindAcquisition(Acquisition):
         #: An asyncio task's attempts: they do not queue in the server (their calls share
         #: one thread), so they may pass the queue rather than starve behind it.
         self.barging = False
-        #: PostgreSQL writer: the session holding the grant's generation lock, and the
-        #: generation (its release gives it back, which wakes a ``lock()`` waiter).
+        #: PostgreSQL: the session holding the grant's advisory lock (a share's hold of
+        #: the name's bell, a writer's generation lock), which its release gives back
+        #: (that wakes a ``lock()`` waiter), and a writer's generation.
         self.granted_on: Session | None = None
         self.generation: int | None = None
 
@@ -100,7 +101,8 @@ class KindAcquisition(Acquisition):
         if granted:
             self.queued = False  # the call left the queue: the next waiter heads it
             self.marked = False  # a writer's grant cleared its mark
-            if generation is not None:
+            # This session holds the share's bell, or the writer's generation lock.
+            if generation is not None or lock.kind != "write":
                 self.granted_on, self.generation = self.backend.sessions.current(), generation
             return Grant(fencing, as_datetime(acquired_at), as_datetime(expires_at))
         if stored is not None:
@@ -227,7 +229,8 @@ class KindAcquisition(Acquisition):
             return self._release_write()
         params = {"key": self.lock.key, "owner": self.owner}
         if self.pg:
-            rows = pg_call(self.backend, "releasing a lock", PG_RELEASE, params, self._bound())
+            rows = pg_call(self.backend, "releasing a lock", PG_RELEASE,
+                           {**params, "bell": self._held_here()}, self._bound())
             return bool(rows and rows[0][0])
 
         def steps(run: Run) -> bool:
@@ -243,25 +246,26 @@ class KindAcquisition(Acquisition):
         name over to a waiting ``lock()``'s reservation, gives the generation lock back
         and wakes the head of the name's queue)."""
         if self.pg:
-            statement, args = POSTGRESQL.release, [self.lock.key, self.owner,
-                                                   self._generation_here()]
+            generation = self.generation if self._held_here() else None
+            statement, args = POSTGRESQL.release, [self.lock.key, self.owner, generation]
         else:
             statement, args = SQLITE.release, [self.lock.key, self.owner]
         rows = self.backend.run(statement, args, "releasing a lock")
         return bool(rows and rows[0][0])
 
-    def _generation_here(self) -> int | None:
-        """The grant's generation when this thread's session holds its lock; else None,
-        and the lock is given back by its session before its next statement."""
-        generation, held_on = self.generation, self.granted_on
-        self.generation = self.granted_on = None
-        if generation is None or held_on is None:
-            return None
+    def _held_here(self) -> bool:
+        """Whether this thread's session holds the grant's advisory lock (the release
+        gives it back); if another session holds it, that one gives it back before its
+        next statement."""
+        held_on, self.granted_on = self.granted_on, None
+        if held_on is None:
+            return False
         if held_on is self.backend.sessions.current() and held_on.usable:
-            return generation
+            return True
         if held_on.usable:
-            held_on.orphans.append((self.lock.key, generation))
-        return None
+            lock_id = SHARES_BELL if self.generation is None else self.generation
+            held_on.orphans.append((self.lock.key, lock_id))
+        return False
 
     def extend(self, ttl: float) -> Grant | None:
         key = self.lock.key

@@ -192,8 +192,9 @@ SQLITE_SHARES = _dialect(
 PG_GRANT = """SELECT * FROM django_distlock_share_grant(%(key)s, %(owner)s, %(kind)s,
     %(ttl)s::float8, %(limit)s::integer, %(host)s, %(pid)s::integer, %(thread)s,
     %(pass)s::boolean, %(head)s::boolean, %(mark)s::boolean)"""
-#: Release a reader or a permit. Params: key, owner. Row: (valid,).
-PG_RELEASE = "SELECT django_distlock_share_release(%(key)s, %(owner)s)"
+#: Release a reader or a permit (a procedure: it gives the share's bell back, if bell,
+#: after its commit). Params: key, owner, bell. Row: (valid,).
+PG_RELEASE = "CALL django_distlock_share_release(%(key)s, %(owner)s, %(bell)s::boolean, NULL)"
 #: Extend a reader or a permit. Params: key, owner, ttl. Row: (fencing, acquired_at,
 #: expires_at), NULLs when not held.
 PG_EXTEND = "SELECT * FROM django_distlock_share_extend(%(key)s, %(owner)s, %(ttl)s::float8)"
