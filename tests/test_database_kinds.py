@@ -484,7 +484,7 @@ def test_postgres_a_release_wakes_the_head_without_a_poll(unique, monkeypatch) -
     for holder_of, waiter_of in cases:
         holder, waiter = holder_of(), waiter_of()
         assert holder.acquire()
-        took = _handed_over(backend, key, lambda: waiter.acquire(timeout=20), holder.release)
+        took = _handed_over(backend, key, partial(waiter.acquire, timeout=20), holder.release)
         assert took < 2.0, f"{waiter.kind} waited {took:.2f} s after {holder.kind}'s release"
         waiter.release()
 
@@ -503,8 +503,12 @@ def test_postgres_a_lock_waiter_behind_readers_waits_for_their_bell(unique) -> N
         assert advisory_locks(backend, key, -4) == 1  # held (shared) by this thread's session
         exclusive = backend.lock(name, ttl=30)
         got: list[float] = []
-        thread = threading.Thread(
-            target=lambda: got.append(time.monotonic()) if exclusive.acquire(timeout=20) else None)
+
+        def wait(exclusive: Any = exclusive, got: list[float] = got) -> None:
+            if exclusive.acquire(timeout=20):
+                got.append(time.monotonic())
+
+        thread = threading.Thread(target=wait)
         thread.start()
         assert eventually(lambda: advisory_locks(backend, key, -4, granted=False) == 1)
         readers[0].release()

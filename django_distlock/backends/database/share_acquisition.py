@@ -192,7 +192,7 @@ class KindAcquisition(Acquisition):
         if left is not None:
             timeout = min(timeout, max(left, 0.0))
         session = self.backend.sessions.current()
-        raw = session.wrapper.connection if session is not None else None
+        raw: Any = session.wrapper.connection if session is not None else None
         if session is None or not session.usable or not _listens(raw):
             super().wait(miss)  # psycopg2: no waiting for notifications here; poll
             return
