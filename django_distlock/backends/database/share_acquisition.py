@@ -20,7 +20,7 @@ from ...exceptions import BackendUnavailable, SemaphoreLimitMismatch
 from ..base import Acquisition, ExcInfo, Grant, Miss
 from .backend import is_busy, server_wait
 from .sessions import ERRORS, SHARES_BELL, Session
-from .shares import in_transaction, pg_call, share_dialect
+from .shares import in_transaction, pg_call
 from .shares_sql import (
     INTENT_SECONDS,
     PG_EXTEND,
@@ -29,6 +29,7 @@ from .shares_sql import (
     PG_LEAVE,
     PG_RELEASE,
     SENTINEL,
+    SQLITE_SHARES,
     WRITER_SUFFIX,
 )
 from .sql import POSTGRESQL, SQLITE, as_datetime, sqlite_ttl
@@ -51,7 +52,8 @@ class KindAcquisition(Acquisition):
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
-        self.sql = share_dialect(self.backend)
+        #: SQLite's statements (PostgreSQL calls its routines instead).
+        self.sql = SQLITE_SHARES
         self.pg = self.backend.vendor == "postgresql"
         lock = self.lock
         #: The owner as the row stores it (a writer's token carries a suffix).

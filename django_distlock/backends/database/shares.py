@@ -32,12 +32,11 @@ from .sessions import ERRORS, WATCHDOG, Session, connection_lost
 from .shares_sql import (
     PERMITS,
     PG_FORCE,
-    PG_SHARES,
+    PG_LISTED,
     READERS,
     SHARES_LISTED,
     SQLITE_SHARES,
     WRITER_SUFFIX,
-    ShareDialect,
 )
 
 if TYPE_CHECKING:
@@ -46,11 +45,6 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 #: Runs one statement of a transaction and returns its rows.
 Run = Callable[[str, dict[str, Any]], list[Any]]
-
-
-def share_dialect(backend: LeaseBackend) -> ShareDialect:
-    """The share statements of ``backend``'s vendor."""
-    return PG_SHARES if backend.vendor == "postgresql" else SQLITE_SHARES
 
 
 def in_transaction(
@@ -173,7 +167,8 @@ def listed_shares(backend: LeaseBackend, keys: list[str]) -> list[Any]:
     :raises BackendUnavailable: when the database fails.
     """
     names = ", ".join(f"%(n{index})s" for index in range(len(keys)))
-    statement = share_dialect(backend).listed.format(names=names)
+    listed = PG_LISTED if backend.vendor == "postgresql" else SQLITE_SHARES.listed
+    statement = listed.format(names=names)
     params: dict[str, Any] = {f"n{index}": key for index, key in enumerate(keys)}
     params["most"] = SHARES_LISTED
     return backend.run(statement, params, "listing locks")
@@ -211,7 +206,7 @@ def force_release(backend: LeaseBackend, key: str, owner: str) -> Freed | None:
         rows = pg_call(backend, "force-releasing a lock", PG_FORCE,
                        {"key": key, "expected": owner})
         return Freed() if rows and rows[0][0] else None
-    sql = share_dialect(backend)
+    sql = SQLITE_SHARES
     params = {"key": key, "length": len(owner), "expected": owner}
 
     def steps(run: Run) -> Freed | None:
