@@ -179,3 +179,41 @@ def test_postgres_each_operation_is_one_call(unique) -> None:
             assert not handle.locked()
     finally:
         del session.execute
+
+
+def test_postgres_a_share_released_from_another_thread_gives_its_bell_back(unique) -> None:
+    """The bell is held by the session that granted the share: a release from another
+    thread leaves it to that session, which gives it back before its next statement."""
+    require_pg()
+    backend = locks["pg-lease"]
+    name = unique("orphan-bell")
+    key = backend.make_key(name)
+    reader = backend.read_lock(name, ttl=30)
+    assert reader.acquire()
+    in_thread(reader.release)
+    assert advisory_locks(backend, key, -4, own_session=True) == 1  # not yet
+    assert not backend.is_locked(name)  # a statement on this thread's session
+    assert advisory_locks(backend, key, -4) == 0
+
+
+def test_postgres_a_lock_waiter_behind_a_writer_waits_for_its_generation_lock(unique) -> None:
+    """A writer's session takes its grant's generation lock, as an exclusive grant does:
+    a ``lock()`` waiter sleeps on it in the server and the writer's release wakes it."""
+    require_pg()
+    backend = locks["pg-lease"]
+    name = unique("writer-generation")
+    key = backend.make_key(name)
+    writer = backend.write_lock(name, ttl=60)
+    assert writer.acquire()
+    token = writer.fencing_token
+    assert advisory_locks(backend, key, token, own_session=True) == 1
+    exclusive = backend.lock(name, ttl=30)
+    thread = threading.Thread(target=partial(exclusive.acquire, timeout=20))
+    thread.start()
+    assert eventually(lambda: advisory_locks(backend, key, token, granted=False) == 1)
+    released = time.monotonic()
+    writer.release()
+    thread.join(20)
+    assert time.monotonic() - released < 2.0 and exclusive.fencing_token > token
+    assert advisory_locks(backend, key, token) == 0
+    exclusive.release()
