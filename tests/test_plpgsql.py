@@ -37,6 +37,9 @@ FIXED = {
     "0004_orphaned_reservations.sql": (
         "7600b7faca59b7f389a39a3af1393850c3cd07a77c7097d63b9797463141b6c4"
     ),
+    "0009_share_routines.sql": (
+        "b91b71520d06712365bf872657caae2af6de3cc1e7922c3534975db8e359ba00"
+    ),
 }
 
 

@@ -99,7 +99,8 @@ REASONS: dict[tuple[str, str], str] = {
     ("SQLite lease", "reentrant"): "the lease row has one owner token",
     ("SQLite lease", "fair"): "SQLite has no lock queue: waiters poll with backoff",
     ("PostgreSQL transaction", "reentrant"): _TX + " (a nested one deadlocks on itself)",
-    ("PostgreSQL transaction", "read-write"): "not built (`FOR SHARE` readers would fit)",
+    ("PostgreSQL transaction", "read-write"): "`FOR SHARE` readers would let a stream of "
+    "readers starve a writer and show no owner (docs/database.md)",
     ("PostgreSQL transaction", "semaphore"): _TX,
     ("PostgreSQL transaction", "expiry/renewal"): "held until the transaction ends",
     ("SQLite transaction", "reentrant"): "the lock is the database's single write lock",

@@ -26,8 +26,8 @@ from ...values import short_owner
 from ..base import Acquisition, ExcInfo, Freed, Grant, LockInfo, LockPage, Miss
 from .backend import DatabaseBackend, is_busy, server_wait
 from .sessions import ERRORS, WATCHDOG, AsyncSessions, Session, connection_lost
-from .shares import KindAcquisition, force_release, kind_of_owner, listed_shares
-from .shares_sql import SENTINELS
+from .share_acquisition import KindAcquisition
+from .shares import force_release, kind_of_owner, with_shares
 from .sql import (
     PG_WAIT,
     POSTGRESQL,
@@ -66,10 +66,8 @@ class LeaseBackend(DatabaseBackend, mode="lease"):
         low = self.key_prefix + prefix
         params = [cursor or "", low, upper_bound(low), limit]
         rows = self.run(self.dialect.held, params, "listing locks")
-        # A name held by readers or permits shows the share whose lease ends last.
-        shared = [row[0] for row in rows if row[1] in SENTINELS]
-        last = {share[0]: share for share in listed_shares(self, shared)} if shared else {}
-        infos = [self._info(last.get(row[0], row)) for row in rows]
+        # A name held by readers or permits shows every live share (one more call).
+        infos = [self._info(row) for row in with_shares(self, rows)]
         return LockPage(infos, rows[-1][0] if len(rows) == limit else None)
 
     def _info(self, row: tuple[Any, ...]) -> LockInfo:

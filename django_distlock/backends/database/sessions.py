@@ -31,6 +31,10 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from .sql import PG_SESSION_SETUP, PG_UNLOCK_GENERATION
 
 T = TypeVar("T")
+#: An orphan of this "generation" is a read lock's or a permit's hold of its name's bell,
+#: a shared advisory lock (migration 0009), not a grant's generation lock.
+SHARES_BELL = -4
+PG_UNLOCK_BELL = "SELECT pg_advisory_unlock_shared(hashtextextended(%s, %s))"
 
 #: Longest a lease statement waits for a row lock held by someone else's
 #: transaction before the attempt counts as a miss (lease rows are locked
@@ -92,7 +96,8 @@ class Session:
 
     Statements run holding ``mutex``. ``orphans``: generation locks of leases
     granted here but released through another session while this one was
-    busy, given back here before the next statement.
+    busy (or shares' bells, :data:`SHARES_BELL`), given back here before the next
+    statement.
     """
 
     def __init__(self, wrapper: BaseDatabaseWrapper, cursor: Any, prepare: bool) -> None:
@@ -131,7 +136,8 @@ class Session:
         """Run one statement (``mutex`` held); return the cursor."""
         while self.orphans:
             key, generation = self.orphans.pop()
-            self.cursor.execute(PG_UNLOCK_GENERATION, [key, generation], prepare=False)
+            unlock = PG_UNLOCK_BELL if generation == SHARES_BELL else PG_UNLOCK_GENERATION
+            self.cursor.execute(unlock, [key, generation], prepare=False)
         self.cursor.execute(statement, params, prepare=self.prepare)
         return self.cursor
 

@@ -1,13 +1,15 @@
-"""SQL of lease mode's read-write locks and semaphores, one set per vendor.
+"""SQL of lease mode's read-write locks and semaphores: SQLite's statements, and the
+calls of PostgreSQL's routines (migration 0009, ``migrations/sql/0009_share_routines.sql``,
+which does the same steps in PL/pgSQL, one call per operation).
 
 Every grant, release and extend of a share runs in one transaction whose first
-statement locks the name's row (``LOCK_ROW``); the statements after it see every
-share committed before (PostgreSQL's READ COMMITTED takes a new snapshot per
-statement; SQLite holds its write lock), and no other grant of the name runs
+statement locks the name's row (``lock_row``); the statements after it see every
+share committed before (SQLite holds its write lock; PostgreSQL's READ COMMITTED takes
+a new snapshot per statement, also in a function), and no other grant of the name runs
 meanwhile. So "count the live shares, then add one" is decided on a stable count.
 
 While shares are held, the row's ``owner`` is ``"~read"`` or ``"~semaphore"`` and its
-``expires_at`` the latest end of its live shares (``RECOMPUTE`` keeps it so): the
+``expires_at`` the latest end of its live shares (``recompute`` keeps it so): the
 exclusive lock's statements, unchanged, see the name held until the last share
 ends. A writer holds the row as an exclusive holder does, under its owner token with
 ``":w"`` appended (the listing tells the kinds apart; its short owner id is the
@@ -16,9 +18,10 @@ token's). Expiry is decided with the database's clock only.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
-from .sql import _RESERVED, TABLE
+from .sql import TABLE
 
 SHARES = "django_distlock_share"
 READERS = "~read"
@@ -35,7 +38,7 @@ INTENT_SECONDS = 2
 
 @dataclass(frozen=True)
 class ShareDialect:
-    """The statements of one vendor (named ``%(...)s`` placeholders)."""
+    """SQLite's statements (named ``%(...)s`` placeholders)."""
 
     #: Create the name's row if new, and lock it until the transaction ends.
     #: Params: key.
@@ -70,18 +73,24 @@ class ShareDialect:
     #: Force release of the row's holder (with "" also the readers' or permits' row).
     #: Params: as ``force_shares``. Row when one was freed.
     force_row: str
-    #: Listing: the live share of each name that ends last. Params: the names.
+    #: Listing: the live shares of the names, at most ``most`` per name (the first
+    #: granted), in grant order. Params: the names, most.
     listed: str
 
 
-def _dialect(now: str, later: str, intent: str, seconds_until: str, reserved: str,
-             skip: str, clear_reservation: str, queue: str) -> ShareDialect:
+def _listed(now: str) -> str:
+    """The listing of every live share of some names (at most ``most`` each)."""
+    return f"""
+SELECT name, owner, fencing, acquired_at, expires_at, host, pid, thread, kind FROM (
+    SELECT s.*, row_number() OVER (PARTITION BY s.name ORDER BY s.fencing) AS n
+    FROM {SHARES} s WHERE s.name IN ({{names}}) AND s.expires_at > {now}
+) listed WHERE n <= %(most)s ORDER BY fencing"""
+
+
+def _dialect(now: str, later: str, intent: str, seconds_until: str) -> ShareDialect:
     live = f"s.name = %(key)s AND s.expires_at > {now}"
     free = f"owner IS NULL OR expires_at <= {now}"
     limit = "CAST(%(limit)s AS integer)"
-    not_reserved = f" AND (next_owner IS NULL OR NOT {reserved})" if reserved else ""
-    if queue:  # no passing the waiters queued in the server (their head holds the queue)
-        not_reserved += f" AND (%(queued)s OR pg_try_advisory_xact_lock({queue}))"
     no_intent = f"(intent_owner IS NULL OR intent_owner = %(owner)s OR intent_until <= {now})"
     next_end = seconds_until.format(
         f"coalesce((SELECT min(s.expires_at) FROM {SHARES} s WHERE {live}), expires_at)"
@@ -98,7 +107,7 @@ UPDATE {TABLE} SET owner = %(sentinel)s, fencing = fencing + 1, acquired_at = {n
     share_limit = coalesce({limit}, share_limit)
 WHERE name = %(key)s AND (
     EXISTS (SELECT 1 FROM {SHARES} s WHERE {live} AND s.owner = %(owner)s)
-    OR (({free} OR owner = %(sentinel)s){not_reserved} AND CASE WHEN {limit} IS NULL
+    OR (({free} OR owner = %(sentinel)s) AND CASE WHEN {limit} IS NULL
         THEN (intent_owner IS NULL OR intent_until <= {now})
         ELSE ({free} OR share_limit = {limit})
             AND (SELECT count(*) FROM {SHARES} s WHERE {live}) < {limit} END))
@@ -110,10 +119,10 @@ VALUES (%(key)s, %(owner)s, %(kind)s, %(fencing)s, %(acquired_at)s, %(expires_at
 ON CONFLICT (name, owner) DO UPDATE SET fencing = excluded.fencing,
     acquired_at = excluded.acquired_at, expires_at = excluded.expires_at""",
         grant_write=f"""
-UPDATE {TABLE} SET owner = %(owner)s, fencing = fencing + 1{skip}, acquired_at = {now},
-    expires_at = {later}, host = %(host)s, pid = %(pid)s, thread = %(thread)s{clear_reservation},
+UPDATE {TABLE} SET owner = %(owner)s, fencing = fencing + 1, acquired_at = {now},
+    expires_at = {later}, host = %(host)s, pid = %(pid)s, thread = %(thread)s,
     intent_owner = CASE WHEN intent_owner = %(owner)s THEN NULL ELSE intent_owner END
-WHERE name = %(key)s AND ({free} OR owner = %(owner)s){not_reserved} AND {no_intent}
+WHERE name = %(key)s AND ({free} OR owner = %(owner)s) AND {no_intent}
     AND NOT EXISTS (SELECT 1 FROM {SHARES} s WHERE {live})
 RETURNING fencing, acquired_at, expires_at""",
         missed=f"""
@@ -144,29 +153,13 @@ DELETE FROM {SHARES} WHERE name = %(key)s AND expires_at > {now}
     AND substr(owner, 1, %(length)s) = %(expected)s
 RETURNING fencing""",
         force_row=f"""
-UPDATE {TABLE} SET owner = NULL{clear_reservation}
+UPDATE {TABLE} SET owner = NULL
 WHERE name = %(key)s AND owner IS NOT NULL AND expires_at > {now}
     AND substr(owner, 1, %(length)s) = %(expected)s
 RETURNING 1""",
-        listed=f"""
-SELECT name, owner, fencing, acquired_at, expires_at, host, pid, thread, kind
-FROM {SHARES} WHERE name IN ({{names}}) AND expires_at > {now}
-ORDER BY expires_at""",
+        listed=_listed(now),
     )
 
-
-PG_SHARES = _dialect(
-    now="now()",
-    later="now() + %(ttl)s * interval '1 second'",
-    intent=f"now() + interval '{INTENT_SECONDS} seconds'",
-    seconds_until="EXTRACT(EPOCH FROM {} - now())::float8",
-    reserved=_RESERVED,
-    # Over an exclusive waiter's reservation, skip a fencing number (as the exclusive
-    # grant does: a handover to it may have been issued and lost with a crash).
-    skip=" + (next_owner IS NOT NULL)::int",
-    clear_reservation=", next_owner = NULL",
-    queue="hashtextextended(%(key)s, -3)",
-)
 
 _NOW = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')"
 SQLITE_SHARES = _dialect(
@@ -174,17 +167,38 @@ SQLITE_SHARES = _dialect(
     later="strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %(ttl)s)",
     intent=f"strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', '+{INTENT_SECONDS} seconds')",
     seconds_until="(julianday({}) - julianday('now')) * 86400.0",
-    reserved="",
-    skip="",
-    clear_reservation="",
-    queue="",
 )
 
-#: PostgreSQL: wait in the server, behind the waiters before, to head the name's queue
-#: of readers, writers and permits (an advisory lock; its head polls). Run with
-#: ``PG_QUEUE_WAIT`` in one transaction. Params: key.
-PG_JOIN_QUEUE = "SELECT pg_advisory_lock(hashtextextended(%(key)s, -3))"
-#: The join's wait, for its transaction. Params: wait (a ``lock_timeout`` value).
-PG_QUEUE_WAIT = "SELECT set_config('lock_timeout', %(wait)s, true)"
-#: Leave the queue (the head was granted, or gives up). Params: key.
-PG_LEAVE_QUEUE = "SELECT django_distlock_unlock_if_held(hashtextextended(%(key)s, -3))"
+# PostgreSQL: one call per operation, the functions of migration 0009
+# (migrations/sql/0009_share_routines.sql); the casts pick each function's types.
+
+#: One attempt. Params: key, owner, kind, ttl, limit, host, pid, thread, pass (may pass
+#: the queue), head (heads it: leaves it with a grant), mark (a writer that will wait).
+#: Row: (granted, fencing, acquired_at, expires_at, retry_after, stored limit, generation).
+PG_GRANT = """SELECT * FROM django_distlock_share_grant(%(key)s, %(owner)s, %(kind)s,
+    %(ttl)s::float8, %(limit)s::integer, %(host)s, %(pid)s::integer, %(thread)s,
+    %(pass)s::boolean, %(head)s::boolean, %(mark)s::boolean)"""
+#: Release a reader or a permit (a procedure: it gives the share's bell back, if bell,
+#: after its commit). Params: key, owner, bell. Row: (valid,).
+PG_RELEASE = "CALL django_distlock_share_release(%(key)s, %(owner)s, %(bell)s::boolean, NULL)"
+#: Extend a reader or a permit. Params: key, owner, ttl. Row: (fencing, acquired_at,
+#: expires_at), NULLs when not held.
+PG_EXTEND = "SELECT * FROM django_distlock_share_extend(%(key)s, %(owner)s, %(ttl)s::float8)"
+#: Force release. Params: key, expected (a short owner id, "": any). Row: (freed,).
+PG_FORCE = "SELECT django_distlock_share_force(%(key)s, %(expected)s)"
+#: Wait (``wait`` seconds at most) to head the name's queue of readers, writers and
+#: permits, then listen on its channel. Params: key, wait. Row: (joined,).
+PG_JOIN = "SELECT django_distlock_share_join(%(key)s, %(wait)s::float8)"
+#: Leave the queue (if queued) and withdraw a writer's mark (owner, or NULL). Params:
+#: key, queued, owner.
+PG_LEAVE = "SELECT django_distlock_share_leave(%(key)s, %(queued)s::boolean, %(owner)s)"
+#: Listing. Params: the names, most.
+PG_LISTED = _listed("now()")
+#: Most readers or permits of one name a listing shows (as the Redis backend).
+SHARES_LISTED = 100
+
+
+def pg_channel(key: str) -> str:
+    """The channel the head of ``key``'s queue listens on (``django_distlock_share_wake``
+    notifies it): ``django_distlock_`` and the MD5 of the key, in hex."""
+    return "django_distlock_" + hashlib.md5(key.encode(), usedforsecurity=False).hexdigest()
