@@ -56,9 +56,14 @@ class Command(BaseCommand):
         release.add_argument("name")
         release.add_argument("--reason", required=True)
         release.add_argument("--yes", action="store_true", help="do not ask for confirmation")
-        purge = sub.add_parser("purge", help="delete old audit rows")
+        purge = sub.add_parser("purge", help="delete old audit rows (audited; for cron)")
         purge.add_argument(
             "--days", type=float, help="older than this (default: each alias' RETENTION_DAYS)"
+        )
+        purge.add_argument(
+            "--operator-actions",
+            action="store_true",
+            help="delete the force releases and purges too (kept otherwise)",
         )
         health = sub.add_parser("health", help="one round trip per alias; exit 1 if one fails")
         health.add_argument("--json", action="store_true")
@@ -155,9 +160,11 @@ class Command(BaseCommand):
             else f"{name} was freed, or taken by another holder, meanwhile; not released."
         )
 
-    def do_purge(self, *, days: float | None, **_: Any) -> None:
+    def do_purge(self, *, days: float | None, operator_actions: bool, **_: Any) -> None:
         try:
-            deleted = purge(days)
+            deleted = purge(
+                days, operator_actions=operator_actions, actor=f"command:{getpass.getuser()}"
+            )
         except ValueError as exc:
             raise CommandError(f"--{exc}") from exc
         self.stdout.write(f"Deleted {deleted} audit rows.")
