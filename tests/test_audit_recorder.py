@@ -22,8 +22,8 @@ from django_distlock import locks
 from django_distlock.audit import AuditSettings, parse_audit
 from django_distlock.audit import recorder as recorder_module
 from django_distlock.audit.recorder import Recorder, recorded_elsewhere, recorder
-from django_distlock.exceptions import InvalidBackendOptions
-from django_distlock.models import LockEvent
+from django_distlock.exceptions import InvalidBackendOptions, LockLost
+from django_distlock.models import LockActivity, LockEvent
 
 from . import audit_exit
 
@@ -36,6 +36,7 @@ def audited(settings: Any) -> Iterator[None]:
     base = settings.DISTLOCK["locmem"]
     recorder.flush()
     LockEvent.objects.all().delete()
+    LockActivity.objects.all().delete()
     with override_settings(
         DISTLOCK={
             **settings.DISTLOCK,
@@ -47,22 +48,58 @@ def audited(settings: Any) -> Iterator[None]:
     recorder.flush()
 
 
-def test_acquire_release_and_failure_are_recorded_with_durations(audited: None) -> None:
+def test_a_hold_is_one_row_with_its_wait_and_hold_times(audited: None) -> None:
     handle = locks["locmem"].lock("audit:a", ttl=30)
     handle.acquire()
     owner = handle.owner_id
     assert not locks["locmem"].lock("audit:a", blocking=False).acquire()
+    recorder.flush()
+    assert list(LockEvent.objects.values_list("kind", flat=True)) == ["failed"]  # held still
+    time.sleep(0.05)
     handle.release()
     recorder.flush()
     events = list(LockEvent.objects.order_by("id").values_list("kind", "name"))
-    assert events == [("acquired", "audit:a"), ("failed", "audit:a"), ("released", "audit:a")]
-    acquired, failed, released = LockEvent.objects.order_by("id")
-    assert acquired.waited is not None and acquired.waited >= 0
-    assert failed.waited is not None
-    assert released.held is not None and released.held >= 0
-    assert acquired.host == handle.host and acquired.pid == handle.pid
-    assert acquired.owner == owner and released.host == handle.host
-    assert released.owner == owner and failed.owner != owner
+    assert events == [("failed", "audit:a"), ("released", "audit:a")]
+    failed, released = LockEvent.objects.order_by("id")
+    assert failed.waited is not None and failed.owner != owner
+    assert released.waited is not None and released.waited >= 0
+    assert released.held is not None and released.held >= 0.05
+    assert released.acquired_at is not None
+    assert abs((released.at - released.acquired_at).total_seconds() - released.held) < 0.01
+    assert released.host == handle.host and released.pid == handle.pid
+    assert released.owner == owner and released.fencing_token == handle.fencing_token
+    # The activity buckets were counted in the same write: one acquisition, one hold.
+    minute = LockActivity.objects.get(span=60, alias="locmem", prefix="audit:", acquired=1)
+    assert (minute.failed, sum(minute.holds.values())) == (1, 1)
+
+
+def test_a_lost_hold_is_one_row_too(audited: None) -> None:
+    handle = locks["locmem"].lock("audit:lost", ttl=0.1)
+    handle.acquire()
+    time.sleep(0.2)
+    locks["locmem"].lock("audit:lost", ttl=30, blocking=False).acquire()  # takes it over
+    with pytest.raises(LockLost):
+        handle.release()
+    recorder.flush()
+    kinds = list(LockEvent.objects.filter(owner=handle.owner_id).values_list("kind", flat=True))
+    assert kinds == ["lost"]
+    lost = LockEvent.objects.get(owner=handle.owner_id)
+    assert lost.held is not None and lost.held >= 0.2 and lost.waited is not None
+
+
+def test_sampling_keeps_whole_holds(audited: None, settings: Any) -> None:
+    with override_settings(
+        DISTLOCK={**settings.DISTLOCK, "locmem": {**settings.DISTLOCK["locmem"],
+                                                   "AUDIT": {"SAMPLE": 0.5}}}
+    ):  # fmt: skip
+        for index in range(200):
+            with locks["locmem"].lock(f"sample:{index}", ttl=30):
+                pass
+        recorder.flush()
+    rows = LockEvent.objects.filter(name__startswith="sample:")
+    assert 50 < rows.count() < 150  # about half (a 1e-12 chance of a false failure)
+    # Each sampled hold was noted at its acquisition: its row has the wait.
+    assert not rows.filter(waited__isnull=True).exists()
 
 
 def test_no_query_on_the_hot_path_and_the_thread_writes_later(audited: None) -> None:
@@ -75,10 +112,10 @@ def test_no_query_on_the_hot_path_and_the_thread_writes_later(audited: None) -> 
     recorder.interval = 0.05
     try:
         for _ in range(100):
-            if LockEvent.objects.filter(name="audit:b").count() == 2:
+            if LockEvent.objects.filter(name="audit:b").count() == 1:
                 break
             time.sleep(0.05)
-        assert LockEvent.objects.filter(name="audit:b").count() == 2
+        assert LockEvent.objects.filter(name="audit:b").count() == 1
     finally:
         recorder.interval = recorder_module.FLUSH_INTERVAL
 
@@ -160,8 +197,9 @@ def _sqlite_database() -> dict[str, Any]:
 
 @pytest.mark.parametrize("how", ["exit", "sigterm"])
 def test_events_queued_at_a_graceful_exit_are_written(how: str) -> None:
-    """400 events queued within the last second, then the process exits: by returning
-    from its main, or by a SIGTERM handler that calls sys.exit (gunicorn's workers)."""
+    """400 holds queued within the last second and 3 still open, then the process exits:
+    by returning from its main, or by a SIGTERM handler that calls sys.exit (gunicorn's
+    workers). Every hold is written, the open ones as ``acquired``."""
     LockEvent.objects.all().delete()
     process = _run_exiting(_sqlite_database(), how)
     try:
@@ -172,7 +210,13 @@ def test_events_queued_at_a_graceful_exit_are_written(how: str) -> None:
     finally:
         process.kill()
     assert process.returncode == 0, err
-    assert LockEvent.objects.filter(name__startswith=f"exit:{how}:").count() == 400
+    rows = LockEvent.objects.filter(name__startswith=f"exit:{how}:")
+    assert rows.filter(kind="released").count() == audit_exit.EVENTS
+    opened = rows.filter(kind="acquired")
+    assert sorted(opened.values_list("name", flat=True)) == [
+        f"exit:{how}:open:{i}" for i in range(audit_exit.OPEN)
+    ]
+    assert not opened.filter(waited__isnull=True).exists()
 
 
 def test_a_database_that_never_answers_does_not_hold_the_exit() -> None:
@@ -197,7 +241,8 @@ def test_a_database_that_never_answers_does_not_hold_the_exit() -> None:
         took = time.monotonic() - started
     assert process.returncode == 0, err
     assert took < audit_exit.STUCK_EXIT_TIMEOUT + 20, took
-    assert "400 lock events" in err and "not written" in err
+    lost = audit_exit.EVENTS + audit_exit.OPEN
+    assert f"{lost} lock events" in err and "not written" in err
 
 
 def test_the_old_module_paths_re_export() -> None:

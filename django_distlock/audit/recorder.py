@@ -27,7 +27,6 @@ import random
 import sys
 import threading
 import weakref
-import zlib
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import Any
@@ -215,14 +214,6 @@ def recorded_elsewhere() -> Iterator[None]:
         _forcing.active = False
 
 
-def _sampled(kind: str, handle: Any, token: int | None) -> bool:
-    """Draw for one event; an acquisition and its release or loss draw the same (a hash
-    of the handle and the fencing token), so a sampled hold has both ends."""
-    if handle is None or kind == LockEvent.FAILED:
-        return random.random() < handle.backend.audit.sample if handle else True
-    return zlib.crc32(f"{id(handle)}:{token}".encode()) / 2**32 < handle.backend.audit.sample
-
-
 def _row(kind: str, alias: str, name: str, handle: Any) -> dict[str, Any]:
     """The fields of an event of ``handle`` (None: none known), at now."""
     row: dict[str, Any] = {"at": timezone.now(), "kind": kind, "alias": alias, "name": name}
@@ -240,15 +231,19 @@ def _receiver(kind: str) -> Any:
         handle = kwargs.get("handle")
         if kind == LockEvent.FORCE_RELEASED and getattr(_forcing, "active", False):
             return
-        if config.sample < 1.0 and not _sampled(kind, handle, kwargs.get("fencing_token")):
+        ends = handle is not None and kind in (LockEvent.RELEASED, LockEvent.LOST)
+        # A hold's end is sampled as its acquisition was: noted (open_hold) or not.
+        if not ends and config.sample < 1.0 and random.random() >= config.sample:
             return
         if kind == LockEvent.ACQUIRED and handle is not None:
             recorder.open_hold(handle, kwargs.get("waited"))  # the row is written at its end
             return
         row = _row(kind, alias, name, handle)
         row.update(fencing_token=kwargs.get("fencing_token"), waited=kwargs.get("waited"))
-        if handle is not None and kind in (LockEvent.RELEASED, LockEvent.LOST):
+        if ends:
             waited, start = recorder.close_hold(handle)
+            if start is None and config.sample < 1.0:
+                return  # its acquisition was not drawn
             held = handle.held_for
             if start is None and held is not None:  # acquired before the alias audited
                 start = row["at"] - timedelta(seconds=held)
