@@ -240,7 +240,7 @@ def _receiver(kind: str) -> Any:
             return
         row = _row(kind, alias, name, handle)
         row.update(fencing_token=kwargs.get("fencing_token"), waited=kwargs.get("waited"))
-        if ends:
+        if ends and handle is not None:
             waited, start = recorder.close_hold(handle)
             if start is None and config.sample < 1.0:
                 return  # its acquisition was not drawn
