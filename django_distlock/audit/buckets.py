@@ -17,8 +17,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db import transaction
-from django.db.models import Q
+from django.db import IntegrityError, connections, transaction
 
 from ..models import LockActivity, LockEvent
 
@@ -28,8 +27,6 @@ SPANS = (60, 300, 900, 7200)
 #: Upper bounds (seconds) of the wait and hold histograms: 1 ms to about 2 days, each
 #: sqrt(2) times the last; a value above the last is counted past it.
 BOUNDS = tuple(0.001 * math.sqrt(2) ** k for k in range(55))
-#: Keys per query that reads the rows a batch adds to.
-_CHUNK = 100
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 Key = tuple[int, datetime, str, str]
@@ -134,37 +131,81 @@ def collect(events: Iterable[Mapping[str, Any]]) -> dict[Key, Counts]:
     return added
 
 
-def store(added: Mapping[Key, Counts], using: str | None = None, model: Any = None) -> None:
-    """Add ``added`` to the bucket rows, in one transaction.
+def merge(into: dict[Key, Counts], added: Mapping[Key, Counts]) -> dict[Key, Counts]:
+    """Add ``added`` to ``into`` (in memory); return ``into``."""
+    for key, counts in added.items():
+        mine = into.get(key)
+        if mine is None:
+            into[key] = counts
+        else:
+            counts.merge_into(mine)  # type: ignore[arg-type]
+    return into
 
-    Rows missing are inserted empty first (a conflict with another writer's insert is
-    ignored), then every row is read locked and updated, in key order (two writers lock
-    in the same order, so they do not deadlock). ``model``: a migration's historical
-    LockActivity.
+
+_FIELDS = ["acquired", "failed", "lost", "forced", "waits", "holds"]
+#: Attempts at a batch whose new rows another writer inserted meanwhile.
+_ATTEMPTS = 3
+
+
+def _existing(manager: Any, added: Mapping[Key, Counts]) -> list[Any]:
+    """The rows of ``added``'s keys, read locked in key order (two writers lock in the
+    same order: no deadlock): per span, the range of its starts (a batch spans a second
+    or so: a bucket or two), kept when their key is one of ``added``'s."""
+    found = []
+    for span in sorted({key[0] for key in added}):
+        keys = [key for key in added if key[0] == span]
+        rows = manager.select_for_update().filter(
+            span=span,
+            start__gte=min(key[1] for key in keys),
+            start__lte=max(key[1] for key in keys),
+            alias__in={key[2] for key in keys},
+            prefix__in={key[3] for key in keys},
+        )
+        found += [r for r in rows.order_by("start", "alias", "prefix") if _key(r) in added]
+    return found
+
+
+def _key(row: Any) -> Key:
+    return (row.span, row.start, row.alias, row.prefix)
+
+
+def store(added: Mapping[Key, Counts], using: str | None = None, model: Any = None) -> None:
+    """Add ``added`` to the bucket rows, in one transaction: the rows that exist are
+    read locked and updated, the others inserted. When another writer inserted one of
+    these meanwhile (a unique violation), the batch is tried again (:data:`_ATTEMPTS`).
+    ``model``: a migration's historical LockActivity.
     """
     if not added:
         return
-    keys = sorted(added)
     model = LockActivity if model is None else model
     manager = model.objects.db_manager(using)
-    with transaction.atomic(using=manager.db):
-        manager.bulk_create(
-            [model(span=k[0], start=k[1], alias=k[2], prefix=k[3]) for k in keys],
-            ignore_conflicts=True,
-        )
-        for first in range(0, len(keys), _CHUNK):
-            chunk = keys[first : first + _CHUNK]
-            where = Q()
-            for span, start, alias, prefix in chunk:
-                where |= Q(span=span, start=start, alias=alias, prefix=prefix)
-            rows = list(
-                manager.select_for_update()
-                .filter(where)
-                .order_by("span", "start", "alias", "prefix")
-            )
-            for row in rows:
-                added[(row.span, row.start, row.alias, row.prefix)].merge_into(row)
-            manager.bulk_update(rows, ["acquired", "failed", "lost", "forced", "waits", "holds"])
+    for attempt in range(_ATTEMPTS):
+        try:
+            with transaction.atomic(using=manager.db):
+                connection = connections[manager.db]
+                if connection.vendor == "sqlite":
+                    # Take the write lock first (waiting for it, busy timeout): a read
+                    # transaction that later writes fails at once when another wrote.
+                    with connection.cursor() as cursor:
+                        cursor.execute(f"UPDATE {model._meta.db_table} SET span = span WHERE 0")
+                rows = _existing(manager, added)
+                seen = set()
+                for row in rows:
+                    seen.add(_key(row))
+                    added[_key(row)].merge_into(row)
+                manager.bulk_update(rows, _FIELDS, batch_size=500)
+                manager.bulk_create(
+                    [
+                        model(span=k[0], start=k[1], alias=k[2], prefix=k[3], **vars(c))
+                        for k, c in sorted(added.items())
+                        if k not in seen
+                    ],
+                    batch_size=1000,
+                )
+            return
+        except IntegrityError:
+            if attempt == _ATTEMPTS - 1:
+                raise
 
 
 def add_events(events: Iterable[Mapping[str, Any]], using: str | None = None) -> None:

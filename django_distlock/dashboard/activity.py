@@ -11,6 +11,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
@@ -18,7 +19,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.template.response import TemplateResponse
 from django.utils import timezone
 
-from ..audit import buckets
+from ..audit import buckets, totals
 from ..audit.buckets import name_prefix as name_prefix  # re-exported: its old home
 from ..exceptions import InvalidLockName
 from ..models import LockActivity, LockEvent
@@ -71,7 +72,7 @@ class Group:
 
 
 def summarize(
-    rows: Iterable[LockActivity], since: datetime, span: int, count: int
+    rows: Iterable[Any], since: datetime, span: int, count: int
 ) -> tuple[dict[str, list[int]], list[Group]]:
     """Return counts per kind per bucket and the (alias, name prefix) groups of ``rows``."""
     series = {kind: [0] * count for kind in KINDS}
@@ -98,37 +99,56 @@ def by_prefix(prefix: str) -> bool:
     return ":" not in prefix[:-1]
 
 
-def read_rows(
-    span: int, since: datetime, alias: str, prefix: str
-) -> tuple[list[LockActivity], bool]:
-    """The bucket rows of a window (from the events when the buckets cannot answer the
-    search); and whether events were left out (:data:`MAX_EVENTS`).
+def from_buckets(
+    span: int, since: datetime, count: int, alias: str, prefix: str
+) -> tuple[dict[str, list[int]], list[Group]]:
+    """Counts per kind per bucket and the groups of a window, summed by the database
+    from the bucket rows (:mod:`django_distlock.audit.totals`: four queries).
 
     :param span: the window's bucket length, seconds.
     :param since: the start of its first bucket.
+    :param count: its number of buckets.
     :param alias: only this alias ("": every one).
-    :param prefix: only names starting with this.
-    :returns: the rows, and whether they were truncated.
+    :param prefix: only names starting with this (:func:`by_prefix` must be true).
+    :returns: the series and the groups, the busiest first.
     """
-    if by_prefix(prefix):
-        rows = LockActivity.objects.filter(span=span, start__gte=since)
-        if alias:
-            rows = rows.filter(alias=alias)
-        if prefix:
-            rows = rows.filter(prefix__startswith=prefix)
-        return list(rows), False
+    rows = LockActivity.objects.filter(span=span, start__gte=since)
+    if alias:
+        rows = rows.filter(alias=alias)
+    if prefix:
+        rows = rows.filter(prefix__startswith=prefix)
+    starts, counts, waits, holds = totals.window(rows)
+    series = {kind: [0] * count for kind in KINDS}
+    for start, sums in starts:
+        index = int((start - since).total_seconds()) // span
+        if 0 <= index < count:
+            for kind in KINDS:
+                series[kind][index] += sums[kind]
+    groups = [
+        Group(alias, prefix, defaultdict(int, sums), waits.get((alias, prefix), {}),
+              holds.get((alias, prefix), {}))
+        for (alias, prefix), sums in counts.items()
+    ]  # fmt: skip
+    return series, sorted(groups, key=lambda g: -sum(g.counts.values()))
+
+
+def from_events(
+    span: int, since: datetime, count: int, alias: str, prefix: str
+) -> tuple[dict[str, list[int]], list[Group], bool]:
+    """Like :func:`from_buckets`, from the events themselves (a search past a name's
+    first ``:``, which the buckets cannot answer): at most :data:`MAX_EVENTS`, the
+    newest; the last item says whether some were left out."""
     events = LockEvent.objects.filter(at__gte=since, name__startswith=prefix)
     if alias:
         events = events.filter(alias=alias)
     fields = ("at", "kind", "alias", "name", "waited", "held", "acquired_at")
     found = list(events.order_by("-at").values(*fields)[:MAX_EVENTS])
-    added = buckets.collect(found)
-    made = [
+    rows = [
         LockActivity(span=k[0], start=k[1], alias=k[2], prefix=k[3], **vars(c))
-        for k, c in added.items()
+        for k, c in buckets.collect(found).items()
         if k[0] == span and k[1] >= since
     ]
-    return made, len(found) == MAX_EVENTS
+    return *summarize(rows, since, span, count), len(found) == MAX_EVENTS
 
 
 def activity_view(request: HttpRequest, site: admin.AdminSite) -> HttpResponse:
@@ -152,8 +172,11 @@ def activity_view(request: HttpRequest, site: admin.AdminSite) -> HttpResponse:
     length, count = WINDOWS[window]
     span = int(length.total_seconds()) // count
     since = buckets.bucket_start(timezone.now(), span) + timedelta(seconds=span) - length
-    rows, truncated = read_rows(span, since, alias, prefix)
-    series, groups = summarize(rows, since, span, count)
+    if by_prefix(prefix):
+        series, groups = from_buckets(span, since, count, alias, prefix)
+        truncated = False
+    else:
+        series, groups, truncated = from_events(span, since, count, alias, prefix)
     labels = [
         timezone.localtime(since + timedelta(seconds=span * i)).strftime("%b %d %H:%M")
         for i in range(count)
