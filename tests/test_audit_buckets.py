@@ -101,6 +101,14 @@ def test_a_routine_purge_keeps_force_releases_and_is_recorded() -> None:
     assert "force releases and purges included" in LockEvent.objects.get().reason
 
 
+def test_a_purge_keeps_short_buckets_only_as_long_as_their_window() -> None:
+    now = timezone.now()
+    buckets.add_events([_hold(now - timedelta(hours=3))])
+    assert purge(now=now) == 0
+    spans = set(LockActivity.objects.values_list("span", flat=True))
+    assert spans == {300, 900, 7200}  # the minutes are the last hour's window only
+
+
 def test_retention_per_alias_keeps_the_recent(settings: Any) -> None:
     now = timezone.now()
     _trail(now)

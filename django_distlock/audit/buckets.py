@@ -24,6 +24,9 @@ from ..models import LockActivity, LockEvent
 #: Bucket lengths in seconds kept: one per window of the activity page (1 h in minutes,
 #: 6 h in 5 minutes, 24 h in 15 minutes, 7 days in 2 hours).
 SPANS = (60, 300, 900, 7200)
+#: How long a purge keeps the buckets of a span (None: as long as the events): twice
+#: the window that reads them.
+KEEP = {60: timedelta(hours=2), 300: timedelta(hours=12), 900: timedelta(hours=48), 7200: None}
 #: Upper bounds (seconds) of the wait and hold histograms: 1 ms to about 2 days, each
 #: sqrt(2) times the last; a value above the last is counted past it.
 BOUNDS = tuple(0.001 * math.sqrt(2) ** k for k in range(55))

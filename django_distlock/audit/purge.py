@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from ..handler import locks
 from ..models import LockActivity, LockEvent
+from .buckets import KEEP
 
 #: Days kept of an alias that does not audit (now), when no ``days`` is given.
 DEFAULT_RETENTION_DAYS = 30.0
@@ -54,7 +55,8 @@ def purge(
     """Delete the audit rows older than ``days``, or, with no ``days``, each alias'
     rows older than its ``AUDIT['RETENTION_DAYS']`` (30 days for an alias that does
     not audit now; none of an alias whose ``RETENTION_DAYS`` is None), and their
-    activity buckets. Force releases and purges are kept unless ``operator_actions``
+    activity buckets (and the buckets of the short spans past ``buckets.KEEP``). Force
+    releases and purges are kept unless ``operator_actions``
     (then they go with ``days``, or :data:`DEFAULT_RETENTION_DAYS`). A purge that
     deletes rows is itself recorded (kind ``purged``, by ``actor``).
 
@@ -82,6 +84,9 @@ def purge(
             if operator_actions:
                 deleted += _delete(None, _cutoff(now, DEFAULT_RETENTION_DAYS), True)
                 spans.append(f"operator actions older than {DEFAULT_RETENTION_DAYS:g} days")
+        for span, keep in KEEP.items():  # the short spans serve the short windows only
+            if keep is not None:
+                LockActivity.objects.filter(span=span, start__lt=now - keep).delete()
         if deleted:
             LockEvent.objects.create(
                 at=timezone.now(),
