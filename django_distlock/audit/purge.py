@@ -84,9 +84,9 @@ def purge(
             if operator_actions:
                 deleted += _delete(None, _cutoff(now, DEFAULT_RETENTION_DAYS), True)
                 spans.append(f"operator actions older than {DEFAULT_RETENTION_DAYS:g} days")
-        for span, keep in KEEP.items():  # the short spans serve the short windows only
-            if keep is not None:
-                LockActivity.objects.filter(span=span, start__lt=now - keep).delete()
+        for span, kept in KEEP.items():  # the short spans serve the short windows only
+            if kept is not None:
+                LockActivity.objects.filter(span=span, start__lt=now - kept).delete()
         if deleted:
             LockEvent.objects.create(
                 at=timezone.now(),
