@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -217,6 +218,50 @@ def test_events_queued_at_a_graceful_exit_are_written(how: str) -> None:
         f"exit:{how}:open:{i}" for i in range(audit_exit.OPEN)
     ]
     assert not opened.filter(waited__isnull=True).exists()
+
+
+def test_gunicorn_workers_stopped_by_sigterm_write_every_hold() -> None:
+    """Real gunicorn, two sync workers: requests hold and release audited locks (each
+    row queued, not written, when the answer goes out), some holds are kept; SIGTERM
+    to the master stops the workers gracefully and every hold is in the trail."""
+    pytest.importorskip("gunicorn")
+    root = Path(__file__).resolve().parent.parent
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    server = subprocess.Popen(
+        [sys.executable, "-m", "gunicorn", "-w", "2", "-b", f"127.0.0.1:{port}",
+         "--graceful-timeout", "20", "tests.audit_wsgi:application"],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root),
+             "DISTLOCK_AUDIT_DB": json.dumps(_sqlite_database())},
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        pids = set()
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/lock/0", timeout=5) as r:
+                    pids.add(r.read())
+                break
+            except OSError:
+                assert time.monotonic() < deadline and server.poll() is None, "no gunicorn"
+                time.sleep(0.2)
+        for path in [f"lock/{i}" for i in range(1, 60)] + ["hold/0", "hold/1"]:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/{path}", timeout=10) as r:
+                pids.add(r.read())
+        server.send_signal(signal.SIGTERM)
+        _, err = server.communicate(timeout=60)
+    finally:
+        server.kill()
+    assert server.returncode == 0, err
+    rows = LockEvent.objects.filter(name__startswith="wsgi:")
+    assert rows.filter(kind="released").count() == 60, err
+    assert sorted(rows.filter(kind="acquired").values_list("name", flat=True)) == [
+        "wsgi:hold:0", "wsgi:hold:1"
+    ]
+    assert set(rows.values_list("pid", flat=True)) == {int(pid) for pid in pids}
 
 
 def test_a_database_that_never_answers_does_not_hold_the_exit() -> None:
