@@ -38,7 +38,7 @@ def _hold(at: Any, name: str = "order:1", alias: str = "a") -> dict[str, Any]:
 
 
 def test_writers_at_once_lose_no_count(database: str) -> None:
-    """Four threads add 25 batches each to the same rows: the counts add up (the rows
+    """Four threads add 10 batches each to the same rows: the counts add up (the rows
     are inserted once, then read locked and updated)."""
     at = timezone.now()
     batch = [_hold(at), _hold(at, "report:1"), {**_hold(at), "kind": "lost"}]
@@ -46,7 +46,7 @@ def test_writers_at_once_lose_no_count(database: str) -> None:
 
     def write() -> None:
         try:
-            for _ in range(25):
+            for _ in range(10):
                 buckets.add_events(batch, using=database)
         except BaseException as exc:
             failures.append(exc)
@@ -63,10 +63,37 @@ def test_writers_at_once_lose_no_count(database: str) -> None:
     assert rows.count() == 2 * len(buckets.SPANS)
     for span in buckets.SPANS:
         order = rows.get(span=span, prefix="order:")
-        assert (order.acquired, order.lost) == (200, 100)
-        assert order.holds == {buckets.slot(0.5): 200}
-        assert order.waits == {buckets.slot(0.01): 200}
-        assert rows.get(span=span, prefix="report:").acquired == 100
+        assert (order.acquired, order.lost) == (80, 40)
+        assert order.holds == {buckets.slot(0.5): 80}
+        assert order.waits == {buckets.slot(0.01): 80}
+        assert rows.get(span=span, prefix="report:").acquired == 40
+
+
+def test_migration_0010_counts_the_last_week_of_an_old_trail(database: str) -> None:
+    """Rows as 0009 wrote them (an ``acquired`` and a ``released`` row per hold): the
+    migration's fill counts each hold once, and nothing older than 7 days."""
+    from importlib import import_module
+
+    from django.apps import apps
+
+    migration = import_module("django_distlock.migrations.0010_audit_holds_activity")
+    now = timezone.now()
+    for at in (now - timedelta(hours=1), now - timedelta(days=8)):
+        for kind, extra in (("acquired", {"waited": 0.2}), ("released", {"held": 3.0})):
+            LockEvent.objects.using(database).create(
+                at=at, kind=kind, alias="a", name="order:1", **extra
+            )
+
+    class Editor:
+        connection = connections[database]
+
+    migration.fill_buckets(apps, Editor())
+    rows = LockActivity.objects.using(database)
+    assert rows.count() == len(buckets.SPANS)
+    minute = rows.get(span=60)
+    assert (minute.acquired, minute.waits, minute.holds) == (
+        1, {buckets.slot(0.2): 1}, {buckets.slot(3.0): 1}
+    )
 
 
 def test_bucket_starts_align_on_the_span() -> None:
