@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from django_distlock.exceptions import InvalidBackendOptions, LockLost
 from django_distlock.models import LockActivity, LockEvent
 
 from . import audit_exit
+from .conftest import require_redis
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -72,6 +74,22 @@ def test_a_hold_is_one_row_with_its_wait_and_hold_times(audited: None) -> None:
     # The activity buckets were counted in the same write: one acquisition, one hold.
     minute = LockActivity.objects.get(span=60, alias="locmem", prefix="audit:", acquired=1)
     assert (minute.failed, sum(minute.holds.values())) == (1, 1)
+
+
+def test_a_reentrant_hold_is_a_row_per_acquisition(audited: None, settings: Any) -> None:
+    require_redis()
+    redis = {**settings.DISTLOCK["redis"], "AUDIT": True}
+    with override_settings(DISTLOCK={**settings.DISTLOCK, "redis": redis}):
+        handle = locks["redis"].lock(f"audit:again:{uuid.uuid4().hex}", ttl=30, reentrant=True)
+        with handle:
+            time.sleep(0.05)
+            with handle:
+                pass
+        recorder.flush()
+    inner, outer = LockEvent.objects.filter(name=handle.name).order_by("id")
+    assert inner.acquired_at is not None and outer.acquired_at is not None
+    assert inner.acquired_at > outer.acquired_at and inner.at <= outer.at
+    assert outer.waited is not None and inner.waited is not None
 
 
 def test_a_lost_hold_is_one_row_too(audited: None) -> None:

@@ -63,26 +63,39 @@ class Recorder:
         self._queued = 0  # events queued by this process ...
         self._done = 0  # ... and how many of them were written or dropped by a failed write
         self._pid: int | None = None  # of the process whose writer thread runs
-        #: Holds of this process whose acquisition was sampled: handle -> (waited, start).
-        self._open: weakref.WeakKeyDictionary[Any, tuple[float | None, datetime]] = (
+        #: Holds of this process whose acquisition was sampled: handle -> (waited, start)
+        #: of each acquisition it holds (a reentrant handle's inner ones last).
+        self._open: weakref.WeakKeyDictionary[Any, list[tuple[float | None, datetime]]] = (
             weakref.WeakKeyDictionary()
         )
 
     def open_hold(self, handle: Any, waited: float | None) -> None:
         """Note that ``handle`` acquired after waiting ``waited`` seconds (no row yet)."""
         with self._mutex:
-            self._open[handle] = (waited, timezone.now())
+            self._open.setdefault(handle, []).append((waited, timezone.now()))
 
     def close_hold(self, handle: Any) -> tuple[float | None, datetime | None]:
-        """Forget ``handle``'s hold; return its wait and start (None, None when not noted)."""
+        """Forget ``handle``'s latest hold; return its wait and start (None, None when
+        not noted)."""
         with self._mutex:
-            return self._open.pop(handle, (None, None))
+            held = self._open.get(handle)
+            if not held:
+                return None, None
+            found = held.pop()
+            if not held:
+                del self._open[handle]
+            return found
 
     def add_open_holds(self) -> int:
         """Queue an ``acquired`` row for each hold of this process still open (at exit:
         its end will not be seen); return how many."""
         with self._mutex:
-            holds = [(h, w) for h, w in self._open.items() if getattr(h, "held", False)]
+            holds = [
+                (h, hold)
+                for h, stack in self._open.items()
+                if getattr(h, "held", False)
+                for hold in stack
+            ]
             self._open.clear()
         for handle, (waited, start) in holds:
             row = _row(LockEvent.ACQUIRED, handle.backend.alias, handle.name, handle)
