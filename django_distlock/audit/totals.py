@@ -20,17 +20,17 @@ from ..models import LockActivity
 
 #: The count columns of a bucket row.
 COUNTS = ("acquired", "failed", "lost", "forced")
-#: Per vendor: the SQL that sums one histogram column (``{column}``) of the rows whose
-#: ids the subquery (``{ids}``) selects, per alias, prefix and histogram bucket.
+#: Per vendor: the SQL that sums one histogram column (``{column}``) of the rows the
+#: subquery (``{rows}``: their alias, prefix and that column) selects, per alias, prefix
+#: and histogram bucket.
 _HISTOGRAM_SQL = {
     "postgresql": (
-        "SELECT a.alias, a.prefix, h.key, SUM(h.value::bigint) FROM {table} a "
-        "CROSS JOIN LATERAL jsonb_each_text(a.{column}) h WHERE a.id IN ({ids}) "
-        "GROUP BY a.alias, a.prefix, h.key"
+        "SELECT a.alias, a.prefix, h.key, SUM(h.value::bigint) FROM ({rows}) a "
+        "CROSS JOIN LATERAL jsonb_each_text(a.{column}) h GROUP BY a.alias, a.prefix, h.key"
     ),
     "sqlite": (
-        "SELECT a.alias, a.prefix, h.key, SUM(h.value) FROM {table} a, json_each(a.{column}) h "
-        "WHERE a.id IN ({ids}) GROUP BY a.alias, a.prefix, h.key"
+        "SELECT a.alias, a.prefix, h.key, SUM(h.value) FROM ({rows}) a, json_each(a.{column}) h "
+        "GROUP BY a.alias, a.prefix, h.key"
     ),
 }
 
@@ -79,9 +79,9 @@ def histograms(rows: QuerySet[LockActivity], column: str) -> Histograms:
             for index, count in histogram.items():
                 mine[index] = mine.get(index, 0) + count
         return summed
-    ids, params = rows.values("id").query.get_compiler(using=rows.db).as_sql()
-    table = connection.ops.quote_name(LockActivity._meta.db_table)
-    sql = template.format(table=table, column=connection.ops.quote_name(column), ids=ids)
+    selected = rows.values("alias", "prefix", column).order_by()
+    sub, params = selected.query.get_compiler(using=rows.db).as_sql()
+    sql = template.format(rows=sub, column=connection.ops.quote_name(column))
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         for alias, prefix, index, count in cursor.fetchall():
