@@ -92,6 +92,28 @@ def test_a_reentrant_hold_is_a_row_per_acquisition(audited: None, settings: Any)
     assert outer.waited is not None and inner.waited is not None
 
 
+def test_a_celery_pool_process_shutting_down_writes_its_queue(audited: None) -> None:
+    """A prefork pool process exits without ``atexit``: Celery's
+    ``worker_process_shutdown`` drains the queue, with the holds still open."""
+    from celery import signals as celery_signals
+
+    recorder_module.connect()  # connected while Celery is imported
+    recorder.interval = 3600
+    try:
+        time.sleep(recorder_module.FLUSH_INTERVAL + 0.2)  # the writer now waits an hour
+        with locks["locmem"].lock("audit:pool:done", ttl=30):
+            pass
+        kept = locks["locmem"].lock("audit:pool:open", ttl=30)
+        kept.acquire()
+        celery_signals.worker_process_shutdown.send(sender=None, pid=os.getpid(), exitcode=0)
+        kinds = dict(LockEvent.objects.values_list("name", "kind"))
+        assert kinds == {"audit:pool:done": "released", "audit:pool:open": "acquired"}
+        kept.release()
+    finally:
+        recorder.interval = recorder_module.FLUSH_INTERVAL
+        recorder.flush()
+
+
 def test_a_lost_hold_is_one_row_too(audited: None) -> None:
     handle = locks["locmem"].lock("audit:lost", ttl=0.1)
     handle.acquire()
