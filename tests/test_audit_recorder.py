@@ -111,6 +111,7 @@ def test_a_celery_pool_process_shutting_down_writes_its_queue(audited: None) -> 
         kept.release()
     finally:
         recorder.interval = recorder_module.FLUSH_INTERVAL
+        recorder._wake.set()  # the writer waits an hour: back to every second now
         recorder.flush()
 
 
