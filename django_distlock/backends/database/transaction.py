@@ -35,6 +35,7 @@ from .sql import (
     PG_TX_TIMEOUTS,
     POSTGRESQL,
     SQLITE,
+    SQLITE_ENSURE_ROW,
     as_datetime,
     upper_bound,
 )
@@ -409,7 +410,7 @@ class SqliteTxAcquisition(_TxAcquisition):
                         cursor.execute(SQLITE.tx_grant, params)
                         row = cursor.fetchone()
                         if row is None:  # first use of the name; the write lock is ours
-                            cursor.execute(ENSURE_ROW, [lock.key])
+                            cursor.execute(SQLITE_ENSURE_ROW, [lock.key])
                             cursor.execute(SQLITE.tx_grant, params)
                             row = cursor.fetchone()
                     except ERRORS as exc:
