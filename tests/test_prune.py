@@ -198,7 +198,7 @@ def test_the_command_prunes_each_alias_or_says_why_not(unique) -> None:
 
 
 def test_the_housekeeping_task_prunes(unique) -> None:
-    from django_distlock.integrations.housekeeping import prune_idle_rows
+    from django_distlock.integrations.housekeeping import prune_idle_rows, prune_task
 
     name = unique("task")
     _token("sqlite-lease", name)
@@ -206,3 +206,10 @@ def test_the_housekeeping_task_prunes(unique) -> None:
     result = prune_idle_rows(idle_for=0, aliases=["sqlite-lease", "locmem"])
     assert result["sqlite-lease"] >= 1 and "locmem" not in result
     assert _row("sqlite-lease", name) is None
+    # The Celery task a beat schedule names runs the same function.
+    again = unique("beat")
+    _token("sqlite-lease", again)
+    time.sleep(0.1)
+    assert prune_task.name == "django_distlock.prune_idle_rows"
+    done = prune_task.apply(kwargs={"idle_for": 0, "aliases": ["sqlite-lease"]}).get()
+    assert done["sqlite-lease"] >= 1 and _row("sqlite-lease", again) is None

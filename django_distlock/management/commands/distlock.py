@@ -1,5 +1,6 @@
 """``manage.py distlock``: list, inspect and force-release held locks, purge the audit
-trail, check each alias' health (exit status 1 when one fails: a container probe)."""
+trail, prune the database backend's idle rows, check each alias' health (exit status 1
+when one fails: a container probe)."""
 
 from __future__ import annotations
 
@@ -60,6 +61,11 @@ class Command(BaseCommand):
         purge.add_argument(
             "--days", type=float, help="older than this (default: each alias' RETENTION_DAYS)"
         )
+        prune = sub.add_parser("prune", help="delete the database backend's idle lock rows")
+        prune.add_argument("--alias", action="append", help="only this alias (repeatable)")
+        prune.add_argument("--idle", type=float, default=3600.0,
+                           help="rows idle for this many seconds (3600)")
+        prune.add_argument("--batch", type=int, default=1000, help="rows per transaction")
         health = sub.add_parser("health", help="one round trip per alias; exit 1 if one fails")
         health.add_argument("--json", action="store_true")
 
@@ -161,6 +167,28 @@ class Command(BaseCommand):
         except ValueError as exc:
             raise CommandError(f"--{exc}") from exc
         self.stdout.write(f"Deleted {deleted} audit rows.")
+
+    def do_prune(self, *, alias: list[str] | None, idle: float, batch: int, **_: Any) -> None:
+        from ...integrations.housekeeping import prunable
+
+        failed = False
+        for one in alias or list(locks):
+            self._alias(one)
+            backend = prunable(one)
+            if backend is None:
+                self.stdout.write(f"{one}: nothing to prune (its keys go when freed)")
+                continue
+            try:
+                deleted = backend.prune(idle_for=idle, batch=batch)
+            except ValueError as exc:
+                raise CommandError(str(exc)) from exc
+            except DistLockError as exc:
+                self.stderr.write(f"{one}: {exc}")
+                failed = True
+                continue
+            self.stdout.write(f"{one}: pruned {deleted} idle rows")
+        if failed:
+            raise CommandError("Some aliases could not be pruned.", returncode=1)
 
     def do_health(self, **options: Any) -> None:
         results = check_health()
