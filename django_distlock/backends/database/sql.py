@@ -20,9 +20,8 @@ _COLUMNS = "name, owner, fencing, acquired_at, expires_at, host, pid, thread"
 #: no key can equal it, a key being printable. A row made anew starts above it (PostgreSQL:
 #: migration 0011's trigger; SQLite: ``SQLITE_HIGH_WATER`` in each INSERT that makes one).
 HIGH_WATER = "\x1edistlock:high-water"
-SQLITE_HIGH_WATER = (
-    f"coalesce((SELECT fencing FROM {TABLE} WHERE name = char(30) || 'distlock:high-water'), 0)"
-)
+#: (The name's control character is in the literal as it is: valid SQL on either vendor.)
+SQLITE_HIGH_WATER = f"coalesce((SELECT fencing FROM {TABLE} WHERE name = '{HIGH_WATER}'), 0)"
 #: PostgreSQL: until when a waiter's reservation keeps the lock (NULL: none); see
 #: docs/database.md.
 _RESERVED_UNTIL = (
