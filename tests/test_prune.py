@@ -211,5 +211,32 @@ def test_the_housekeeping_task_prunes(unique) -> None:
     _token("sqlite-lease", again)
     time.sleep(0.1)
     assert prune_task.name == "django_distlock.prune_idle_rows"
-    done = prune_task.apply(kwargs={"idle_for": 0, "aliases": ["sqlite-lease"]}).get()
-    assert done["sqlite-lease"] >= 1 and _row("sqlite-lease", again) is None
+    answer = prune_task.apply(kwargs={"idle_for": 0, "aliases": ["sqlite-lease"]}).get()
+    assert answer["sqlite-lease"] >= 1 and _row("sqlite-lease", again) is None
+
+
+def test_a_listing_during_a_prune_leaves_the_high_water_row_out(unique) -> None:
+    """Transaction mode lists the rows locked by an open transaction; a prune's batch
+    locks the high-water row while it raises it."""
+    require_pg()
+    import psycopg
+
+    from django_distlock.backends.database import DatabaseBackend
+
+    from .conftest import psycopg_params
+
+    # No KEY_PREFIX: the listing's range takes every row.
+    unprefixed = DatabaseBackend("pg-tx-unprefixed",
+                                 {"OPTIONS": {"DATABASE": "pg", "MODE": "transaction"}})
+    _token("pg-lease", unique("mark"))
+    time.sleep(0.1)
+    assert locks["pg-lease"].prune(idle_for=0) >= 1  # the high-water row exists
+    with psycopg.connect(**psycopg_params("pg")) as side:  # a batch, mid-way
+        side.execute("SELECT 1 FROM django_distlock_lock WHERE name = %s FOR UPDATE",
+                     [HIGH_WATER])
+        try:
+            listed = [info.name for info in unprefixed.held_locks()]
+        finally:
+            unprefixed.close()
+        side.rollback()
+    assert not any(HIGH_WATER in name or "high-water" in name for name in listed), listed
