@@ -240,3 +240,48 @@ def test_a_listing_during_a_prune_leaves_the_high_water_row_out(unique) -> None:
             unprefixed.close()
         side.rollback()
     assert not any(HIGH_WATER in name or "high-water" in name for name in listed), listed
+
+
+def test_an_insert_waiting_on_a_row_being_pruned_starts_above_it(unique) -> None:
+    """The race migration 0011's advisory lock closes: an INSERT of a name's row (the
+    wait procedure's, a reader's grant's) that meets the row a batch is deleting waits
+    for the batch to commit, then inserts; its token must come from the high-water mark
+    that batch raised, not from one read before the wait. A side transaction plays the
+    batch, step by step; another inserts as the wait procedure does."""
+    require_pg()
+    import psycopg
+
+    from django_distlock.backends.database.prune import PG_PRUNE_LOCK
+
+    from .conftest import psycopg_params
+
+    name = unique("mid-batch")
+    tokens = [_token("pg-lease", name) for _ in range(3)]
+    key = locks["pg-lease"].make_key(name)
+    inserted: list[Any] = []
+
+    def insert() -> None:
+        with psycopg.connect(**psycopg_params("pg"), autocommit=True) as other:
+            inserted.append(other.execute(
+                "INSERT INTO django_distlock_lock (name, owner, fencing, host, thread)"
+                " VALUES (%s, 'x', 1, '', '') ON CONFLICT (name) DO NOTHING"
+                " RETURNING fencing", [key]).fetchone())
+
+    with psycopg.connect(**psycopg_params("pg")) as side:
+        side.execute("SELECT pg_advisory_xact_lock(%s, %s)", list(PG_PRUNE_LOCK))
+        top = side.execute("DELETE FROM django_distlock_lock WHERE name = %s RETURNING fencing",
+                           [key]).fetchone()[0]
+        assert top == tokens[-1] >= 3
+        inserter = threading.Thread(target=insert)
+        inserter.start()
+        time.sleep(0.5)  # the INSERT is under way, waiting for this batch
+        assert not inserted
+        side.execute(
+            "INSERT INTO django_distlock_lock (name, fencing, host, thread)"
+            " VALUES (%s, %s, '', '') ON CONFLICT (name) DO UPDATE"
+            " SET fencing = greatest(django_distlock_lock.fencing, excluded.fencing)",
+            [HIGH_WATER, top],
+        )
+        side.commit()
+        inserter.join(30)
+    assert inserted and inserted[0] is not None and inserted[0][0] > top, (tokens, inserted)
