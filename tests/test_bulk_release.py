@@ -282,6 +282,8 @@ def test_command_dry_run_json_and_yes(prefix: str, cleanup: list[Lock]) -> None:
     out, _ = run("--owner", mine.owner_id or "", "--prefix", prefix, "--reason", "r", "--yes")
     assert f"Released 1 lock(s) (owner={mine.owner_id} prefix={prefix})" in out
     assert not held_names("redis", prefix)
+    none = json.loads(run("--prefix", prefix, "--reason", "r", "--yes", "--json")[0])
+    assert none["freed"] == [] and none["skipped"] == [] and not none["more"]
     events = bulk_events()
     assert len(events) == 2 and all(e.actor.startswith("command:") for e in events)
 

@@ -13,7 +13,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from ...exceptions import InvalidLockName
 from ...handler import locks
-from ...operations.bulk import Preview, Selection, release_selected, select
+from ...operations.bulk import Outcome, Preview, Selection, release_selected, select
 from ...values import LockInfo
 
 #: Longest ``--reason``, as the admin's form takes.
@@ -111,7 +111,7 @@ def release_bulk(
         if as_json and not yes:
             raise CommandError("--json releases only with --yes (a question would break it).")
     preview = _preview(command, selection, options["aliases"])
-    if dry_run or not preview.locks:
+    if dry_run:
         if as_json:
             command.stdout.write(json.dumps({
                 "selection": selection.describe(), "dry_run": dry_run,
@@ -122,20 +122,22 @@ def release_bulk(
             for info in preview.locks:
                 command.stdout.write(_line(info))
             command.stdout.write(
-                f"{len(preview.locks)} lock(s) held match {selection.describe()}"
-                + ("; none freed (--dry-run)." if dry_run and preview.locks else ".")
+                f"{len(preview.locks)} lock(s) held match {selection.describe()}; none freed "
+                "(--dry-run)."
             )
         _end(command, preview)
         return
-    if not yes:
+    if preview.locks and not yes:
         for info in preview.locks:
             command.stdout.write(_line(info))
         confirm(f"Force-release these {len(preview.locks)} lock(s) ({selection.describe()})? "
                 "[y/N] ")
     assert reason is not None  # checked above
-    outcome = release_selected(
-        preview.locks, selection, f"command:{getpass.getuser()}", reason
-    )
+    outcome = Outcome()
+    if preview.locks:  # an action that frees nothing is not recorded
+        outcome = release_selected(
+            preview.locks, selection, f"command:{getpass.getuser()}", reason
+        )
     if as_json:
         command.stdout.write(json.dumps({
             "selection": selection.describe(), "dry_run": False,
