@@ -14,6 +14,7 @@ import os
 import uuid
 from collections.abc import Callable, Iterator
 from io import StringIO
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,6 +32,8 @@ from django_distlock.testing.contract.support import in_thread
 from django_distlock.testing.elsewhere import hold_elsewhere
 
 from .conftest import DATABASES, require_pg, require_redis, require_zookeeper
+from .test_admin_dashboard_browser import login, static_root  # noqa: F401  (fixture)
+from .test_optimistic_browser import _messages, _shot, _submit, browsers, screenshots  # noqa: F401
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
 
@@ -141,6 +144,11 @@ def test_retaken_lock_is_skipped_and_the_maximum_is_reported(
     assert f"skipped: redis {prefix}0" in event.reason and "Freed 2, skipped 1." in event.reason
 
 
+#: For tests that fail before any query: a rollback, not a flush of every database.
+NO_FLUSH = pytest.mark.django_db(databases=["default"])
+
+
+@NO_FLUSH
 def test_selection_must_select_something() -> None:
     for bad in ({}, {"pid": 4}, {"owner": "zz"}, {"prefix": "a\x00"}):
         with pytest.raises(ValueError):
@@ -319,6 +327,7 @@ def test_command_refuses_without_yes_off_a_terminal(
         (("--owner", "nothex!!", "--dry-run"), "owner"),
     ],
 )
+@NO_FLUSH
 def test_command_bad_arguments(args: tuple[str, ...], message: str) -> None:
     with pytest.raises(CommandError, match=message):
         run(*args)
@@ -330,3 +339,37 @@ def test_single_release_still_works(monkeypatch: Any, prefix: str) -> None:
     out, _ = run("locmem", f"{prefix}one", "--reason", "stuck", "--yes")
     assert f"Released {prefix}one on locmem." in out
     assert LockEvent.objects.get().name == f"{prefix}one"
+
+
+# The confirm page in headless Chromium (the browser is shared with the other browser tests).
+
+
+def test_bulk_release_in_a_browser(
+    static_root: None,  # noqa: F811
+    live_server: Any,
+    browsers: tuple[Any, Any],  # noqa: F811
+    screenshots: Path,  # noqa: F811
+    prefix: str,
+    cleanup: list[Lock],
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    handles = [locks["locmem"].lock(f"{prefix}job:{n}", ttl=60) for n in range(3)]
+    for handle in handles:
+        handle.acquire()
+    cleanup.extend(handles)
+    browser = browsers[0]
+    base = live_server.url
+    login(browser, base, User.objects.create_superuser("boss", "b@example.com", "pw"))
+    browser.get(f"{base}/admin/django_distlock/lockevent/held/?alias=locmem&q={prefix}")
+    _submit(browser, "#distlock-bulk-release")
+    shown = browser.find_elements(By.CSS_SELECTOR, "tr.distlock-bulk-row")
+    assert [r.get_attribute("data-name") for r in shown] == [f"{prefix}job:{n}" for n in range(3)]
+    assert browser.find_element(By.ID, "distlock-bulk-count").text.startswith("3 locks held")
+    browser.find_element(By.NAME, "reason").send_keys("worker pool replaced")
+    _shot(browser, screenshots, "admin-bulk-release.png")
+    _submit(browser, "#distlock-confirm")
+    assert any(m.startswith("Released 3 locks (prefix=") for m in _messages(browser))
+    assert not held_names("locmem", prefix)
+    (event,) = bulk_events()
+    assert event.actor == "boss" and event.reason.count("\nfreed: locmem ") == 3

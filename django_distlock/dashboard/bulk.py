@@ -138,7 +138,8 @@ def bulk_release_view(request: HttpRequest, site: admin.AdminSite) -> HttpRespon
         **site.each_context(request),
         "title": "Bulk release",
         "criteria": criteria,
-        "maximum": MAX_PER_ACTION,
+        "is_nav_sidebar_enabled": False,  # the table needs the width
+        "maximum": f"{MAX_PER_ACTION:,}",
         "all_aliases": list(locks),
     }
     if criteria.is_bound and criteria.is_valid():
