@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.core.management import CommandError, call_command
-from django.test import Client
+from django.test import Client, override_settings
 from django.urls import reverse
 
 from django_distlock import locks
@@ -30,6 +30,7 @@ from django_distlock.models import LockEvent
 from django_distlock.operations.bulk import BULK_NAME, Selection, release_selected, select
 from django_distlock.testing.contract.support import in_thread
 from django_distlock.testing.elsewhere import hold_elsewhere
+from django_distlock.values import LockInfo
 
 from .conftest import DATABASES, require_pg, require_redis, require_zookeeper
 from .test_admin_dashboard_browser import login, static_root  # noqa: F401  (fixture)
@@ -142,6 +143,31 @@ def test_retaken_lock_is_skipped_and_the_maximum_is_reported(
     assert again.held and backend.is_locked(f"{prefix}0")
     (event,) = bulk_events()
     assert f"skipped: redis {prefix}0" in event.reason and "Freed 2, skipped 1." in event.reason
+
+
+def test_failures_and_unchecked_locks_are_skipped_and_recorded(
+    settings: Any, prefix: str, cleanup: list[Lock]
+) -> None:
+    """A server down at release time, and a lock listed with no owner id (never freed
+    blindly): skipped with why, in the one audit event; the others still freed."""
+    handle = locks["locmem"].lock(f"{prefix}a", ttl=60)
+    handle.acquire()
+    cleanup.append(handle)
+    listed = locks["locmem"].held_locks(prefix=prefix).locks[0]
+    down = {"BACKEND": "django_distlock.backends.redis.RedisBackend",
+            "LOCATION": "redis://127.0.0.1:1/0"}
+    targets = [
+        LockInfo("down", f"{prefix}x", "0123abcd", 1, None, None, "h", 1, ""),
+        LockInfo("locmem", f"{prefix}a", "", 1, None, None, "h", 1, ""),
+        listed,
+    ]
+    with override_settings(DISTLOCK={**settings.DISTLOCK, "down": down}):
+        outcome = release_selected(targets, Selection(prefix=prefix), "tester", "why")
+    assert outcome.freed == [listed]
+    why = {info.alias + ("-" if not info.owner else ""): w for info, w in outcome.skipped}
+    assert why["down"].startswith("failed: ") and why["locmem-"].startswith("no owner id")
+    (event,) = bulk_events()
+    assert event.alias == "*" and "Freed 1, skipped 2." in event.reason
 
 
 #: For tests that fail before any query: a rollback, not a flush of every database.

@@ -169,22 +169,28 @@ def release_selected(
     :returns: what was freed and what was skipped, with why.
     """
     outcome = Outcome()
-    for info in targets[:MAX_PER_ACTION]:
-        if not info.owner:
-            outcome.skipped.append((info, "no owner id to check the holder by"))
-            continue
-        try:
-            with recorded_elsewhere():  # the one event of the action is written below
-                freed = locks[info.alias].force_release(info.name, owner=info.owner)
-        except (DistLockError, UnsupportedOperation, LockConfigurationError, ValueError) as exc:
-            outcome.skipped.append((info, f"failed: {exc or type(exc).__name__}"))
-            continue
-        if freed:
-            outcome.freed.append(info)
-        else:
-            outcome.skipped.append((info, "no longer held by that holder"))
-    _audit(outcome, selection, actor, reason)
+    try:
+        for info in targets[:MAX_PER_ACTION]:
+            _release_one(info, outcome)
+    finally:  # what was freed is recorded even when an unexpected error ends the loop
+        _audit(outcome, selection, actor, reason)
     return outcome
+
+
+def _release_one(info: LockInfo, outcome: Outcome) -> None:
+    if not info.owner:
+        outcome.skipped.append((info, "no owner id to check the holder by"))
+        return
+    try:
+        with recorded_elsewhere():  # the one event of the action is written after
+            freed = locks[info.alias].force_release(info.name, owner=info.owner)
+    except (DistLockError, LockConfigurationError, LookupError, ValueError, TypeError) as exc:
+        outcome.skipped.append((info, f"failed: {exc or type(exc).__name__}"))
+        return
+    if freed:
+        outcome.freed.append(info)
+    else:
+        outcome.skipped.append((info, "no longer held by that holder"))
 
 
 def describe_lock(info: LockInfo) -> str:
