@@ -24,6 +24,7 @@ from django.test import Client, override_settings
 from django.urls import reverse
 
 from django_distlock import locks
+from django_distlock.dashboard import bulk as dashboard_bulk
 from django_distlock.exceptions import LockLost
 from django_distlock.handle import Lock
 from django_distlock.models import LockEvent
@@ -284,6 +285,18 @@ def test_admin_permissions_csrf_and_forgery(
     page = boss.get(reverse(BULK), {"host": "", "q": ""}).content.decode()
     assert "none was given" in page
     assert "Yes, force-release" not in page
+
+
+def test_admin_preview_says_more_remain(
+    boss: Client, prefix: str, cleanup: list[Lock], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for n in range(2):
+        handle = locks["locmem"].lock(f"{prefix}{n}", ttl=60)
+        handle.acquire()
+        cleanup.append(handle)
+    monkeypatch.setattr(dashboard_bulk, "ADMIN_MAXIMUM", 1)
+    page = boss.get(reverse(BULK), {"alias": "locmem", "q": prefix}).content.decode()
+    assert "1 lock held (more remain" in page and "Yes, force-release 1 lock" in page
 
 
 # The command.

@@ -36,6 +36,10 @@ RELEASE_PERM = "django_distlock.force_release_lock"
 SALT = "django_distlock.dashboard.bulk_release"
 #: Seconds a preview may be confirmed in; later, the operator previews again.
 MAX_AGE = 15 * 60
+#: Most locks one confirmation frees: they are freed within the request, one round trip
+#: each (measured: 0.3 ms a lock on Redis, 3 ms on ZooKeeper), so that a confirmation
+#: stays well within a worker's timeout. The command frees up to MAX_PER_ACTION a run.
+ADMIN_MAXIMUM = 1_000
 
 
 class CriteriaForm(forms.Form):
@@ -139,7 +143,8 @@ def bulk_release_view(request: HttpRequest, site: admin.AdminSite) -> HttpRespon
         "title": "Bulk release",
         "criteria": criteria,
         "is_nav_sidebar_enabled": False,  # the table needs the width
-        "maximum": f"{MAX_PER_ACTION:,}",
+        "maximum": f"{ADMIN_MAXIMUM:,}",
+        "command_maximum": f"{MAX_PER_ACTION:,}",
         "all_aliases": list(locks),
     }
     if criteria.is_bound and criteria.is_valid():
@@ -149,7 +154,7 @@ def bulk_release_view(request: HttpRequest, site: admin.AdminSite) -> HttpRespon
             criteria.add_error(None, exc)
         else:
             alias = criteria.cleaned_data["alias"]
-            preview = select(selection, [alias] if alias else None)
+            preview = select(selection, [alias] if alias else None, maximum=ADMIN_MAXIMUM)
             context.update(
                 selection=selection,
                 preview=preview,
