@@ -156,6 +156,52 @@ class LockInfo:
             object.__setattr__(self, "context", self.context or context)
 
 
+#: Most waiters :meth:`~django_distlock.backends.base.BaseLockBackend.waiters` returns.
+MAX_WAITERS = 1000
+
+
+def validate_waiters_limit(limit: object) -> int:
+    """Return ``limit`` of ``waiters()``, or raise TypeError/ValueError saying why not."""
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise TypeError("limit must be an int.")
+    if not 1 <= limit <= MAX_WAITERS:
+        raise ValueError(f"limit must be between 1 and {MAX_WAITERS}, got {limit}.")
+    return limit
+
+
+@dataclass(frozen=True, slots=True)
+class WaiterInfo:
+    """One client waiting for a lock, as listed by ``waiters()``, in its queue's order.
+
+    What the backend does not store is left empty ("" or None): see the "Who waits"
+    section of docs/admin-dashboard.md for what each backend knows.
+    """
+
+    #: 1 for the next in line, then 2, 3... (arrival order).
+    position: int
+    #: The short, non-secret id of the waiting acquisition's owner token, or "".
+    owner: str
+    #: Server time the waiter joined the queue, when the backend knows it.
+    since: datetime | None
+    host: str = ""
+    pid: int | None = None
+    #: The stored holder field of the waiter (thread label; split like
+    #: :class:`LockInfo`'s into ``thread`` and ``context``).
+    thread: str = ""
+    #: ``"exclusive"``, ``"read"``, ``"write"``, ``"semaphore"``, or "" when unknown.
+    kind: str = ""
+    #: The waiter's handle on the server where that is all it shows: a PostgreSQL
+    #: backend pid (``pg 4242``), a ZooKeeper node name; else "".
+    session: str = ""
+    context: str = ""
+
+    def __post_init__(self) -> None:
+        if SEPARATOR in self.thread:
+            thread, _, context = self.thread.partition(SEPARATOR)
+            object.__setattr__(self, "thread", thread)
+            object.__setattr__(self, "context", self.context or context)
+
+
 @dataclass(frozen=True, slots=True)
 class LockPage:
     """One page of held locks and the cursor of the next page (None on the last)."""
