@@ -113,6 +113,7 @@ class SqliteLeaseBackend(LeaseBackend):
 
     supports_waiters = False
     why_unsupported = {
+        **LeaseBackend.why_unsupported,
         "supports_waiters": "its waiters poll with backoff in their own processes; SQLite "
         "keeps no queue of them",
     }
