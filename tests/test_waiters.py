@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 from django.core.management import call_command
-from django.test import Client
 from django.db import connections
+from django.test import Client
 from django.urls import reverse
 
 from django_distlock import locks
