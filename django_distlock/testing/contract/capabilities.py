@@ -199,9 +199,10 @@ class CapabilityChecks(ContractBase):
                     lambda: got.append(_take_and_release(backend, name)),))
                 thread.start()
                 threads.append(thread)
-                deadline = time.monotonic() + 20
+                deadline = time.monotonic() + 10
                 while len(backend.waiters(name)) < count and time.monotonic() < deadline:
                     time.sleep(0.01)
+                assert len(backend.waiters(name)) == count, f"waiter {count} is not listed"
             listed = backend.waiters(name)
             assert [w.position for w in listed] == [1, 2], listed
             first, second = listed
