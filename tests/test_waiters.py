@@ -114,7 +114,7 @@ def test_waiters_in_arrival_order_and_one_that_gave_up_goes(
     assert a.since is None or b.since is None or a.since <= b.since
     if alias != "pg-lease":  # behind PostgreSQL's head, only the server session shows
         assert a.owner and b.owner and a.owner != b.owner
-    if alias in ("locmem", "zk", "pg-lease"):  # they store the waiter's thread
+    if alias != "pg-lease" or a.owner:  # all store the waiter's thread (PG: its head's)
         assert a.thread == "waiter-A" and a.pid == os.getpid() and a.host
     if backend.supports_listing:
         [info] = backend.held_locks(prefix=name)
@@ -151,10 +151,10 @@ def test_a_waiting_process_is_listed_after_a_waiting_thread(
         assert eventually(_count(alias, name, 2), timeout=20)
         listed = backend.waiters(name)
         assert [w.position for w in listed] == [1, 2]
+        assert listed[0].pid == os.getpid() and listed[0].thread == "waiter-T"
         if alias == "redis":
-            assert listed[0].owner != listed[1].owner
-        else:  # the head is the thread (its row's reservation), then the child's session
-            assert listed[0].pid == os.getpid() and listed[0].thread == "waiter-T"
+            assert listed[1].pid == child.pid and listed[0].owner != listed[1].owner
+        else:  # behind the head (its row's reservation) only the child's server session
             assert listed[1].session.startswith("pg ") and listed[1].since is not None
         held.release()
         assert eventually(lambda: thread.got is True)
@@ -178,6 +178,29 @@ if got:
 print(got)
 locks.close_all()
 """
+
+
+@pytest.mark.parametrize("alias", ["redis", "zk"])
+def test_the_kind_each_waits_for(alias: str, unique: Callable[[str], str]) -> None:
+    _require(alias)
+    backend = locks[alias]
+    name = unique("rw")
+    writer = backend.write_lock(name, ttl=30)
+    assert writer.acquire()
+    waiting: list[threading.Thread] = []
+    try:
+        for count, make in ((1, backend.read_lock), (2, backend.write_lock)):
+            handle = make(name, ttl=30, timeout=20)
+            thread = threading.Thread(target=lambda h=handle: h.acquire() and h.release())
+            thread.start()
+            waiting.append(thread)
+            assert eventually(_count(alias, name, count))
+        assert [w.kind for w in backend.waiters(name)] == ["read", "write"]
+    finally:
+        writer.release()
+        for thread in waiting:
+            thread.join(30)
+    locks.close_all()
 
 
 @pytest.mark.parametrize("alias", ["redis", "zk"])
