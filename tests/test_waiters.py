@@ -288,3 +288,33 @@ def test_waiter_info_splits_the_holder_field() -> None:
 
     info = WaiterInfo(1, "abcd1234", None, thread=join_holder("t1", "GET /x"))
     assert (info.thread, info.context) == ("t1", "GET /x")
+
+
+def test_postgresql_lists_both_of_its_queues(unique: Callable[[str], str]) -> None:
+    """A reader and a writer queue on the name's kinds queue, ``lock(name)`` on its
+    exclusive queue: all three listed (the exclusive queue first), and counted."""
+    require_pg()
+    backend = locks["pg-lease"]
+    name = unique("pgrw")
+    writer = backend.write_lock(name, ttl=30)
+    assert writer.acquire()
+    waiting: list[threading.Thread] = []
+    try:
+        for count, make in enumerate((backend.read_lock, backend.write_lock, backend.lock), 1):
+            handle = make(name, ttl=30, timeout=20)
+            thread = threading.Thread(target=lambda h=handle: h.acquire() and h.release())
+            thread.start()
+            waiting.append(thread)
+            assert eventually(_count("pg-lease", name, count))
+        head, *shares = backend.waiters(name)
+        assert head.kind == "exclusive" and head.owner and head.pid == os.getpid()
+        assert [w.position for w in shares] == [2, 3]
+        assert all(w.session.startswith("pg ") for w in shares)
+        [info] = backend.held_locks(prefix=name)
+        assert info.waiters == 3
+    finally:
+        writer.release()
+        for thread in waiting:
+            thread.join(30)
+    assert backend.waiters(name) == []
+    locks.close_all()
