@@ -15,8 +15,8 @@ It is also the worked example of a backend. A backend is two classes:
 - a :class:`~django_distlock.backends.base.BaseLockBackend` subclass naming it
   as ``acquisition_class``, with :meth:`is_locked` and :meth:`health`, and,
   for each optional feature it sets a ``supports_*`` flag for, the hook:
-  ``_held_locks`` (``supports_listing``), ``_force_release``
-  (``supports_force_release``).
+  ``_held_locks`` (``supports_listing``), ``_waiters`` (``supports_waiters``),
+  ``_force_release`` (``supports_force_release``).
 
 The base class validates names and arguments, refuses (``UnsupportedOperation``)
 what the flags say is missing before any I/O, and sends the signals; the handle
