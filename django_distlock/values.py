@@ -120,6 +120,14 @@ def join_holder(thread: str, context: str) -> str:
     return f"{thread}{SEPARATOR}{clean(context, MAX_HOLDER - len(thread) - 1)}"
 
 
+def _split_holder(info: LockInfo | WaiterInfo) -> None:
+    """Split a stored holder field passed as ``thread`` into ``thread`` and ``context``."""
+    if SEPARATOR in info.thread:
+        thread, _, context = info.thread.partition(SEPARATOR)
+        object.__setattr__(info, "thread", thread)
+        object.__setattr__(info, "context", info.context or context)
+
+
 @dataclass(frozen=True, slots=True)
 class LockInfo:
     """One lock held right now, as listed by ``held_locks()``.
@@ -150,10 +158,7 @@ class LockInfo:
     context: str = ""
 
     def __post_init__(self) -> None:
-        if SEPARATOR in self.thread:
-            thread, _, context = self.thread.partition(SEPARATOR)
-            object.__setattr__(self, "thread", thread)
-            object.__setattr__(self, "context", self.context or context)
+        _split_holder(self)
 
 
 #: Most waiters :meth:`~django_distlock.backends.base.BaseLockBackend.waiters` returns.
@@ -196,10 +201,7 @@ class WaiterInfo:
     context: str = ""
 
     def __post_init__(self) -> None:
-        if SEPARATOR in self.thread:
-            thread, _, context = self.thread.partition(SEPARATOR)
-            object.__setattr__(self, "thread", thread)
-            object.__setattr__(self, "context", self.context or context)
+        _split_holder(self)
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from io import StringIO
 from typing import Any
 
@@ -78,6 +78,19 @@ class Waiter:
 
 def _count(alias: str, name: str, n: int) -> Callable[[], bool]:
     return lambda: len(locks[alias].waiters(name)) == n
+
+
+def _queue_up(
+    alias: str, name: str, makers: Sequence[Callable[..., Lock]], threads: list[threading.Thread]
+) -> None:
+    """One thread per maker, in turn, waits for ``name`` (each listed before the next
+    starts), then takes and frees it; the threads go into ``threads``."""
+    for count, make in enumerate(makers, 1):
+        handle = make(name, ttl=30, timeout=20)
+        thread = threading.Thread(target=lambda h=handle: h.acquire() and h.release())
+        thread.start()
+        threads.append(thread)
+        assert eventually(_count(alias, name, count))
 
 
 @pytest.fixture
@@ -189,12 +202,7 @@ def test_the_kind_each_waits_for(alias: str, unique: Callable[[str], str]) -> No
     assert writer.acquire()
     waiting: list[threading.Thread] = []
     try:
-        for count, make in ((1, backend.read_lock), (2, backend.write_lock)):
-            handle = make(name, ttl=30, timeout=20)
-            thread = threading.Thread(target=lambda h=handle: h.acquire() and h.release())
-            thread.start()
-            waiting.append(thread)
-            assert eventually(_count(alias, name, count))
+        _queue_up(alias, name, (backend.read_lock, backend.write_lock), waiting)
         assert [w.kind for w in backend.waiters(name)] == ["read", "write"]
     finally:
         writer.release()
@@ -300,12 +308,8 @@ def test_postgresql_lists_both_of_its_queues(unique: Callable[[str], str]) -> No
     assert writer.acquire()
     waiting: list[threading.Thread] = []
     try:
-        for count, make in enumerate((backend.read_lock, backend.write_lock, backend.lock), 1):
-            handle = make(name, ttl=30, timeout=20)
-            thread = threading.Thread(target=lambda h=handle: h.acquire() and h.release())
-            thread.start()
-            waiting.append(thread)
-            assert eventually(_count("pg-lease", name, count))
+        makers = (backend.read_lock, backend.write_lock, backend.lock)
+        _queue_up("pg-lease", name, makers, waiting)
         head, *shares = backend.waiters(name)
         assert head.kind == "exclusive" and head.owner and head.pid == os.getpid()
         assert [w.position for w in shares] == [2, 3]
