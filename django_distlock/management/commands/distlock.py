@@ -16,6 +16,7 @@ from ...operations.bulk import MAX_PER_ACTION
 from ...operations.health import check_health
 from ...operations.listing import BadPosition, find_lock, read_page
 from ...operations.release import release_audited
+from ...operations.waiting import waiter_dict, who_waits
 from ...values import LockInfo
 from ._release import MAX_REASON, checked_reason, confirm, release_bulk
 from ._release import as_dict as _as_dict
@@ -119,11 +120,28 @@ class Command(BaseCommand):
         info = self._find(alias, name)
         if info is None:
             raise CommandError(f"{name!r} is not held on {alias!r}.", returncode=3)
+        waiting = who_waits(alias, name)
+        rows = [waiter_dict(w) for w in waiting.waiters]
         if options["json"]:
-            self.stdout.write(json.dumps(_as_dict(info)))
-        else:
-            for key, value in _as_dict(info).items():
-                self.stdout.write(f"{key}: {value}")
+            self.stdout.write(json.dumps({
+                **_as_dict(info), "waiting": None if waiting.unknown else rows,
+                "waiting_unknown": waiting.unknown, "waiting_more": waiting.more,
+            }))
+            return
+        for key, value in _as_dict(info).items():
+            self.stdout.write(f"{key}: {value}")
+        if waiting.unknown:
+            self.stdout.write(f"waiting: unknown ({waiting.unknown})")
+        for w in rows:
+            waited = "?" if w["waited_s"] is None else f"{w['waited_s']:.1f} s"
+            self.stdout.write(
+                f"  {w['position']}. owner {w['owner'] or '-'} {w['host'] or '-'} pid "
+                f"{w['pid'] or '-'} {w['thread'] or '-'} {w['context'] or ''}\t"
+                f"{w['kind'] or '-'}\tsince {w['since'] or '?'} (waiting {waited})"
+                f"{' session ' + w['session'] if w['session'] else ''}"
+            )
+        if waiting.more:
+            self.stdout.write(f"  (more than {len(rows)} wait)")
 
     def do_release(
         self, *, alias: str | None, name: str | None, reason: str | None, yes: bool, **options: Any
