@@ -63,6 +63,9 @@ class TransactionBackend(DatabaseBackend, mode="transaction"):
     why_unsupported = {
         "supports_force_release": "a transaction-mode lock is held by its holder's open "
         "transaction; it ends when that transaction does",
+        "supports_waiters": "its waiters are transactions blocked in SELECT ... FOR UPDATE "
+        "on the row, which PostgreSQL lists as waits on the holder's transaction (not "
+        "stored with the lock), not in a queue of the name",
     }
 
     @classmethod
@@ -123,6 +126,8 @@ class SqliteTransactionBackend(TransactionBackend):
     supports_listing = False
     why_unsupported = {
         **TransactionBackend.why_unsupported,
+        "supports_waiters": "its waiters retry SQLite's write lock in their own processes; "
+        "SQLite keeps no queue of them",
         "supports_listing": "its locks are the SQLite database's write lock, which has "
         "no names to list",
     }
