@@ -27,6 +27,6 @@ def backwards(apps, schema_editor):
 
 class Migration(migrations.Migration):
     # 0010 is taken by another branch; the lead may point this at it when both merge.
-    dependencies = [("django_distlock", "0009_share_routines")]
+    dependencies = [("django_distlock", "0010_audit_holds_activity")]
 
     operations = [migrations.RunPython(forwards, backwards, elidable=False)]
