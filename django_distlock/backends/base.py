@@ -52,6 +52,7 @@ from ..values import (
     validate_ttl,
 )
 from .acquisition import Acquisition
+from .counting import CountingMixin, HeldCount
 
 __all__ = [
     "Acquisition",
@@ -59,6 +60,7 @@ __all__ = [
     "ExcInfo",
     "Freed",
     "Grant",
+    "HeldCount",
     "LockInfo",
     "LockPage",
     "Miss",
@@ -94,7 +96,7 @@ class Freed:
     fencing_token: int | None = None
 
 
-class BaseLockBackend(abc.ABC):
+class BaseLockBackend(CountingMixin, abc.ABC):
     """Base class of lock backends, built by the ``locks`` registry from one alias.
 
     :param alias: the key of this backend in the ``DISTLOCK`` setting.
@@ -370,6 +372,8 @@ class BaseLockBackend(abc.ABC):
                  and cls._held_locks is BaseLockBackend._held_locks),
                 ("_force_release() (supports_force_release is True)", cls.supports_force_release
                  and cls._force_release is BaseLockBackend._force_release),
+                ("_count_held() (supports_counting is True)", cls.supports_counting
+                 and cls._count_held is CountingMixin._count_held),
             ) if lacking
         ]
         if missing:

@@ -62,6 +62,8 @@ class TransactionBackend(DatabaseBackend, mode="transaction"):
     why_unsupported = {
         "supports_force_release": "a transaction-mode lock is held by its holder's open "
         "transaction; it ends when that transaction does",
+        "supports_counting": "a transaction-mode lock is a row lock, seen only by trying it: "
+        "a count would try the row of every name ever used, however few are held",
     }
 
     @classmethod
@@ -124,6 +126,8 @@ class SqliteTransactionBackend(TransactionBackend):
         **TransactionBackend.why_unsupported,
         "supports_listing": "its locks are the SQLite database's write lock, which has "
         "no names to list",
+        "supports_counting": "its locks are the SQLite database's write lock, which has "
+        "no names to count",
     }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -12,7 +13,7 @@ from kazoo.exceptions import NoNodeError
 
 from ...exceptions import InvalidBackendOptions
 from ...handle import Lock
-from ..base import Acquisition, BaseLockBackend, Freed, LockInfo, LockPage
+from ..base import Acquisition, BaseLockBackend, Freed, HeldCount, LockInfo, LockPage
 from .acquisition import ZooKeeperAcquisition
 from .client import Client
 from .options import parse
@@ -53,6 +54,7 @@ class ZooKeeperBackend(BaseLockBackend):
     acquisition_class = ZooKeeperAcquisition
     supports_expiry = False
     supports_listing = True
+    supports_counting = True
     supports_force_release = True
     supports_read_write = True
     supports_downgrade = True
@@ -147,6 +149,29 @@ class ZooKeeperBackend(BaseLockBackend):
         # More parents left unread: the next page starts after the last one read.
         next_cursor = encode(keys[start - 1]) if start < len(keys) else None
         return LockPage([info for _, info in found], next_cursor)
+
+    def _count_held(self, prefix: str, limit: int) -> HeldCount:
+        """The root's children (one round trip) are the lock parents, held or left
+        empty; each parent's contenders are read, 1,000 async calls a round trip,
+        until past ``limit`` held or ``limit`` + 2,000 parents read (then a floor, with
+        the parents as the ceiling)."""
+        self._usable()
+        try:
+            names = self.client.call("listing the root", "get_children", self.settings.root)
+        except NoNodeError:
+            names = []
+        low = self.key_prefix + prefix
+        keys = sorted(key for key in map(decode, names) if key.startswith(low))
+        kazoo, found, read = self.client.get(), 0, 0
+        while read < len(keys) and found <= limit and read < limit + 2000:
+            batch = keys[read : read + 1000]
+            read += len(batch)
+            for result in [kazoo.get_children_async(self.parent_of(key)) for key in batch]:
+                with contextlib.suppress(NoNodeError):
+                    found += bool(contenders(self.client.wait(result, "counting locks")))
+        if read == len(keys) and found <= limit:
+            return HeldCount(found, True)
+        return HeldCount(min(found, limit), False, None if found > limit else len(keys))
 
     def _infos(self, keys: list[str]) -> list[tuple[str, LockInfo]]:
         """The held locks among ``keys``: their children, then their holders' nodes,
