@@ -26,7 +26,9 @@ FLAGS = (
     "supports_counting",
 )
 #: The backend's methods that reach its server: none may run for a refused call.
-IO_ENTRY_POINTS = ("_held_locks", "_count_held", "_force_release", "acquisition", "is_locked", "health")
+IO_ENTRY_POINTS = (
+    "_held_locks", "_count_held", "_force_release", "acquisition", "is_locked", "health",
+)
 
 
 def in_thread(func: Callable[[], Any], timeout: float = 60) -> Any:
