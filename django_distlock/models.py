@@ -135,3 +135,13 @@ class LockEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} {self.alias}:{self.name}"
+
+
+class HeldLock(LockEvent):
+    """No table of its own: the admin's "Held locks" entry (admin home and app page),
+    which opens the held-locks page. Its permissions are ``LockEvent``'s."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "held lock"
+        default_permissions = ()

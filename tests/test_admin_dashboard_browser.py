@@ -103,7 +103,7 @@ def test_operator_and_viewer_in_a_browser(
     click(boss, "Held locks")
     listed = rows(boss)
     assert {alias for alias, _ in listed} >= set(held)
-    assert "sqlite-tx (SqliteTransactionBackend) cannot list its locks." in boss.page_source
+    assert "sqlite-tx (SQLite (transaction)) cannot list its locks." in boss.page_source
 
     # The countdown runs in the page: its text moves to "N s" and keeps counting down.
     countdown = boss.find_element(By.CSS_SELECTOR, ".distlock-countdown")
