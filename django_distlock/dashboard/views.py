@@ -15,6 +15,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 
+from ..backends.counting import COUNT_CAP
 from ..exceptions import DistLockError, InvalidLockName, LockConfigurationError
 from ..handler import locks
 from ..names import validate_name
@@ -38,6 +39,8 @@ from ..values import LockInfo, validate_page_args
 VIEW_PERM = "django_distlock.view_held_lock"
 RELEASE_PERM = "django_distlock.force_release_lock"
 PAGE_SIZE = 50
+#: Where each alias' count of held locks stops ("at least" past it): the cost of a count.
+COUNT_LIMIT = COUNT_CAP
 #: Seconds between the page's reloads while auto-refresh is on (``?refresh=0``: off).
 REFRESH = 10
 SORTS = {
@@ -139,7 +142,7 @@ def held_locks_view(request: HttpRequest, site: admin.AdminSite) -> HttpResponse
             sign_position(before, query) if before is not None else "",
             sign_trail(trail[:-1], query) if trail[:-1] else "",
         )
-    totals = count_totals(list(locks), prefix)
+    totals = count_totals(list(locks), prefix, COUNT_LIMIT)
     context = {
         **site.each_context(request),
         "title": "Held locks",
