@@ -205,3 +205,45 @@ def test_held_locks_is_on_the_admin_home(boss: Client) -> None:  # noqa: F811
     nobody = staff_with()
     assert f'href="{entry}"' not in nobody.get(reverse("admin:index")).content.decode()
     assert nobody.get(entry).status_code == 403
+
+
+def test_zookeeper_past_its_reads_is_at_least_and_at_most(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Past COUNT_READS parents ZooKeeper counts those it read: at least, with the
+    parents as the ceiling."""
+    require_zookeeper()
+    from django_distlock.backends.zookeeper import backend as zk
+
+    handles = [locks["zk"].lock(f"zkc:{i}") for i in range(3)]
+    for handle in handles:
+        handle.acquire()
+    try:
+        assert locks["zk"].count_held("zkc:") == HeldCount(3, True)
+        monkeypatch.setattr(zk, "COUNT_READS", 2)
+        assert locks["zk"].count_held("zkc:") == HeldCount(2, False, 3)
+    finally:
+        for handle in handles:
+            handle.release()
+
+
+def test_redis_index_of_ended_leases_is_only_a_ceiling(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ended leases keep their index entries: a count that runs out of its budget of
+    entries says "at least" what it found and "at most" the entries, never more."""
+    require_redis()
+    import time
+
+    from django_distlock.backends.redis import backend as redis_backend
+
+    ended = [locks["redis"].lock(f"rdc:{c}", ttl=0.2) for c in "abc"]
+    for handle in ended:
+        handle.acquire()
+    live = locks["redis"].lock("rdc:d", ttl=60)
+    live.acquire()
+    time.sleep(0.4)
+    try:
+        assert locks["redis"].count_held("rdc:") == HeldCount(1, True)  # every entry read
+        monkeypatch.setattr(redis_backend, "LIST_BUDGET", 0)
+        assert locks["redis"].count_held("rdc:", limit=2) == HeldCount(0, False, 4)
+    finally:
+        live.release()

@@ -31,6 +31,10 @@ def _fields(data: bytes) -> list[str]:
     return [*fields, "", "", "", "", "", ""][:6]
 
 
+#: The most lock parents whose contenders one ``count_held()`` reads (see its docstring).
+COUNT_READS = 500
+
+
 class ZooKeeperBackend(BaseLockBackend):
     """Locks in a ZooKeeper ensemble, through kazoo (``docs/zookeeper.md``).
 
@@ -151,10 +155,12 @@ class ZooKeeperBackend(BaseLockBackend):
         return LockPage([info for _, info in found], next_cursor)
 
     def _count_held(self, prefix: str, limit: int) -> HeldCount:
-        """The root's children (one round trip) are the lock parents, held or left
-        empty; each parent's contenders are read, 1,000 async calls a round trip,
-        until past ``limit`` held or ``limit`` + 2,000 parents read (then a floor, with
-        the parents as the ceiling)."""
+        """The root's children (one round trip) are the lock parents: each held lock
+        has one, and an empty parent is deleted by the ensemble within a minute (a
+        container node), so their number is a ceiling. Each parent's contenders are
+        read, as async calls sent together, for at most :data:`COUNT_READS` parents
+        (about 0.2 ms each): past that the count is "at least" those found held, "at
+        most" the parents."""
         self._usable()
         try:
             names = self.client.call("listing the root", "get_children", self.settings.root)
@@ -162,14 +168,12 @@ class ZooKeeperBackend(BaseLockBackend):
             names = []
         low = self.key_prefix + prefix
         keys = sorted(key for key in map(decode, names) if key.startswith(low))
-        kazoo, found, read = self.client.get(), 0, 0
-        while read < len(keys) and found <= limit and read < limit + 2000:
-            batch = keys[read : read + 1000]
-            read += len(batch)
-            for result in [kazoo.get_children_async(self.parent_of(key)) for key in batch]:
-                with contextlib.suppress(NoNodeError):
-                    found += bool(contenders(self.client.wait(result, "counting locks")))
-        if read == len(keys) and found <= limit:
+        kazoo, found = self.client.get(), 0
+        read = keys[: min(COUNT_READS, limit + 1)]
+        for result in [kazoo.get_children_async(self.parent_of(key)) for key in read]:
+            with contextlib.suppress(NoNodeError):
+                found += bool(contenders(self.client.wait(result, "counting locks")))
+        if len(read) == len(keys) and found <= limit:
             return HeldCount(found, True)
         return HeldCount(min(found, limit), False, None if found > limit else len(keys))
 
