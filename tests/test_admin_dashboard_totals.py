@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 import pytest
 from django.contrib.auth.models import User
-from django.test import Client
+from django.test import Client, override_settings
 from django.urls import reverse
 
 from django_distlock import locks
@@ -95,12 +96,10 @@ def test_a_count_in_words() -> None:
     assert totals.describe(HeldCount(3, False, 12)) == "at least 3, at most 12"
 
 
-def test_a_server_down_is_an_unknown_total(boss: Client, settings: object) -> None:  # noqa: F811
-    from django.test import override_settings
-
+def test_a_server_down_is_an_unknown_total(boss: Client, settings: Any) -> None:  # noqa: F811
     down = {"BACKEND": "django_distlock.backends.redis.RedisBackend",
             "LOCATION": "redis://127.0.0.1:1/0"}
-    with override_settings(DISTLOCK={**settings.DISTLOCK, "redis-down": down}):  # type: ignore[attr-defined]
+    with override_settings(DISTLOCK={**settings.DISTLOCK, "redis-down": down}):
         page = boss.get(reverse(LIST)).content.decode()
     assert totals_of(page)["redis-down"] == ("unknown", "unknown")
     assert re.search(r'data-alias="redis-down".*?failed: ', page, re.S)
@@ -247,3 +246,19 @@ def test_redis_index_of_ended_leases_is_only_a_ceiling(monkeypatch: pytest.Monke
         assert locks["redis"].count_held("rdc:", limit=2) == HeldCount(0, False, 4)
     finally:
         live.release()
+
+
+def test_an_alias_configured_alike_is_counted_once(boss: Client, settings: Any) -> None:  # noqa: F811
+    again = {**settings.DISTLOCK, "locmem-again": settings.DISTLOCK["locmem"]}
+    with override_settings(DISTLOCK=again):
+        handle = locks["locmem"].lock("same:1", ttl=60)
+        handle.acquire()
+        try:
+            page = boss.get(reverse(LIST), {"q": "same:"}).content.decode()
+        finally:
+            handle.release()
+    shown = totals_of(page)
+    assert shown["locmem"] == ("yes", "1") and shown["locmem-again"] == ("yes", "1")
+    assert "the same locks as locmem (configured alike" in page
+    grand = re.search(r'id="distlock-grand-total".*?<strong>([^<]+)</strong>', page, re.S)
+    assert grand is not None and grand.group(1) == "at least 1"  # unknown ones: a floor

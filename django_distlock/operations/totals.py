@@ -27,6 +27,9 @@ class AliasTotal:
     #: Why the count is unknown: the backend cannot count, or its server failed.
     reason: str = ""
     failed: bool = False
+    #: An earlier alias configured alike (same backend, location, options, key prefix):
+    #: the same locks, counted once (there) and not again in the sum.
+    same_as: str = ""
 
     @property
     def text(self) -> str:
@@ -59,7 +62,8 @@ def count_totals(
     :param limit: where each alias stops counting.
     :returns: one total per alias.
     """
-    totals = []
+    totals: list[AliasTotal] = []
+    counted: dict[str, AliasTotal] = {}
     for alias in aliases:
         try:
             backend = locks[alias]
@@ -73,19 +77,29 @@ def count_totals(
                 f"{type(backend).__name__} cannot count its locks")
             totals.append(AliasTotal(alias, label, None, reason))
             continue
+        same = repr((type(backend), backend.location, backend.options, backend.key_prefix))
+        if same in counted:
+            first = counted[same]
+            totals.append(AliasTotal(alias, label, first.count, first.reason, first.failed,
+                                     first.alias))
+            continue
         try:
-            totals.append(AliasTotal(alias, label, backend.count_held(prefix, limit)))
+            total = AliasTotal(alias, label, backend.count_held(prefix, limit))
         except (DistLockError, UnsupportedOperation) as exc:
-            totals.append(AliasTotal(alias, label, None, str(exc) or type(exc).__name__, True))
+            total = AliasTotal(alias, label, None, str(exc) or type(exc).__name__, True)
+        counted[same] = total
+        totals.append(total)
     return totals
 
 
 def grand_total(totals: Sequence[AliasTotal]) -> str:
-    """Return the sum of ``totals`` as words: exact only when every alias' count is.
+    """Return the sum of ``totals`` as words (an alias configured like an earlier one
+    counted once): exact only when every alias' count is.
 
     :param totals: the aliases' totals.
     :returns: "12", or "at least 10,012" when one is a floor or unknown.
     """
+    totals = [t for t in totals if not t.same_as]
     counted = sum(t.count.count for t in totals if t.count is not None)
     if all(t.count is not None and t.count.exact for t in totals):
         return f"{counted:,}"

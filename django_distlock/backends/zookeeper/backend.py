@@ -32,7 +32,7 @@ def _fields(data: bytes) -> list[str]:
 
 
 #: The most lock parents whose contenders one ``count_held()`` reads (see its docstring).
-COUNT_READS = 500
+COUNT_READS = 200
 
 
 class ZooKeeperBackend(BaseLockBackend):
