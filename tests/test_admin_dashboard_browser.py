@@ -117,6 +117,8 @@ def test_operator_and_viewer_in_a_browser(
     WebDriverWait(boss, 5).until(lambda b: re.search(r"\d+ s$", countdown.text))
     first = countdown.text
     WebDriverWait(boss, 5).until(lambda b: countdown.text != first)
+    # The table (the totals above it have their own screenshot).
+    boss.execute_script("document.getElementById('distlock-order-note').scrollIntoView()")
     _shot(boss, screenshots, "admin-held-locks.png")
 
     Select(boss.find_element(By.NAME, "alias")).select_by_value("locmem")
@@ -268,11 +270,11 @@ def test_clocks_and_auto_refresh_in_a_browser(
     )
     boss.find_element(By.ID, "distlock-refresh").click()  # off, within the 2 s
     assert "refresh=0" in boss.current_url
-    links = boss.find_elements(By.CSS_SELECTOR, "tr.distlock-total a")  # keep the choice
+    links = boss.find_elements(By.CSS_SELECTOR, ".distlock-total a")  # keep the choice
     assert links and all("refresh=0" in a.get_attribute("href") for a in links)
     counts = {
         row.get_attribute("data-alias"): row.find_element(By.CLASS_NAME, "distlock-total-count")
-        for row in boss.find_elements(By.CSS_SELECTOR, "tr.distlock-total")
+        for row in boss.find_elements(By.CSS_SELECTOR, ".distlock-total")
     }
     assert counts["locmem"].text == "1" and counts["pg-tx"].text == "unknown"
     held_for = boss.find_element(By.CSS_SELECTOR, "tr[data-alias=locmem] .distlock-held-for")
