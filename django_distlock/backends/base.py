@@ -5,7 +5,7 @@ per-acquisition class (the protocol of one acquisition: ``acquisition.py``). The
 base class does what every backend would repeat: it validates names and
 arguments, refuses what the ``supports_*`` flags say is missing before any I/O,
 and sends the signals; a backend writes at most ``is_locked()``, ``health()``,
-``_held_locks()`` and ``_force_release()`` (those its flags promise) besides
+``_held_locks()``, ``_count_held()`` and ``_force_release()`` (those its flags promise) besides
 ``__init__``. ``backends/locmem.py`` is a whole backend in one short module, and
 ``django_distlock.testing.contract`` is the test suite every backend passes.
 """
