@@ -109,7 +109,7 @@ def test_readable_backend_names(boss: Client, three_each: dict[str, list[Lock]])
     page = boss.get(reverse(LIST), {"q": "tot:"}).content.decode()
     for cls, label in [
         ("LeaseBackend", "PostgreSQL (lease)"),
-        ("LeaseBackend", "SQLite (lease)"),
+        ("SqliteLeaseBackend", "SQLite (lease)"),
         ("RedisBackend", "Redis"),
         ("ZooKeeperBackend", "ZooKeeper"),
         ("LocMemBackend", "locmem (this process)"),

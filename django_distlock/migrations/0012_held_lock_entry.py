@@ -6,7 +6,7 @@ from django.db import migrations
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('django_distlock', '0009_share_routines'),
+        ('django_distlock', '0011_prune_high_water'),
     ]
 
     operations = [
