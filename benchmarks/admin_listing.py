@@ -1,4 +1,5 @@
-"""Server time of the admin's held-locks page with 100,000 locks held (issue 13).
+"""Server time of the admin's held-locks page with 100,000 locks held (issue 13), and
+of each backend's ``count_held()`` (issue 25: the totals at the top of the page).
 
 Not a suite of ``python -m benchmarks`` and not a test: a script that builds
 its own throw-away databases (Django's test-database machinery), holds
@@ -9,7 +10,8 @@ ZooKeeper locks (acquired through the backends by a few threads, under a root
 of this run's own), then times pages through Django's test client (the whole
 request: middleware, admin view, listing, template): the first page, a page
 deep in the listing (reached by following "Next page" links), and a name-prefix
-search, and prints a markdown table::
+search, and prints a markdown table; then times ``count_held()`` on each alias at
+the page's cap (10,000) and uncapped (1,000,000) and prints a second table::
 
     . /tmp/srv/env    # scripts/servers.py start: DISTLOCK_PG_*, DISTLOCK_REDIS_URL, ...
     python -m benchmarks.admin_listing [--locks 100000] [--repeat 20] [--depth 100]
@@ -63,7 +65,7 @@ def configure(locks: int) -> list[str]:
             "PORT": os.environ["DISTLOCK_PG_PORT"],
             "USER": os.environ.get("DISTLOCK_PG_USER", "postgres"),
             "NAME": os.environ.get("DISTLOCK_PG_NAME", "postgres"),
-            "TEST": {"NAME": "distlock_bench_admin"},
+            "TEST": {"NAME": os.environ.get("DISTLOCK_PG_NAME", "distlock") + "_bench_admin"},
         }
         distlock["pg"] = {"BACKEND": db, "OPTIONS": {"DATABASE": "pg"}, "KEY_PREFIX": "p:"}
     url = os.environ.get("DISTLOCK_REDIS_URL", "")
@@ -188,6 +190,27 @@ def deep_query(client: Any, url: str, query: dict[str, str], depth: int) -> dict
     return query
 
 
+def time_counts(aliases: list[str], repeat: int) -> None:
+    """Print the median and max time of ``count_held()`` per alias, at the page's cap and
+    at the largest cap, with what it answered."""
+    from django_distlock import locks
+    from django_distlock.backends.counting import COUNT_CAP, MAX_COUNT_CAP
+    from django_distlock.operations.totals import describe
+
+    print()
+    print("| count_held() | cap | answer | median ms | max ms |")
+    print("| --- | ---: | --- | ---: | ---: |")
+    for alias in aliases:
+        for cap in (COUNT_CAP, MAX_COUNT_CAP):
+            times = []
+            for _ in range(repeat):
+                started = time.perf_counter()
+                answer = locks[alias].count_held(limit=cap)
+                times.append((time.perf_counter() - started) * 1000)
+            median = statistics.median(times)
+            print(f"| {alias} | {cap:,} | {describe(answer)} | {median:.1f} | {max(times):.1f} |")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--locks", type=int, default=100_000)
@@ -241,6 +264,7 @@ def main() -> int:
             median = statistics.median(times)
             verdict = "within" if median < BAR_MS else "OVER"
             print(f"| {label} | {rows} | {median:.1f} | {max(times):.1f} | {verdict} |")
+        time_counts([a for a in aliases if not a.startswith("zk-holder")], args.repeat)
     finally:
         # ZooKeeper's are freed by the end of the session (close_all), at once.
         with ThreadPoolExecutor(8) as pool:

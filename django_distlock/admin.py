@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
-from django.http import HttpRequest, HttpResponse
-from django.urls import URLPattern, path
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.urls import URLPattern, path, reverse
 
 from .dashboard import activity, bulk, views
-from .models import LockEvent
+from .models import HeldLock, LockEvent
 
 
 @admin.register(LockEvent)
@@ -60,3 +60,28 @@ class LockEventAdmin(admin.ModelAdmin):
             ),
             *super().get_urls(),
         ]
+
+
+@admin.register(HeldLock)
+class HeldLockAdmin(admin.ModelAdmin):
+    """The admin home's "Held locks" entry: it opens the held-locks page."""
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return views.can_view(request)
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return views.can_view(request)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
+        if not views.can_view(request):
+            return super().changelist_view(request, extra_context)  # the admin's 403
+        return HttpResponseRedirect(reverse(f"{self.admin_site.name}:django_distlock_held_locks"))

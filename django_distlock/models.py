@@ -183,3 +183,13 @@ class LockActivity(models.Model):
 
     def __str__(self) -> str:
         return f"{self.alias} {self.prefix} {self.start} ({self.span} s)"
+
+
+class HeldLock(LockEvent):
+    """No table of its own: the admin's "Held locks" entry (admin home and app page),
+    which opens the held-locks page. Its permissions are ``LockEvent``'s."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "held lock"
+        default_permissions = ()

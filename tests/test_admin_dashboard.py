@@ -97,7 +97,7 @@ def test_lists_the_locks_of_every_listing_alias(boss: Client, held: dict[str, Lo
         if listing.lock_kind(locks[alias]) != "transaction":  # its row lock has no owner id
             assert f"owner {handle.owner_id}" in page
         assert handle._token not in page  # type: ignore[attr-defined]
-    assert "sqlite-tx (SqliteTransactionBackend) cannot list its locks." in page
+    assert "sqlite-tx (SQLite (transaction)) cannot list its locks." in page
     assert "distlock-countdown" in page and "django_distlock/countdown.js" in page
 
 

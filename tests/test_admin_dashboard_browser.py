@@ -25,6 +25,7 @@ from django.test import Client, override_settings
 import django_distlock
 from django_distlock import locks
 from django_distlock.audit.recorder import recorder
+from django_distlock.dashboard import views
 from django_distlock.handle import Lock
 from django_distlock.models import LockEvent
 
@@ -55,7 +56,9 @@ def static_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         yield
 
 
-def login(browser: Any, base: str, user: User) -> None:
+def login(browser: Any, base: str, user: User, refresh: bool = False) -> None:
+    """Log ``user`` in; auto-refresh off in this browser unless ``refresh`` (a reload in
+    the middle of a step would replace the page under the test)."""
     client = Client()
     client.force_login(user)
     browser.delete_all_cookies()
@@ -66,6 +69,10 @@ def login(browser: Any, base: str, user: User) -> None:
             "value": client.cookies[settings.SESSION_COOKIE_NAME].value,
         }
     )
+    if refresh:
+        browser.execute_script("localStorage.removeItem('django_distlock.refresh')")
+    else:
+        browser.execute_script("localStorage.setItem('django_distlock.refresh', '0')")
 
 
 def rows(browser: Any) -> list[tuple[str, str]]:
@@ -103,13 +110,15 @@ def test_operator_and_viewer_in_a_browser(
     click(boss, "Held locks")
     listed = rows(boss)
     assert {alias for alias, _ in listed} >= set(held)
-    assert "sqlite-tx (SqliteTransactionBackend) cannot list its locks." in boss.page_source
+    assert "sqlite-tx (SQLite (transaction)) cannot list its locks." in boss.page_source
 
     # The countdown runs in the page: its text moves to "N s" and keeps counting down.
     countdown = boss.find_element(By.CSS_SELECTOR, ".distlock-countdown")
     WebDriverWait(boss, 5).until(lambda b: re.search(r"\d+ s$", countdown.text))
     first = countdown.text
     WebDriverWait(boss, 5).until(lambda b: countdown.text != first)
+    # The table (the totals above it have their own screenshot).
+    boss.execute_script("document.getElementById('distlock-order-note').scrollIntoView()")
     _shot(boss, screenshots, "admin-held-locks.png")
 
     Select(boss.find_element(By.NAME, "alias")).select_by_value("locmem")
@@ -169,7 +178,7 @@ def test_operator_and_viewer_in_a_browser(
         assert rows(boss) == [("zk", "dash:zk")]
         click(boss, "dash:zk")
         detail = boss.find_element(By.ID, "held-lock").text
-        assert "ZooKeeperBackend" in detail and str(held["zk"].fencing_token) in detail
+        assert "zk (ZooKeeper)" in detail and str(held["zk"].fencing_token) in detail
         click(boss, "Force release…")
         boss.find_element(By.NAME, "reason").send_keys("session of a frozen worker")
         _submit(boss, "#distlock-confirm")
@@ -185,7 +194,7 @@ def test_operator_and_viewer_in_a_browser(
     with override_settings(DISTLOCK={**settings.DISTLOCK, "redis-down": down}):
         boss.get(f"{base}/admin/django_distlock/lockevent/held/")
         banner = boss.find_element(By.CSS_SELECTOR, ".distlock-alias-error[data-alias=redis-down]")
-        assert banner.text.startswith("redis-down (RedisBackend) could not be listed:")
+        assert banner.text.startswith("redis-down (Redis) could not be listed:")
         assert ("locmem", "dash:locmem") in rows(boss)
         _shot(boss, screenshots, "admin-held-locks-server-down.png")
 
@@ -227,3 +236,66 @@ def contend(alias: str) -> None:
         thread.start()
     for thread in threads:
         thread.join()
+
+
+def test_clocks_and_auto_refresh_in_a_browser(
+    static_root: None,
+    live_server: Any,
+    browsers: tuple[Any, Any],  # noqa: F811
+    screenshots: Path,  # noqa: F811
+    held: dict[str, Lock],  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """"Held for" runs in the page; the page reloads itself every REFRESH seconds until
+    the operator unticks the box (kept in the URL and in the browser), and not while
+    they type in a field. The admin home links "Held locks"."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.wait import WebDriverWait
+
+    monkeypatch.setattr(views, "REFRESH", 2)  # the live server runs in this process
+    boss, _ = browsers
+    base = live_server.url
+    login(boss, base, User.objects.create_superuser("boss", "b@example.com", "pw"), refresh=True)
+    boss.get(f"{base}/admin/")
+    _shot(boss, screenshots, "admin-home.png")
+    click(boss, "Held locks")  # the admin home's own entry
+    assert boss.current_url.endswith("/admin/django_distlock/lockevent/held/")
+    # On by default: the page reloads itself (a mark set in it is gone).
+    on = "return document.getElementById('distlock-refresh').checked"
+    assert boss.execute_script(on)
+    boss.execute_script("window.distlockMark = 1")
+    WebDriverWait(boss, 6).until(lambda b: b.execute_script("return !window.distlockMark"))
+    WebDriverWait(boss, 5).until(
+        lambda b: b.execute_script("return document.readyState") == "complete"
+    )
+    boss.find_element(By.ID, "distlock-refresh").click()  # off, within the 2 s
+    assert "refresh=0" in boss.current_url
+    links = boss.find_elements(By.CSS_SELECTOR, ".distlock-total a")  # keep the choice
+    assert links and all("refresh=0" in a.get_attribute("href") for a in links)
+    counts = {
+        row.get_attribute("data-alias"): row.find_element(By.CLASS_NAME, "distlock-total-count")
+        for row in boss.find_elements(By.CSS_SELECTOR, ".distlock-total")
+    }
+    assert counts["locmem"].text == "1" and counts["pg-tx"].text == "unknown"
+    held_for = boss.find_element(By.CSS_SELECTOR, "tr[data-alias=locmem] .distlock-held-for")
+    WebDriverWait(boss, 5).until(lambda b: re.fullmatch(r"\d+ s", held_for.text))
+    first = held_for.text
+    WebDriverWait(boss, 5).until(lambda b: held_for.text != first)
+    boss.execute_script("window.distlockMark = 1")
+    time.sleep(3)
+    assert boss.execute_script("return window.distlockMark") == 1
+    assert boss.find_element(By.ID, "distlock-refresh-state").text == "off"
+    boss.execute_script("window.scrollTo(0, 0)")
+    _shot(boss, screenshots, "admin-held-locks-totals.png")
+    boss.get(f"{base}/admin/django_distlock/lockevent/held/")  # no ?refresh: the browser's
+    assert not boss.find_element(By.ID, "distlock-refresh").is_selected()
+
+    # On again; typing a search pauses it.
+    boss.get(f"{base}/admin/django_distlock/lockevent/held/?refresh=2")
+    assert boss.find_element(By.ID, "distlock-refresh").is_selected()
+    boss.find_element(By.NAME, "q").send_keys("dash:")
+    boss.execute_script("window.distlockMark = 1")
+    time.sleep(3)
+    assert boss.execute_script("return window.distlockMark") == 1
+    assert boss.find_element(By.ID, "distlock-refresh-state").text == "paused"
+    boss.execute_script("localStorage.setItem('django_distlock.refresh', '0')")

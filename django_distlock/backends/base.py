@@ -5,7 +5,8 @@ per-acquisition class (the protocol of one acquisition: ``acquisition.py``). The
 base class does what every backend would repeat: it validates names and
 arguments, refuses what the ``supports_*`` flags say is missing before any I/O,
 and sends the signals; a backend writes at most ``is_locked()``, ``health()``,
-``_held_locks()``, ``_waiters()`` and ``_force_release()`` (those its flags promise) besides
+``_held_locks()``, ``_count_held()``, ``_waiters()`` and ``_force_release()`` (those its
+flags promise) besides
 ``__init__``. ``backends/locmem.py`` is a whole backend in one short module, and
 ``django_distlock.testing.contract`` is the test suite every backend passes.
 """
@@ -54,6 +55,7 @@ from ..values import (
     validate_waiters_limit,
 )
 from .acquisition import Acquisition
+from .counting import CountingMixin, HeldCount
 
 __all__ = [
     "Acquisition",
@@ -61,6 +63,7 @@ __all__ = [
     "ExcInfo",
     "Freed",
     "Grant",
+    "HeldCount",
     "LockInfo",
     "LockPage",
     "Miss",
@@ -97,7 +100,7 @@ class Freed:
     fencing_token: int | None = None
 
 
-class BaseLockBackend(abc.ABC):
+class BaseLockBackend(CountingMixin, abc.ABC):
     """Base class of lock backends, built by the ``locks`` registry from one alias.
 
     :param alias: the key of this backend in the ``DISTLOCK`` setting.
@@ -376,6 +379,8 @@ class BaseLockBackend(abc.ABC):
                  and cls._held_locks is BaseLockBackend._held_locks),
                 ("_force_release() (supports_force_release is True)", cls.supports_force_release
                  and cls._force_release is BaseLockBackend._force_release),
+                ("_count_held() (supports_counting is True)", cls.supports_counting
+                 and cls._count_held is CountingMixin._count_held),
                 ("_waiters() (supports_waiters is True)", cls.supports_waiters
                  and cls._waiters is BaseLockBackend._waiters),
             ) if lacking

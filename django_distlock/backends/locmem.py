@@ -39,7 +39,17 @@ from django.core import checks
 from ..backoff import remaining
 from ..exceptions import UnsupportedOperation
 from ..values import WaiterInfo, short_owner
-from .base import Acquisition, BaseLockBackend, ExcInfo, Freed, Grant, LockInfo, LockPage, Miss
+from .base import (
+    Acquisition,
+    BaseLockBackend,
+    ExcInfo,
+    Freed,
+    Grant,
+    HeldCount,
+    LockInfo,
+    LockPage,
+    Miss,
+)
 
 
 @dataclass
@@ -152,6 +162,7 @@ class LocMemBackend(BaseLockBackend):
     acquisition_class = LocMemAcquisition
     distributed = False
     supports_listing = True
+    supports_counting = True
     supports_force_release = True
     supports_waiters = True
 
@@ -186,6 +197,13 @@ class LocMemBackend(BaseLockBackend):
                 for key, held in [(key, self.store.held[key]) for key in keys]
             ]
         return LockPage(infos, keys[-1] if len(keys) == limit else None)
+
+    def _count_held(self, prefix: str, limit: int) -> HeldCount:
+        low = self.key_prefix + prefix
+        with self.store.cond:
+            held = list(self.store.held)
+            found = sum(1 for k in held if k.startswith(low) and self.store.current(k))
+        return HeldCount(min(found, limit), found <= limit)
 
     def _waiters(self, key: str, limit: int) -> list[WaiterInfo]:
         # In arrival order; a release wakes them all, so any one may be served next.

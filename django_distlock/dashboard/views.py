@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlencode
 
 from django import forms
 from django.contrib import admin, messages
@@ -14,25 +15,35 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 
+from ..backends.counting import COUNT_CAP
 from ..exceptions import DistLockError, InvalidLockName, LockConfigurationError
 from ..handler import locks
 from ..names import validate_name
 from ..operations.listing import (
     BadPosition,
     Page,
+    Position,
     Row,
+    backend_label,
     find_lock,
     read_page,
     sign_position,
+    sign_trail,
     unsign_position,
+    unsign_trail,
 )
 from ..operations.release import release_audited
+from ..operations.totals import count_totals, grand_total
 from ..operations.waiting import waiter_dict, who_waits
 from ..values import LockInfo, validate_page_args
 
 VIEW_PERM = "django_distlock.view_held_lock"
 RELEASE_PERM = "django_distlock.force_release_lock"
 PAGE_SIZE = 50
+#: Where each alias' count of held locks stops ("at least" past it): the cost of a count.
+COUNT_LIMIT = COUNT_CAP
+#: Seconds between the page's reloads while auto-refresh is on (``?refresh=0``: off).
+REFRESH = 10
 SORTS = {
     "acquired": lambda row: row.info.acquired_at or timezone.now(),
     "expires": lambda row: row.info.expires_at or timezone.now(),
@@ -72,37 +83,68 @@ def _bad_request(message: str) -> HttpResponse:
     return HttpResponseBadRequest(f"Bad request: {message}", content_type="text/plain")
 
 
+def _page_url(query: dict[str, str], cursor: str = "", back: str = "") -> str:
+    """The querystring of a page of the same filter, sort and refresh setting."""
+    args = {key: value for key, value in query.items() if value}
+    if cursor:
+        args["cursor"] = cursor
+    if back:
+        args["back"] = back
+    return "?" + urlencode(args)
+
+
+def _positions(
+    request: HttpRequest, query: tuple[str, str]
+) -> tuple[Position | None, list[Position | None]]:
+    """The page's position and the positions of the pages before it, from the URL."""
+    position = None
+    if "cursor" in request.GET:
+        position = unsign_position(request.GET["cursor"], query)
+    trail = unsign_trail(request.GET["back"], query) if "back" in request.GET else []
+    return position, trail
+
+
 def held_locks_view(request: HttpRequest, site: admin.AdminSite) -> HttpResponse:
-    """The table of held locks across the aliases (filter, prefix search, page, sort)."""
+    """The table of held locks across the aliases (totals, filter, prefix search, previous
+    and next pages, sort within the page, auto-refresh)."""
     _check_view(request)
     alias, prefix = request.GET.get("alias", ""), request.GET.get("q", "")
-    sort = request.GET.get("o", "")
+    sort, refresh = request.GET.get("o", ""), request.GET.get("refresh", "")
     if alias and alias not in locks:
         raise Http404(f"No lock alias {alias!r} is configured.")
     if sort.lstrip("-") not in ("", *SORTS):
         return _bad_request(f"unknown sort {sort!r}; use acquired or expires, '-' for descending.")
+    if refresh not in ("", "0", str(REFRESH)):
+        return _bad_request(f"refresh is 0 (off) or {REFRESH} (seconds), got {refresh!r}.")
     try:
         validate_page_args(prefix, 1, None)
     except (InvalidLockName, ValueError) as exc:
         return _bad_request(f"search: {exc}")
     query = (alias, prefix)
-    position = None
-    if "cursor" in request.GET:
-        try:
-            position = unsign_position(request.GET["cursor"], query)
-        except BadPosition as exc:
-            return _bad_request(str(exc))
     aliases = [alias] if alias else list(locks)
     try:
+        position, trail = _positions(request, query)
         page: Page = read_page(aliases, prefix, PAGE_SIZE, position)
     except BadPosition as exc:
         return _bad_request(str(exc))
     rows: list[Row] = page.rows
     if sort:
         rows = sorted(rows, key=SORTS[sort.lstrip("-")], reverse=sort.startswith("-"))
-    next_cursor = None
+    kept = {"alias": alias, "q": prefix, "o": sort, "refresh": refresh}
+    next_url = prev_url = ""
     if page.next_position is not None:
-        next_cursor = sign_position(page.next_position, query)
+        next_url = _page_url(
+            kept, sign_position(page.next_position, query), sign_trail([*trail, position], query)
+        )
+    if trail:
+        before = trail[-1]
+        prev_url = _page_url(
+            kept,
+            sign_position(before, query) if before is not None else "",
+            sign_trail(trail[:-1], query) if trail[:-1] else "",
+        )
+    # Filtered to one alias: only its count (each count costs the page its time).
+    totals = count_totals(aliases, prefix, COUNT_LIMIT)
     context = {
         **site.each_context(request),
         "title": "Held locks",
@@ -110,10 +152,17 @@ def held_locks_view(request: HttpRequest, site: admin.AdminSite) -> HttpResponse
         "rows": rows,
         "alias_states": page.aliases,
         "all_aliases": list(locks),
+        "totals": totals,
+        "grand_total": grand_total(totals),
         "alias": alias,
         "q": prefix,
         "sort": sort,
-        "next_cursor": next_cursor,
+        "refresh": refresh,
+        "refresh_seconds": REFRESH,
+        "next_url": next_url,
+        "prev_url": prev_url,
+        "first_url": _page_url(kept),
+        "sort_url": _page_url({"alias": alias, "q": prefix, "refresh": refresh}),
         "is_first_page": position is None,
         "can_release": request.user.has_perm(RELEASE_PERM),
         "now": timezone.now(),
@@ -148,6 +197,8 @@ def lock_detail_view(request: HttpRequest, site: admin.AdminSite) -> HttpRespons
         "info": info,
         "error": error,
         "backend_type": type(backend).__name__,
+        "backend_label": backend_label(backend),
+        "now": timezone.now(),
         "can_release": request.user.has_perm(RELEASE_PERM) and backend.supports_force_release,
         "waiting": waiting,
         "waiter_rows": [waiter_dict(w) for w in waiting.waiters] if waiting else [],

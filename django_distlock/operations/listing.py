@@ -38,6 +38,8 @@ class Row:
     backend_type: str
     kind: str
     can_release: bool
+    #: The backend as an operator names it ("PostgreSQL (lease)"): :func:`backend_label`.
+    label: str = ""
 
 
 @dataclass(slots=True)
@@ -50,6 +52,8 @@ class AliasState:
     error: str = ""
     #: Why the backend cannot list (its ``why_unsupported``), where ``listing`` is False.
     reason: str = ""
+    #: The backend as an operator names it: :func:`backend_label`.
+    label: str = ""
 
 
 @dataclass(slots=True)
@@ -61,6 +65,37 @@ class Page:
 
 def backend_type(backend: BaseLockBackend) -> str:
     return type(backend).__name__
+
+
+_LABELS = {
+    "RedisBackend": "Redis",
+    "RedlockBackend": "Redlock",
+    "ZooKeeperBackend": "ZooKeeper",
+    "CacheBackend": "Django cache",
+    "LocMemBackend": "locmem (this process)",
+}
+_VENDORS = {"postgresql": "PostgreSQL", "sqlite": "SQLite"}
+
+
+def backend_label(backend: BaseLockBackend) -> str:
+    """Return the backend as an operator names it: "PostgreSQL (lease)", "SQLite
+    (transaction)", "Redis", "Redis Cluster", "Redlock", "ZooKeeper", "locmem (this
+    process)"; a backend of another package: its class name (no I/O).
+
+    :param backend: the alias' backend.
+    :returns: the label.
+    """
+    name = type(backend).__name__
+    mode = getattr(backend, "mode", None)
+    if isinstance(mode, str) and hasattr(backend, "database"):
+        try:
+            vendor = str(backend.vendor)  # type: ignore[attr-defined]
+        except Exception:  # DATABASES lacks the alias: the listing reports it
+            vendor = ""
+        return f"{_VENDORS.get(vendor, vendor or 'database')} ({mode})"
+    if name == "RedisBackend" and getattr(getattr(backend, "redis", None), "cluster", False):
+        return "Redis Cluster"
+    return _LABELS.get(name, name)
 
 
 def lock_kind(backend: BaseLockBackend) -> str:
@@ -83,7 +118,7 @@ def alias_states(aliases: Sequence[str]) -> dict[str, AliasState]:
         reason = "" if backend.supports_listing else backend.why_unsupported.get(
             "supports_listing", "")
         states[alias] = AliasState(alias, backend_type(backend), backend.supports_listing,
-                                   reason=reason)
+                                   reason=reason, label=backend_label(backend))
     return states
 
 
@@ -132,7 +167,9 @@ def read_page(
                 break
             except ValueError as exc:  # a cursor the backend rejects
                 raise BadPosition(str(exc)) from exc
-            page.rows.extend(Row(info, state.backend_type, kind, release) for info in found)
+            page.rows.extend(
+                Row(info, state.backend_type, kind, release, state.label) for info in found
+            )
             cursor = found.next_cursor
             if cursor is None:
                 break
@@ -173,3 +210,32 @@ def unsign_position(value: str, query: tuple[str, str]) -> tuple[str, str | None
     if made_for != list(query):
         raise BadPosition("This page link belongs to another filter; start from the first page.")
     return alias, cursor
+
+
+TRAIL_SALT = "django_distlock.dashboard.trail"
+#: The most earlier page positions a "Previous page" link carries (older: "First page").
+MAX_TRAIL = 20
+Position = tuple[str, str | None]
+
+
+def sign_trail(trail: Sequence[Position | None], query: tuple[str, str]) -> str:
+    """Return the URL value of the positions of the pages before this one (None: the first
+    page), the newest last, bound to the page's (alias filter, prefix); the oldest beyond
+    :data:`MAX_TRAIL` are dropped."""
+    kept = [list(position) if position else None for position in trail[-MAX_TRAIL:]]
+    return signing.dumps([kept, *query], salt=TRAIL_SALT, compress=True)
+
+
+def unsign_trail(value: str, query: tuple[str, str]) -> list[Position | None]:
+    """Return the positions a ``back`` URL value carries; raise BadPosition if it is not one
+    we made for this query."""
+    try:
+        kept, *made_for = signing.loads(value, salt=TRAIL_SALT)
+        trail: list[Position | None] = [
+            (str(p[0]), None if p[1] is None else str(p[1])) if p else None for p in kept
+        ]
+    except (signing.BadSignature, ValueError, TypeError, IndexError) as exc:
+        raise BadPosition("This page link is not valid; start from the first page.") from exc
+    if made_for != list(query):
+        raise BadPosition("This page link belongs to another filter; start from the first page.")
+    return trail

@@ -82,6 +82,7 @@ ROWS: tuple[tuple[str, str | None, Callable[[type], bool] | None], ...] = (
     ("fencing", "supports_fencing", _flag("supports_fencing")),
     ("expiry/renewal", "supports_expiry", _flag("supports_expiry")),
     ("listing", "supports_listing", _flag("supports_listing")),
+    ("counting", "supports_counting", _flag("supports_counting")),
     ("force release", "supports_force_release", _flag("supports_force_release")),
     ("who waits", "supports_waiters", _flag("supports_waiters")),
     ("across processes", "distributed", _flag("distributed")),
@@ -113,6 +114,9 @@ REASONS: dict[tuple[str, str], str] = {
     ("SQLite lease", "downgrade"): _NO_DOWNGRADE,
     ("Redis", "downgrade"): _NO_DOWNGRADE,
     ("Redis Cluster", "downgrade"): _NO_DOWNGRADE,
+    ("Redlock", "counting"): "no master knows which locks a majority holds",
+    ("cache (`add`)", "counting"): "a cache cannot count its keys at a cost bounded by a "
+    "cap (memcached cannot list keys at all)",
     ("Redlock", "reentrant"): "a count on independent masters could disagree",
     ("Redlock", "fair"): "independent masters cannot share one queue: waiters retry",
     ("ZooKeeper", "expiry/renewal"): "a lock lives as long as its holder's session "

@@ -24,7 +24,17 @@ from ...backoff import remaining
 from ...exceptions import BackendUnavailable
 from ...handle import Lock
 from ...values import short_owner
-from ..base import Acquisition, ExcInfo, Freed, Grant, LockInfo, LockPage, Miss, WaiterInfo
+from ..base import (
+    Acquisition,
+    ExcInfo,
+    Freed,
+    Grant,
+    HeldCount,
+    LockInfo,
+    LockPage,
+    Miss,
+    WaiterInfo,
+)
 from .backend import DatabaseBackend, is_busy, server_wait
 from .sessions import ERRORS, WATCHDOG, AsyncSessions, Session, connection_lost
 from .share_acquisition import KindAcquisition
@@ -48,6 +58,7 @@ class LeaseBackend(DatabaseBackend, mode="lease"):
     """The database backend's lease mode (``OPTIONS["MODE"] = "lease"``, the default)."""
 
     supports_listing = True
+    supports_counting = True
     supports_force_release = True
     supports_read_write = True
     supports_semaphore = True
@@ -81,6 +92,14 @@ class LeaseBackend(DatabaseBackend, mode="lease"):
             for row, info in ((row, self._info(row)) for row in with_shares(self, rows))
         ]
         return LockPage(infos, rows[-1][0] if len(rows) == limit else None)
+
+    def _count_held(self, prefix: str, limit: int) -> HeldCount:
+        # The listing's own query (same index, same predicate), stopped one past the cap.
+        low = self.key_prefix + prefix
+        statement = f"SELECT count(*) FROM ({self.dialect.held}) AS counted"
+        rows = self.run(statement, ["", low, upper_bound(low), limit + 1], "counting locks")
+        found = int(rows[0][0])
+        return HeldCount(min(found, limit), found <= limit)
 
     def _waiters(self, key: str, limit: int) -> list[WaiterInfo]:
         return read_waiters(self, key, limit)

@@ -63,6 +63,8 @@ class TransactionBackend(DatabaseBackend, mode="transaction"):
     why_unsupported = {
         "supports_force_release": "a transaction-mode lock is held by its holder's open "
         "transaction; it ends when that transaction does",
+        "supports_counting": "a transaction-mode lock is a row lock, seen only by trying it: "
+        "a count would try the row of every name ever used, however few are held",
         "supports_waiters": "its waiters are transactions blocked in SELECT ... FOR UPDATE "
         "on the row, which PostgreSQL lists as waits on the holder's transaction (not "
         "stored with the lock), not in a queue of the name",
@@ -130,6 +132,8 @@ class SqliteTransactionBackend(TransactionBackend):
         "SQLite keeps no queue of them",
         "supports_listing": "its locks are the SQLite database's write lock, which has "
         "no names to list",
+        "supports_counting": "its locks are the SQLite database's write lock, which has "
+        "no names to count",
     }
 
 

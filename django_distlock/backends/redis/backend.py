@@ -23,6 +23,7 @@ from ..base import (
     Acquisition,
     BaseLockBackend,
     Freed,
+    HeldCount,
     LockInfo,
     LockPage,
     WaiterInfo,
@@ -118,6 +119,7 @@ class RedisBackend(BaseLockBackend):
 
     acquisition_class = RedisAcquisition
     supports_listing = True
+    supports_counting = True
     supports_force_release = True
     supports_reentrancy = True
     supports_read_write = True
@@ -294,6 +296,27 @@ class RedisBackend(BaseLockBackend):
             return bool(self.redis.sync().exists(keys.lock))
         except CLIENT_ERRORS as exc:
             raise unavailable(exc) from exc
+
+    def _count_held(self, prefix: str, limit: int) -> HeldCount:
+        # One read-only script per tag: each index entry's lock key checked, up to the cap
+        # (entries of ended leases stay in the index until a listing passes them, so the
+        # entries alone are only a ceiling); a budget bounds a tag full of ended entries.
+        low = b"[" + prefix.encode()
+        high = b"[" + prefix.encode() + b"\xff" if prefix else b"+"
+        found, whole, ceiling = 0, True, 0
+        for tag in range(self.shards):
+            base = tag_base(self.key_prefix, tag)
+            left = limit - found
+            counted, read_all, entries = self.redis.run(
+                SCRIPTS["count"], (base + "i",), (base, low, high, left, left + LIST_BUDGET)
+            )
+            found, ceiling = found + int(counted), ceiling + int(entries)
+            whole = whole and bool(read_all) and found <= limit
+            if found > limit:
+                break
+        if whole:
+            return HeldCount(found, True)
+        return HeldCount(min(found, limit), False, None if found > limit else ceiling)
 
     def _held_locks(self, prefix: str, limit: int, cursor: str | None) -> LockPage:
         try:

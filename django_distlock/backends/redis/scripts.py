@@ -248,6 +248,29 @@ out[#out + 1] = last
 return out
 """
 
+#: The count of one tag's held locks, read-only: KEYS[1] the tag's listing index; ARGV:
+#: base, low, high, limit, budget. Returns {held counted, 1 when the whole range was read,
+#: the range's index entries (held and ended leases alike: a ceiling)}; it stops past
+#: ``limit`` held or after ``budget`` entries read.
+COUNT = """
+local base, low, limit, budget = ARGV[1], ARGV[2], tonumber(ARGV[4]), tonumber(ARGV[5])
+local found, whole = 0, 1
+while true do
+  if found > limit or budget <= 0 then
+    whole = 0
+    break
+  end
+  local batch = redis.call('ZRANGEBYLEX', KEYS[1], low, ARGV[3], 'LIMIT', 0, math.min(1000, budget))
+  if #batch == 0 then break end
+  for _, member in ipairs(batch) do
+    found = found + redis.call('EXISTS', base .. 'l:' .. member)
+  end
+  budget = budget - #batch
+  low = '(' .. batch[#batch]
+end
+return {found, whole, redis.call('ZLEXCOUNT', KEYS[1], ARGV[2], ARGV[3])}
+"""
+
 
 class Script:
     """A script's text and SHA1 (what ``EVALSHA`` runs)."""
@@ -272,5 +295,6 @@ SCRIPTS = {
         "leave": LEAVE,
         "force_release": FORCE_RELEASE,
         "list": LIST,
+        "count": COUNT,
     }.items()
 }

@@ -14,7 +14,7 @@ from typing import Any
 
 from django.db import connections
 
-from ...backends.base import BaseLockBackend
+from ...backends.base import BaseLockBackend, HeldCount
 from ...context import holder_context
 from ...exceptions import InvalidLockName, LockLost, UnsupportedOperation
 from ...handler import locks
@@ -92,6 +92,31 @@ class CapabilityChecks(ContractBase):
             : len(context) - 1
         ] + "…"
 
+    def check_count_held(self, backend: BaseLockBackend) -> None:
+        """``supports_counting``: the locks held under a prefix, exact up to the cap and
+        "at least the cap" past it; bad arguments refused before any call."""
+        if not backend.supports_counting:
+            return
+        base = self.unique("count") + "/"
+        handles = [backend.lock(f"{base}{i}") for i in range(3)]
+        for handle in handles:
+            handle.acquire()
+        try:
+            assert backend.count_held(prefix=base) == HeldCount(3, True)
+            capped = backend.count_held(prefix=base, limit=2)
+            assert (capped.count, capped.exact) == (2, False)
+            handles[0].release()
+            assert backend.count_held(prefix=base) == HeldCount(2, True)
+            assert backend.count_held(prefix=base + "0") == HeldCount(0, True)
+        finally:
+            for handle in handles[1:]:
+                handle.release()
+        assert backend.count_held(prefix=base) == HeldCount(0, True)
+        for bad in (0, 1_000_001, True):
+            with io_calls(backend) as calls, raises((TypeError, ValueError)):
+                backend.count_held(limit=bad)
+            assert calls == []
+
     def check_held_locks_validates_arguments(self, backend: BaseLockBackend) -> None:
         with raises(ValueError):
             backend.held_locks(limit=0)
@@ -167,6 +192,7 @@ class CapabilityChecks(ContractBase):
         name = self.unique()
         asks: list[tuple[str, Callable[[], Any]]] = [
             ("supports_listing", lambda: backend.held_locks(prefix=name)),
+            ("supports_counting", lambda: backend.count_held(prefix=name)),
             ("supports_force_release", lambda: backend.force_release(name)),
             ("supports_reentrancy", lambda: backend.lock(name, reentrant=True).acquire(timeout=1)),
             ("supports_read_write", lambda: backend.read_lock(name).acquire(timeout=1)),
