@@ -97,3 +97,46 @@ def test_uvicorn_at_concurrency_64_stays_within_the_budget(
         statuses, peaks = peak_while(f"{base}/sync/default/", CONCURRENCY, 384, only_pg)
         assert statuses == {200: 384}
         assert peaks["pg"] <= WORKERS * ASYNC_SESSIONS + 2 * CONCURRENCY
+
+
+AT_THE_LIMIT = """
+import django
+django.setup()
+from django_distlock import lock
+from django_distlock.exceptions import BackendUnavailable
+for alias in ("default", "pg-tx"):
+    try:
+        with lock("cap:full", using=alias, timeout=2):
+            print(alias, "acquired")
+    except BackendUnavailable as exc:
+        print(alias, "BackendUnavailable", type(exc.__cause__).__name__)
+"""
+
+
+def test_a_full_server_is_backend_unavailable(site: tuple[Path, dict[str, str]]) -> None:
+    """docs/capacity.md: when PostgreSQL refuses connections (``max_connections``
+    reached), a lock call raises ``BackendUnavailable``, and nobody holds the name."""
+    import psycopg
+
+    directory, env = site
+    held = []
+    try:
+        while len(held) < 1000:
+            try:
+                held.append(pg_connect())
+            except psycopg.OperationalError as exc:
+                assert "too many clients" in str(exc)
+                break
+        done = subprocess.run([sys.executable, "-c", AT_THE_LIMIT], cwd=directory, env=env,
+                              capture_output=True, text=True, timeout=60)
+    finally:
+        for conn in held:
+            conn.close()
+    assert done.stdout.split("\n")[:2] == [
+        "default BackendUnavailable OperationalError",
+        "pg-tx BackendUnavailable OperationalError",
+    ], done.stdout + done.stderr[-3000:]
+    with pg_connect("capsite") as conn:
+        rows = conn.execute("SELECT count(*) FROM django_distlock_lock WHERE name LIKE "
+                            "'%%cap:full' AND expires_at > now()").fetchone()
+    assert rows[0] == 0
