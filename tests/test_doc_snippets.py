@@ -177,12 +177,15 @@ def test_the_documents_mark_their_integration_snippets() -> None:
     where = {s.where.split(":")[0] for s in SNIPPETS}
     assert {"README.md", "docs/usage.md", "docs/admin-dashboard.md"} <= where
     assert any("health_check" in s.files.get("urls.py", "") for s in SNIPPETS)
+    assert any("prometheus" in s.files.get("urls.py", "") for s in SNIPPETS)
 
 
 @pytest.mark.parametrize("snippet", SNIPPETS, ids=[s.where for s in SNIPPETS])
 def test_snippet_works_in_a_fresh_project(tmp_path: Path, snippet: Snippet) -> None:
     if "health_check" in str(snippet.files):
         pytest.importorskip("health_check")
+    if "prometheus" in str(snippet.files):
+        pytest.importorskip("prometheus_client")
     make_project(tmp_path, snippet)
     assert check_project(tmp_path, snippet) == ""
 
