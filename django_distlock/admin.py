@@ -8,7 +8,7 @@ from django.contrib import admin
 from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, path
 
-from .dashboard import activity, views
+from .dashboard import activity, bulk, views
 from .models import LockEvent
 
 
@@ -52,6 +52,11 @@ class LockEventAdmin(admin.ModelAdmin):
                 "held/release/",
                 wrap(views.force_release_view),
                 name="django_distlock_force_release",
+            ),
+            path(
+                "held/release-bulk/",
+                wrap(bulk.bulk_release_view),
+                name="django_distlock_bulk_release",
             ),
             *super().get_urls(),
         ]

@@ -120,6 +120,14 @@ def join_holder(thread: str, context: str) -> str:
     return f"{thread}{SEPARATOR}{clean(context, MAX_HOLDER - len(thread) - 1)}"
 
 
+def _split_holder(info: LockInfo | WaiterInfo) -> None:
+    """Split a stored holder field passed as ``thread`` into ``thread`` and ``context``."""
+    if SEPARATOR in info.thread:
+        thread, _, context = info.thread.partition(SEPARATOR)
+        object.__setattr__(info, "thread", thread)
+        object.__setattr__(info, "context", info.context or context)
+
+
 @dataclass(frozen=True, slots=True)
 class LockInfo:
     """One lock held right now, as listed by ``held_locks()``.
@@ -150,10 +158,50 @@ class LockInfo:
     context: str = ""
 
     def __post_init__(self) -> None:
-        if SEPARATOR in self.thread:
-            thread, _, context = self.thread.partition(SEPARATOR)
-            object.__setattr__(self, "thread", thread)
-            object.__setattr__(self, "context", self.context or context)
+        _split_holder(self)
+
+
+#: Most waiters :meth:`~django_distlock.backends.base.BaseLockBackend.waiters` returns.
+MAX_WAITERS = 1000
+
+
+def validate_waiters_limit(limit: object) -> int:
+    """Return ``limit`` of ``waiters()``, or raise TypeError/ValueError saying why not."""
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise TypeError("limit must be an int.")
+    if not 1 <= limit <= MAX_WAITERS:
+        raise ValueError(f"limit must be between 1 and {MAX_WAITERS}, got {limit}.")
+    return limit
+
+
+@dataclass(frozen=True, slots=True)
+class WaiterInfo:
+    """One client waiting for a lock, as listed by ``waiters()``, in its queue's order.
+
+    What the backend does not store is left empty ("" or None): see the "Who waits"
+    section of docs/admin-dashboard.md for what each backend knows.
+    """
+
+    #: 1 for the next in line, then 2, 3... (arrival order).
+    position: int
+    #: The short, non-secret id of the waiting acquisition's owner token, or "".
+    owner: str
+    #: Server time the waiter joined the queue, when the backend knows it.
+    since: datetime | None
+    host: str = ""
+    pid: int | None = None
+    #: The stored holder field of the waiter (thread label; split like
+    #: :class:`LockInfo`'s into ``thread`` and ``context``).
+    thread: str = ""
+    #: ``"exclusive"``, ``"read"``, ``"write"``, ``"semaphore"``, or "" when unknown.
+    kind: str = ""
+    #: The waiter's handle on the server where that is all it shows: a PostgreSQL
+    #: backend pid (``pg 4242``), a ZooKeeper node name; else "".
+    session: str = ""
+    context: str = ""
+
+    def __post_init__(self) -> None:
+        _split_holder(self)
 
 
 @dataclass(frozen=True, slots=True)

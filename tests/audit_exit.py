@@ -4,6 +4,7 @@
 ``DATABASES["default"]`` entry; ``HOW`` is ``exit`` (return from main), ``sigterm``
 (a SIGTERM handler that calls ``sys.exit``, as gunicorn's workers do; "ready" is
 printed when the events are queued) or ``stuck`` (like exit, its database never answers).
+It releases :data:`EVENTS` holds and exits holding :data:`OPEN` more.
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ from typing import Any
 import django
 from django.conf import settings
 
+#: Holds released before the exit (one row each) ...
 EVENTS = 400
+#: ... and holds still open at the exit (an ``acquired`` row each).
+OPEN = 3
 STUCK_EXIT_TIMEOUT = 1.0
 
 
@@ -38,9 +42,12 @@ def main(database: dict[str, Any], how: str) -> None:
 
     if how == "sigterm":
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    for index in range(EVENTS // 2):  # an acquired and a released event each
+    for index in range(EVENTS):  # a row each, written at its release
         with locks["default"].lock(f"exit:{how}:{index}", ttl=30):
             pass
+    held = [locks["default"].lock(f"exit:{how}:open:{i}", ttl=30) for i in range(OPEN)]
+    for handle in held:
+        handle.acquire()
     print("ready", flush=True)
     if how == "sigterm":
         time.sleep(60)

@@ -91,8 +91,9 @@ def test_purge_keeps_what_is_recent() -> None:
             at=now - timedelta(days=age), kind="acquired", alias="default", name="n"
         )
     assert "Deleted 1 audit rows." in run("purge")
-    assert LockEvent.objects.count() == 1
+    assert LockEvent.objects.exclude(kind="purged").count() == 1  # the purge is recorded
     assert "Deleted 1 audit rows." in run("purge", "--days", "0")
+    assert set(LockEvent.objects.values_list("kind", flat=True)) == {"purged"}
 
 
 def test_health_exit_status_and_view(settings: Any) -> None:

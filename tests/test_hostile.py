@@ -52,6 +52,7 @@ from .conftest import (
     eventually,
     in_thread,
     psycopg_params,
+    require_memcached,
     require_pg,
     require_redis,
     require_zookeeper,
@@ -68,7 +69,7 @@ pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
 ALIASES = [
     "default", "sqlite-lease", "sqlite-tx", "locmem", "pg-lease", "pg-tx", "redis",
     "redis-cache", "redis-djcache", "redis-unfair", "redis-decoded", "redlock",
-    "redis-cluster", "zk", "zk-auth",
+    "redis-cluster", "zk", "zk-auth", "cache-memcached", "cache-redis",
 ]
 
 
@@ -84,6 +85,18 @@ def require(alias: str) -> None:
         require_redis()
     elif alias.startswith("zk"):
         require_zookeeper()
+    elif alias == "cache-memcached":
+        require_memcached()
+    elif alias == "cache-redis":
+        require_redis()
+
+
+def test_the_catalogue_names_every_configured_alias() -> None:
+    """A lock alias added to tests/settings.py joins the catalogue (or this fails): the
+    lists of scenarios and reasons below are all checked against ALIASES."""
+    if os.environ.get("DISTLOCK_SERVERS") != "1":
+        pytest.skip("a partial run configures only the aliases whose servers it has")
+    assert set(settings.DISTLOCK) == set(ALIASES)
 
 
 # -- the recorded history, and its check ----------------------------------------------
@@ -462,6 +475,10 @@ NO_RELEASE_FAULT = {
     "on a private server as 'redis', 'redis-unfair' and 'redis-decoded' are",
     "redis-djcache": "the 'redis' scripts through Django's RedisCache (a CACHES entry): frozen "
     "on a private server as 'redis', 'redis-unfair' and 'redis-decoded' are",
+    "cache-memcached": "a release under a partitioned memcached: "
+    "test_partitions.py::test_a_partitioned_holder_loses_its_lease_and_nothing_else",
+    "cache-redis": "not run on Django's RedisCache (the cache driver's error mapping under a "
+    "failing release is run on memcached by test_partitions.py)",
     "redis-cluster": "a private 3-master cluster takes longer to start than this module's "
     "budget; its scripts and release are those of 'redis' on one hash tag",
 }
@@ -617,6 +634,9 @@ NO_RESTART = {
     "redlock": "no fencing tokens; a master restarted from its AOF under a holder is "
     "test_redis_durability.py's (issue 20 item 4)",
     "redis-cluster": "a private cluster is beyond this module's budget",
+    "cache-memcached": "memcached keeps nothing across a restart (no persistence): "
+    "test_backend_cache.py restarts it under a holder",
+    "cache-redis": "the 'redis' server through Django's RedisCache: 'redis' is restarted",
     "zk-auth": "'zk' on a private server; the ACL changes nothing in a restart",
 }
 RESTARTS = ["redis-aof", "redis-snapshot", "pg-lease", "pg-tx", "zk"]
@@ -839,6 +859,8 @@ NO_WAITER_ENTRY = {
     "redis-cache": "the 'redis' queue through another client: 'redis' is taken",
     "redis-djcache": "the 'redis' queue through another client: 'redis' is taken",
     "redis-decoded": "the 'redis' queue, replies decoded: 'redis' is taken",
+    "cache-memcached": "cache waiters poll with backoff: they leave no entry",
+    "cache-redis": "cache waiters poll with backoff: they leave no entry",
 }
 WAITER_ENTRIES = ["redis", "redis-cluster", "pg-lease", "zk", "zk-auth"]
 

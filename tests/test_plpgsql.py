@@ -40,6 +40,9 @@ FIXED = {
     "0009_share_routines.sql": (
         "b91b71520d06712365bf872657caae2af6de3cc1e7922c3534975db8e359ba00"
     ),
+    "0011_prune_high_water.sql": (
+        "2d083670a0a0197685439bac730defedb06e78b4b14c22db4e5410f6b4c4593f"
+    ),
 }
 
 

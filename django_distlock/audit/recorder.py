@@ -1,14 +1,19 @@
 """The audit trail's recorder: signal receivers queue lock events in memory, a thread writes them.
 
-A receiver only appends a dict to a bounded list (no I/O, no round trip on
-acquire or release); a daemon thread per process writes the list with one
-``bulk_create`` every :data:`FLUSH_INTERVAL` seconds. When the database is slow
+A hold is one row, written when it ends: the acquisition's receiver only notes its
+wait and start beside the handle (a weak mapping), and the release's or loss's queues
+the row with both. A receiver only touches memory (no I/O, no round trip on acquire
+or release); a daemon thread per process writes the list with one ``bulk_create``
+every :data:`FLUSH_INTERVAL` seconds, and adds the same events to the activity
+page's buckets (:mod:`.buckets`) in the same transaction. When the database is slow
 or down the list stops at :data:`CAPACITY` events and further ones are dropped
 and counted (``recorder.dropped``), as are the events of a failed write.
 
 At interpreter exit (``atexit``: a return from main, ``sys.exit``, a SIGTERM
-handler that calls it as gunicorn's workers do) the writer thread writes what
-is still queued, and the exit waits for it at most :data:`EXIT_TIMEOUT` seconds,
+handler that calls it as gunicorn's workers do) and when a Celery pool process
+shuts down (``worker_process_shutdown``: a prefork child exits without ``atexit``)
+the writer thread writes what is still queued, with an ``acquired`` row for each
+hold still open, and the exit waits for it at most :data:`EXIT_TIMEOUT` seconds,
 so that a database that does not answer cannot hold the exit up.
 """
 
@@ -19,16 +24,19 @@ import contextlib
 import logging
 import os
 import random
+import sys
 import threading
-import zlib
+import weakref
 from collections.abc import Iterator
+from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import close_old_connections
+from django.db import close_old_connections, router, transaction
 from django.utils import timezone
 
 from .. import signals
 from ..models import LockEvent
+from . import buckets
 
 #: Named for the module it was first in: logging configurations that name it keep working.
 logger = logging.getLogger("django_distlock.dashboard.recorder")
@@ -55,6 +63,45 @@ class Recorder:
         self._queued = 0  # events queued by this process ...
         self._done = 0  # ... and how many of them were written or dropped by a failed write
         self._pid: int | None = None  # of the process whose writer thread runs
+        #: Holds of this process whose acquisition was sampled: handle -> (waited, start)
+        #: of each acquisition it holds (a reentrant handle's inner ones last).
+        self._open: weakref.WeakKeyDictionary[Any, list[tuple[float | None, datetime]]] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def open_hold(self, handle: Any, waited: float | None) -> None:
+        """Note that ``handle`` acquired after waiting ``waited`` seconds (no row yet)."""
+        with self._mutex:
+            self._open.setdefault(handle, []).append((waited, timezone.now()))
+
+    def close_hold(self, handle: Any) -> tuple[float | None, datetime | None]:
+        """Forget ``handle``'s latest hold; return its wait and start (None, None when
+        not noted)."""
+        with self._mutex:
+            held = self._open.get(handle)
+            if not held:
+                return None, None
+            found = held.pop()
+            if not held:
+                del self._open[handle]
+            return found
+
+    def add_open_holds(self) -> int:
+        """Queue an ``acquired`` row for each hold of this process still open (at exit:
+        its end will not be seen); return how many."""
+        with self._mutex:
+            holds = [
+                (h, hold)
+                for h, stack in self._open.items()
+                if getattr(h, "held", False)
+                for hold in stack
+            ]
+            self._open.clear()
+        for handle, (waited, start) in holds:
+            row = _row(LockEvent.ACQUIRED, handle.backend.alias, handle.name, handle)
+            row.update(at=start, waited=waited, fencing_token=handle.fencing_token)
+            self.add(row)
+        return len(holds)
 
     def add(self, row: dict[str, Any]) -> None:
         """Queue one event (the fields of a LockEvent); drop it if the queue is full."""
@@ -82,7 +129,10 @@ class Recorder:
         if not rows:
             return 0
         try:
-            LockEvent.objects.bulk_create([LockEvent(**row) for row in rows])
+            database = router.db_for_write(LockEvent)
+            with transaction.atomic(using=database):
+                LockEvent.objects.using(database).bulk_create([LockEvent(**row) for row in rows])
+                buckets.add_events(rows, using=router.db_for_write(buckets.LockActivity))
         except Exception:
             logger.warning("Writing %d lock events failed; dropped", len(rows), exc_info=True)
             with self._mutex:
@@ -134,10 +184,27 @@ class Recorder:
 recorder = Recorder()
 
 
+def write_event(**fields: Any) -> LockEvent:
+    """Write one event now (an operator's action: it is not sampled nor queued), and
+    count it in the activity buckets, in one transaction.
+
+    :param fields: the LockEvent's fields.
+    :returns: the row written.
+    :raises DatabaseError: when the database fails (nothing is written then).
+    """
+    database = router.db_for_write(LockEvent)
+    with transaction.atomic(using=database):
+        event = LockEvent.objects.using(database).create(**fields)
+        buckets.add_events([fields], using=router.db_for_write(buckets.LockActivity))
+    return event
+
+
 @atexit.register
-def _drain_at_exit() -> None:
-    """Write the events still queued when the interpreter exits, waiting at most
-    :data:`EXIT_TIMEOUT` seconds (a database that does not answer cannot hold the exit)."""
+def _drain_at_exit(**_: Any) -> None:
+    """Write the events still queued when the interpreter (or a Celery pool process)
+    exits, with the holds still open, waiting at most :data:`EXIT_TIMEOUT` seconds (a
+    database that does not answer cannot hold the exit)."""
+    recorder.add_open_holds()
     if not recorder.drain(EXIT_TIMEOUT):
         logger.warning(
             "%d lock events not written within %s s of the exit; lost",
@@ -160,12 +227,13 @@ def recorded_elsewhere() -> Iterator[None]:
         _forcing.active = False
 
 
-def _sampled(kind: str, handle: Any, token: int | None) -> bool:
-    """Draw for one event; an acquisition and its release or loss draw the same (a hash
-    of the handle and the fencing token), so a sampled hold has both ends."""
-    if handle is None or kind == LockEvent.FAILED:
-        return random.random() < handle.backend.audit.sample if handle else True
-    return zlib.crc32(f"{id(handle)}:{token}".encode()) / 2**32 < handle.backend.audit.sample
+def _row(kind: str, alias: str, name: str, handle: Any) -> dict[str, Any]:
+    """The fields of an event of ``handle`` (None: none known), at now."""
+    row: dict[str, Any] = {"at": timezone.now(), "kind": kind, "alias": alias, "name": name}
+    if handle is not None:
+        row.update(owner=handle.owner_id or "", host=handle.host, pid=handle.pid)
+        row.update(thread=handle.thread, context=handle.context)
+    return row
 
 
 def _receiver(kind: str) -> Any:
@@ -176,24 +244,35 @@ def _receiver(kind: str) -> Any:
         handle = kwargs.get("handle")
         if kind == LockEvent.FORCE_RELEASED and getattr(_forcing, "active", False):
             return
-        if config.sample < 1.0 and not _sampled(kind, handle, kwargs.get("fencing_token")):
+        ends = handle is not None and kind in (LockEvent.RELEASED, LockEvent.LOST)
+        # A hold's end is sampled as its acquisition was: noted (open_hold) or not.
+        if not ends and config.sample < 1.0 and random.random() >= config.sample:
             return
-        row: dict[str, Any] = {
-            "at": timezone.now(),
-            "kind": kind,
-            "alias": alias,
-            "name": name,
-            "fencing_token": kwargs.get("fencing_token"),
-            "waited": kwargs.get("waited"),
-        }
-        if handle is not None:
-            row.update(owner=handle.owner_id or "", host=handle.host, pid=handle.pid)
-            row.update(thread=handle.thread, context=handle.context)
-            if kind in (LockEvent.RELEASED, LockEvent.LOST):
-                row["held"] = handle.held_for
+        if kind == LockEvent.ACQUIRED and handle is not None:
+            recorder.open_hold(handle, kwargs.get("waited"))  # the row is written at its end
+            return
+        row = _row(kind, alias, name, handle)
+        row.update(fencing_token=kwargs.get("fencing_token"), waited=kwargs.get("waited"))
+        if ends and handle is not None:
+            waited, start = recorder.close_hold(handle)
+            if start is None and config.sample < 1.0:
+                return  # its acquisition was not drawn
+            held = handle.held_for
+            if start is None and held is not None:  # acquired before the alias audited
+                start = row["at"] - timedelta(seconds=held)
+            row.update(held=held, waited=waited, acquired_at=start)
         recorder.add(row)
 
     return receive
+
+
+def _connect_celery_shutdown() -> None:
+    """Drain at a Celery pool process' shutdown too (when Celery is in use: imported)."""
+    celery_signals = sys.modules.get("celery.signals")
+    if celery_signals is not None:
+        celery_signals.worker_process_shutdown.connect(
+            _drain_at_exit, weak=False, dispatch_uid="django_distlock.audit.drain"
+        )
 
 
 _RECEIVERS = {
@@ -214,6 +293,7 @@ def connect() -> None:
     calls it while an alias audits, and :func:`disconnect` when none does."""
     for signal, receive in _RECEIVERS.items():
         signal.connect(receive, dispatch_uid=_uid(signal))
+    _connect_celery_shutdown()
 
 
 def disconnect() -> None:

@@ -13,9 +13,10 @@ from ..exceptions import InvalidBackendOptions
 class AuditSettings:
     """An alias' audit settings (``AUDIT`` is True, or a dict of these keys)."""
 
-    #: Fraction of the acquisitions recorded (with their release or loss), 0 to 1.
+    #: Fraction of the holds recorded (each a row, written at its release or loss), 0 to 1.
     sample: float = 1.0
-    #: Days ``manage.py distlock purge`` keeps (None: all).
+    #: Days a purge keeps (None: all). Only a scheduled purge deletes: ``manage.py
+    #: distlock purge`` under cron, or the Celery task ``purge_audit`` under beat.
     retention_days: float | None = 30.0
 
 

@@ -5,7 +5,7 @@ per-acquisition class (the protocol of one acquisition: ``acquisition.py``). The
 base class does what every backend would repeat: it validates names and
 arguments, refuses what the ``supports_*`` flags say is missing before any I/O,
 and sends the signals; a backend writes at most ``is_locked()``, ``health()``,
-``_held_locks()`` and ``_force_release()`` (those its flags promise) besides
+``_held_locks()``, ``_waiters()`` and ``_force_release()`` (those its flags promise) besides
 ``__init__``. ``backends/locmem.py`` is a whole backend in one short module, and
 ``django_distlock.testing.contract`` is the test suite every backend passes.
 """
@@ -44,12 +44,14 @@ from ..values import (
     LockInfo,
     LockPage,
     Miss,
+    WaiterInfo,
     _Default,
     owner_token_of,
     validate_owner_id,
     validate_page_args,
     validate_timeout,
     validate_ttl,
+    validate_waiters_limit,
 )
 from .acquisition import Acquisition
 
@@ -62,6 +64,7 @@ __all__ = [
     "LockInfo",
     "LockPage",
     "Miss",
+    "WaiterInfo",
     "check_option_keys",
     "validate_owner_id",
     "validate_page_args",
@@ -129,6 +132,9 @@ class BaseLockBackend(abc.ABC):
     #: :meth:`force_release` frees another owner's lock (the backend implements
     #: :meth:`_force_release`).
     supports_force_release: ClassVar[bool] = False
+    #: :meth:`waiters` lists who waits for a lock, in arrival order (the backend keeps a
+    #: queue on its server and implements :meth:`_waiters`).
+    supports_waiters: ClassVar[bool] = False
     #: Locks exclude other processes (False only for process-local backends).
     distributed: ClassVar[bool] = True
     #: ``lock(name, reentrant=True)`` works: the same owner acquires again, counted.
@@ -370,6 +376,8 @@ class BaseLockBackend(abc.ABC):
                  and cls._held_locks is BaseLockBackend._held_locks),
                 ("_force_release() (supports_force_release is True)", cls.supports_force_release
                  and cls._force_release is BaseLockBackend._force_release),
+                ("_waiters() (supports_waiters is True)", cls.supports_waiters
+                 and cls._waiters is BaseLockBackend._waiters),
             ) if lacking
         ]
         if missing:
@@ -490,6 +498,38 @@ class BaseLockBackend(abc.ABC):
         ``supports_force_release``): free the lock of storage key ``key``, only while
         the holder's short owner id is ``owner`` unless it is ""; return :class:`Freed`,
         or None when nothing was freed."""
+        raise NotImplementedError  # never called: see _check_implementation()
+
+    def waiters(self, name: str, limit: int = 100) -> list[WaiterInfo]:
+        """Return who waits for ``name`` now, the next in line first (at most ``limit``;
+        the cost grows with ``limit``, not with the number waiting).
+
+        :param name: the lock's name.
+        :param limit: the most waiters returned, from 1 to 1,000.
+        :returns: the waiters, in arrival order (empty: nobody waits).
+        :raises UnsupportedOperation: when ``supports_waiters`` is False.
+        :raises InvalidLockName: for a bad name.
+        :raises TypeError, ValueError: for a bad ``limit`` (before any I/O).
+        :raises BackendUnavailable: when the server fails, or at once while the
+            alias' circuit is open (``FAIL_FAST``).
+        """
+        key = self.make_key(name)
+        limit = validate_waiters_limit(limit)
+        self.refuse_unless("supports_waiters", "list the waiters of a lock")
+        circuit = self.circuit
+        if circuit.cause is not None:
+            circuit.check("list waiters", name)
+        try:
+            found = self._waiters(key, limit)
+        except BackendUnavailable as exc:
+            circuit.failed(exc)
+            raise
+        circuit.answered()
+        return found
+
+    def _waiters(self, key: str, limit: int) -> list[WaiterInfo]:
+        """The backend's queue read behind :meth:`waiters` (where ``supports_waiters``)
+        for the storage key ``key``; the arguments are checked already."""
         raise NotImplementedError  # never called: see _check_implementation()
 
     @abc.abstractmethod

@@ -15,8 +15,8 @@ It is also the worked example of a backend. A backend is two classes:
 - a :class:`~django_distlock.backends.base.BaseLockBackend` subclass naming it
   as ``acquisition_class``, with :meth:`is_locked` and :meth:`health`, and,
   for each optional feature it sets a ``supports_*`` flag for, the hook:
-  ``_held_locks`` (``supports_listing``), ``_force_release``
-  (``supports_force_release``).
+  ``_held_locks`` (``supports_listing``), ``_waiters`` (``supports_waiters``),
+  ``_force_release`` (``supports_force_release``).
 
 The base class validates names and arguments, refuses (``UnsupportedOperation``)
 what the flags say is missing before any I/O, and sends the signals; the handle
@@ -30,7 +30,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -38,7 +38,7 @@ from django.core import checks
 
 from ..backoff import remaining
 from ..exceptions import UnsupportedOperation
-from ..values import short_owner
+from ..values import WaiterInfo, short_owner
 from .base import Acquisition, BaseLockBackend, ExcInfo, Freed, Grant, LockInfo, LockPage, Miss
 
 
@@ -60,7 +60,8 @@ class _Store:
         self.cond = threading.Condition()
         self.held: dict[str, _Held] = {}
         self.fencing: dict[str, int] = {}
-        self.waiting: dict[str, int] = {}
+        #: Per key, the acquisitions waiting now (owner token -> who and since when).
+        self.waiting: dict[str, dict[str, WaiterInfo]] = {}
 
     def current(self, key: str) -> _Held | None:
         """The live entry of ``key`` (expired entries dropped); call with ``cond`` held."""
@@ -70,6 +71,11 @@ class _Store:
             self.cond.notify_all()
             return None
         return entry
+
+
+def _since(info: WaiterInfo) -> datetime:
+    assert info.since is not None  # locmem always knows it
+    return info.since
 
 
 _stores: dict[str, _Store] = {}
@@ -94,11 +100,18 @@ class LocMemAcquisition(Acquisition):
             )
         return Grant(fencing, now, now + timedelta(seconds=lock.ttl))
 
+    _since: datetime | None = None
+
     def wait(self, miss: Miss) -> Grant | None:
         """Sleep until a release notifies, the holder's lease ends, or the deadline."""
-        store, key = self.backend.store, self.lock.key
+        store, key, lock = self.backend.store, self.lock.key, self.lock
+        if self._since is None:  # the first wait of this acquisition: its arrival
+            self._since = datetime.now(UTC)
         with store.cond:
-            store.waiting[key] = store.waiting.get(key, 0) + 1
+            store.waiting.setdefault(key, {})[self.token] = WaiterInfo(
+                0, short_owner(self.token), self._since, lock.host, lock.pid,
+                lock.holder_field, lock.kind,
+            )
             try:
                 if store.current(key) is not None:
                     left = remaining(self.deadline)
@@ -107,7 +120,7 @@ class LocMemAcquisition(Acquisition):
                         bound = left if bound is None else min(bound, left)
                     store.cond.wait(None if bound is None else max(bound, 0.0))
             finally:
-                store.waiting[key] -= 1
+                del store.waiting[key][self.token]
                 if not store.waiting[key]:
                     del store.waiting[key]
         return None
@@ -140,6 +153,7 @@ class LocMemBackend(BaseLockBackend):
     distributed = False
     supports_listing = True
     supports_force_release = True
+    supports_waiters = True
 
     def __init__(self, alias: str, params: Mapping[str, Any]) -> None:
         super().__init__(alias, params)
@@ -167,11 +181,17 @@ class LocMemBackend(BaseLockBackend):
                 LockInfo(
                     self.alias, self.name_of(key), short_owner(held.owner), held.fencing,
                     held.acquired_at, now + timedelta(seconds=held.expires - clock), held.host,
-                    held.pid, held.thread, waiters=self.store.waiting.get(key, 0),
+                    held.pid, held.thread, waiters=len(self.store.waiting.get(key, ())),
                 )
                 for key, held in [(key, self.store.held[key]) for key in keys]
             ]
         return LockPage(infos, keys[-1] if len(keys) == limit else None)
+
+    def _waiters(self, key: str, limit: int) -> list[WaiterInfo]:
+        # In arrival order; a release wakes them all, so any one may be served next.
+        with self.store.cond:
+            waiting = sorted(self.store.waiting.get(key, {}).values(), key=_since)[:limit]
+        return [replace(info, position=i) for i, info in enumerate(waiting, 1)]
 
     def _force_release(self, key: str, owner: str) -> Freed | None:
         with self.store.cond:

@@ -1,11 +1,17 @@
-"""The activity page: lock events of a window as charts, per alias and per name prefix."""
+"""The activity page: lock events of a window as charts, per alias and per name prefix.
+
+It reads the pre-aggregated buckets (:mod:`django_distlock.audit.buckets`): at most
+``buckets x (alias, prefix)`` rows whatever the size of the audit trail.
+"""
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
@@ -13,26 +19,30 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.template.response import TemplateResponse
 from django.utils import timezone
 
+from ..audit import buckets, totals
+from ..audit.buckets import name_prefix as name_prefix  # re-exported: its old home
 from ..exceptions import InvalidLockName
-from ..models import LockEvent
+from ..models import LockActivity, LockEvent
 from ..values import validate_page_args
 from .charts import row_bars, time_bars
 
-#: Window name -> (length, number of buckets).
+#: Window name -> (length, number of buckets); each bucket is one of ``buckets.SPANS``.
 WINDOWS = {
     "1h": (timedelta(hours=1), 60),
     "6h": (timedelta(hours=6), 72),
     "24h": (timedelta(hours=24), 96),
     "7d": (timedelta(days=7), 84),
 }
-#: Most events read for one page (the newest): bounds the page's cost on a busy trail.
+#: Most events read for one page when a search reaches past a name's first ``:`` (the
+#: buckets count per name prefix; such a search reads the events, the newest first).
 MAX_EVENTS = 200_000
 SERIES = [
-    (LockEvent.ACQUIRED, "Acquisitions", "#417690"),
-    (LockEvent.FAILED, "Timeouts / busy", "#c58a00"),
-    (LockEvent.LOST, "Expired or lost leases", "#ba2121"),
-    (LockEvent.FORCE_RELEASED, "Force releases", "#6f42c1"),
+    ("acquired", "Acquisitions", "#417690"),
+    ("failed", "Timeouts / busy", "#c58a00"),
+    ("lost", "Expired or lost leases", "#ba2121"),
+    ("forced", "Force releases", "#6f42c1"),
 ]
+KINDS = [kind for kind, _, _ in SERIES]
 
 
 def percentile(values: list[float], fraction: float) -> float | None:
@@ -42,51 +52,103 @@ def percentile(values: list[float], fraction: float) -> float | None:
     return values[max(0, math.ceil(fraction * len(values)) - 1)]
 
 
-def name_prefix(name: str) -> str:
-    """The group of a name on the page: up to its first ``:`` (``order:42`` -> ``order:``)."""
-    head, sep, _ = name.partition(":")
-    return head + sep if sep else name
-
-
 @dataclass
 class Group:
+    """One (alias, name prefix) row of the page: its counts and wait/hold histograms."""
+
     alias: str
     prefix: str
     counts: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    waits: list[float] = field(default_factory=list)
-    holds: list[float] = field(default_factory=list)
+    waits: dict[str, int] = field(default_factory=dict)
+    holds: dict[str, int] = field(default_factory=dict)
 
     def stats(self) -> dict[str, float | None]:
-        waits, holds = sorted(self.waits), sorted(self.holds)
+        """Wait and hold p50/p95/p99 (upper bounds of their histogram buckets)."""
         return {
-            f"{what}_p{int(q * 100)}": percentile(values, q)
-            for what, values in (("wait", waits), ("hold", holds))
+            f"{what}_p{int(q * 100)}": buckets.percentile(values, q)
+            for what, values in (("wait", self.waits), ("hold", self.holds))
             for q in (0.5, 0.95, 0.99)
         }
 
 
-Event = tuple[datetime, str, str, str, float | None, float | None]
-
-
 def summarize(
-    events: list[Event], since: datetime, length: timedelta, buckets: int
+    rows: Iterable[Any], since: datetime, span: int, count: int
 ) -> tuple[dict[str, list[int]], list[Group]]:
-    """Return counts per kind per bucket and the (alias, name prefix) groups of ``events``."""
-    series = {kind: [0] * buckets for kind, _, _ in SERIES}
+    """Return counts per kind per bucket and the (alias, name prefix) groups of ``rows``."""
+    series = {kind: [0] * count for kind in KINDS}
     groups: dict[tuple[str, str], Group] = {}
-    width = length / buckets
-    for at, kind, alias, name, waited, held in events:
-        index = min(int((at - since) / width), buckets - 1)
-        if kind in series and index >= 0:
-            series[kind][index] += 1
-        key = (alias, name_prefix(name))
+    for row in rows:
+        index = int((row.start - since).total_seconds()) // span
+        key = (row.alias, row.prefix)
         group = groups.get(key) or groups.setdefault(key, Group(*key))
-        group.counts[kind] += 1
-        if waited is not None and kind == LockEvent.ACQUIRED:
-            group.waits.append(waited)
-        if held is not None and kind in (LockEvent.RELEASED, LockEvent.LOST):
-            group.holds.append(held)
-    return series, sorted(groups.values(), key=lambda g: -sum(g.counts.values()))
+        for kind in KINDS:
+            value = getattr(row, kind)
+            if 0 <= index < count:
+                series[kind][index] += value
+            group.counts[kind] += value
+        for mine, theirs in ((group.waits, row.waits), (group.holds, row.holds)):
+            for slot, n in theirs.items():
+                mine[slot] = mine.get(slot, 0) + n
+    ordered = sorted(groups.values(), key=lambda g: -sum(g.counts.values()))
+    return series, ordered
+
+
+def by_prefix(prefix: str) -> bool:
+    """Whether the buckets (per name prefix) answer a search for names starting with
+    ``prefix``: when it has no ``:`` but maybe a last one."""
+    return ":" not in prefix[:-1]
+
+
+def from_buckets(
+    span: int, since: datetime, count: int, alias: str, prefix: str
+) -> tuple[dict[str, list[int]], list[Group]]:
+    """Counts per kind per bucket and the groups of a window, summed by the database
+    from the bucket rows (:mod:`django_distlock.audit.totals`: four queries).
+
+    :param span: the window's bucket length, seconds.
+    :param since: the start of its first bucket.
+    :param count: its number of buckets.
+    :param alias: only this alias ("": every one).
+    :param prefix: only names starting with this (:func:`by_prefix` must be true).
+    :returns: the series and the groups, the busiest first.
+    """
+    rows = LockActivity.objects.filter(span=span, start__gte=since)
+    if alias:
+        rows = rows.filter(alias=alias)
+    if prefix:
+        rows = rows.filter(prefix__startswith=prefix)
+    starts, counts, waits, holds = totals.window(rows)
+    series = {kind: [0] * count for kind in KINDS}
+    for start, sums in starts:
+        index = int((start - since).total_seconds()) // span
+        if 0 <= index < count:
+            for kind in KINDS:
+                series[kind][index] += sums[kind]
+    groups = [
+        Group(alias, prefix, defaultdict(int, sums), waits.get((alias, prefix), {}),
+              holds.get((alias, prefix), {}))
+        for (alias, prefix), sums in counts.items()
+    ]  # fmt: skip
+    return series, sorted(groups, key=lambda g: -sum(g.counts.values()))
+
+
+def from_events(
+    span: int, since: datetime, count: int, alias: str, prefix: str
+) -> tuple[dict[str, list[int]], list[Group], bool]:
+    """Like :func:`from_buckets`, from the events themselves (a search past a name's
+    first ``:``, which the buckets cannot answer): at most :data:`MAX_EVENTS`, the
+    newest; the last item says whether some were left out."""
+    events = LockEvent.objects.filter(at__gte=since, name__startswith=prefix)
+    if alias:
+        events = events.filter(alias=alias)
+    fields = ("at", "kind", "alias", "name", "waited", "held", "acquired_at")
+    found = list(events.order_by("-at").values(*fields)[:MAX_EVENTS])
+    rows = [
+        LockActivity(span=k[0], start=k[1], alias=k[2], prefix=k[3], **vars(c))
+        for k, c in buckets.collect(found).items()
+        if k[0] == span and k[1] >= since
+    ]
+    return *summarize(rows, since, span, count), len(found) == MAX_EVENTS
 
 
 def activity_view(request: HttpRequest, site: admin.AdminSite) -> HttpResponse:
@@ -107,23 +169,17 @@ def activity_view(request: HttpRequest, site: admin.AdminSite) -> HttpResponse:
         return HttpResponseBadRequest(f"Bad request: search: {exc}")
     if len(alias) > 100:
         return HttpResponseBadRequest("Bad request: alias is too long.")
-    length, buckets = WINDOWS[window]
-    now = timezone.now()
-    since = now - length
-    events = LockEvent.objects.filter(at__gte=since, at__lte=now)
-    if alias:
-        events = events.filter(alias=alias)
-    if prefix:
-        events = events.filter(name__startswith=prefix)
-    rows = list(
-        events.order_by("-at").values_list("at", "kind", "alias", "name", "waited", "held")[
-            :MAX_EVENTS
-        ]
-    )
-    series, groups = summarize(rows, since, length, buckets)
+    length, count = WINDOWS[window]
+    span = int(length.total_seconds()) // count
+    since = buckets.bucket_start(timezone.now(), span) + timedelta(seconds=span) - length
+    if by_prefix(prefix):
+        series, groups = from_buckets(span, since, count, alias, prefix)
+        truncated = False
+    else:
+        series, groups, truncated = from_events(span, since, count, alias, prefix)
     labels = [
-        timezone.localtime(since + length * i / buckets).strftime("%b %d %H:%M")
-        for i in range(buckets)
+        timezone.localtime(since + timedelta(seconds=span * i)).strftime("%b %d %H:%M")
+        for i in range(count)
     ]
     stats = [(g, g.stats()) for g in groups[:20]]
     charts = [time_bars(title, series[kind], labels, color) for kind, title, color in SERIES]
@@ -154,7 +210,7 @@ def activity_view(request: HttpRequest, site: admin.AdminSite) -> HttpResponse:
         "windows": list(WINDOWS),
         "alias": alias,
         "q": prefix,
-        "truncated": len(rows) == MAX_EVENTS,
-        "total": len(rows),
+        "truncated": truncated,
+        "total": sum(sum(values) for kind, values in series.items() if kind != "lost"),
     }
     return TemplateResponse(request, "admin/django_distlock/activity.html", context)

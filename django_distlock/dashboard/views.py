@@ -27,6 +27,7 @@ from ..operations.listing import (
     unsign_position,
 )
 from ..operations.release import release_audited
+from ..operations.waiting import waiter_dict, who_waits
 from ..values import LockInfo, validate_page_args
 
 VIEW_PERM = "django_distlock.view_held_lock"
@@ -138,6 +139,7 @@ def lock_detail_view(request: HttpRequest, site: admin.AdminSite) -> HttpRespons
         return _bad_request(str(exc))
     info, error = _info_or_error(alias, name)
     backend = locks[alias]
+    waiting = who_waits(alias, name) if info is not None else None
     context = {
         **site.each_context(request),
         "title": f"Lock {name}",
@@ -147,6 +149,8 @@ def lock_detail_view(request: HttpRequest, site: admin.AdminSite) -> HttpRespons
         "error": error,
         "backend_type": type(backend).__name__,
         "can_release": request.user.has_perm(RELEASE_PERM) and backend.supports_force_release,
+        "waiting": waiting,
+        "waiter_rows": [waiter_dict(w) for w in waiting.waiters] if waiting else [],
     }
     return TemplateResponse(request, "admin/django_distlock/held_lock_detail.html", context)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.utils import timezone
 
-from ..audit.recorder import recorded_elsewhere
+from ..audit.recorder import recorded_elsewhere, write_event
 from ..handler import locks
 from ..models import LockEvent
 from ..values import LockInfo
@@ -25,7 +25,7 @@ def release_audited(name: str, info: LockInfo, actor: str, reason: str) -> bool:
     held = None
     if info.acquired_at is not None:
         held = (timezone.now() - info.acquired_at).total_seconds()
-    LockEvent.objects.create(
+    write_event(
         at=timezone.now(),
         kind=LockEvent.FORCE_RELEASED,
         alias=info.alias,

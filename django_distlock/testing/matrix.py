@@ -83,6 +83,7 @@ ROWS: tuple[tuple[str, str | None, Callable[[type], bool] | None], ...] = (
     ("expiry/renewal", "supports_expiry", _flag("supports_expiry")),
     ("listing", "supports_listing", _flag("supports_listing")),
     ("force release", "supports_force_release", _flag("supports_force_release")),
+    ("who waits", "supports_waiters", _flag("supports_waiters")),
     ("across processes", "distributed", _flag("distributed")),
     ("async", None, _always),
 )

@@ -35,6 +35,10 @@ class CacheBackend(BaseLockBackend):
             "a cache cannot list its keys at a cost bounded by the page (memcached cannot "
             "list keys at all; a Redis SCAN walks the whole keyspace)"
         ),
+        "supports_waiters": (
+            "its waiters retry with backoff in their own processes; a cache keeps no "
+            "queue of them"
+        ),
         "supports_fencing": (
             "a counter in a cache can be evicted or lost in a restart apart from the lock, "
             "so its numbers would not always grow"

@@ -6,7 +6,13 @@ picks lease mode (``lease.py``, the default) or transaction mode
 """
 
 from .backend import DatabaseBackend
-from .lease import LeaseBackend
+from .lease import LeaseBackend, SqliteLeaseBackend
 from .transaction import SqliteTransactionBackend, TransactionBackend
 
-__all__ = ["DatabaseBackend", "LeaseBackend", "SqliteTransactionBackend", "TransactionBackend"]
+__all__ = [
+    "DatabaseBackend",
+    "LeaseBackend",
+    "SqliteLeaseBackend",
+    "SqliteTransactionBackend",
+    "TransactionBackend",
+]

@@ -198,6 +198,25 @@ class DatabaseBackend(BaseLockBackend):
         self.run(_HEALTH, [], "checking health")
         return time.perf_counter() - started
 
+    def prune(self, idle_for: float = 3600, batch: int = 1000, wait: float = 10.0) -> int:
+        """Delete the rows of names idle for ``idle_for`` seconds (no holder, no waiter's
+        reservation, no reader or permit), ``batch`` per transaction; a name used again
+        gets a new row whose fencing tokens start above every pruned row's
+        (docs/database.md, "Pruning idle rows").
+
+        :param idle_for: seconds since the row was last held (granted, or its lease ended).
+        :param batch: rows deleted per transaction.
+        :param wait: PostgreSQL: seconds to keep trying for the prune's lock while rows
+            are being created (it never makes them wait).
+        :returns: the number of rows deleted.
+        :raises ValueError: on a bad argument.
+        :raises TransactionManagementError: SQLite, inside an atomic block.
+        :raises BackendUnavailable: when the database fails, or the lock stayed taken.
+        """
+        from .prune import prune  # the prune's SQL is only needed here
+
+        return prune(self, idle_for, batch, wait)
+
     def close(self) -> None:
         self.session_factory.close_all()
         self.sessions.reset()

@@ -15,6 +15,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from django.db import connections
@@ -23,7 +24,7 @@ from ...backoff import remaining
 from ...exceptions import BackendUnavailable
 from ...handle import Lock
 from ...values import short_owner
-from ..base import Acquisition, ExcInfo, Freed, Grant, LockInfo, LockPage, Miss
+from ..base import Acquisition, ExcInfo, Freed, Grant, LockInfo, LockPage, Miss, WaiterInfo
 from .backend import DatabaseBackend, is_busy, server_wait
 from .sessions import ERRORS, WATCHDOG, AsyncSessions, Session, connection_lost
 from .share_acquisition import KindAcquisition
@@ -37,6 +38,7 @@ from .sql import (
     sqlite_ttl,
     upper_bound,
 )
+from .waiting import count_waiters, read_waiters
 
 T = TypeVar("T")
 logger = logging.getLogger("django_distlock")
@@ -49,6 +51,11 @@ class LeaseBackend(DatabaseBackend, mode="lease"):
     supports_force_release = True
     supports_read_write = True
     supports_semaphore = True
+    supports_waiters = True
+
+    @classmethod
+    def for_vendor(cls, vendor: str) -> type[DatabaseBackend]:
+        return SqliteLeaseBackend if vendor == "sqlite" else cls
 
     def __init__(self, alias: str, params: Mapping[str, Any]) -> None:
         super().__init__(alias, params)
@@ -67,8 +74,16 @@ class LeaseBackend(DatabaseBackend, mode="lease"):
         params = [cursor or "", low, upper_bound(low), limit]
         rows = self.run(self.dialect.held, params, "listing locks")
         # A name held by readers or permits shows every live share (one more call).
-        infos = [self._info(row) for row in with_shares(self, rows)]
+        # PostgreSQL: how many wait in its queues (one more statement).
+        counts = count_waiters(self, [row[0] for row in rows]) if self.supports_waiters else {}
+        infos = [
+            replace(info, waiters=counts.get(row[0]))
+            for row, info in ((row, self._info(row)) for row in with_shares(self, rows))
+        ]
         return LockPage(infos, rows[-1][0] if len(rows) == limit else None)
+
+    def _waiters(self, key: str, limit: int) -> list[WaiterInfo]:
+        return read_waiters(self, key, limit)
 
     def _info(self, row: tuple[Any, ...]) -> LockInfo:
         key, owner, fencing, acquired_at, expires_at, host, pid, thread = row[:8]
@@ -91,6 +106,17 @@ class LeaseBackend(DatabaseBackend, mode="lease"):
     def close(self) -> None:
         self.async_pool.close()
         super().close()
+
+
+class SqliteLeaseBackend(LeaseBackend):
+    """Lease mode on SQLite: waiters poll with backoff, in no queue."""
+
+    supports_waiters = False
+    why_unsupported = {
+        **LeaseBackend.why_unsupported,
+        "supports_waiters": "its waiters poll with backoff in their own processes; SQLite "
+        "keeps no queue of them",
+    }
 
 
 class SqliteLeaseAcquisition(Acquisition):

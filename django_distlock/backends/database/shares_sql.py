@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from .sql import TABLE
+from .sql import SQLITE_HIGH_WATER, TABLE
 
 SHARES = "django_distlock_share"
 READERS = "~read"
@@ -97,7 +97,8 @@ def _dialect(now: str, later: str, intent: str, seconds_until: str) -> ShareDial
     )
     return ShareDialect(
         lock_row=f"""
-INSERT INTO {TABLE} (name, fencing, host, thread) VALUES (%(key)s, 0, '', '')
+INSERT INTO {TABLE} (name, fencing, host, thread)
+VALUES (%(key)s, {SQLITE_HIGH_WATER}, '', '')
 ON CONFLICT (name) DO UPDATE SET fencing = {TABLE}.fencing WHERE false""",
         grant_share=f"""
 UPDATE {TABLE} SET owner = %(sentinel)s, fencing = fencing + 1, acquired_at = {now},

@@ -16,6 +16,12 @@ TABLE = "django_distlock_lock"
 #: PostgreSQL: the sequence transaction-mode tokens come from (migration 0007).
 _FENCING = "django_distlock_fencing"
 _COLUMNS = "name, owner, fencing, acquired_at, expires_at, host, pid, thread"
+#: The reserved row that keeps the highest fencing token of every pruned row (``prune.py``):
+#: no key can equal it, a key being printable. A row made anew starts above it (PostgreSQL:
+#: migration 0011's trigger; SQLite: ``SQLITE_HIGH_WATER`` in each INSERT that makes one).
+HIGH_WATER = "\x1edistlock:high-water"
+#: (The name's control character is in the literal as it is: valid SQL on either vendor.)
+SQLITE_HIGH_WATER = f"coalesce((SELECT fencing FROM {TABLE} WHERE name = '{HIGH_WATER}'), 0)"
 #: PostgreSQL: until when a waiter's reservation keeps the lock (NULL: none); see
 #: docs/database.md.
 _RESERVED_UNTIL = (
@@ -140,6 +146,10 @@ WHERE name = %s RETURNING fencing, acquired_at""",
 ENSURE_ROW = f"""
 INSERT INTO {TABLE} (name, fencing, host, thread) VALUES (%s, 0, '', '')
 ON CONFLICT (name) DO NOTHING"""
+#: SQLite: ``ENSURE_ROW``, the row starting at the pruned rows' high-water mark.
+SQLITE_ENSURE_ROW = f"""
+INSERT INTO {TABLE} (name, fencing, host, thread) VALUES (%s, {SQLITE_HIGH_WATER}, '', '')
+ON CONFLICT (name) DO NOTHING"""
 #: PostgreSQL transaction mode, non-blocking: take the row lock or fail at once.
 PG_TX_NOWAIT = f"SELECT 1 FROM {TABLE} WHERE name = %s FOR UPDATE NOWAIT"
 #: PostgreSQL lease connections: bound every row-lock wait of the session, and have the
@@ -176,11 +186,13 @@ PG_TX_RESTORE = (
 )
 #: PostgreSQL transaction mode: one page of names with the held ones marked. A
 #: transaction-mode holder keeps its row locked (FOR [NO KEY] UPDATE), so ``FOR SHARE
-#: SKIP LOCKED`` returns exactly the rows nobody holds. Params: lower, prefix, upper, limit.
+#: SKIP LOCKED`` returns exactly the rows nobody holds (a prune locks the high-water row:
+#: left out). Params: lower, prefix, upper, limit.
 PG_TX_HELD = f"""
 WITH page AS (
     SELECT name FROM {TABLE}
     WHERE (name COLLATE "C") > %s AND (name COLLATE "C") >= %s AND (name COLLATE "C") < %s
+        AND name <> '{HIGH_WATER}'
     ORDER BY (name COLLATE "C") LIMIT %s
 ), free AS (
     SELECT name FROM {TABLE} WHERE name IN (SELECT name FROM page) FOR SHARE SKIP LOCKED
@@ -212,7 +224,8 @@ _LATER = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s)"
 SQLITE = Dialect(
     vendor="sqlite",
     acquire=f"""
-INSERT INTO {TABLE} ({_COLUMNS}) VALUES (%s, %s, 1, {_NOW}, {_LATER}, %s, %s, %s)
+INSERT INTO {TABLE} ({_COLUMNS})
+VALUES (%s, %s, 1 + {SQLITE_HIGH_WATER}, {_NOW}, {_LATER}, %s, %s, %s)
 ON CONFLICT (name) DO UPDATE SET
     owner = excluded.owner, fencing = fencing + 1, acquired_at = excluded.acquired_at,
     expires_at = excluded.expires_at, host = excluded.host, pid = excluded.pid,

@@ -35,6 +35,7 @@ from .sql import (
     PG_TX_TIMEOUTS,
     POSTGRESQL,
     SQLITE,
+    SQLITE_ENSURE_ROW,
     as_datetime,
     upper_bound,
 )
@@ -62,6 +63,9 @@ class TransactionBackend(DatabaseBackend, mode="transaction"):
     why_unsupported = {
         "supports_force_release": "a transaction-mode lock is held by its holder's open "
         "transaction; it ends when that transaction does",
+        "supports_waiters": "its waiters are transactions blocked in SELECT ... FOR UPDATE "
+        "on the row, which PostgreSQL lists as waits on the holder's transaction (not "
+        "stored with the lock), not in a queue of the name",
     }
 
     @classmethod
@@ -122,6 +126,8 @@ class SqliteTransactionBackend(TransactionBackend):
     supports_listing = False
     why_unsupported = {
         **TransactionBackend.why_unsupported,
+        "supports_waiters": "its waiters retry SQLite's write lock in their own processes; "
+        "SQLite keeps no queue of them",
         "supports_listing": "its locks are the SQLite database's write lock, which has "
         "no names to list",
     }
@@ -409,7 +415,7 @@ class SqliteTxAcquisition(_TxAcquisition):
                         cursor.execute(SQLITE.tx_grant, params)
                         row = cursor.fetchone()
                         if row is None:  # first use of the name; the write lock is ours
-                            cursor.execute(ENSURE_ROW, [lock.key])
+                            cursor.execute(SQLITE_ENSURE_ROW, [lock.key])
                             cursor.execute(SQLITE.tx_grant, params)
                             row = cursor.fetchone()
                     except ERRORS as exc:

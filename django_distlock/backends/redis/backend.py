@@ -19,7 +19,15 @@ from ...exceptions import (
 )
 from ...handle import Lock
 from ...values import short_owner
-from ..base import Acquisition, BaseLockBackend, Freed, LockInfo, LockPage, check_option_keys
+from ..base import (
+    Acquisition,
+    BaseLockBackend,
+    Freed,
+    LockInfo,
+    LockPage,
+    WaiterInfo,
+    check_option_keys,
+)
 from .acquisition import SERVER_TICK, Calls, RedisAcquisition
 from .caches import cache_problem
 from .client import CLIENT_ERRORS, Redis, host_port, socket_timeout, unavailable
@@ -31,6 +39,7 @@ from .replication import ReplicatedAcquisition, Replication, replication_options
 from .scripts import SCRIPTS
 from .sentinel import is_sentinel
 from .sentinel import parse as parse_sentinel
+from .waiting import read_waiters
 
 _OPTIONS = {
     "ALLOW_EVICTION", "CACHE", "CLUSTER", "FAIR", "REENTRANT", "SHARDS", "WAIT_REPLICAS",
@@ -113,6 +122,7 @@ class RedisBackend(BaseLockBackend):
     supports_reentrancy = True
     supports_read_write = True
     supports_semaphore = True
+    supports_waiters = True
 
     def __init__(self, alias: str, params: Mapping[str, Any]) -> None:
         super().__init__(alias, params)
@@ -361,6 +371,9 @@ class RedisBackend(BaseLockBackend):
             waiters=waiters,
             kind=kind,
         )
+
+    def _waiters(self, key: str, limit: int) -> list[WaiterInfo]:
+        return read_waiters(self, key, limit)
 
     def _force_release(self, key: str, owner: str) -> Freed | None:
         keys = self.keys_for(key)

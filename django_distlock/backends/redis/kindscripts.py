@@ -77,7 +77,8 @@ local function join()
   if not string.find(flags, 'j', 1, true) then return end
   local alive, keep = tonumber(ARGV[2]), tonumber(ARGV[2]) + 60000
   redis.call('ZADD', queue, 'NX', now_us, token)
-  redis.call('HSET', waiters, token, string.format('%.0f ', now + alive) .. ARGV[7])
+  redis.call('HSET', waiters, token, string.format('%.0f ', now + alive) .. ARGV[7],
+    token .. ':m', (limit == 0 and 'r@' or 's@') .. ARGV[5])
   redis.call('PEXPIRE', queue, keep)
   redis.call('PEXPIRE', waiters, keep)
 end

@@ -158,6 +158,8 @@ class RedlockBackend(BaseLockBackend):
         "supports_read_write": "shares would need a majority each, and Redlock has no queue "
         "to keep a waiting writer ahead of later readers",
         "supports_semaphore": "permits would need a majority each (use RedisBackend)",
+        "supports_waiters": "its waiters retry with backoff in their own processes; no "
+        "master keeps a queue of them",
     }
 
     def __init__(self, alias: str, params: Mapping[str, Any]) -> None:

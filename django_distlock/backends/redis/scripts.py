@@ -9,6 +9,8 @@ share one hash tag, so a script never spans Redis Cluster slots:
 - ``waiters``: a hash, owner token -> ``alive_until_ms kind target``: until when the
   waiter counts as alive, and how to wake it (``L`` = ``LPUSH`` a list it
   ``BLPOP``s, ``P`` = ``PUBLISH`` its token on a channel its process listens to);
+  and owner token + ``:m`` -> the waiter's ``meta`` (shown by ``waiters()``; a reader's
+  or permit's starts ``r@`` or ``s@``), set and deleted with its entry;
 - ``index``: a sorted set of held names (score 0, in name order) for listings;
 - ``seq``: the last fencing token of the tag; the next is the larger of it + 1 and the
   server's clock in microseconds, so tokens keep growing after a Redis restart with
@@ -37,7 +39,7 @@ local function forget(queue, waiters, h)
   redis.call('ZREM', queue, h)
   local e = redis.call('HGET', waiters, h)
   if e then
-    redis.call('HDEL', waiters, h)
+    redis.call('HDEL', waiters, h, h .. ':m')
     local s = string.find(e, ' ')
     if string.sub(e, s + 1, s + 1) == 'L' then redis.call('DEL', string.sub(e, s + 3)) end
   end
@@ -92,7 +94,7 @@ local function join()
   if string.find(flags, 'j', 1, true) then
     redis.call('ZADD', queue, 'NX', now_us, token)
     redis.call('HSET', waiters, token,
-      string.format('%.0f', now + tonumber(ARGV[2])) .. ' ' .. ARGV[7])
+      string.format('%.0f', now + tonumber(ARGV[2])) .. ' ' .. ARGV[7], token .. ':m', ARGV[5])
     local keep = tonumber(ARGV[2]) + 60000
     redis.call('PEXPIRE', queue, keep)
     redis.call('PEXPIRE', waiters, keep)
@@ -136,7 +138,7 @@ if string.find(flags, 'i', 1, true) then redis.call('ZADD', KEYS[5], 0, ARGV[1])
 if string.find(flags, 'q', 1, true) then
   -- leave the queue: this waiter's entry, and its signal list if it has one
   redis.call('ZREM', queue, token)
-  redis.call('HDEL', waiters, token)
+  redis.call('HDEL', waiters, token, token .. ':m')
   if string.sub(ARGV[7], 1, 2) == 'L ' then redis.call('DEL', string.sub(ARGV[7], 3)) end
 end
 return {1, fencing, now, now, 1}

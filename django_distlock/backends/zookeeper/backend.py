@@ -12,7 +12,7 @@ from kazoo.exceptions import NoNodeError
 
 from ...exceptions import InvalidBackendOptions
 from ...handle import Lock
-from ..base import Acquisition, BaseLockBackend, Freed, LockInfo, LockPage
+from ..base import Acquisition, BaseLockBackend, Freed, LockInfo, LockPage, WaiterInfo
 from .acquisition import ZooKeeperAcquisition
 from .client import Client
 from .options import parse
@@ -58,6 +58,7 @@ class ZooKeeperBackend(BaseLockBackend):
     supports_downgrade = True
     supports_semaphore = True
     supports_reentrancy = True
+    supports_waiters = True
 
     def __init__(self, alias: str, params: Mapping[str, Any]) -> None:
         super().__init__(alias, params)
@@ -190,6 +191,35 @@ class ZooKeeperBackend(BaseLockBackend):
             waiters=waiters,
             kind=kind or "exclusive",
         )
+
+    def _waiters(self, key: str, limit: int) -> list[WaiterInfo]:
+        """The contenders after the holders (a semaphore's: those at its gate), their
+        nodes read in one batch. ZooKeeper lists children whole: the listing's cost
+        grows with the contenders, the reads with ``limit``."""
+        self._usable()
+        parent = self.parent_of(key)
+        queue = self._contenders(parent)
+        if queue and LEASE_MARKER in queue[0]:
+            parent = f"{parent}/{GATE}"
+            waiting = self._contenders(parent)
+        else:
+            waiting = queue[len(holders(queue)) :]
+        kazoo = self.client.get()
+        reads = [(node, kazoo.get_async(f"{parent}/{node}")) for node in waiting[:limit]]
+        found: list[WaiterInfo] = []
+        for node, result in reads:
+            try:
+                data, stat = self.client.wait(result, "reading a waiter")
+            except NoNodeError:
+                continue  # it gave up or got the lock meanwhile
+            _version, kind, owner, pid, host, thread = _fields(data)
+            found.append(WaiterInfo(
+                position=len(found) + 1, owner=owner,
+                since=datetime.fromtimestamp(stat.created, UTC), host=host,
+                pid=int(pid) if pid.isdigit() else None, thread=thread,
+                kind=kind or "exclusive", session=node,
+            ))
+        return found
 
     def _force_release(self, key: str, owner: str) -> Freed | None:
         parent = self.parent_of(key)

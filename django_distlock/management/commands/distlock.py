@@ -1,5 +1,6 @@
 """``manage.py distlock``: list, inspect and force-release held locks, purge the audit
-trail, check each alias' health (exit status 1 when one fails: a container probe)."""
+trail, prune the database backend's idle rows, check each alias' health (exit status 1
+when one fails: a container probe)."""
 
 from __future__ import annotations
 
@@ -14,29 +15,16 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from ...audit.purge import purge
 from ...exceptions import DistLockError, InvalidLockName, LockConfigurationError
 from ...handler import locks
+from ...operations.bulk import MAX_PER_ACTION
 from ...operations.health import check_health
 from ...operations.listing import BadPosition, find_lock, read_page
 from ...operations.release import release_audited
+from ...operations.waiting import waiter_dict, who_waits
 from ...values import LockInfo
+from ._release import MAX_REASON, checked_reason, confirm, release_bulk
+from ._release import as_dict as _as_dict
 
-#: Longest ``--reason``, as the admin's form takes.
-MAX_REASON = 2000
-
-
-def _as_dict(info: LockInfo) -> dict[str, Any]:
-    return {
-        "alias": info.alias,
-        "name": info.name,
-        "owner": info.owner,
-        "fencing_token": info.fencing_token,
-        "acquired_at": info.acquired_at.isoformat() if info.acquired_at else None,
-        "expires_at": info.expires_at.isoformat() if info.expires_at else None,
-        "host": info.host,
-        "pid": info.pid,
-        "thread": info.thread,
-        "context": info.context,
-        "waiters": info.waiters,
-    }
+__all__ = ["MAX_REASON", "Command"]
 
 
 def _alias_scoped(issue: checks.CheckMessage) -> bool:
@@ -63,15 +51,42 @@ class Command(BaseCommand):
         inspect.add_argument("alias")
         inspect.add_argument("name")
         inspect.add_argument("--json", action="store_true")
-        release = sub.add_parser("release", help="force-release one lock (audited)")
-        release.add_argument("alias")
-        release.add_argument("name")
-        release.add_argument("--reason", required=True)
+        release = sub.add_parser(
+            "release",
+            help="force-release one lock, or every lock of a host, process, owner or prefix "
+            "(audited)",
+        )
+        release.add_argument("alias", nargs="?", help="one lock: its alias")
+        release.add_argument("name", nargs="?", help="one lock: its name")
+        release.add_argument("--reason", help="why (recorded; required unless --dry-run)")
         release.add_argument("--yes", action="store_true", help="do not ask for confirmation")
-        purge = sub.add_parser("purge", help="delete old audit rows")
+        bulk = release.add_argument_group(
+            "bulk release", "every lock held matching all the criteria given, checked per lock "
+            f"on the server (at most {MAX_PER_ACTION:,} per run)"
+        )
+        bulk.add_argument("--host", default="", help="held by this host")
+        bulk.add_argument("--pid", type=int, help="and this process id (with --host)")
+        bulk.add_argument("--owner", default="", help="held by this owner id (8 hex digits)")
+        bulk.add_argument("--prefix", default="", help="names starting with this")
+        bulk.add_argument(
+            "--alias", dest="aliases", action="append", help="only this alias (repeatable)"
+        )
+        bulk.add_argument("--dry-run", action="store_true", help="list what would be freed")
+        bulk.add_argument("--json", action="store_true")
+        purge = sub.add_parser("purge", help="delete old audit rows (audited; for cron)")
         purge.add_argument(
             "--days", type=float, help="older than this (default: each alias' RETENTION_DAYS)"
         )
+        purge.add_argument(
+            "--operator-actions",
+            action="store_true",
+            help="delete the force releases and purges too (kept otherwise)",
+        )
+        prune = sub.add_parser("prune", help="delete the database backend's idle lock rows")
+        prune.add_argument("--alias", action="append", help="only this alias (repeatable)")
+        prune.add_argument("--idle", type=float, default=3600.0,
+                           help="rows idle for this many seconds (3600)")
+        prune.add_argument("--batch", type=int, default=1000, help="rows per transaction")
         health = sub.add_parser("health", help="one round trip per alias; exit 1 if one fails")
         health.add_argument("--json", action="store_true")
 
@@ -156,18 +171,48 @@ class Command(BaseCommand):
         info = self._find(alias, name)
         if info is None:
             raise CommandError(f"{name!r} is not held on {alias!r}.", returncode=3)
+        waiting = who_waits(alias, name)
+        rows = [waiter_dict(w) for w in waiting.waiters]
         if options["json"]:
-            self.stdout.write(json.dumps(_as_dict(info)))
-        else:
-            for key, value in _as_dict(info).items():
-                self.stdout.write(f"{key}: {value}")
+            self.stdout.write(json.dumps({
+                **_as_dict(info), "waiting": None if waiting.unknown else rows,
+                "waiting_unknown": waiting.unknown, "waiting_more": waiting.more,
+            }))
+            return
+        for key, value in _as_dict(info).items():
+            self.stdout.write(f"{key}: {value}")
+        if waiting.unknown:
+            self.stdout.write(f"waiting: unknown ({waiting.unknown})")
+        for w in rows:
+            waited = "?" if w["waited_s"] is None else f"{w['waited_s']:.1f} s"
+            self.stdout.write(
+                f"  {w['position']}. owner {w['owner'] or '-'} {w['host'] or '-'} pid "
+                f"{w['pid'] or '-'} {w['thread'] or '-'} {w['context'] or ''}\t"
+                f"{w['kind'] or '-'}\tsince {w['since'] or '?'} (waiting {waited})"
+                f"{' session ' + w['session'] if w['session'] else ''}"
+            )
+        if waiting.more:
+            self.stdout.write(f"  (more than {len(rows)} wait)")
 
-    def do_release(self, *, alias: str, name: str, reason: str, yes: bool, **_: Any) -> None:
-        reason = reason.strip()
-        if not reason:
-            raise CommandError("--reason must say why (the audit trail records it).")
-        if len(reason) > MAX_REASON:
-            raise CommandError(f"--reason must be at most {MAX_REASON} characters.")
+    def do_release(
+        self, *, alias: str | None, name: str | None, reason: str | None, yes: bool, **options: Any
+    ) -> None:
+        if options["host"] or options["owner"] or options["prefix"] or options["pid"] is not None:
+            if alias is not None:
+                raise CommandError(
+                    "Give either ALIAS NAME (one lock) or --host/--owner/--prefix (bulk); "
+                    "--alias limits a bulk release to an alias."
+                )
+            release_bulk(self, reason=reason, yes=yes, **options)
+            return
+        if alias is None or name is None:
+            raise CommandError(
+                "Name one lock (ALIAS NAME), or select locks with --host [--pid], --owner "
+                "or --prefix."
+            )
+        if options["aliases"] or options["dry_run"] or options["json"]:
+            raise CommandError("--alias, --dry-run and --json go with a bulk release.")
+        reason = checked_reason(reason)
         info = self._find(alias, name)
         if info is None:
             raise CommandError(f"{name!r} is not held on {alias!r}.", returncode=3)
@@ -176,31 +221,46 @@ class Command(BaseCommand):
             raise CommandError(f"The alias {alias!r} cannot force-release.")
         if not yes:
             doing = f" ({info.context})" if info.context else ""
-            try:
-                answer = input(
-                    f"Force-release {name!r} on {alias!r}, held by {info.host} pid {info.pid} "
-                    f"{info.thread}{doing} (token {info.fencing_token})? [y/N] "
-                )
-            except EOFError as exc:
-                raise CommandError(
-                    "Not released: no answer on stdin (not a terminal?); pass --yes to release "
-                    "without asking.",
-                    returncode=1,
-                ) from exc
-            if answer.strip().lower() not in ("y", "yes"):
-                raise CommandError("Not released.", returncode=1)
+            confirm(
+                f"Force-release {name!r} on {alias!r}, held by {info.host} pid {info.pid} "
+                f"{info.thread}{doing} (token {info.fencing_token})? [y/N] "
+            )
         freed = release_audited(name, info, f"command:{getpass.getuser()}", reason)
         self.stdout.write(
             f"Released {name} on {alias}." if freed
             else f"{name} was freed, or taken by another holder, meanwhile; not released."
         )
 
-    def do_purge(self, *, days: float | None, **_: Any) -> None:
+    def do_purge(self, *, days: float | None, operator_actions: bool, **_: Any) -> None:
         try:
-            deleted = purge(days)
+            deleted = purge(
+                days, operator_actions=operator_actions, actor=f"command:{getpass.getuser()}"
+            )
         except ValueError as exc:
             raise CommandError(f"--{exc}") from exc
         self.stdout.write(f"Deleted {deleted} audit rows.")
+
+    def do_prune(self, *, alias: list[str] | None, idle: float, batch: int, **_: Any) -> None:
+        from ...integrations.housekeeping import prunable
+
+        failed = False
+        for one in alias or list(locks):
+            self._alias(one)
+            backend = prunable(one)
+            if backend is None:
+                self.stdout.write(f"{one}: nothing to prune (its keys go when freed)")
+                continue
+            try:
+                deleted = backend.prune(idle_for=idle, batch=batch)
+            except ValueError as exc:
+                raise CommandError(str(exc)) from exc
+            except DistLockError as exc:
+                self.stderr.write(f"{one}: {exc}")
+                failed = True
+                continue
+            self.stdout.write(f"{one}: pruned {deleted} idle rows")
+        if failed:
+            raise CommandError("Some aliases could not be pruned.", returncode=1)
 
     def do_health(self, **options: Any) -> None:
         results = check_health()

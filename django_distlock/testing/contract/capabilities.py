@@ -7,6 +7,8 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -171,6 +173,7 @@ class CapabilityChecks(ContractBase):
             ("supports_read_write", lambda: backend.write_lock(name).acquire(timeout=1)),
             ("supports_semaphore", lambda: backend.semaphore(name, 2).acquire(timeout=1)),
             ("supports_expiry", lambda: backend.lock(name, auto_renew=True).acquire(timeout=1)),
+            ("supports_waiters", lambda: backend.waiters(name)),
         ]
         for flag, ask in asks:
             if getattr(backend, flag):
@@ -178,6 +181,40 @@ class CapabilityChecks(ContractBase):
             with io_calls(backend) as calls, raises(UnsupportedOperation):
                 ask()
             assert calls == [], f"{flag} is False, yet {calls} ran before the refusal"
+
+    def check_waiters_are_listed_in_arrival_order(self, backend: BaseLockBackend) -> None:
+        """``supports_waiters``: two threads that wait in turn are listed in that order,
+        each gone once it has the lock (a "no" is checked with the other refusals)."""
+        if not backend.supports_waiters:
+            return
+        name = self.unique("waiters")
+        holder = backend.lock(name, timeout=5)
+        assert holder.acquire()
+        got: list[str | None] = []
+        threads = []
+        try:
+            assert backend.waiters(name) == []
+            for count in (1, 2):
+                thread = threading.Thread(target=in_thread, args=(
+                    lambda: got.append(_take_and_release(backend, name)),))
+                thread.start()
+                threads.append(thread)
+                deadline = time.monotonic() + 10
+                while len(backend.waiters(name)) < count and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                assert len(backend.waiters(name)) == count, f"waiter {count} is not listed"
+            listed = backend.waiters(name)
+            assert [w.position for w in listed] == [1, 2], listed
+            first, second = listed
+            assert first.since is None or second.since is None or first.since <= second.since
+        finally:
+            holder.release()
+            for thread in threads:
+                thread.join(60)
+        assert len(got) == 2 and all(got), got
+        if first.owner and second.owner:  # served in the order listed (fair backends)
+            assert set(got) == {first.owner, second.owner}
+        assert backend.waiters(name) == []
 
     def check_distributed_locks_exclude_another_process(self, backend: BaseLockBackend) -> None:
         """``distributed``: a lock a forked child process holds is not granted here
@@ -203,6 +240,16 @@ class CapabilityChecks(ContractBase):
                 child.kill()
         assert child.exitcode == 0
         assert in_thread(lambda: acquire_release(backend, name)) is True
+
+
+def _take_and_release(backend: BaseLockBackend, name: str) -> str | None:
+    """Wait for ``name``, then free it; return the owner id it was held under."""
+    handle = backend.lock(name, timeout=30)
+    if not handle.acquire():
+        return None
+    owner = handle.owner_id
+    handle.release()
+    return owner
 
 
 def _hold_in_child(alias: str, name: str, out: Any, go: Any) -> None:

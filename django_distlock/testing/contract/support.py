@@ -23,9 +23,12 @@ ODD_NAMES = ["a/b", "a/../b", "..", "/", "/etc/passwd", "spaces and ünïcode �
 FLAGS = (
     "supports_fencing", "supports_expiry", "supports_listing", "supports_force_release",
     "distributed", "supports_reentrancy", "supports_read_write", "supports_semaphore",
+    "supports_waiters",
 )
 #: The backend's methods that reach its server: none may run for a refused call.
-IO_ENTRY_POINTS = ("_held_locks", "_force_release", "acquisition", "is_locked", "health")
+IO_ENTRY_POINTS = (
+    "_held_locks", "_force_release", "_waiters", "acquisition", "is_locked", "health",
+)
 
 
 def in_thread(func: Callable[[], Any], timeout: float = 60) -> Any:
