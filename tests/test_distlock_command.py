@@ -199,3 +199,66 @@ def test_health_of_an_audited_alias_without_the_app_says_to_add_it() -> None:
     with override_settings(DISTLOCK={"default": audited}, INSTALLED_APPS=apps):
         (found,) = check_health()
     assert not found.ok and "INSTALLED_APPS" in found.error
+
+
+BROKEN_ALIAS_SETTINGS = """
+from tests.settings import *  # noqa: F403
+
+DISTLOCK = {
+    "default": {"BACKEND": "django_distlock.backends.locmem.LocMemBackend"},
+    "broken": {
+        "BACKEND": "django_distlock.backends.redis.RedisBackend",
+        "LOCATION": "redis://127.0.0.1:1/0",
+        "OPTIONS": {"NO_SUCH_OPTION": 1},
+    },
+}
+"""
+
+
+def _distlock_with_settings(
+    tmp_path: Path, settings_text: str, *args: str
+) -> subprocess.CompletedProcess[str]:
+    """``manage.py distlock *args`` in a subprocess, under the settings module ``text``."""
+    (tmp_path / "command_settings.py").write_text(settings_text)
+    root = Path(__file__).resolve().parent.parent
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(root), str(tmp_path)]),
+        "DISTLOCK_SQLITE_DIR": str(tmp_path),
+        "DJANGO_SETTINGS_MODULE": "command_settings",
+    }
+    return subprocess.run(
+        [sys.executable, "manage.py", "distlock", *args],
+        cwd=root, env=env, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "returncode", "out"),
+    [
+        (("health",), 1, "default\tok"),
+        (("list", "--alias", "default"), 0, ""),
+        (("list",), 2, ""),
+        (("inspect", "default", "nothing-held"), 3, ""),
+        (("inspect", "broken", "x"), 1, ""),
+    ],
+)
+def test_one_misconfigured_alias_blocks_no_subcommand(
+    tmp_path: Path, args: tuple[str, ...], returncode: int, out: str
+) -> None:
+    """The system checks' error about one alias only warns in this command: the other
+    aliases are listed and probed, the bad one is reported by name."""
+    done = _distlock_with_settings(tmp_path, BROKEN_ALIAS_SETTINGS, *args)
+    assert done.returncode == returncode, done.stdout + done.stderr
+    assert "SystemCheckError" not in done.stderr
+    assert "broken: misconfigured" in done.stderr and "NO_SUCH_OPTION" in done.stderr
+    assert out in done.stdout
+
+
+def test_other_check_errors_still_stop_the_command(tmp_path: Path) -> None:
+    """Only alias-scoped errors are relaxed: a DISTLOCK without a default alias (not one
+    alias' error) still fails the checks."""
+    no_default = BROKEN_ALIAS_SETTINGS.replace('"default"', '"other"')
+    done = _distlock_with_settings(tmp_path, no_default, "health")
+    assert done.returncode == 1 and "SystemCheckError" in done.stderr, done.stderr
+    assert "distlock.E001" in done.stderr

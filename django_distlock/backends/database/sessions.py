@@ -290,11 +290,18 @@ class _Local(threading.local):
 
 
 class ThreadSessions:
-    """One session per thread, opened on first use and after a fork or a failure."""
+    """One session per thread, opened on first use and after a fork or a failure.
+
+    A thread's session is closed once the thread has ended, at the next session opened
+    (an ASGI server runs each request's sync code in a thread of its own: without this,
+    each request would leave a connection open until the garbage collector ran).
+    """
 
     def __init__(self, factory: SessionFactory) -> None:
         self.factory = factory
         self._local = _Local()
+        self._mutex = threading.Lock()
+        self._owners: dict[Session, threading.Thread] = {}
 
     def get(self, bound: float | None = None) -> Session:
         """This thread's session; one opened by ``bound`` (see :meth:`SessionFactory.open`)
@@ -303,9 +310,26 @@ class ThreadSessions:
         if session is None or not session.usable:
             self._local.session = None
             if session is not None:
+                self._disown(session)
                 session.close()  # cut, or inherited: closes only this process' own
+            self._close_ended()
             session = self._local.session = self.factory.open(bound)
+            with self._mutex:
+                self._owners[session] = threading.current_thread()
         return session
+
+    def _disown(self, session: Session) -> None:
+        with self._mutex:
+            self._owners.pop(session, None)
+
+    def _close_ended(self) -> None:
+        """Close the sessions of threads that have ended."""
+        with self._mutex:
+            ended = [s for s, thread in self._owners.items() if not thread.is_alive()]
+            for session in ended:
+                del self._owners[session]
+        for session in ended:
+            session.close()
 
     def current(self) -> Session | None:
         """This thread's session, if it has one (no I/O)."""
@@ -316,10 +340,13 @@ class ThreadSessions:
         current = self._local.session
         if current is not None and (session is None or session is current):
             self._local.session = None
+            self._disown(current)
             current.close()
 
     def reset(self) -> None:
         self._local = _Local()
+        with self._mutex:
+            self._owners = {}
 
 
 class AsyncSessions:

@@ -8,10 +8,12 @@ import getpass
 import json
 from typing import Any
 
+from django.conf import settings
+from django.core import checks
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ...audit.purge import purge
-from ...exceptions import DistLockError, InvalidLockName
+from ...exceptions import DistLockError, InvalidLockName, LockConfigurationError
 from ...handler import locks
 from ...operations.bulk import MAX_PER_ACTION
 from ...operations.health import check_health
@@ -23,6 +25,16 @@ from ._release import MAX_REASON, checked_reason, confirm, release_bulk
 from ._release import as_dict as _as_dict
 
 __all__ = ["MAX_REASON", "Command"]
+
+
+def _alias_scoped(issue: checks.CheckMessage) -> bool:
+    """Whether ``issue`` is a ``distlock`` check's error about one configured alias."""
+    aliases = getattr(settings, "DISTLOCK", None) or {}
+    return (
+        (issue.id or "").startswith("distlock.")
+        and isinstance(issue.obj, str)
+        and issue.obj in aliases
+    )
 
 
 class Command(BaseCommand):
@@ -78,6 +90,32 @@ class Command(BaseCommand):
         health = sub.add_parser("health", help="one round trip per alias; exit 1 if one fails")
         health.add_argument("--json", action="store_true")
 
+    def check(self, *args: Any, **kwargs: Any) -> None:
+        """Run the system checks as every command does, except that errors of single
+        ``DISTLOCK`` aliases only warn: ``list`` and ``health`` report such an alias as
+        misconfigured and still serve the others (one bad alias must not lock the
+        operator out of every subcommand).
+
+        :raises SystemCheckError: when another check fails, as ``BaseCommand.check``.
+        """
+        fail_level = kwargs.get("fail_level", checks.ERROR)
+        silenced = set(settings.SILENCED_SYSTEM_CHECKS)
+        issues = [
+            issue
+            for issue in checks.run_checks(
+                app_configs=kwargs.get("app_configs"),
+                tags=kwargs.get("tags"),
+                include_deployment_checks=kwargs.get("include_deployment_checks", False),
+                databases=kwargs.get("databases"),
+            )
+            if issue.is_serious(fail_level) and issue.id not in silenced
+        ]
+        if not issues or not all(_alias_scoped(issue) for issue in issues):
+            super().check(*args, **kwargs)
+            return
+        for issue in issues:
+            self.stderr.write(f"{issue.obj}: misconfigured ({issue.id}): {issue.msg}")
+
     def handle(self, *args: Any, **options: Any) -> None:
         getattr(self, f"do_{options['action']}")(**options)
 
@@ -124,6 +162,8 @@ class Command(BaseCommand):
             return find_lock(alias, name)
         except (InvalidLockName, ValueError) as exc:
             raise CommandError(str(exc)) from exc
+        except LockConfigurationError as exc:
+            raise CommandError(f"{alias}: misconfigured: {exc}") from exc
         except DistLockError as exc:
             raise CommandError(f"{alias}: {exc}") from exc
 
