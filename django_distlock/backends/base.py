@@ -56,6 +56,7 @@ from ..values import (
 )
 from .acquisition import Acquisition
 from .counting import CountingMixin, HeldCount
+from .kinds import KindsMixin
 
 __all__ = [
     "Acquisition",
@@ -73,8 +74,6 @@ __all__ = [
     "validate_page_args",
 ]
 
-#: Most leases ``semaphore()`` accepts.
-MAX_LEASES = 10_000
 
 _PARAM_KEYS = frozenset(
     {"BACKEND", "LOCATION", "OPTIONS", "KEY_PREFIX", "TTL", "TIMEOUT", "AUTO_RENEW", "AUDIT",
@@ -100,7 +99,7 @@ class Freed:
     fencing_token: int | None = None
 
 
-class BaseLockBackend(CountingMixin, abc.ABC):
+class BaseLockBackend(KindsMixin, CountingMixin, abc.ABC):
     """Base class of lock backends, built by the ``locks`` registry from one alias.
 
     :param alias: the key of this backend in the ``DISTLOCK`` setting.
@@ -142,12 +141,7 @@ class BaseLockBackend(CountingMixin, abc.ABC):
     distributed: ClassVar[bool] = True
     #: ``lock(name, reentrant=True)`` works: the same owner acquires again, counted.
     supports_reentrancy: ClassVar[bool] = False
-    #: ``read_lock(name)`` and ``write_lock(name)`` work: readers share, a writer excludes
-    #: readers and writers (and exclusive locks of the name); a waiting writer keeps later
-    #: readers out.
-    supports_read_write: ClassVar[bool] = False
-    #: ``semaphore(name, limit)`` works: up to ``limit`` holders at once.
-    supports_semaphore: ClassVar[bool] = False
+    # supports_read_write and supports_semaphore: see KindsMixin (kinds.py).
     #: The holder of a write lock takes the read side of its name at once (a downgrade:
     #: ``read_lock(name)`` in the same thread or task, kept after the write's release).
     #: Where False, that ``read_lock`` raises :class:`~..exceptions.SelfDeadlock` at once
@@ -294,54 +288,6 @@ class BaseLockBackend(CountingMixin, abc.ABC):
             reentrant=reentrant, owner_token=owner_token, auto_renew=auto_renew,
             max_hold=max_hold, kind=kind, limit=limit,
         )
-
-    def read_lock(self, name: str, **options: Any) -> Lock:
-        """Build a handle on the shared (read) side of the read-write lock ``name``.
-
-        Takes the options of :meth:`lock`. Readers hold it together; a writer that
-        came first keeps later readers out (writers are not starved).
-
-        :raises UnsupportedOperation: when ``supports_read_write`` is False.
-        """
-        return self._kind_lock("read", name, options)
-
-    def write_lock(self, name: str, **options: Any) -> Lock:
-        """Build a handle on the exclusive (write) side of the read-write lock ``name``;
-        it also excludes ``lock(name)``. Takes the options of :meth:`lock`.
-
-        :raises UnsupportedOperation: when ``supports_read_write`` is False.
-        """
-        return self._kind_lock("write", name, options)
-
-    def _kind_lock(self, kind: str, name: str, options: dict[str, Any]) -> Lock:
-        if not self.supports_read_write:
-            raise UnsupportedOperation(
-                f"{type(self).__name__} (alias {self.alias!r}) has no read-write locks."
-            )
-        if options.get("reentrant"):
-            raise UnsupportedOperation("Read-write locks are not reentrant.")
-        return self._new_lock(name, kind, None, **options)
-
-    def semaphore(self, name: str, limit: int, **options: Any) -> Lock:
-        """Build a handle on one of the ``limit`` leases of the counting semaphore
-        ``name`` (every client of a name must use the same ``limit``). Takes the
-        options of :meth:`lock`; waiters are served in arrival order where the backend
-        is fair (docs/kinds.md: not on SQLite, nor for asyncio tasks on PostgreSQL).
-
-        :raises UnsupportedOperation: when ``supports_semaphore`` is False.
-        :raises TypeError, ValueError: for a ``limit`` that is not an int from 1 to 10,000.
-        """
-        if not self.supports_semaphore:
-            raise UnsupportedOperation(
-                f"{type(self).__name__} (alias {self.alias!r}) has no semaphores."
-            )
-        if isinstance(limit, bool) or not isinstance(limit, int):
-            raise TypeError("limit must be an int.")
-        if not 1 <= limit <= MAX_LEASES:
-            raise ValueError(f"limit must be between 1 and {MAX_LEASES}, got {limit}.")
-        if options.get("reentrant"):
-            raise UnsupportedOperation("Semaphores are not reentrant.")
-        return self._new_lock(name, "semaphore", limit, **options)
 
     def multi_lock(self, names: Iterable[str], **options: Any) -> MultiLock:
         """Build a handle that takes the exclusive locks of all ``names`` or none.
