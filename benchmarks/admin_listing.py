@@ -46,6 +46,8 @@ def configure(locks: int) -> list[str]:
     import django
     from django.conf import settings
 
+    from .admin_site import admin_settings
+
     folder = tempfile.mkdtemp(prefix="distlock-admin-bench-")
     databases: dict[str, Any] = {
         "default": {
@@ -90,41 +92,10 @@ def configure(locks: int) -> list[str]:
         distlock["zk"] = zk
         for i in range(1, -(-locks // ZK_PER_SESSION)):
             distlock[f"zk-holder{i}"] = zk
-    settings.configure(
-        SECRET_KEY="bench",
-        USE_TZ=True,
-        ALLOWED_HOSTS=["testserver"],
-        ROOT_URLCONF="benchmarks.admin_listing_urls",
-        INSTALLED_APPS=[
-            "django.contrib.auth",
-            "django.contrib.contenttypes",
-            "django.contrib.sessions",
-            "django.contrib.messages",
-            "django.contrib.admin",
-            "django_distlock",
-        ],
-        MIDDLEWARE=[
-            "django.contrib.sessions.middleware.SessionMiddleware",
-            "django.contrib.auth.middleware.AuthenticationMiddleware",
-            "django.contrib.messages.middleware.MessageMiddleware",
-        ],
-        TEMPLATES=[
-            {
-                "BACKEND": "django.template.backends.django.DjangoTemplates",
-                "APP_DIRS": True,
-                "OPTIONS": {
-                    "context_processors": [
-                        "django.template.context_processors.request",
-                        "django.contrib.auth.context_processors.auth",
-                        "django.contrib.messages.context_processors.messages",
-                    ]
-                },
-            }
-        ],
-        STATIC_URL="/static/",
+    settings.configure(**admin_settings(
         DATABASES=databases,
         DISTLOCK=distlock,
-    )
+    ))
     django.setup()
     return list(distlock)
 

@@ -45,6 +45,8 @@ def configure() -> list[str]:
     import django
     from django.conf import settings
 
+    from .admin_site import admin_settings
+
     folder = tempfile.mkdtemp(prefix="distlock-audit-bench-")
     databases: dict[str, Any] = {
         "default": {
@@ -65,42 +67,11 @@ def configure() -> list[str]:
             "NAME": name,
             "TEST": {"NAME": f"{name}_bench_audit"},
         }
-    settings.configure(
-        SECRET_KEY="bench",
-        USE_TZ=True,
-        ALLOWED_HOSTS=["testserver"],
-        ROOT_URLCONF="benchmarks.admin_listing_urls",
-        INSTALLED_APPS=[
-            "django.contrib.auth",
-            "django.contrib.contenttypes",
-            "django.contrib.sessions",
-            "django.contrib.messages",
-            "django.contrib.admin",
-            "django_distlock",
-        ],
-        MIDDLEWARE=[
-            "django.contrib.sessions.middleware.SessionMiddleware",
-            "django.contrib.auth.middleware.AuthenticationMiddleware",
-            "django.contrib.messages.middleware.MessageMiddleware",
-        ],
-        TEMPLATES=[
-            {
-                "BACKEND": "django.template.backends.django.DjangoTemplates",
-                "APP_DIRS": True,
-                "OPTIONS": {
-                    "context_processors": [
-                        "django.template.context_processors.request",
-                        "django.contrib.auth.context_processors.auth",
-                        "django.contrib.messages.context_processors.messages",
-                    ]
-                },
-            }
-        ],
-        STATIC_URL="/static/",
+    settings.configure(**admin_settings(
         DATABASES=databases,
         DATABASE_ROUTERS=["benchmarks.audit_activity.OneDatabase"],
         DISTLOCK={"default": {"BACKEND": "django_distlock.backends.locmem.LocMemBackend"}},
-    )
+    ))
     django.setup()
     return list(databases)
 
