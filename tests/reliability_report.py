@@ -53,6 +53,9 @@ SCENARIOS: dict[str, str] = {
     "server-killed": "ZooKeeper servers SIGKILLed under a holder and a waiter (the connected "
     "one, the leader: the session survives, nobody else is granted; two of three: a clear "
     "error within its bound).",
+    "waiter-faults": "two processes queued behind a holder; the first killed (SIGKILL) or "
+    "frozen (SIGSTOP): seconds from the holder's release to the second one's grant, "
+    "against the backend's bound.",
     "frozen-server": "the server frozen (SIGSTOP) or stopped under a call (a wait, an "
     "extend, a release): how long the call takes to raise, against its bound.",
     "eviction": "a Redis allowed to evict (`ALLOW_EVICTION`) filled by a cache writer: the "
