@@ -22,6 +22,10 @@ NO_KINDS = {
     "pg-tx": "a row lock of one connection: no read side, no count (docs/kinds.md, 8 and 12)",
     "locmem": "process-local; no kinds (docs/kinds.md, 11 and 15)",
     "redlock": "a count or a read side on independent masters could disagree (9 and 13)",
+    "cache-memcached": "`add` takes one key: no read side, no count that eviction cannot "
+    "lose (docs/kinds.md)",
+    "cache-redis": "`add` takes one key: no read side, no count that eviction cannot lose "
+    "(docs/kinds.md)",
 }
 #: The aliases with kinds that are another alias' code on the same server: the mixed run
 #: and the cancelled acquires run on the first, not on these.
