@@ -323,5 +323,5 @@ def test_the_admin_names_the_alias_and_why_it_cannot_list() -> None:
     client = Client()
     client.force_login(User.objects.create_superuser("boss", "boss@example.com", "pw"))
     page = client.get(reverse("admin:django_distlock_held_locks")).content.decode()
-    assert ("cache-memcached (CacheBackend) cannot list its locks. "
+    assert ("cache-memcached (Django cache) cannot list its locks. "
             '<span class="distlock-unlisted-reason">A cache cannot list its keys') in page
