@@ -24,7 +24,8 @@ import math
 import os
 import threading
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .exceptions import BackendUnavailable, InvalidBackendOptions
 
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger("django_distlock")
 
 __all__ = ["Circuit", "validate_fail_fast"]
+
+T = TypeVar("T")
 
 
 def validate_fail_fast(alias: str, value: object) -> float:
@@ -96,6 +99,26 @@ class Circuit:
             f"{what} at once, without a server call (FAIL_FAST: probing every "
             f"{self.period:g} s until the server answers)."
         ) from cause
+
+    def call(self, doing: str, call: Callable[..., T], *args: Any, name: str = "") -> T:
+        """Make one server call through the circuit: refused at once while open, its
+        ``BackendUnavailable`` opening it, an answer closing it.
+
+        :param doing: what the call does, for the refusal's message.
+        :param call: the backend's call; ``args`` are its arguments.
+        :param name: the lock's name, if any, for the message.
+        :returns: what the call returns.
+        :raises BackendUnavailable: while open, or when the call raises it.
+        """
+        if self.cause is not None:
+            self.check(doing, name)
+        try:
+            result = call(*args)
+        except BackendUnavailable as exc:
+            self.failed(exc)
+            raise
+        self.answered()
+        return result
 
     def failed(self, exc: BaseException) -> None:
         """Open the circuit after ``exc`` (a ``BackendUnavailable``), if it has one, and

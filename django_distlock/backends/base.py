@@ -26,7 +26,7 @@ from .. import (
 )
 from ..auditing import AuditSettings, parse_audit
 from ..circuit import Circuit, validate_fail_fast
-from ..exceptions import BackendUnavailable, InvalidBackendOptions, UnsupportedOperation
+from ..exceptions import InvalidBackendOptions, UnsupportedOperation
 from ..handle import Lock
 from ..multilock import MultiLock
 from ..names import (
@@ -392,16 +392,8 @@ class BaseLockBackend(KindsMixin, CountingMixin, abc.ABC):
         """
         prefix, limit, cursor = validate_page_args(prefix, limit, cursor)
         self.refuse_unless("supports_listing", "list held locks")
-        circuit = self.circuit
-        if circuit.cause is not None:
-            circuit.check("list held locks")
         matched = stored_prefix(prefix)
-        try:
-            page = self._held_locks(matched, limit, cursor)
-        except BackendUnavailable as exc:
-            circuit.failed(exc)
-            raise
-        circuit.answered()
+        page = self.circuit.call("list held locks", self._held_locks, matched, limit, cursor)
         if matched == prefix:
             return page
         # Longer than a long name's stored head: matched on the head in the server, on
@@ -467,16 +459,7 @@ class BaseLockBackend(KindsMixin, CountingMixin, abc.ABC):
         key = self.make_key(name)
         limit = validate_waiters_limit(limit)
         self.refuse_unless("supports_waiters", "list the waiters of a lock")
-        circuit = self.circuit
-        if circuit.cause is not None:
-            circuit.check("list waiters", name)
-        try:
-            found = self._waiters(key, limit)
-        except BackendUnavailable as exc:
-            circuit.failed(exc)
-            raise
-        circuit.answered()
-        return found
+        return self.circuit.call("list waiters", self._waiters, key, limit, name=name)
 
     def _waiters(self, key: str, limit: int) -> list[WaiterInfo]:
         """The backend's queue read behind :meth:`waiters` (where ``supports_waiters``)

@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from ..exceptions import BackendUnavailable
 from ..names import stored_prefix
 from ..values import validate_page_args
 
@@ -71,16 +70,10 @@ class CountingMixin:
         if not 1 <= limit <= MAX_COUNT_CAP:
             raise ValueError(f"limit must be between 1 and {MAX_COUNT_CAP}, got {limit}.")
         self.refuse_unless("supports_counting", "count held locks")
-        circuit = self.circuit
-        if circuit.cause is not None:
-            circuit.check("count held locks")
-        try:
-            # A prefix longer than a long name's stored head counts on the head: at most.
-            counted = self._count_held(stored_prefix(prefix), limit)
-        except BackendUnavailable as exc:
-            circuit.failed(exc)
-            raise
-        circuit.answered()
+        # A prefix longer than a long name's stored head counts on the head: at most.
+        counted = self.circuit.call(
+            "count held locks", self._count_held, stored_prefix(prefix), limit
+        )
         if stored_prefix(prefix) != prefix:
             return HeldCount(0, False, counted.count if counted.exact else counted.at_most)
         return counted
