@@ -41,6 +41,9 @@ def private_pg() -> Iterator[dict[str, str]]:
         if os.environ.get("DISTLOCK_SERVERS") == "1":
             pytest.fail("PostgreSQL is required (DISTLOCK_SERVERS=1): run scripts/test")
         pytest.skip("no PostgreSQL (scripts/test starts one)")
+    if os.environ.get("DISTLOCK_SERVERS") == "1":  # a full run: missing is a failure
+        import httpx  # noqa: F401
+        import uvicorn  # noqa: F401
     pytest.importorskip("uvicorn")
     pytest.importorskip("httpx")
     # Not under pytest's 0700 base directory: the user postgres must reach it.
