@@ -78,6 +78,23 @@ def require_zookeeper() -> None:
     pytest.skip("ZooKeeper not started (run scripts/test for the full suite)")
 
 
+def require_alias(alias: str) -> None:
+    """Fail (full run) or skip (local partial run) when ``alias``' server is absent (the
+    aliases of tests/settings.py)."""
+    if alias.startswith("pg"):
+        require_pg()
+    elif alias == "redlock":
+        require_redis(redlock=True)
+    elif alias == "redis-cluster":
+        require_redis(cluster=True)
+    elif alias.startswith("redis") or alias == "cache-redis":
+        require_redis()
+    elif alias.startswith("zk"):
+        require_zookeeper()
+    elif alias == "cache-memcached":
+        require_memcached()
+
+
 @pytest.fixture
 def zk() -> Any:
     """The ``"zk"`` alias' :class:`ZooKeeperBackend` (a full run fails without ZooKeeper)."""

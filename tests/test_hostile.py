@@ -52,7 +52,7 @@ from .conftest import (
     eventually,
     in_thread,
     psycopg_params,
-    require_memcached,
+    require_alias,
     require_pg,
     require_redis,
     require_zookeeper,
@@ -73,22 +73,8 @@ ALIASES = [
 ]
 
 
-def require(alias: str) -> None:
-    """Fail (full run) or skip (local partial run) when ``alias``' server is absent."""
-    if alias.startswith("pg"):
-        require_pg()
-    elif alias == "redlock":
-        require_redis(redlock=True)
-    elif alias == "redis-cluster":
-        require_redis(cluster=True)
-    elif alias.startswith("redis"):
-        require_redis()
-    elif alias.startswith("zk"):
-        require_zookeeper()
-    elif alias == "cache-memcached":
-        require_memcached()
-    elif alias == "cache-redis":
-        require_redis()
+#: Fail (full run) or skip (local partial run) when an alias' server is absent.
+require = require_alias
 
 
 def test_the_catalogue_names_every_configured_alias() -> None:

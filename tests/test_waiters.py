@@ -29,25 +29,14 @@ from django_distlock.values import WaiterInfo
 from .conftest import (
     DATABASES,
     eventually,
+    require_alias,
     require_pg,
-    require_redis,
-    require_zookeeper,
 )
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
 
 QUEUED = ["locmem", "redis", "redis-cluster", "pg-lease", "zk"]
 
-
-def _require(alias: str) -> None:
-    if alias.startswith("pg"):
-        require_pg()
-    elif alias == "redis-cluster":
-        require_redis(cluster=True)
-    elif alias.startswith("redis"):
-        require_redis()
-    elif alias.startswith("zk"):
-        require_zookeeper()
 
 
 class Waiter:
@@ -98,7 +87,7 @@ def holder(unique: Callable[[str], str]) -> Iterator[Callable[[str], Lock]]:
     held: list[Lock] = []
 
     def hold(alias: str) -> Lock:
-        _require(alias)
+        require_alias(alias)
         handle = locks[alias].lock(unique("w"), ttl=30, timeout=5)
         assert handle.acquire()
         held.append(handle)
@@ -198,7 +187,7 @@ locks.close_all()
 
 @pytest.mark.parametrize("alias", ["redis", "zk"])
 def test_the_kind_each_waits_for(alias: str, unique: Callable[[str], str]) -> None:
-    _require(alias)
+    require_alias(alias)
     backend = locks[alias]
     name = unique("rw")
     writer = backend.write_lock(name, ttl=30)
@@ -233,7 +222,7 @@ def test_limit_bounds_the_waiters_read(alias: str, holder: Callable[[str], Lock]
 
 def test_refusals_and_bad_limits_before_any_call() -> None:
     for alias in ["sqlite-lease", "sqlite-tx", "pg-tx", "redlock", "cache-memcached", "zk"]:
-        _require(alias)
+        require_alias(alias)
         backend = locks[alias]
         bad = ((0, ValueError), (1001, ValueError), (True, TypeError), ("3", TypeError))
         for limit, error in bad:
