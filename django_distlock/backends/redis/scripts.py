@@ -78,45 +78,51 @@ end
 #: signal (``L <list key>`` or ``P <channel>``), not_after (see below; optional).
 #: Returns ``{1, fencing, acquired_ms, now_ms, count}`` on a grant, ``{0, retry_after_ms}``
 #: on a miss (-1: unknown), ``{0, -2}`` when refused for running after ``not_after``.
-ACQUIRE = (
-    _NOW
-    + _HEAD
-    + """
+#:
+#: Server time is the budget (see docs/scale.md): each ``redis.call`` costs about a
+#: microsecond, a ``ZRANGE`` several, a ``string.format`` one. The uncontended grant runs
+#: ``TIME``, ``GET``, ``EXISTS`` (fair only), ``SET`` (fencing) and ``SET`` + ``ZADD``, and
+#: builds its numbers from ``TIME``'s own digits; the queue's helpers are defined and
+#: run only when the lock is held or somebody queues.
+ACQUIRE = """
 local lock, queue, waiters = KEYS[1], KEYS[2], KEYS[3]
 local token, flags = ARGV[3], ARGV[6]
-local now, now_us = now_ms()
+local t = redis.call('TIME')
+local now, now_us = t[1] * 1000 + math.floor(t[2] / 1000), t[1] * 1000000 + t[2]
 -- not_after: the server time (ms) until which the client still waits for this reply
 -- (0 or absent: no limit). Run later (the server was frozen, the client gave up), the
 -- attempt changes nothing: a grant now would go to an owner no handle holds.
 local not_after = tonumber(ARGV[8] or 0)
 if not_after > 0 and now > not_after then return {0, -2} end
-local function join()
-  if string.find(flags, 'j', 1, true) then
-    redis.call('ZADD', queue, 'NX', now_us, token)
-    redis.call('HSET', waiters, token,
-      string.format('%.0f', now + tonumber(ARGV[2])) .. ' ' .. ARGV[7], token .. ':m', ARGV[5])
-    local keep = tonumber(ARGV[2]) + 60000
-    redis.call('PEXPIRE', queue, keep)
-    redis.call('PEXPIRE', waiters, keep)
-  end
-end
 local held = redis.call('GET', lock)
-if held then
-  if string.sub(held, 1, 32) == token then
-    -- Ours: a reentrant acquisition counts up; else a retried request of the same
-    -- acquisition (its reply was lost) finds its own grant.
-    local count, fencing, acquired, meta = string.match(held, '^ (%d+) (%d+) (%d+) (.*)', 33)
-    if string.find(flags, 'r', 1, true) then
-      count = count + 1
-      redis.call('SET', lock, token .. ' ' .. count .. ' ' .. fencing .. ' ' .. acquired
-        .. ' ' .. meta, 'PX', ARGV[4])
+local fair = string.find(flags, 'f', 1, true)
+if held or (fair and redis.call('EXISTS', queue) == 1) then
+""" + _NOW + _HEAD + """
+  local function join()
+    if string.find(flags, 'j', 1, true) then
+      redis.call('ZADD', queue, 'NX', now_us, token)
+      redis.call('HSET', waiters, token,
+        string.format('%.0f', now + tonumber(ARGV[2])) .. ' ' .. ARGV[7], token .. ':m', ARGV[5])
+      local keep = tonumber(ARGV[2]) + 60000
+      redis.call('PEXPIRE', queue, keep)
+      redis.call('PEXPIRE', waiters, keep)
     end
-    return {1, tonumber(fencing), tonumber(acquired), now, tonumber(count)}
   end
-  join()
-  return {0, redis.call('PTTL', lock)}
-end
-if string.find(flags, 'f', 1, true) then
+  if held then
+    if string.sub(held, 1, 32) == token then
+      -- Ours: a reentrant acquisition counts up; else a retried request of the same
+      -- acquisition (its reply was lost) finds its own grant.
+      local count, fencing, acquired, meta = string.match(held, '^ (%d+) (%d+) (%d+) (.*)', 33)
+      if string.find(flags, 'r', 1, true) then
+        count = count + 1
+        redis.call('SET', lock, token .. ' ' .. count .. ' ' .. fencing .. ' ' .. acquired
+          .. ' ' .. meta, 'PX', ARGV[4])
+      end
+      return {1, tonumber(fencing), tonumber(acquired), now, tonumber(count)}
+    end
+    join()
+    return {0, redis.call('PTTL', lock)}
+  end
   local h, e = head(queue, waiters, now)
   if h and h ~= token then
     join()
@@ -125,15 +131,18 @@ if string.find(flags, 'f', 1, true) then
 end
 -- The token is the larger of the last one + 1 and the server's clock in microseconds:
 -- a server back with older state (a snapshot, a lagging replica) still issues tokens
--- above every one it issued before, as long as its clock has moved on since.
-local fencing = now_us
-local last = redis.call('SET', KEYS[4], string.format('%.0f', now_us), 'GET')
+-- above every one it issued before, as long as its clock has moved on since. Its
+-- digits are TIME's own (seconds, then microseconds padded to 6).
+local frac = string.sub('00000' .. t[2], -6)
+local digits, fencing = t[1] .. frac, now_us
+local last = redis.call('SET', KEYS[4], digits, 'GET')
 if last and tonumber(last) >= now_us then
   fencing = tonumber(last) + 1
-  redis.call('SET', KEYS[4], string.format('%.0f', fencing))
+  digits = string.format('%.0f', fencing)
+  redis.call('SET', KEYS[4], digits)
 end
-redis.call('SET', lock, token .. ' 1 ' .. string.format('%.0f', fencing) .. ' '
-  .. string.format('%.0f', now) .. ' ' .. ARGV[5], 'PX', ARGV[4])
+redis.call('SET', lock, token .. ' 1 ' .. digits .. ' ' .. t[1] .. string.sub(frac, 1, 3)
+  .. ' ' .. ARGV[5], 'PX', ARGV[4])
 if string.find(flags, 'i', 1, true) then redis.call('ZADD', KEYS[5], 0, ARGV[1]) end
 if string.find(flags, 'q', 1, true) then
   -- leave the queue: this waiter's entry, and its signal list if it has one
@@ -143,28 +152,26 @@ if string.find(flags, 'q', 1, true) then
 end
 return {1, fencing, now, now, 1}
 """
-)
 
 #: KEYS: lock, queue, waiters, index. ARGV: member, token.
 #: Returns 0 if not held by ``token``, 1 when freed (and the first live waiter woken),
-#: 2 when a reentrant count went down by one.
-RELEASE = (
-    _NOW
-    + _HEAD
-    + """
+#: 2 when a reentrant count went down by one. The queue is read only when it exists.
+RELEASE = """
 local held = redis.call('GET', KEYS[1])
 if not held or string.sub(held, 1, 32) ~= ARGV[2] then return 0 end
-local count, rest = string.match(held, '^ (%d+) (.*)', 33)
-if tonumber(count) > 1 then
+if string.sub(held, 33, 35) ~= ' 1 ' then
+  local count, rest = string.match(held, '^ (%d+) (.*)', 33)
   redis.call('SET', KEYS[1], ARGV[2] .. ' ' .. (count - 1) .. ' ' .. rest, 'KEEPTTL')
   return 2
 end
 redis.call('DEL', KEYS[1])
 redis.call('ZREM', KEYS[4], ARGV[1])
-wake_head(KEYS[2], KEYS[3])
+if redis.call('EXISTS', KEYS[2]) == 1 then
+""" + _NOW + _HEAD + """
+  wake_head(KEYS[2], KEYS[3])
+end
 return 1
 """
-)
 
 #: KEYS: lock. ARGV: token, ttl_ms.
 #: Returns ``{fencing, acquired_ms, now_ms}``, or 0 if not held by ``token``.
