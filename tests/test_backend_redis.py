@@ -267,6 +267,25 @@ def test_listing_drops_ended_leases_and_pages_by_the_index(
     assert raw.zrangebylex(index, b"[" + prefix.encode(), b"[" + prefix.encode() + b"\xff") == []
 
 
+def test_an_alias_without_listing_writes_no_index_entry_and_says_it_cannot_list(
+    raw: redis.Redis, unique
+) -> None:
+    require_redis()
+    unlisted, listed = locks["redis-unfair"], locks["redis"]
+    name = unique("unlisted")
+    for backend in (unlisted, listed):
+        index = backend.keys_for(backend.make_key(name)).listing
+        with backend.lock(name, ttl=10) as lease:
+            entered = raw.zscore(index, backend.make_key(name)) is not None
+            assert entered is (backend is listed)
+            assert backend.is_locked(name) and lease.fencing_token
+    for call in (lambda: unlisted.held_locks(prefix=name), lambda: unlisted.count_held()):
+        with pytest.raises(UnsupportedOperation, match="LISTING"):
+            call()
+    assert type(unlisted).supports_listing and not unlisted.supports_listing
+    assert unlisted.force_release(name) is False  # by name it still works (nothing held)
+
+
 def test_listing_cost_grows_with_the_page_not_with_the_keys(
     backend: RedisBackend, raw: redis.Redis, unique, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -525,6 +544,7 @@ def test_a_forked_child_and_its_parent_never_share_a_kept_connection(
         ({"LOCATION": "redis://x", "OPTIONS": {"CACHE": "c"}}, "both"),
         ({"LOCATION": "http://x"}, "rediss:// or unix:// URL"),
         ({"LOCATION": "redis://x", "OPTIONS": {"FAIR": "yes"}}, "FAIR"),
+        ({"LOCATION": "redis://x", "OPTIONS": {"LISTING": 0}}, "LISTING"),
         ({"LOCATION": "redis://x", "OPTIONS": {"SHARDS": 0}}, "SHARDS"),
         ({"LOCATION": "redis://x", "OPTIONS": {"NOPE": 1}}, "unknown keys"),
         ({"LOCATION": "redis://x", "KEY_PREFIX": "a{b}"}, "KEY_PREFIX"),

@@ -121,7 +121,9 @@ class BaseLockBackend(KindsMixin, CountingMixin, abc.ABC):
     #: one per lock overrides :meth:`acquisition` instead).
     acquisition_class: ClassVar[type[Acquisition] | None] = None
     #: Why a feature whose flag is False is missing, by flag name (said in the refusal).
-    why_unsupported: ClassVar[Mapping[str, str]] = {}
+    #: This and the listing flags may be set per alias (on the instance) by a backend
+    #: whose options turn a feature off.
+    why_unsupported: Mapping[str, str] = {}
 
     #: Grants carry a fencing token that strictly increases with every grant of a key.
     supports_fencing: ClassVar[bool] = True
@@ -130,7 +132,7 @@ class BaseLockBackend(KindsMixin, CountingMixin, abc.ABC):
     supports_expiry: ClassVar[bool] = True
     #: :meth:`held_locks` lists the locks held now (the backend implements
     #: :meth:`_held_locks`).
-    supports_listing: ClassVar[bool] = False
+    supports_listing: bool = False
     #: :meth:`force_release` frees another owner's lock (the backend implements
     #: :meth:`_force_release`).
     supports_force_release: ClassVar[bool] = False

@@ -43,7 +43,7 @@ from .sentinel import parse as parse_sentinel
 from .waiting import read_waiters
 
 _OPTIONS = {
-    "ALLOW_EVICTION", "CACHE", "CLUSTER", "FAIR", "REENTRANT", "SHARDS", "WAIT_REPLICAS",
+    "ALLOW_EVICTION", "CACHE", "CLUSTER", "FAIR", "LISTING", "REENTRANT", "SHARDS", "WAIT_REPLICAS",
     "WAIT_TIMEOUT",
 }
 _SCHEMES = ("redis://", "rediss://", "unix://")
@@ -137,7 +137,7 @@ class RedisBackend(BaseLockBackend):
                 f"alias) and LOCATION (a redis:// URL); it has "
                 f"{'both' if cache is not None else 'neither'}."
             )
-        for flag in ("ALLOW_EVICTION", "CLUSTER", "FAIR", "REENTRANT"):
+        for flag in ("ALLOW_EVICTION", "CLUSTER", "FAIR", "LISTING", "REENTRANT"):
             if not isinstance(options.get(flag, False), bool):
                 raise InvalidBackendOptions(
                     f"DISTLOCK[{alias!r}]['OPTIONS'][{flag!r}] must be a bool."
@@ -178,8 +178,18 @@ class RedisBackend(BaseLockBackend):
         #: Accept a server that may evict lock keys (see :meth:`eviction_problem`).
         self.allow_eviction: bool = options.get("ALLOW_EVICTION", False)
         self._server_checked = self.allow_eviction
+        #: ``LISTING``: each grant enters its name in the tag's listing index (a sorted
+        #: set: ``ZADD`` on grant, ``ZREM`` on release). Off, the alias saves that entry's
+        #: memory and server time per lock and cannot list or count its locks.
+        self.listing: bool = options.get("LISTING", True)
+        if not self.listing:
+            self.supports_listing = self.supports_counting = False
+            why = "OPTIONS['LISTING'] is False: its grants keep no listing index"
+            self.why_unsupported = {
+                **self.why_unsupported, "supports_listing": why, "supports_counting": why
+            }
         #: The script flags every acquire of this alias sends.
-        self.flags = "fi" if self.fair else "i"
+        self.flags = ("f" if self.fair else "") + ("i" if self.listing else "")
         self.redis = Redis(urls[0] if urls else None, cache, cluster, tuple(urls[1:]))
         self.hubs = Hubs()
         self._calls: dict[str, Calls] = {}
