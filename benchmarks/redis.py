@@ -242,6 +242,14 @@ DISTLOCK = (
     ("redis.distlock", distlock, "django-distlock, `LOCATION` (a pool of its own)"),
     ("redis.distlock-cache", distlock_cache, "django-distlock, `OPTIONS['CACHE']` (django-redis)"),
 )
+#: Uncontended only: what the queue's check and the listing index cost per pair.
+LEAN = (
+    (
+        "redis.distlock-lean",
+        functools.partial(DistLock, alias="redis-lean"),
+        "django-distlock, `LOCATION`, `FAIR: False`, `LISTING: False`",
+    ),
+)
 #: A handoff counted in round trips: the uncontended suite's PING, same run.
 PING = Ref("redis.ping", suite=_U, metric="p50")
 
@@ -254,7 +262,7 @@ add_case(
     group=GROUP,
     reference="floor",
 )
-for _name, _factory, _what in (*PEERS, *DISTLOCK):
+for _name, _factory, _what in (*PEERS, *DISTLOCK, *LEAN):
     add_case(_U, _name, _factory, _what, group=GROUP)
 for _name, _, _ in DISTLOCK:
     add_bar(_U, _name, "redis.floor", 1.05)

@@ -62,6 +62,13 @@ if REDIS_URL:
         "OPTIONS": {"FAIR": False},
         "TTL": 30,
     }
+    # the leanest: no arrival order, no listing index (what each costs, side by side)
+    DISTLOCK["redis-lean"] = {
+        "BACKEND": _REDIS,
+        "LOCATION": REDIS_URL,
+        "OPTIONS": {"FAIR": False, "LISTING": False},
+        "TTL": 30,
+    }
 # Redlock (benchmarks/redlock.py) over the independent masters scripts/bench starts.
 REDLOCK_URLS = [url for url in os.environ.get("DISTLOCK_REDLOCK_URLS", "").split(",") if url]
 if REDLOCK_URLS:
