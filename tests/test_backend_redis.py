@@ -286,6 +286,39 @@ def test_an_alias_without_listing_writes_no_index_entry_and_says_it_cannot_list(
     assert unlisted.force_release(name) is False  # by name it still works (nothing held)
 
 
+def test_a_count_reads_the_index_a_chunk_per_script(
+    backend: RedisBackend, unique, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An uncapped count of a million locks was one script holding Redis 1.2 s.
+    from django_distlock.backends.counting import HeldCount
+    from django_distlock.backends.redis import backend as module
+
+    prefix = unique("chunks") + "/"
+    held = [backend.lock(f"{prefix}{i:03}", ttl=30) for i in range(120)]
+    for handle in held:
+        assert handle.acquire()
+    replies: list[Any] = []
+    run = backend.redis.run
+
+    def spy(script: Any, keys: Any, args: Any) -> Any:
+        reply = run(script, keys, args)
+        if script.name == "count":
+            replies.append(reply)
+        return reply
+
+    monkeypatch.setattr(module, "COUNT_CHUNK", 50)
+    monkeypatch.setattr(backend.redis, "run", spy)
+    try:
+        assert backend.count_held(prefix=prefix) == HeldCount(120, True)
+        assert [int(reply[3]) for reply in replies] == [50, 50, 20]  # entries read per call
+        replies.clear()
+        assert backend.count_held(prefix=prefix, limit=70) == HeldCount(70, False)
+        assert len(replies) == 2
+    finally:
+        for handle in held:
+            handle.release()
+
+
 def test_listing_cost_grows_with_the_page_not_with_the_keys(
     backend: RedisBackend, raw: redis.Redis, unique, monkeypatch: pytest.MonkeyPatch
 ) -> None:

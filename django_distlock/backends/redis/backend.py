@@ -51,6 +51,8 @@ _SCHEMES = ("redis://", "rediss://", "unix://")
 CLUSTER_SHARDS = 16
 #: Most index entries one listing call looks at (dropping ended leases on the way).
 LIST_BUDGET = 2000
+#: Most index entries one count script reads (about 10 ms of the server's time).
+COUNT_CHUNK = 10_000
 _KEYS_CACHE = 4096
 #: Most shares (readers, permits) of one name a listing shows.
 SHARES_LISTED = 100
@@ -308,20 +310,32 @@ class RedisBackend(BaseLockBackend):
             raise unavailable(exc) from exc
 
     def _count_held(self, prefix: str, limit: int) -> HeldCount:
-        # One read-only script per tag: each index entry's lock key checked, up to the cap
-        # (entries of ended leases stay in the index until a listing passes them, so the
-        # entries alone are only a ceiling); a budget bounds a tag full of ended entries.
+        # Read-only scripts per tag, each reading at most COUNT_CHUNK index entries (so no
+        # call holds the server long, whatever the cap): each entry's lock key checked, up
+        # to the cap (entries of ended leases stay in the index until a listing passes
+        # them, so the entries alone are only a ceiling); a budget bounds a tag full of
+        # ended entries.
         low = b"[" + prefix.encode()
         high = b"[" + prefix.encode() + b"\xff" if prefix else b"+"
         found, whole, ceiling = 0, True, 0
         for tag in range(self.shards):
             base = tag_base(self.key_prefix, tag)
-            left = limit - found
-            counted, read_all, entries = self.redis.run(
-                SCRIPTS["count"], (base + "i",), (base, low, high, left, left + LIST_BUDGET)
-            )
-            found, ceiling = found + int(counted), ceiling + int(entries)
-            whole = whole and bool(read_all) and found <= limit
+            budget, start, first = limit - found + LIST_BUDGET, low, 1
+            while True:
+                counted, done, last, read, entries = self.redis.run(
+                    SCRIPTS["count"],
+                    (base + "i",),
+                    (base, start, high, limit - found, min(COUNT_CHUNK, budget), first),
+                )
+                found, ceiling = found + int(counted), ceiling + int(entries)
+                budget -= int(read)
+                if done or found > limit:
+                    whole = whole and bool(done) and found <= limit
+                    break
+                if budget <= 0:
+                    whole = False
+                    break
+                start, first = b"(" + (last if isinstance(last, bytes) else last.encode()), 0
             if found > limit:
                 break
         if whole:

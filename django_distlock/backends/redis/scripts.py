@@ -255,27 +255,32 @@ out[#out + 1] = last
 return out
 """
 
-#: The count of one tag's held locks, read-only: KEYS[1] the tag's listing index; ARGV:
-#: base, low, high, limit, budget. Returns {held counted, 1 when the whole range was read,
-#: the range's index entries (held and ended leases alike: a ceiling)}; it stops past
-#: ``limit`` held or after ``budget`` entries read.
+#: Counts one tag's held locks, read-only, a chunk at a time: KEYS[1] the tag's listing
+#: index; ARGV: base, low, high, limit, chunk (most index entries this call reads: it
+#: bounds how long the script holds the server), first (``1``: also count the range's
+#: entries). Returns {held counted, 1 when the range was read to its end, the last member
+#: read ('' if none), entries read, the range's index entries (held and ended leases
+#: alike: a ceiling; first call only, else 0)}; it stops past ``limit`` held.
 COUNT = """
-local base, low, limit, budget = ARGV[1], ARGV[2], tonumber(ARGV[4]), tonumber(ARGV[5])
-local found, whole = 0, 1
-while true do
-  if found > limit or budget <= 0 then
-    whole = 0
+local base, low, limit, chunk = ARGV[1], ARGV[2], tonumber(ARGV[4]), tonumber(ARGV[5])
+local found, read, done, last = 0, 0, 0, ''
+while found <= limit and read < chunk do
+  local batch = redis.call('ZRANGEBYLEX', KEYS[1], low, ARGV[3], 'LIMIT', 0,
+    math.min(1000, chunk - read))
+  if #batch == 0 then
+    done = 1
     break
   end
-  local batch = redis.call('ZRANGEBYLEX', KEYS[1], low, ARGV[3], 'LIMIT', 0, math.min(1000, budget))
-  if #batch == 0 then break end
   for _, member in ipairs(batch) do
     found = found + redis.call('EXISTS', base .. 'l:' .. member)
   end
-  budget = budget - #batch
-  low = '(' .. batch[#batch]
+  read = read + #batch
+  last = batch[#batch]
+  low = '(' .. last
 end
-return {found, whole, redis.call('ZLEXCOUNT', KEYS[1], ARGV[2], ARGV[3])}
+local entries = 0
+if ARGV[6] == '1' then entries = redis.call('ZLEXCOUNT', KEYS[1], ARGV[2], ARGV[3]) end
+return {found, done, last, read, entries}
 """
 
 
