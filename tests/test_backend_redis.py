@@ -274,9 +274,9 @@ def test_an_alias_without_listing_writes_no_index_entry_and_says_it_cannot_list(
     unlisted, listed = locks["redis-unfair"], locks["redis"]
     name = unique("unlisted")
     for backend in (unlisted, listed):
-        index = backend.keys_for(backend.make_key(name)).listing
+        keys = backend.keys_for(backend.make_key(name))
         with backend.lock(name, ttl=10) as lease:
-            entered = raw.zscore(index, backend.make_key(name)) is not None
+            entered = raw.zscore(keys.listing, keys.member) is not None
             assert entered is (backend is listed)
             assert backend.is_locked(name) and lease.fencing_token
     for call in (lambda: unlisted.held_locks(prefix=name), lambda: unlisted.count_held()):
