@@ -232,6 +232,7 @@ def against(spec: dict[str, Any]) -> dict[str, Any]:
     try:
         client = Client()
         client.force_login(User.objects.create_superuser("bench", "b@example.com", "pw"))
+        client.get(URL, spec["pages"][0][1])  # untimed: imports, templates, connections
         for label, query, depth in spec["pages"]:
             query = deep_query(client, URL, query, depth) if depth else query
             times, page = time_page(client, URL, query, spec["repeat"])
