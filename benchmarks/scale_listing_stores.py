@@ -50,6 +50,10 @@ class Target:
     def fill(self, backend: Any, count: int) -> None:
         raise NotImplementedError
 
+    def read_all(self, backend: Any) -> Callable[[], Any] | None:
+        """The read of every lock a page makes, if the backend makes one (timed apart)."""
+        return None
+
     def clear(self, backend: Any, count: int) -> None:
         raise NotImplementedError
 
@@ -221,6 +225,9 @@ class ZkTarget(Target):
             ]
             for result in made:
                 result.get(timeout=60)
+
+    def read_all(self, backend: Any) -> Callable[[], Any] | None:
+        return lambda: backend.client.call("listing the root", "get_children", self.root)
 
     def clear(self, backend: Any, count: int) -> None:
         for kazoo in self.sessions:  # their ephemeral contenders go with them
