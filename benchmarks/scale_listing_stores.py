@@ -34,6 +34,8 @@ class Target:
     #: The environment variable naming its server.
     variable = ""
     largest = 10**9
+    #: Why not more than ``largest``.
+    why_largest = ""
     why_not = ""  # why the backend cannot list ("": it can)
 
     def entry(self) -> dict[str, Any]:
@@ -187,6 +189,7 @@ class ZkTarget(Target):
     root per size (the emptied parents are reaped by the ensemble within a minute)."""
 
     alias, variable, largest = "scale-zk", "DISTLOCK_ZK_HOSTS", ZK_MAX
+    why_largest = "2 znodes a lock; the shared ensemble's servers have 256 MB heaps"
 
     def __init__(self) -> None:
         self.root = f"{ZK_BASE}/{uuid.uuid4().hex[:8]}"

@@ -182,9 +182,9 @@ class ZooKeeperBackend(BaseLockBackend):
         except NoNodeError:
             names = []
         low = self.key_prefix + prefix
-        keys = sorted(key for key in map(decode, names) if key.startswith(low))
+        keys = [key for key in map(decode, names) if key.startswith(low)]
         kazoo, found = self.client.get(), 0
-        read = keys[: min(COUNT_READS, limit + 1)]
+        read = heapq.nsmallest(min(COUNT_READS, limit + 1), keys)
         for result in [kazoo.get_children_async(self.parent_of(key)) for key in read]:
             with contextlib.suppress(NoNodeError):
                 found += bool(contenders(self.client.wait(result, "counting locks")))
