@@ -16,9 +16,12 @@ admin's held-locks page of the alias through Django's test client in a process o
     python -m benchmarks --suite scale.listing              # 10,000 locks, ~1 min
     python -m benchmarks.scale_listing --locks 10000,100000,1000000 [--repeat 1]
 
-(the second form is the full run; it passes the other options to ``python -m
-benchmarks``). Redis memcached cannot list (its row says why); ZooKeeper stops at
-:data:`ZK_MAX` locks (2 znodes per lock on an ensemble of 256 MB heaps).
+(the second form is the full run, about 5 minutes: it passes the other options to
+``python -m benchmarks``). memcached (the cache backend) cannot list (its row says why);
+ZooKeeper stops at ``ZK_MAX`` locks (2 znodes per lock on an ensemble of 256 MB heaps).
+Rows exist for the servers configured (``DISTLOCK_REDIS_URL``,
+``DISTLOCK_REDIS_CLUSTER_URL``, ``DISTLOCK_PG_PORT``, ``DISTLOCK_ZK_HOSTS``,
+``DISTLOCK_MEMCACHED``).
 """
 
 from __future__ import annotations
