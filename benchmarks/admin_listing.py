@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import html
+import json
 import os
 import re
 import statistics
@@ -161,6 +162,20 @@ def deep_query(client: Any, url: str, query: dict[str, str], depth: int) -> dict
     return query
 
 
+def time_page(client: Any, url: str, query: dict[str, str], repeat: int) -> tuple[list[float], str]:
+    """Request the page ``repeat`` times; return each one's wall time (ms) and the last body.
+
+    :raises AssertionError: when a response is not a 200.
+    """
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        response = client.get(url, query)
+        times.append((time.perf_counter() - started) * 1000)
+        assert response.status_code == 200, response.status_code
+    return times, response.content.decode()
+
+
 def time_counts(aliases: list[str], repeat: int) -> None:
     """Print the median and max time of ``count_held()`` per alias, at the page's cap and
     at the largest cap, with what it answered."""
@@ -182,12 +197,64 @@ def time_counts(aliases: list[str], repeat: int) -> None:
             print(f"| {alias} | {cap:,} | {describe(answer)} | {median:.1f} | {max(times):.1f} |")
 
 
+URL = "/admin/django_distlock/lockevent/held/"
+
+
+def against(spec: dict[str, Any]) -> dict[str, Any]:
+    """Time the page over locks held elsewhere (``benchmarks/scale_listing.py`` fills the
+    servers, then runs ``--against`` in a process of its own: this one's settings are an
+    admin site's). ``spec``: ``databases`` (besides a throw-away SQLite ``default`` for
+    the admin's users and sessions: used as they are, never created), ``distlock``,
+    ``pages`` ([label, query, depth]: the query of the page ``depth`` + 1 pages in) and
+    ``repeat``.
+
+    :returns: per label, the times (ms), the rows shown and the first lock's name.
+    """
+    import django
+    from django.conf import settings
+
+    from .admin_site import admin_settings
+
+    folder = tempfile.mkdtemp(prefix="distlock-admin-against-")
+    default = {"ENGINE": "django.db.backends.sqlite3", "NAME": os.path.join(folder, "db.sqlite3"),
+               "TEST": {"NAME": os.path.join(folder, "test.sqlite3")}}
+    settings.configure(**admin_settings(
+        DATABASES={"default": default, **spec["databases"]}, DISTLOCK=spec["distlock"]))
+    django.setup()
+    from django.contrib.auth.models import User
+    from django.test import Client
+    from django.test.utils import setup_databases, teardown_databases
+
+    from django_distlock import locks
+
+    state = setup_databases(verbosity=0, interactive=False, aliases={"default"})
+    out: dict[str, Any] = {}
+    try:
+        client = Client()
+        client.force_login(User.objects.create_superuser("bench", "b@example.com", "pw"))
+        client.get(URL, spec["pages"][0][1])  # untimed: imports, templates, connections
+        for label, query, depth in spec["pages"]:
+            query = deep_query(client, URL, query, depth) if depth else query
+            times, page = time_page(client, URL, query, spec["repeat"])
+            first = re.search(r"&amp;name=([^\"&]+)", page)
+            out[label] = {"times": times, "rows": page.count('class="distlock-row"'),
+                          "first": unquote(first.group(1)) if first else ""}
+    finally:
+        locks.close_all()
+        teardown_databases(state, verbosity=0)
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--against", help="JSON spec: time pages over locks held elsewhere")
     parser.add_argument("--locks", type=int, default=100_000)
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--depth", type=int, default=100, help="pages to walk to the deep one")
     args = parser.parse_args()
+    if args.against:
+        print(json.dumps(against(json.loads(args.against))))
+        return 0
     aliases = configure(args.locks)
 
     from django.contrib.auth.models import User
@@ -209,7 +276,7 @@ def main() -> int:
                   file=sys.stderr)  # fmt: skip
         client = Client()
         client.force_login(User.objects.create_superuser("bench", "b@example.com", "pw"))
-        url = "/admin/django_distlock/lockevent/held/"
+        url = URL
         cases = [("all aliases, page 1", {})]
         for alias in [a for a in aliases if not a.startswith("zk-holder")]:
             deep = deep_query(client, url, {"alias": alias}, args.depth)
@@ -222,13 +289,7 @@ def main() -> int:
         print(f"{head} bar {BAR_MS:.0f} ms |")
         print("| --- | ---: | ---: | ---: | --- |")
         for label, query in cases:
-            times = []
-            for _ in range(args.repeat):
-                started = time.perf_counter()
-                response = client.get(url, query)
-                times.append((time.perf_counter() - started) * 1000)
-                assert response.status_code == 200, response.status_code
-            page = response.content.decode()
+            times, page = time_page(client, url, query, args.repeat)
             rows = page.count('class="distlock-row"')
             first = re.search(r"&amp;name=([^\"&]+)", page)
             label += f" (from {unquote(first.group(1))})" if first else ""
