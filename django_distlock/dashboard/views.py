@@ -133,6 +133,14 @@ class _Listing:
             )
 
 
+def _by_reason(left_out: list[tuple[str, str, str]]) -> list[tuple[str, list[str]]]:
+    """The aliases left out of the merged order, grouped by reason (one banner each)."""
+    groups: dict[str, list[str]] = {}
+    for alias, label, reason in left_out:
+        groups.setdefault(f"{label}: {reason}", []).append(alias)
+    return list(groups.items())
+
+
 def _name_order(request: HttpRequest, aliases: list[str], kept: dict[str, str]) -> _Listing:
     """A page of each alias in turn, names in key order (``Page``)."""
     query = (kept["alias"], kept["q"])
@@ -202,7 +210,7 @@ def held_locks_view(request: HttpRequest, site: admin.AdminSite) -> HttpResponse
         "sort": sort,
         "by": by,
         "orders": ORDERS,
-        "left_out": listing.left_out,
+        "left_out": _by_reason(listing.left_out),
         "refresh": refresh,
         "refresh_seconds": REFRESH,
         "next_url": listing.next_url,
