@@ -198,3 +198,13 @@ def test_a_page_is_one_index_range_on_sqlite(order: str) -> None:
         )
         plan = " / ".join(str(row[-1]) for row in cursor.fetchall())
     assert f"distlock_held_{order}_idx" in plan and "TEMP B-TREE" not in plan, plan
+
+
+def test_bad_arguments_are_refused_before_any_call() -> None:
+    backend = locks["sqlite-lease"]
+    for order, cursor in (("oldest", None), ("acquired", "not json"), ("expires", "[1, 2]"),
+                          ("acquired", '["a"]')):
+        with pytest.raises(ValueError):
+            backend.held_locks_by_age(order, "", 10, cursor)
+    with pytest.raises(ValueError):
+        read_merged(MERGED, "", "held", 10)

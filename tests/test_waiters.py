@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -345,6 +346,15 @@ def test_postgresql_kinds_waiters_have_their_kind_and_since(
         assert all(w.pid == os.getpid() and w.owner and w.thread for w in listed)
         assert len({w.owner for w in listed}) == 3
         assert all(w.session.startswith("pg ") for w in listed)
+        # The detail page: each row's kind and "waiting for" (from its since).
+        client = Client()
+        client.force_login(User.objects.create_superuser("boss", "b@example.com", "pw"))
+        page = client.get(reverse("admin:django_distlock_held_lock"),
+                          {"alias": "pg-lease", "name": rw}).content.decode()
+        cells = re.findall(r'<tr class="distlock-waiter".*?</tr>', page, re.S)
+        assert len(cells) == 3
+        for row, kind in zip(cells, ("read", "write", "read"), strict=True):
+            assert f"<td>{kind}</td>" in row and re.search(r"<td>\d+\.\d s</td>", row), row
     finally:
         writer.release()
         permit.release()
