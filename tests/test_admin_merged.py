@@ -208,3 +208,28 @@ def test_bad_arguments_are_refused_before_any_call() -> None:
             backend.held_locks_by_age(order, "", 10, cursor)
     with pytest.raises(ValueError):
         read_merged(MERGED, "", "held", 10)
+
+
+def test_a_page_view_reads_each_merged_alias_once(
+    spread: list[tuple[str, str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page of the merged view asks each merged alias for one page, of the page's size
+    (and no alias left out is read for it)."""
+    from django_distlock.backends.database.lease import LeaseBackend
+
+    calls: list[tuple[str, int]] = []
+    real = LeaseBackend.held_locks_by_age
+
+    def spy(self: Any, order: str, prefix: str = "", limit: int = 50,
+            cursor: str | None = None) -> Any:
+        calls.append((self.alias, limit))
+        return real(self, order, prefix, limit, cursor)
+
+    monkeypatch.setattr(LeaseBackend, "held_locks_by_age", spy)
+    monkeypatch.setattr(views, "PAGE_SIZE", 3)
+    client = Client()
+    client.force_login(User.objects.create_superuser("boss", "b@example.com", "pw"))
+    answer = client.get(reverse(LIST), {"q": "merge:", "by": "expires"})
+    assert answer.status_code == 200 and len(_rows(answer.content.decode())) == 3
+    merged = [a for a in locks if getattr(locks[a], "supports_age_order", False)]
+    assert sorted(calls) == sorted((alias, 3) for alias in merged)
