@@ -126,6 +126,17 @@ def _cut_short(url: str) -> None:
         _get(url)
 
 
+def _kill_a_holder(site: str, tmp_path: Path) -> None:
+    """SIGKILL the worker serving a request while it holds a lock (the gauge shows it)."""
+    pidfile = tmp_path / "holder.pid"
+    victim = threading.Thread(target=_cut_short, args=(f"{site}/hold?ms=20000&pidfile={pidfile}",))
+    victim.start()
+    text = _wait_for(site, "distlock_locks_held", 1)
+    assert _sample(text, "distlock_locks_held") == 1
+    os.kill(int(pidfile.read_text()), signal.SIGKILL)
+    victim.join(30)
+
+
 def _wait_for(url: str, name: str, value: float, within: float = 10) -> str:
     deadline = time.monotonic() + within
     while True:
@@ -135,7 +146,9 @@ def _wait_for(url: str, name: str, value: float, within: float = 10) -> str:
         time.sleep(0.1)
 
 
-def test_the_scraped_totals_add_up_across_workers(site: str, tmp_path: Path) -> None:
+def _requests_add_up(site: str) -> str:
+    """``REQUESTS`` requests that each take a lock, from 3 client threads, served by at
+    least 2 workers: the scraped total is ``REQUESTS``, none held after. The scrape."""
     pids: list[str] = []
 
     def client(count: int) -> None:
@@ -152,6 +165,11 @@ def test_the_scraped_totals_add_up_across_workers(site: str, tmp_path: Path) -> 
     text = _get(site + "/metrics")
     assert _sample(text, "distlock_acquisitions_total") == REQUESTS
     assert _sample(text, "distlock_locks_held") == 0
+    return text
+
+
+def test_the_scraped_totals_add_up_across_workers(site: str, tmp_path: Path) -> None:
+    text = _requests_add_up(site)
     assert _sample(text, "distlock_oldest_hold_acquired_timestamp_seconds") == math.inf
 
     # Two requests hold for 3 s (two workers); the third worker answers the scrapes.
@@ -171,13 +189,7 @@ def test_the_scraped_totals_add_up_across_workers(site: str, tmp_path: Path) -> 
 
     # A worker killed while it holds: child_exit drops its live gauge (the lock itself
     # expires on Redis); its counts stay in the totals.
-    pidfile = tmp_path / "holder.pid"
-    victim = threading.Thread(target=_cut_short, args=(f"{site}/hold?ms=20000&pidfile={pidfile}",))
-    victim.start()
-    text = _wait_for(site, "distlock_locks_held", 1)
-    assert _sample(text, "distlock_locks_held") == 1
-    os.kill(int(pidfile.read_text()), signal.SIGKILL)
-    victim.join(30)
+    _kill_a_holder(site, tmp_path)
     text = _wait_for(site, "distlock_locks_held", 0)
     assert _sample(text, "distlock_locks_held") == 0
     assert _sample(text, "distlock_acquisitions_total") == REQUESTS + 3
@@ -189,23 +201,7 @@ def test_the_scraped_totals_add_up_across_plain_uvicorn_workers(
     """``uvicorn --workers 3``: the same totals; a worker SIGKILLed while holding is
     replaced by uvicorn's supervisor, which has no hook: its hold stays in the gauge (the
     documented limit) while its acquisition counts."""
-    pids: list[str] = []
-
-    def client(count: int) -> None:
-        for _ in range(count):
-            pids.append(_get(uvicorn_site + "/hold?ms=20"))
-
-    clients = [threading.Thread(target=client, args=(REQUESTS // 3,)) for _ in range(3)]
-    for thread in clients:
-        thread.start()
-    for thread in clients:
-        thread.join(60)
-    assert len(pids) == REQUESTS
-    assert len(set(pids)) >= 2, f"one worker served everything ({set(pids)}): nothing summed"
-    text = _get(uvicorn_site + "/metrics")
-    assert _sample(text, "distlock_acquisitions_total") == REQUESTS
-    assert _sample(text, "distlock_locks_held") == 0
-
+    _requests_add_up(uvicorn_site)
     holders = [
         threading.Thread(target=_get, args=(uvicorn_site + "/hold?ms=3000",)) for _ in range(2)
     ]
@@ -218,15 +214,7 @@ def test_the_scraped_totals_add_up_across_plain_uvicorn_workers(
     text = _wait_for(uvicorn_site, "distlock_locks_held", 0)
     assert _sample(text, "distlock_acquisitions_total") == REQUESTS + 2
 
-    pidfile = tmp_path / "holder.pid"
-    victim = threading.Thread(
-        target=_cut_short, args=(f"{uvicorn_site}/hold?ms=20000&pidfile={pidfile}",)
-    )
-    victim.start()
-    text = _wait_for(uvicorn_site, "distlock_locks_held", 1)
-    assert _sample(text, "distlock_locks_held") == 1
-    os.kill(int(pidfile.read_text()), signal.SIGKILL)
-    victim.join(30)
+    _kill_a_holder(uvicorn_site, tmp_path)
     # The replacement worker answers; the dead one's files are still read as live.
     deadline = time.monotonic() + 20
     while True:
