@@ -47,6 +47,16 @@ class LockRecord(models.Model):
             models.Index(
                 fields=["name"], condition=Q(owner__isnull=False), name="distlock_held_idx"
             ),
+            # The listing by age (backends/database/ordered.py): held longest first,
+            # expiring soonest first, each page one range of one of these.
+            models.Index(
+                fields=["acquired_at", "name"], condition=Q(owner__isnull=False),
+                name="distlock_held_acquired_idx",
+            ),
+            models.Index(
+                fields=["expires_at", "name"], condition=Q(owner__isnull=False),
+                name="distlock_held_expires_idx",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -299,3 +299,51 @@ def test_clocks_and_auto_refresh_in_a_browser(
     assert boss.execute_script("return window.distlockMark") == 1
     assert boss.find_element(By.ID, "distlock-refresh-state").text == "paused"
     boss.execute_script("localStorage.setItem('django_distlock.refresh', '0')")
+
+
+def test_the_merged_view_by_age_in_a_browser(
+    static_root: None,
+    live_server: Any,
+    browsers: tuple[Any, Any],  # noqa: F811
+    screenshots: Path,  # noqa: F811
+    held: dict[str, Lock],  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """"Held longest first" merges the lease aliases by age (two a page here), pages
+    forth and back, and says which aliases it leaves out and why."""
+    from selenium.webdriver.common.by import By
+
+    monkeypatch.setattr(views, "PAGE_SIZE", 2)  # the live server runs in this process
+    merged = [alias for alias in held if getattr(locks[alias], "supports_age_order", False)]
+    assert len(merged) >= 3, merged  # default, sqlite-lease, pg-lease
+    expected = [(alias, f"dash:{alias}") for alias in merged]  # the fixture's order
+    boss, _ = browsers
+    base = live_server.url
+    login(boss, base, User.objects.create_superuser("boss", "b@example.com", "pw"))
+    boss.get(f"{base}/admin/django_distlock/lockevent/held/?q=dash:")
+    click(boss, "held longest first")
+    assert "by=acquired" in boss.current_url
+    assert rows(boss) == expected[:2]
+    banners = {  # one a reason
+        banner.text: banner.get_attribute("data-aliases").split()
+        for banner in boss.find_elements(By.CSS_SELECTOR, ".distlock-left-out")
+    }
+    left_out = [alias for aliases in banners.values() for alias in aliases]
+    assert sorted(left_out) == sorted(set(held) - set(merged))  # locmem, Redis, ZooKeeper...
+    redis = next(text for text, aliases in banners.items() if "redis" in aliases)
+    assert redis.startswith("Not in this order: ") and "in name order" in redis
+    # The order links, the left-out aliases' reasons and the table (a taller window
+    # first: the totals above take most of one).
+    boss.set_window_size(1200, 1000)
+    boss.execute_script("document.getElementById('distlock-orders').scrollIntoView()")
+    assert boss.save_screenshot(str(screenshots / "admin-held-locks-merged.png"))
+    boss.set_window_size(1200, 900)
+    pages = [rows(boss)]
+    while boss.find_elements(By.ID, "distlock-next"):
+        click(boss, "distlock-next", By.ID)
+        pages.append(rows(boss))
+    assert [row for page in pages for row in page] == expected and len(pages) >= 2
+    click(boss, "distlock-prev", By.ID)
+    assert rows(boss) == pages[-2]
+    click(boss, "expiring soonest first")
+    assert "by=expires" in boss.current_url and rows(boss) == expected[:2]  # one TTL: in turn

@@ -33,6 +33,7 @@ from .conftest import require_redis
 
 ROOT = Path(__file__).resolve().parent.parent
 GUNICORN = Path(sys.executable).with_name("gunicorn")
+UVICORN = Path(sys.executable).with_name("uvicorn")
 WORKERS, REQUESTS = 3, 30
 
 
@@ -55,23 +56,19 @@ def _sample(text: str, name: str, alias: str = "redis") -> float | None:
     return None
 
 
-@pytest.fixture
-def site(tmp_path: Path) -> Iterator[str]:
-    """gunicorn serving tests/prometheus_site.py with 3 sync workers; its base URL."""
+def _start(tmp_path: Path, command: list[str], name: str) -> Iterator[str]:
+    """Run ``command`` (a server of tests/prometheus_site.py on ``{port}``) in
+    multiprocess mode until the test ends; yield its base URL once it answers."""
     require_redis()
     metrics_dir = tmp_path / "prometheus"
     metrics_dir.mkdir()
-    config = tmp_path / "gunicorn.conf.py"
-    # The documented setup (docs/admin-dashboard.md): the hook drops a dead worker's
-    # live gauges.
-    config.write_text("from django_distlock.integrations.prometheus import child_exit  # noqa\n")
     port = _free_port()
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir),
            "DJANGO_SETTINGS_MODULE": "tests.settings", "PYTHONPATH": str(ROOT)}
-    log = (tmp_path / "gunicorn.log").open("w")
+    logfile = tmp_path / f"{name}.log"
+    log = logfile.open("w")
     server = subprocess.Popen(
-        [str(GUNICORN), "-c", str(config), "-w", str(WORKERS), "-k", "sync",
-         "-b", f"127.0.0.1:{port}", "--timeout", "60", "tests.prometheus_site:app"],
+        [part.format(port=port) for part in command],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
     )
     url = f"http://127.0.0.1:{port}"
@@ -82,8 +79,8 @@ def site(tmp_path: Path) -> Iterator[str]:
                 _get(url + "/metrics", timeout=5)
                 break
             except OSError:
-                assert server.poll() is None, (tmp_path / "gunicorn.log").read_text()
-                assert time.monotonic() < deadline, "gunicorn did not start"
+                assert server.poll() is None, logfile.read_text()
+                assert time.monotonic() < deadline, f"{name} did not start"
                 time.sleep(0.2)
         yield url
     finally:
@@ -96,10 +93,48 @@ def site(tmp_path: Path) -> Iterator[str]:
         log.close()
 
 
+@pytest.fixture
+def site(tmp_path: Path) -> Iterator[str]:
+    """gunicorn serving tests/prometheus_site.py with 3 sync workers; its base URL."""
+    config = tmp_path / "gunicorn.conf.py"
+    # The documented setup (docs/admin-dashboard.md): the hook drops a dead worker's
+    # live gauges.
+    config.write_text("from django_distlock.integrations.prometheus import child_exit  # noqa\n")
+    yield from _start(tmp_path, [
+        str(GUNICORN), "-c", str(config), "-w", str(WORKERS), "-k", "sync",
+        "-b", "127.0.0.1:{port}", "--timeout", "60", "tests.prometheus_site:app",
+    ], "gunicorn")
+
+
+@pytest.fixture
+def uvicorn_site(tmp_path: Path) -> Iterator[str]:
+    """Plain ``uvicorn --workers 3`` (its own supervisor, no gunicorn) serving
+    tests/prometheus_site.py's ASGI app; its base URL."""
+    if not UVICORN.exists():
+        if os.environ.get("DISTLOCK_SERVERS"):
+            pytest.fail(f"{UVICORN} is missing (in the test extras (setup.cfg))")
+        pytest.skip("uvicorn is not installed")
+    yield from _start(tmp_path, [
+        str(UVICORN), "--workers", str(WORKERS), "--host", "127.0.0.1", "--port", "{port}",
+        "--log-level", "warning", "tests.prometheus_site:asgi_app",
+    ], "uvicorn")
+
+
 def _cut_short(url: str) -> None:
     """A request whose worker is killed: its connection ends without an answer."""
     with contextlib.suppress(OSError):
         _get(url)
+
+
+def _kill_a_holder(site: str, tmp_path: Path) -> None:
+    """SIGKILL the worker serving a request while it holds a lock (the gauge shows it)."""
+    pidfile = tmp_path / "holder.pid"
+    victim = threading.Thread(target=_cut_short, args=(f"{site}/hold?ms=20000&pidfile={pidfile}",))
+    victim.start()
+    text = _wait_for(site, "distlock_locks_held", 1)
+    assert _sample(text, "distlock_locks_held") == 1
+    os.kill(int(pidfile.read_text()), signal.SIGKILL)
+    victim.join(30)
 
 
 def _wait_for(url: str, name: str, value: float, within: float = 10) -> str:
@@ -111,7 +146,9 @@ def _wait_for(url: str, name: str, value: float, within: float = 10) -> str:
         time.sleep(0.1)
 
 
-def test_the_scraped_totals_add_up_across_workers(site: str, tmp_path: Path) -> None:
+def _requests_add_up(site: str) -> str:
+    """``REQUESTS`` requests that each take a lock, from 3 client threads, served by at
+    least 2 workers: the scraped total is ``REQUESTS``, none held after. The scrape."""
     pids: list[str] = []
 
     def client(count: int) -> None:
@@ -128,6 +165,11 @@ def test_the_scraped_totals_add_up_across_workers(site: str, tmp_path: Path) -> 
     text = _get(site + "/metrics")
     assert _sample(text, "distlock_acquisitions_total") == REQUESTS
     assert _sample(text, "distlock_locks_held") == 0
+    return text
+
+
+def test_the_scraped_totals_add_up_across_workers(site: str, tmp_path: Path) -> None:
+    text = _requests_add_up(site)
     assert _sample(text, "distlock_oldest_hold_acquired_timestamp_seconds") == math.inf
 
     # Two requests hold for 3 s (two workers); the third worker answers the scrapes.
@@ -147,16 +189,43 @@ def test_the_scraped_totals_add_up_across_workers(site: str, tmp_path: Path) -> 
 
     # A worker killed while it holds: child_exit drops its live gauge (the lock itself
     # expires on Redis); its counts stay in the totals.
-    pidfile = tmp_path / "holder.pid"
-    victim = threading.Thread(target=_cut_short, args=(f"{site}/hold?ms=20000&pidfile={pidfile}",))
-    victim.start()
-    text = _wait_for(site, "distlock_locks_held", 1)
-    assert _sample(text, "distlock_locks_held") == 1
-    os.kill(int(pidfile.read_text()), signal.SIGKILL)
-    victim.join(30)
+    _kill_a_holder(site, tmp_path)
     text = _wait_for(site, "distlock_locks_held", 0)
     assert _sample(text, "distlock_locks_held") == 0
     assert _sample(text, "distlock_acquisitions_total") == REQUESTS + 3
+
+
+def test_the_scraped_totals_add_up_across_plain_uvicorn_workers(
+    uvicorn_site: str, tmp_path: Path
+) -> None:
+    """``uvicorn --workers 3``: the same totals; a worker SIGKILLed while holding is
+    replaced by uvicorn's supervisor, which has no hook: its hold stays in the gauge (the
+    documented limit) while its acquisition counts."""
+    _requests_add_up(uvicorn_site)
+    holders = [
+        threading.Thread(target=_get, args=(uvicorn_site + "/hold?ms=3000",)) for _ in range(2)
+    ]
+    for thread in holders:
+        thread.start()
+    text = _wait_for(uvicorn_site, "distlock_locks_held", 2)
+    assert _sample(text, "distlock_locks_held") == 2
+    for thread in holders:
+        thread.join(60)
+    text = _wait_for(uvicorn_site, "distlock_locks_held", 0)
+    assert _sample(text, "distlock_acquisitions_total") == REQUESTS + 2
+
+    _kill_a_holder(uvicorn_site, tmp_path)
+    # The replacement worker answers; the dead one's files are still read as live.
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            text = _get(uvicorn_site + "/metrics", timeout=5)
+            break
+        except OSError:
+            assert time.monotonic() < deadline, "no worker answers after the kill"
+            time.sleep(0.2)
+    assert _sample(text, "distlock_acquisitions_total") == REQUESTS + 3
+    assert _sample(text, "distlock_locks_held") == 1
 
 
 # -- in-process --------------------------------------------------------------------------

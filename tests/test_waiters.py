@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -313,4 +314,51 @@ def test_postgresql_lists_both_of_its_queues(unique: Callable[[str], str]) -> No
         for thread in waiting:
             thread.join(30)
     assert backend.waiters(name) == []
+    locks.close_all()
+
+
+def test_postgresql_kinds_waiters_have_their_kind_and_since(
+    unique: Callable[[str], str],
+) -> None:
+    """Readers, writers and permits waiting on PostgreSQL's kinds queue are listed with
+    the kind they wait for, since when (the server's clock, in arrival order), and their
+    owner id, process and thread: the head of the queue too (migration 0014's rows)."""
+    require_pg()
+    backend = locks["pg-lease"]
+    with connections["pg"].cursor() as cursor:
+        cursor.execute("SELECT now()")
+        began = cursor.fetchone()[0]
+    rw, sem = unique("pgkinds"), unique("pgsem")
+    writer = backend.write_lock(rw, ttl=30)
+    permit = backend.semaphore(sem, 1, ttl=30)
+    assert writer.acquire() and permit.acquire()
+    waiting: list[threading.Thread] = []
+    try:
+        makers = (backend.read_lock, backend.write_lock, backend.read_lock)
+        _queue_up("pg-lease", rw, makers, waiting)
+        _queue_up("pg-lease", sem, (lambda n, **o: backend.semaphore(n, 1, **o),) * 2, waiting)
+        listed = backend.waiters(rw)
+        assert [w.kind for w in listed] == ["read", "write", "read"]
+        assert [w.kind for w in backend.waiters(sem)] == ["semaphore", "semaphore"]
+        since = [w.since for w in listed]
+        assert all(s is not None and s >= began for s in since), since
+        assert since == sorted(since)  # type: ignore[type-var]
+        assert all(w.pid == os.getpid() and w.owner and w.thread for w in listed)
+        assert len({w.owner for w in listed}) == 3
+        assert all(w.session.startswith("pg ") for w in listed)
+        # The detail page: each row's kind and "waiting for" (from its since).
+        client = Client()
+        client.force_login(User.objects.create_superuser("boss", "b@example.com", "pw"))
+        page = client.get(reverse("admin:django_distlock_held_lock"),
+                          {"alias": "pg-lease", "name": rw}).content.decode()
+        cells = re.findall(r'<tr class="distlock-waiter".*?</tr>', page, re.S)
+        assert len(cells) == 3
+        for row, kind in zip(cells, ("read", "write", "read"), strict=True):
+            assert f"<td>{kind}</td>" in row and re.search(r"<td>\d+\.\d s</td>", row), row
+    finally:
+        writer.release()
+        permit.release()
+        for thread in waiting:
+            thread.join(30)
+    assert backend.waiters(rw) == [] and backend.waiters(sem) == []
     locks.close_all()

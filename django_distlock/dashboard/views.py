@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlencode
 
@@ -32,6 +33,7 @@ from ..operations.listing import (
     unsign_position,
     unsign_trail,
 )
+from ..operations.ordered import read_merged, sign_merged, unsign_merged
 from ..operations.release import release_audited
 from ..operations.totals import count_totals, grand_total
 from ..operations.waiting import waiter_dict, who_waits
@@ -104,45 +106,94 @@ def _positions(
     return position, trail
 
 
+#: The merged orders across aliases (``?by=``): held longest first, expiring soonest.
+ORDERS = {"acquired": "held longest first", "expires": "expiring soonest first"}
+
+
+class _Listing:
+    """What the table shows and the page links of one page, name order or merged."""
+
+    def __init__(self, rows: list[Row], states: list[Any], first: bool) -> None:
+        self.rows, self.states, self.is_first = rows, states, first
+        self.next_url = self.prev_url = ""
+        self.left_out: list[tuple[str, str, str]] = []
+
+    def link(self, kept: dict[str, str], position: Any, next_position: Any, trail: list[Any],
+             sign: Callable[[Any], str], sign_trail: Callable[[list[Any]], str]) -> None:
+        """Set the next and previous pages' URLs (``sign``: a position's URL value,
+        ``sign_trail``: the earlier positions')."""
+        if next_position is not None:
+            self.next_url = _page_url(kept, sign(next_position), sign_trail([*trail, position]))
+        if trail:
+            before = trail[-1]
+            self.prev_url = _page_url(
+                kept,
+                sign(before) if before is not None else "",
+                sign_trail(trail[:-1]) if trail[:-1] else "",
+            )
+
+
+def _by_reason(left_out: list[tuple[str, str, str]]) -> list[tuple[str, list[str]]]:
+    """The aliases left out of the merged order, grouped by reason (one banner each)."""
+    groups: dict[str, list[str]] = {}
+    for alias, label, reason in left_out:
+        groups.setdefault(f"{label}: {reason}", []).append(alias)
+    return list(groups.items())
+
+
+def _name_order(request: HttpRequest, aliases: list[str], kept: dict[str, str]) -> _Listing:
+    """A page of each alias in turn, names in key order (``Page``)."""
+    query = (kept["alias"], kept["q"])
+    position, trail = _positions(request, query)
+    page: Page = read_page(aliases, kept["q"], PAGE_SIZE, position)
+    listing = _Listing(page.rows, page.aliases, position is None)
+    listing.link(kept, position, page.next_position, trail,
+                 lambda p: sign_position(p, query), lambda t: sign_trail(t, query))
+    return listing
+
+
+def _merged_order(request: HttpRequest, aliases: list[str], kept: dict[str, str]) -> _Listing:
+    """A page of the aliases merged in an age order (``operations.ordered``)."""
+    query = (kept["alias"], kept["q"], kept["by"])
+    position = unsign_merged(request.GET["cursor"], query)[0] if "cursor" in request.GET else None
+    trail = unsign_merged(request.GET["back"], query) if "back" in request.GET else []
+    page = read_merged(aliases, kept["q"], kept["by"], PAGE_SIZE, position)
+    listing = _Listing(page.rows, page.aliases, position is None)
+    listing.left_out = page.left_out
+    listing.link(kept, position, page.next_position, trail,
+                 lambda p: sign_merged([p], query), lambda t: sign_merged(t, query))
+    return listing
+
+
 def held_locks_view(request: HttpRequest, site: admin.AdminSite) -> HttpResponse:
     """The table of held locks across the aliases (totals, filter, prefix search, previous
-    and next pages, sort within the page, auto-refresh)."""
+    and next pages, each alias in turn or merged by age, sort within the page,
+    auto-refresh)."""
     _check_view(request)
     alias, prefix = request.GET.get("alias", ""), request.GET.get("q", "")
     sort, refresh = request.GET.get("o", ""), request.GET.get("refresh", "")
+    by = request.GET.get("by", "")
     if alias and alias not in locks:
         raise Http404(f"No lock alias {alias!r} is configured.")
     if sort.lstrip("-") not in ("", *SORTS):
         return _bad_request(f"unknown sort {sort!r}; use acquired or expires, '-' for descending.")
+    if by not in ("", *ORDERS):
+        return _bad_request(f"unknown order {by!r}; use acquired or expires.")
     if refresh not in ("", "0", str(REFRESH)):
         return _bad_request(f"refresh is 0 (off) or {REFRESH} (seconds), got {refresh!r}.")
     try:
         validate_page_args(prefix, 1, None)
     except (InvalidLockName, ValueError) as exc:
         return _bad_request(f"search: {exc}")
-    query = (alias, prefix)
     aliases = [alias] if alias else list(locks)
+    kept = {"alias": alias, "q": prefix, "by": by, "o": sort, "refresh": refresh}
     try:
-        position, trail = _positions(request, query)
-        page: Page = read_page(aliases, prefix, PAGE_SIZE, position)
+        listing = (_merged_order if by else _name_order)(request, aliases, kept)
     except BadPosition as exc:
         return _bad_request(str(exc))
-    rows: list[Row] = page.rows
+    rows: list[Row] = listing.rows
     if sort:
         rows = sorted(rows, key=SORTS[sort.lstrip("-")], reverse=sort.startswith("-"))
-    kept = {"alias": alias, "q": prefix, "o": sort, "refresh": refresh}
-    next_url = prev_url = ""
-    if page.next_position is not None:
-        next_url = _page_url(
-            kept, sign_position(page.next_position, query), sign_trail([*trail, position], query)
-        )
-    if trail:
-        before = trail[-1]
-        prev_url = _page_url(
-            kept,
-            sign_position(before, query) if before is not None else "",
-            sign_trail(trail[:-1], query) if trail[:-1] else "",
-        )
     # Filtered to one alias: only its count (each count costs the page its time).
     totals = count_totals(aliases, prefix, COUNT_LIMIT)
     context = {
@@ -150,20 +201,24 @@ def held_locks_view(request: HttpRequest, site: admin.AdminSite) -> HttpResponse
         "title": "Held locks",
         "is_nav_sidebar_enabled": False,  # the table needs the width
         "rows": rows,
-        "alias_states": page.aliases,
+        "alias_states": listing.states,
         "all_aliases": list(locks),
         "totals": totals,
         "grand_total": grand_total(totals),
         "alias": alias,
         "q": prefix,
         "sort": sort,
+        "by": by,
+        "orders": ORDERS,
+        "left_out": _by_reason(listing.left_out),
         "refresh": refresh,
         "refresh_seconds": REFRESH,
-        "next_url": next_url,
-        "prev_url": prev_url,
+        "next_url": listing.next_url,
+        "prev_url": listing.prev_url,
         "first_url": _page_url(kept),
-        "sort_url": _page_url({"alias": alias, "q": prefix, "refresh": refresh}),
-        "is_first_page": position is None,
+        "sort_url": _page_url({"alias": alias, "q": prefix, "by": by, "refresh": refresh}),
+        "order_url": _page_url({"alias": alias, "q": prefix, "refresh": refresh}),
+        "is_first_page": listing.is_first,
         "can_release": request.user.has_perm(RELEASE_PERM),
         "now": timezone.now(),
     }

@@ -35,7 +35,9 @@ from ..base import (
     Miss,
     WaiterInfo,
 )
+from ..ordering import AgeOrderMixin, OrderedPage
 from .backend import DatabaseBackend, is_busy, server_wait
+from .ordered import held_by_age
 from .sessions import ERRORS, WATCHDOG, AsyncSessions, Session, connection_lost
 from .share_acquisition import KindAcquisition
 from .shares import force_release, kind_of_owner, with_shares
@@ -54,7 +56,7 @@ T = TypeVar("T")
 logger = logging.getLogger("django_distlock")
 
 
-class LeaseBackend(DatabaseBackend, mode="lease"):
+class LeaseBackend(AgeOrderMixin, DatabaseBackend, mode="lease"):
     """The database backend's lease mode (``OPTIONS["MODE"] = "lease"``, the default)."""
 
     supports_listing = True
@@ -84,14 +86,23 @@ class LeaseBackend(DatabaseBackend, mode="lease"):
         low = self.key_prefix + prefix
         params = [cursor or "", low, upper_bound(low), limit]
         rows = self.run(self.dialect.held, params, "listing locks")
+        infos = [info for _, info in self.page_infos(rows)]
+        return LockPage(infos, rows[-1][0] if len(rows) == limit else None)
+
+    def page_infos(self, rows: list[Any]) -> list[tuple[str, LockInfo]]:
+        """A listing page's rows as (storage key, lock) in the rows' order."""
         # A name held by readers or permits shows every live share (one more call).
         # PostgreSQL: how many wait in its queues (one more statement).
         counts = count_waiters(self, [row[0] for row in rows]) if self.supports_waiters else {}
-        infos = [
-            replace(info, waiters=counts.get(row[0]))
-            for row, info in ((row, self._info(row)) for row in with_shares(self, rows))
+        return [
+            (row[0], replace(self._info(row), waiters=counts.get(row[0])))
+            for row in with_shares(self, rows)
         ]
-        return LockPage(infos, rows[-1][0] if len(rows) == limit else None)
+
+    def _held_locks_by_age(
+        self, order: str, prefix: str, limit: int, after: tuple[str, str] | None
+    ) -> OrderedPage:
+        return held_by_age(self, order, prefix, limit, after)
 
     def _count_held(self, prefix: str, limit: int) -> HeldCount:
         # The listing's own query (same index, same predicate), stopped one past the cap.

@@ -18,12 +18,14 @@ from typing import TYPE_CHECKING, Any
 
 from ...backoff import remaining
 from ...exceptions import BackendUnavailable, SemaphoreLimitMismatch
+from ...values import short_owner
 from ..base import Acquisition, ExcInfo, Grant, Miss
 from .backend import is_busy, server_wait
 from .sessions import ERRORS, SHARES_BELL, Session
 from .shares import in_transaction, pg_call
 from .shares_sql import (
     INTENT_SECONDS,
+    PG_ENQUEUE,
     PG_EXTEND,
     PG_GRANT,
     PG_JOIN,
@@ -176,8 +178,12 @@ class KindAcquisition(Acquisition):
     def _join(self) -> None:
         """Sleep in the server behind the waiters before this one until it heads the
         name's queue (the head's grant, or its giving up, wakes the next one)."""
-        params = {"key": self.lock.key, "wait": server_wait(self.deadline)}
+        lock = self.lock
+        params = {"key": lock.key, "wait": server_wait(self.deadline)}
+        who = {"key": lock.key, "kind": lock.kind, "owner": short_owner(self.token),
+               "host": lock.host, "pid": lock.pid, "thread": lock.holder_field}
         try:
+            pg_call(self.backend, "waiting for a lock", PG_ENQUEUE, who, self.deadline)
             rows = pg_call(self.backend, "waiting for a lock", PG_JOIN, params, self.deadline)
         except BackendUnavailable as exc:
             if exc.__cause__ is None or not is_busy(exc.__cause__):

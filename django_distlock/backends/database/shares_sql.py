@@ -190,6 +190,24 @@ PG_FORCE = "SELECT django_distlock_share_force(%(key)s, %(expected)s)"
 #: Wait (``wait`` seconds at most) to head the name's queue of readers, writers and
 #: permits, then listen on its channel. Params: key, wait. Row: (joined,).
 PG_JOIN = "SELECT django_distlock_share_join(%(key)s, %(wait)s::float8)"
+#: Before ``PG_JOIN``: record who is about to wait in the name's queue, on this session
+#: (migration 0014; committed, so others see it while this one sleeps in the join: one
+#: more round trip, for a thread that is going to wait anyway). Clears the rows of the
+#: name's dead sessions. Params: key, kind, owner (short id), host, pid, thread.
+PG_ENQUEUE = """
+WITH gone AS (
+    DELETE FROM django_distlock_share_waiter w
+    WHERE w.name = %(key)s AND w.session <> pg_backend_pid() AND NOT EXISTS (
+        SELECT 1 FROM pg_stat_activity s WHERE s.pid = w.session AND s.backend_start = w.started)
+)
+INSERT INTO django_distlock_share_waiter
+    (session, started, name, kind, since, owner, host, pid, thread)
+SELECT pg_backend_pid(), s.backend_start, %(key)s, %(kind)s, clock_timestamp(), %(owner)s,
+    %(host)s, %(pid)s::integer, %(thread)s
+FROM pg_stat_activity s WHERE s.pid = pg_backend_pid()
+ON CONFLICT (session) DO UPDATE SET started = excluded.started, name = excluded.name,
+    kind = excluded.kind, since = excluded.since, owner = excluded.owner,
+    host = excluded.host, pid = excluded.pid, thread = excluded.thread"""
 #: Leave the queue (if queued) and withdraw a writer's mark (owner, or NULL). Params:
 #: key, queued, owner.
 PG_LEAVE = "SELECT django_distlock_share_leave(%(key)s, %(queued)s::boolean, %(owner)s)"

@@ -10,12 +10,17 @@ identifies a waiter honestly:
   (``hashtextextended(owner, -2)``) on its session: listed with its owner id,
   host, process and thread, since its ``CALL``'s start on the server's clock;
 - the kinds queue's head holds that queue's advisory lock on a session that sits
-  idle between its looks at the row: listed by its server session (no arrival time:
-  its last statement is its last look);
+  idle between its looks at the row;
 - everyone **behind** a head sleeps in ``pg_advisory_lock``: ``pg_locks`` lists it
   ungranted with ``waitstart`` (the server's time it began to wait, PostgreSQL 14+),
-  which gives the order. Its client's identity is not in the server: it is shown by
-  its server session (backend pid) and client address.
+  which gives the order. A ``lock(name)`` waiter's client identity is not in the
+  server: it is shown by its server session (backend pid) and client address;
+- a reader, writer or permit records itself before it joins the kinds queue (one row
+  per server session, migration 0014: kind, since, owner id, host, process, thread),
+  and is listed with them while its session waits in, or heads, that queue (a row of
+  a session that no longer does, or of an earlier session with the same pid, shows
+  nothing). One without a row (its enqueue's connection was lost and the join ran on
+  a new one) is shown by its session, its kind empty.
 
 An asyncio task waiting for a free session of the pool, or a thread between two
 attempts, is not in a queue yet and is not shown.
@@ -44,8 +49,15 @@ def _as_lock(key_sql: str) -> str:
     return f"((({key_sql}) >> 32) & 4294967295) << 32 | (({key_sql}) & 4294967295)"
 
 
-#: Params: key, limit. Rows: (queue, owner, host, pid, thread, since, session pid), the
-#: exclusive queue first (its head, then by waitstart), then the kinds queue.
+#: The kinds queue's waiters as they recorded themselves before joining (migration 0014):
+#: only the row of the session that waits or heads now (its session started when the
+#: row says: a pid reused by a later session does not match).
+_RECORDED = """LEFT JOIN django_distlock_share_waiter w ON w.session = a.pid
+        AND w.name = %(key)s AND w.started = s.backend_start"""
+
+#: Params: key, limit. Rows: (queue, owner, host, pid, thread, since, session pid, kind),
+#: the exclusive queue first (its head, then by waitstart), then the kinds queue (its
+#: head, then by waitstart).
 WAITERS = f"""
 WITH {_ADVISORY},
 head AS (
@@ -54,24 +66,31 @@ head AS (
 ),
 found AS (
     SELECT 0 AS part, h.next_owner AS owner, h.next_host AS host, h.next_pid AS pid,
-        h.next_thread AS thread, s.query_start AS since, a.pid AS session
+        h.next_thread AS thread, s.query_start AS since, a.pid AS session,
+        'exclusive' AS kind, s.query_start AS arrived
     FROM head h
     JOIN advisory a ON a.granted AND a.lock = {_as_lock("hashtextextended(h.next_owner, -2)")}
     LEFT JOIN pg_stat_activity s ON s.pid = a.pid
   UNION ALL
-    SELECT 1, NULL, host(s.client_addr), NULL, NULL, a.waitstart, a.pid
+    SELECT 1, NULL, host(s.client_addr), NULL, NULL, a.waitstart, a.pid, 'exclusive',
+        a.waitstart
     FROM advisory a LEFT JOIN pg_stat_activity s ON s.pid = a.pid
     WHERE NOT a.granted AND a.lock = {_as_lock("hashtextextended(%(key)s, 0)")}
   UNION ALL
-    SELECT 2, NULL, host(s.client_addr), NULL, NULL, NULL, a.pid
+    SELECT 2, w.owner, coalesce(w.host, host(s.client_addr)), w.pid, w.thread, w.since,
+        a.pid, coalesce(w.kind, ''), w.since
     FROM advisory a JOIN pg_stat_activity s ON s.pid = a.pid AND s.state = 'idle'
+    {_RECORDED}
     WHERE a.granted AND a.lock = {_as_lock("hashtextextended(%(key)s, -3)")}
   UNION ALL
-    SELECT 3, NULL, host(s.client_addr), NULL, NULL, a.waitstart, a.pid
+    SELECT 3, w.owner, coalesce(w.host, host(s.client_addr)), w.pid, w.thread,
+        coalesce(w.since, a.waitstart), a.pid, coalesce(w.kind, ''), a.waitstart
     FROM advisory a LEFT JOIN pg_stat_activity s ON s.pid = a.pid
+    {_RECORDED}
     WHERE NOT a.granted AND a.lock = {_as_lock("hashtextextended(%(key)s, -3)")}
 )
-SELECT * FROM found ORDER BY part, since, session LIMIT %(limit)s"""
+SELECT part, owner, host, pid, thread, since, session, kind FROM found
+ORDER BY part, arrived, session LIMIT %(limit)s"""
 
 #: Params: the keys (an array). Rows: (key, waiters) for each key with any.
 COUNTS = f"""
@@ -92,9 +111,6 @@ queued AS (
 )
 SELECT name, sum(n)::int FROM queued GROUP BY name"""
 
-_KINDS = {0: "exclusive", 1: "exclusive", 2: "", 3: ""}
-
-
 def read_waiters(backend: LeaseBackend, key: str, limit: int) -> list[WaiterInfo]:
     """The waiters of the lock with storage key ``key``, first in line first.
 
@@ -109,11 +125,11 @@ def read_waiters(backend: LeaseBackend, key: str, limit: int) -> list[WaiterInfo
 
 
 def _waiter(position: int, row: tuple[Any, ...]) -> WaiterInfo:
-    part, owner, host, pid, thread, since, session = row
+    _, owner, host, pid, thread, since, session, kind = row
     when: datetime | None = as_datetime(since) if since is not None else None
     return WaiterInfo(
         position=position, owner=short_owner(owner) if owner else "", since=when,
-        host=host or "", pid=pid, thread=thread or "", kind=_KINDS[part],
+        host=host or "", pid=pid, thread=thread or "", kind=kind,
         session=f"pg {session}" if session is not None else "",
     )
 
