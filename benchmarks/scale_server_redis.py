@@ -13,7 +13,7 @@ masters and divided by their number). A new lock object per acquisition, 30 s le
 **Server µs per pair** is the ``usec`` of ``INFO commandstats``, differenced around the
 pairs, summed over the commands the *client* sent (top-level) only. A script's
 ``EVALSHA``/``FCALL`` time already includes the commands it runs, which Redis counts
-again under their own names. Method: after the counted pairs and the memory figures,
+again under their own names. Method: after the memory figures and the counted pairs,
 ``MONITOR`` watches 10 more pairs of the same client on the first server; it tells each
 command sent by a client (``[db addr]``) from one run inside a script (``[db lua]``).
 Each command name's ``usec`` delta is then counted in the proportion of its calls that
@@ -285,10 +285,9 @@ def measure(case: Case, count: int, settled: bool) -> dict[str, float]:
     prefix = f"{PREFIX}{case.name}"
     servers = len(urls)
     try:
-        pairs(client, f"{prefix}:w", WARMUP)
-        before = _stats(meters)
-        wall = pairs(client, f"{prefix}:p", count)
-        after = _stats(meters)
+        pairs(client, f"{prefix}:w0", 1)  # connected, scripts loaded; the rest below
+        # held first: what the pairs leave (python-redis-lock's signal lists, 1 s) would
+        # expire under the memory reads
         reads = READS if settled else 0
         memory = lambda: float(sum(int(m.info("memory")["used_memory"]) for m in meters))  # noqa: E731
         keys = lambda: float(sum(int(m.dbsize()) for m in meters))  # noqa: E731
@@ -299,6 +298,10 @@ def measure(case: Case, count: int, settled: bool) -> dict[str, float]:
         finally:
             release_all(held)
         mem2, keys2 = settle(memory, reads), keys()
+        pairs(client, f"{prefix}:w", WARMUP)
+        before = _stats(meters)
+        wall = pairs(client, f"{prefix}:p", count)
+        after = _stats(meters)
         # last: a MONITOR client's buffers would show in used_memory
         sent, scripted = watch(client, urls[0], f"{prefix}:m")
         usec = calls = inner = 0.0

@@ -7,14 +7,20 @@ On the 3-node ensemble of ``DISTLOCK_ZK_HOSTS`` (``zk.*``) and the standalone se
   acquisition (reference ``kazoo``);
 - ``zk.distlock``: ``locks["zk"]`` (``ROOT`` ``/distlock-bench-distlock``).
 
+These rows take a quarter of ``--iterations`` (:data:`SHARE`): 500 pairs and 500 held locks
+by default.
+
 Read with the four-letter word ``mntr`` (``scripts/servers.py`` whitelists it) on every
 server of the target: **recv/pair** and **sent/pair** are ``zk_packets_received`` and
 ``zk_packets_sent`` differenced around the pairs and summed over the servers (client
 packets only: the ensemble's own traffic between servers is not in them; the session's
-pings, one every few seconds, are); **znodes/held** and **data B/held** are
-``zk_znode_count`` and ``zk_approximate_data_size`` (the largest over the servers, read
-until it holds still) while the locks are held, and **znodes left/name** after their
-release: the lock parents (kazoo's are persistent; django-distlock's are container nodes,
+pings, one every few seconds, are); **znodes/held** and **data B/held** count the
+nodes under the case's lock paths (``/scale-kazoo``, ``ROOT``'s ``scale:*`` parents) read
+by a client, and their size as ``zk_approximate_data_size`` counts it (path length + data
+length), while the locks are held; **znodes left/name** after their release: the lock
+parents. Not ``zk_znode_count``: it is server-wide, and the server deletes other runs' empty
+container nodes in the background (up to 10,000 a minute), which moves it under a
+measure. The lock parents (kazoo's are persistent; django-distlock's are container nodes,
 which the server deletes on its own within ``znode.container.checkIntervalMs``, 60 s by
 default, so they are counted here).
 """
@@ -31,7 +37,6 @@ from kazoo.recipe.lock import Lock
 from . import lockers
 from .harness import Case, Column, Unavailable
 from .scale_server import (
-    READS,
     WARMUP,
     Handle,
     add,
@@ -42,12 +47,14 @@ from .scale_server import (
     per,
     register,
     release_all,
-    settle,
 )
 
 PREFIX = "scale:"
 KAZOO_ROOT = "/scale-kazoo"
 DISTLOCK_ROOT = "/distlock-bench-distlock"  # the aliases' ROOT in benchmarks/settings.py
+#: The rows take ``--iterations`` / SHARE pairs and held locks: each pair is two quorum
+#: writes (3-5 ms), and the counts per pair are whole numbers from a few hundred on.
+SHARE = 4
 TARGETS = {"zk": "DISTLOCK_ZK_HOSTS", "zk1": "DISTLOCK_ZK_STANDALONE"}
 
 
@@ -113,8 +120,24 @@ def _sum(target: str, key: str) -> int:
     return sum(int(mntr(host).get(key, 0)) for host in _hosts(target).split(","))
 
 
-def _most(target: str, key: str) -> float:
-    return float(max(int(mntr(host).get(key, 0)) for host in _hosts(target).split(",")))
+def subtree(client: KazooClient, root: str, prefix: str) -> tuple[int, int]:
+    """The znodes under ``root`` whose first level starts with ``prefix`` (the lock
+    parents and their contenders), and their size as ``zk_approximate_data_size`` counts
+    it: each node's path length plus its data length."""
+    nodes = size = 0
+    if not client.exists(root):
+        return 0, 0
+    for parent in client.get_children(root):
+        if not parent.startswith(prefix):
+            continue
+        path = f"{root}/{parent}"
+        stat = client.exists(path)
+        children = client.get_children(path) if stat else []
+        for node in [path, *(f"{path}/{child}" for child in children)]:
+            stat = client.exists(node)
+            if stat is not None:
+                nodes, size = nodes + 1, size + len(node) + stat.dataLength
+    return nodes, size
 
 
 # --------------------------------------------------------------------------- clients
@@ -183,26 +206,31 @@ def distlock_standalone() -> DistLock:
 
 def measure(case: Case, count: int, settled: bool) -> dict[str, Any]:
     """The row of one case (see the module's docstring)."""
+    count = max(count // SHARE, 2)
     client = client_of(case)
     target: str = client.target  # type: ignore[attr-defined]
     prefix = f"{PREFIX}{case.name}"
-    reads = READS if settled else 0
+    root = KAZOO_ROOT if isinstance(client, Kazoo) else DISTLOCK_ROOT
+    meter = _client(target)
     try:
+        pairs(client, f"{prefix}:w0", 1)  # connected, scripts loaded; the rest below
+        # held first: the lock parents the pairs leave are container nodes, which the
+        # server deletes on its own, under the znode reads
+        nodes0, size0 = subtree(meter, root, PREFIX)
+        held = hold(client, f"{prefix}:h", count)
+        try:
+            nodes1, size1 = subtree(meter, root, PREFIX)
+        finally:
+            release_all(held)
+        nodes2, _ = subtree(meter, root, PREFIX)
         pairs(client, f"{prefix}:w", WARMUP)
         recv0, sent0 = _sum(target, "zk_packets_received"), _sum(target, "zk_packets_sent")
         wall = pairs(client, f"{prefix}:p", count)
         recv1, sent1 = _sum(target, "zk_packets_received"), _sum(target, "zk_packets_sent")
-        nodes = lambda: _most(target, "zk_znode_count")  # noqa: E731
-        size = lambda: _most(target, "zk_approximate_data_size")  # noqa: E731
-        nodes0, size0 = settle(nodes, reads), settle(size, reads)
-        held = hold(client, f"{prefix}:h", count)
-        try:
-            nodes1, size1 = settle(nodes, reads), settle(size, reads)
-        finally:
-            release_all(held)
-        nodes2 = settle(nodes, reads)
     finally:
         client.close()
+        meter.stop()
+        meter.close()
         _cleanup(target)
     return {
         "recv": per(recv1 - recv0, count),
@@ -227,8 +255,10 @@ SUITE = register(
         Column("znodes_left", "znodes left/name", fmt(2)),
     ),
     "recv",
-    "Packets: `mntr` `zk_packets_received`/`zk_packets_sent` deltas summed over the "
-    "target's servers; znodes and data: `zk_znode_count`, `zk_approximate_data_size`. "
+    "These rows: a quarter of those counts. Packets: `mntr` `zk_packets_received`/"
+    "`zk_packets_sent` deltas summed over the "
+    "target's servers; znodes and data: the nodes under the case's lock paths (path + "
+    "data length, as `zk_approximate_data_size` counts). "
     "`x ref`: packets received over that row's.",
 )
 for _target, _where in (("zk", "ensemble"), ("zk1", "standalone")):
