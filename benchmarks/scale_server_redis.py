@@ -19,7 +19,8 @@ command sent by a client (``[db addr]``) from one run inside a script (``[db lua
 Each command name's ``usec`` delta is then counted in the proportion of its calls that
 were top-level in the watched pairs (1 or 0 unless the same name is both sent and run by
 a script; a name not seen there counts as top-level; ``INFO`` itself is left out).
-**cmds/pair**: top-level commands per pair; **in scripts/pair**: commands scripts ran.
+**cmds/pair**: top-level commands per pair; **in scripts/pair**: commands scripts ran;
+the last column spells both out by name, as ``MONITOR`` saw them (first server).
 
 **Memory**: ``used_memory`` (read until two reads 0.1 s apart differ by under 256 B,
 :func:`~benchmarks.scale_server.settle`)
@@ -331,7 +332,18 @@ def measure(case: Case, count: int, settled: bool) -> dict[str, float]:
         "keys_held": per(keys1 - keys0, count * servers),
         "mem_left": per(mem2 - mem0, count * servers),
         "keys_left": per(keys2 - keys0, count * servers),
+        "commands": _spell(sent, scripted),
     }
+
+
+def _spell(sent: Counter[str], scripted: Counter[str]) -> str:
+    """``evalsha 2 (get 2, time 2, ...)``: the watched commands per pair, by name."""
+
+    def names(counts: Counter[str]) -> str:
+        return ", ".join(f"{name} {n / WATCHED:g}" for name, n in counts.most_common())
+
+    inner = names(scripted)
+    return names(sent) + (f" ({inner})" if inner else "")
 
 
 def _finish(rows: list[Row]) -> None:
@@ -352,6 +364,7 @@ SUITE = register(
         Column("keys_held", "keys/held lock", fmt(2)),
         Column("mem_left", "B left/name", fmt(1)),
         Column("keys_left", "keys left/name", fmt(3)),
+        Column("commands", "per pair: sent (in scripts), by `MONITOR`"),
     ),
     "server_us",
     "Server µs: `INFO commandstats` usec of the top-level commands only (`MONITOR` tells "
