@@ -58,6 +58,30 @@ class Client(Protocol):
         """Close the connections this client opened."""
 
 
+class DistLockClient:
+    """django-distlock through its public API: ``locks[alias].lock(name, ttl=30,
+    timeout=5)``, a new handle per acquisition."""
+
+    def __init__(self, alias: str) -> None:
+        from .lockers import django_setup
+
+        django_setup()
+        from django_distlock import locks
+
+        self.locks, self.alias = locks, alias
+
+    def lock(self, name: str) -> Handle:
+        from .lockers import TTL
+
+        return self.locks[self.alias].lock(name, ttl=TTL, timeout=5)
+
+    def close(self) -> None:
+        from django.db import connections
+
+        self.locks.close_all()
+        connections.close_all()
+
+
 def add(suite: str, name: str, factory: Callable[[], Client], what: str, *, group: str,
         reference: str | None = None) -> None:
     """Register a case of one of this family's suites (``factory()`` builds its client)."""

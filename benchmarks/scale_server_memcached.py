@@ -27,6 +27,7 @@ from .harness import Case, Column, Unavailable
 from .scale_server import (
     READS,
     WARMUP,
+    DistLockClient,
     Handle,
     add,
     client_of,
@@ -100,20 +101,9 @@ class Floor:
         self.conn.close()
 
 
-class DistLock:
-    """django-distlock: ``locks["cache-memcached"].lock(name, ttl=30, timeout=5)``."""
-
-    def __init__(self) -> None:
-        lockers.django_setup()
-        from django_distlock import locks
-
-        self.locks = locks
-
-    def lock(self, name: str) -> Handle:
-        return self.locks["cache-memcached"].lock(name, ttl=lockers.TTL, timeout=5)
-
-    def close(self) -> None:
-        self.locks.close_all()
+def distlock() -> DistLockClient:
+    """django-distlock: ``locks["cache-memcached"]``."""
+    return DistLockClient("cache-memcached")
 
 
 def measure(case: Case, count: int, settled: bool) -> dict[str, Any]:
@@ -167,4 +157,4 @@ SUITE = register(
 )
 add(SUITE, "cache.floor", Floor, "pymemcache `add` + `delete`, raw", group="memcached",
     reference="floor")
-add(SUITE, "cache.distlock", DistLock, "django-distlock `CacheBackend`", group="memcached")
+add(SUITE, "cache.distlock", distlock, "django-distlock `CacheBackend`", group="memcached")

@@ -28,11 +28,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from . import lockers
 from . import pg as base
 from .harness import Case, Column
 from .scale_server import (
     WARMUP,
+    DistLockClient,
     Handle,
     add,
     client_of,
@@ -129,33 +129,14 @@ class Advisory:
         self.locker.close()
 
 
-class DistLock:
-    """django-distlock: ``locks[alias].lock(name, ttl=30, timeout=5)``."""
-
-    def __init__(self, alias: str) -> None:
-        lockers.django_setup()
-        from django_distlock import locks
-
-        self.locks, self.alias = locks, alias
-
-    def lock(self, name: str) -> Handle:
-        return self.locks[self.alias].lock(name, ttl=lockers.TTL, timeout=5)
-
-    def close(self) -> None:
-        from django.db import connections
-
-        self.locks.close_all()
-        connections.close_all()
-
-
-def lease() -> DistLock:
+def lease() -> DistLockClient:
     """``locks["pg"]``: lease mode."""
-    return DistLock("pg")
+    return DistLockClient("pg")
 
 
-def transaction_mode() -> DistLock:
+def transaction_mode() -> DistLockClient:
     """``locks["pg-tx"]``: transaction mode."""
-    return DistLock("pg-tx")
+    return DistLockClient("pg-tx")
 
 
 # --------------------------------------------------------------------------- accounting

@@ -46,6 +46,7 @@ from .harness import Case, Column, Row, Unavailable, add_bar
 from .scale_server import (
     READS,
     WARMUP,
+    DistLockClient,
     Handle,
     add,
     client_of,
@@ -204,22 +205,13 @@ class Pottery(_Client):
         return _Call(lock, timeout=5)
 
 
-class DistLock:
-    """django-distlock: ``locks[alias].lock(name, ttl=30, timeout=5)``."""
+class DistLock(DistLockClient):
+    """django-distlock (:class:`~benchmarks.scale_server.DistLockClient`) on Redis."""
 
     def __init__(self, alias: str) -> None:
-        lockers.django_setup()
-        from django_distlock import locks
-
-        self.locks, self.alias = locks, alias
+        super().__init__(alias)
         variable = "DISTLOCK_REDLOCK_URLS" if alias == "redlock" else "DISTLOCK_REDIS_URL"
         self.urls = _urls(variable)
-
-    def lock(self, name: str) -> Handle:
-        return self.locks[self.alias].lock(name, ttl=TTL, timeout=5)
-
-    def close(self) -> None:
-        self.locks.close_all()
 
 
 pottery_one = functools.partial(Pottery, "DISTLOCK_REDIS_URL")

@@ -38,6 +38,7 @@ from . import lockers
 from .harness import Case, Column, Unavailable
 from .scale_server import (
     WARMUP,
+    DistLockClient,
     Handle,
     add,
     client_of,
@@ -168,20 +169,12 @@ class Kazoo:
         self.client.close()
 
 
-class DistLock:
-    """django-distlock: ``locks[alias].lock(name, ttl=30, timeout=5)``."""
+class DistLock(DistLockClient):
+    """django-distlock (:class:`~benchmarks.scale_server.DistLockClient`) on ZooKeeper."""
 
     def __init__(self, target: str) -> None:
-        lockers.django_setup()
-        from django_distlock import locks
-
-        self.locks, self.target = locks, target
-
-    def lock(self, name: str) -> Handle:
-        return self.locks[self.target].lock(name, ttl=lockers.TTL, timeout=5)
-
-    def close(self) -> None:
-        self.locks.close_all()
+        super().__init__(target)
+        self.target = target
 
 
 def kazoo_ensemble() -> Kazoo:
