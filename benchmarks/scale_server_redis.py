@@ -19,12 +19,13 @@ command sent by a client (``[db addr]``) from one run inside a script (``[db lua
 Each command name's ``usec`` delta is then counted in the proportion of its calls that
 were top-level in the watched pairs (1 or 0 unless the same name is both sent and run by
 a script; a name not seen there counts as top-level; ``INFO`` itself is left out).
-**cmds/pair**: top-level commands per pair; **in scripts/pair**: commands scripts ran;
-the last column spells both out by name, as ``MONITOR`` saw them (first server).
+**cmds/pair**: top-level commands per pair; **in scripts/pair**: commands scripts ran,
+**their µs/pair** their own ``usec`` (inside the scripts' time: the rest of a script's
+time is the Lua call around them); the last column spells both out by name, as
+``MONITOR`` saw them (first server).
 
-**Memory**: ``used_memory`` (read until two reads 0.1 s apart differ by under 256 B,
-:func:`~benchmarks.scale_server.settle`)
-before, while the locks are held, and after their release; ``DBSIZE`` likewise. The
+**Memory**: ``used_memory`` (read until 5 reads 0.1 s apart lie within 256 B,
+:func:`~benchmarks.scale_server.settle`) before, while the locks are held, and after their release; ``DBSIZE`` likewise. The
 difference includes the growth of Redis's key tables (power-of-two rehashes), so a
 figure moves by a few bytes with the number of locks.
 """
@@ -297,7 +298,7 @@ def measure(case: Case, count: int, settled: bool) -> dict[str, float]:
         after = _stats(meters)
         # last: a MONITOR client's buffers would show in used_memory
         sent, scripted = watch(client, urls[0], f"{prefix}:m")
-        usec = calls = inner = 0.0
+        usec = calls = inner = inner_usec = 0.0
         for (name, field), value in after.items():
             delta = value - before.get((name, field), 0)
             if name == "info" or not delta:
@@ -306,6 +307,7 @@ def measure(case: Case, count: int, settled: bool) -> dict[str, float]:
             top = sent[name] / seen if seen else 1.0
             if field == "usec":
                 usec += delta * top
+                inner_usec += delta * (1 - top)
             else:
                 calls += delta * top
                 inner += delta * (1 - top)
@@ -319,6 +321,7 @@ def measure(case: Case, count: int, settled: bool) -> dict[str, float]:
         "server_us": per(usec, per_pair),
         "wall_us": per(wall * 1e6, count),
         "calls": per(calls, per_pair),
+        "inner_us": per(inner_usec, per_pair),
         "inner": per(inner, per_pair),
         "mem_held": per(mem1 - mem0, count * servers),
         "keys_held": per(keys1 - keys0, count * servers),
@@ -350,6 +353,7 @@ SUITE = register(
         Column("server_us", "server µs/pair", fmt(2)),
         Column("calls", "cmds/pair", fmt(2)),
         Column("inner", "in scripts/pair", fmt(2)),
+        Column("inner_us", "their µs/pair", fmt(2)),
         Column("wall_us", "wall µs/pair", fmt(1)),
         Column("mem_held", "B/held lock", fmt(0)),
         Column("mem_x_redis_py", "B/held x redis-py", fmt(2)),
