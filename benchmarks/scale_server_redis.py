@@ -25,9 +25,10 @@ time is the Lua call around them); the last column spells both out by name, as
 ``MONITOR`` saw them (first server).
 
 **Memory**: ``used_memory`` (read until 5 reads 0.1 s apart lie within 256 B,
-:func:`~benchmarks.scale_server.settle`) before, while the locks are held, and after their release; ``DBSIZE`` likewise. The
-difference includes the growth of Redis's key tables (power-of-two rehashes), so a
-figure moves by a few bytes with the number of locks.
+:func:`~benchmarks.scale_server.settle`) before, while the locks are held, and after
+their release; ``DBSIZE`` likewise. The difference includes the growth of Redis's key
+tables (power-of-two rehashes), so a figure moves by a few bytes with the number of
+locks.
 """
 
 from __future__ import annotations
