@@ -246,17 +246,14 @@ def watch(client: Any, url: str, prefix: str) -> tuple[Counter[str], Counter[str
     sent: Counter[str] = Counter()
     scripted: Counter[str] = Counter()
     marker = f"{prefix}:monitor-end:{secrets.token_hex(4)}"
-    conn = redis.Redis.from_url(url)
+    conn, poke = redis.Redis.from_url(url), redis.Redis.from_url(url)
+    poke.ping()  # connected before MONITOR starts: its HELLO is not among the pairs'
     try:
         with conn.monitor() as monitor:
-            seen = threading.Event()
 
             def end() -> None:
                 pairs(client, prefix, WATCHED)
-                poke = redis.Redis.from_url(url)
                 poke.echo(marker)
-                poke.close()
-                seen.set()
 
             worker = threading.Thread(target=end)
             worker.start()
@@ -269,6 +266,7 @@ def watch(client: Any, url: str, prefix: str) -> tuple[Counter[str], Counter[str
             worker.join()
     finally:
         conn.close()
+        poke.close()
     return sent, scripted
 
 
