@@ -29,7 +29,17 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, cast
 
-from .harness import Case, Column, LockerFactory, Options, Row, Suite, add_case, add_suite
+from .harness import (
+    Case,
+    Column,
+    LockerFactory,
+    NotAcquired,
+    Options,
+    Row,
+    Suite,
+    add_case,
+    add_suite,
+)
 
 NAME = "scale.server"
 #: Untimed pairs before the counted ones (connections opened, scripts loaded).
@@ -91,10 +101,6 @@ def add(suite: str, name: str, factory: Callable[[], Client], what: str, *, grou
 def client_of(case: Case) -> Client:
     """Build ``case``'s client."""
     return cast(Callable[[], Client], case.factory)()
-
-
-class NotAcquired(RuntimeError):
-    """An uncontended acquire returned False: the setup, not the measure, is wrong."""
 
 
 def pairs(client: Client, prefix: str, count: int) -> float:
