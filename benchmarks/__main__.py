@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 CASE_MODULES = ("benchmarks.pg", "benchmarks.orm", "benchmarks.redis", "benchmarks.redis_kinds",
                 "benchmarks.redis_sentinel",
                 "benchmarks.redlock", "benchmarks.zookeeper", "benchmarks.cache",
+                *(f"benchmarks.scale_server_{s}" for s in ("redis", "pg", "zk", "memcached")),
                 "benchmarks.schedules", "benchmarks.scale_listing")
 #: Suites run in this order by default; suites registered elsewhere follow.
 SUITE_ORDER = ("uncontended", "contended", "asyncio")
