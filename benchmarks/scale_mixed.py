@@ -27,7 +27,6 @@ import random
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
 from typing import Any
 
 from . import scale_procs
@@ -219,7 +218,7 @@ def zipf_keys(seed: int) -> Iterator[str]:
         yield from map(str, rng.choices(range(NAMES), cum_weights=cum, k=1000))
 
 
-def mixed_job(args: tuple[Callable[[str], MixedClient], int, float],
+def mixed_job(args: tuple[Callable[[str], Any], int, float],
               ready: Callable[[], None]) -> dict[str, Any]:
     """A worker's part: call the decorated function on Zipf keys until the deadline."""
     factory, seed, duration = args
@@ -300,7 +299,7 @@ def run(cases: Sequence[Case], options: Options) -> list[Row]:
             keywords = getattr(case.factory, "keywords", {})
             alias, peer = keywords.get("alias"), keywords.get("peer")
             if (alias and alias not in settings.DISTLOCK) or not os.environ.get(
-                PEER_ENV.get(peer, "DISTLOCK_REDIS_URL")
+                PEER_ENV.get(peer or "", "DISTLOCK_REDIS_URL")
             ):
                 progress(f"{NAME}: {case.name} skipped, its server is not configured")
                 continue

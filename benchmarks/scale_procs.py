@@ -204,7 +204,7 @@ class Meter:
             pids = self.pids_of()
             found = [*pids, *(c for p in pids if self.reaped for c in children(p))]
             cpu = cpu_seconds(found, pids if self.reaped else ()) if found else float("nan")
-        except Exception:  # noqa: BLE001 - no accounting is a blank cell, not a failed run
+        except Exception:  # no accounting is a blank cell, not a failed run
             cpu = float("nan")
         values = {"cpu_s": cpu}
         if self.extra is not None:

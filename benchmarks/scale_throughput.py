@@ -5,7 +5,8 @@ Per cell (a case at a process count N), N workers of a pool started once for the
 suite (``spawn``, see :mod:`benchmarks.scale_procs`) each build the case's client
 on a name of their own (``bench:scale:tp:<case>:<worker>``), take one untimed
 acquire+release, then pass a barrier together and loop acquire+release for the
-cell's duration (3 s; ``--quick`` 1 s). Process counts: ``--processes-list``
+cell's duration (3 s; ``--quick`` 1 s), cut into ``--repeat`` rounds (3; quick 1) in which
+the cases of one process count take turns. Process counts: ``--processes-list``
 (default ``4,16,64``). The server's CPU seconds (``/proc/<pid>/stat``) and, on
 PostgreSQL, the WAL written (``pg_current_wal_lsn``), the WAL flushes
 (``pg_stat_wal.wal_sync``) and the commits (``pg_stat_database.xact_commit``) are
@@ -13,7 +14,7 @@ read just before the barrier and after the cell. The machine has 2 cores: with
 64 processes (and often 16) the clients' Python is what saturates the CPUs, not
 the server; the ``client CPU`` column says how much of the machine they took.
 
-The full sizes are the defaults; the whole suite takes about 4 minutes (16 cases
+The full sizes are the defaults; the whole suite takes about 4 minutes (17 cases
 x 3 process counts x 3 s), so measure one server at a time with ``--cases``
 (``'pg.*'``, ``'redis.*'``, ...) to stay near 2 minutes per run.
 """
@@ -94,7 +95,8 @@ class ClusterPyLock:
         import redis.cluster
 
         self.client = redis.cluster.RedisCluster.from_url(_cluster_url())
-        self.key, self.lock = key, None
+        self.key = key
+        self.lock: Any = None
         self.lock_of: Callable[[], Any] = functools.partial(
             self.client.lock, key, timeout=TTL, blocking_timeout=ACQUIRE_TIMEOUT
         )
@@ -148,7 +150,9 @@ def _add(name: str, factory: LockerFactory, what: str, server: str,
 # --------------------------------------------------------------------------- the run
 
 
-def pairs_job(args: tuple[LockerFactory, str, float], ready: Callable[[], None]) -> tuple[int, float]:
+def pairs_job(
+    args: tuple[LockerFactory, str, float], ready: Callable[[], None]
+) -> tuple[int, float]:
     """A worker's part of a cell: acquire+release on its own name until the deadline.
 
     :returns: pairs made and the worker's CPU seconds while making them.
@@ -182,40 +186,62 @@ def smoke(case: Case) -> None:
         raise NotAcquired(f"{case.name}: no pair in 50 ms")
 
 
-def _cell(pool: scale_procs.Pool, case: Case, n: int, seconds: float) -> dict[str, Any]:
+def _round(pool: scale_procs.Pool, case: Case, n: int, seconds: float) -> dict[str, Any]:
+    """One round of a cell: the pairs per worker, the workers' CPU, the servers' deltas."""
     meter = _meter(SERVER[case.name][0])
     args = [(case.factory, f"bench:scale:tp:{case.name}:{i}", seconds) for i in range(n)]
     before, results = pool.cell(pairs_job, args, start=meter.read)
     got = scale_procs.Meter.delta(before, meter.read())
-    pairs = sum(count for count, _ in results)
-    per_proc = [count / seconds for count, _ in results]
+    return {"counts": [c for c, _ in results], "client_s": sum(t for _, t in results), **got}
+
+
+def _values(n: int, seconds: float, rounds: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """A cell's row from its rounds (pooled: sums over sums)."""
+    pairs = sum(sum(r["counts"]) for r in rounds)
+    total = seconds * len(rounds)
+
+    def summed(key: str) -> float:
+        return sum(r.get(key, math.nan) for r in rounds)
+
+    per_proc = [sum(c) / total for c in zip(*(r["counts"] for r in rounds), strict=True)]
+    rates = [sum(r["counts"]) / seconds for r in rounds]
     values: dict[str, Any] = {
         "processes": n,
         "pairs": pairs,
-        "rate": pairs / seconds,
+        "rate": pairs / total,
+        "rounds": f"{min(rates):,.0f}..{max(rates):,.0f}",
         "per_proc": f"{min(per_proc):,.0f}..{max(per_proc):,.0f}",
-        "client_cpu": 100 * sum(cpu for _, cpu in results) / seconds,
-        "server_cpu": 100 * got["cpu_s"] / seconds,
-        "cpu_per_1k": 1000 * got["cpu_s"] / pairs * 1000 if pairs else math.nan,
+        "client_cpu": 100 * summed("client_s") / total,
+        "client_per_1k": 1e6 * summed("client_s") / pairs if pairs else math.nan,
+        "server_cpu": 100 * summed("cpu_s") / total,
+        "cpu_per_1k": 1e6 * summed("cpu_s") / pairs if pairs else math.nan,
     }
     for key, column in (("wal_bytes", "wal_per_pair"), ("wal_syncs", "syncs_per_pair"),
                         ("commits", "commits_per_pair")):
-        if key in got and pairs:
-            values[column] = got[key] / pairs
+        if key in rounds[0] and pairs:
+            values[column] = summed(key) / pairs
     return values
 
 
 def run(cases: Sequence[Case], options: Options) -> list[Row]:
-    """Every case at every process count, interleaved by process count."""
-    seconds, sizes = cell_seconds(options), options.processes_list
+    """Every case at every process count; a cell's time is cut into ``--repeat`` rounds,
+    the cases of one process count taking turns round by round (the machine's other
+    load falls on all of them alike)."""
+    sizes, rounds = options.processes_list, options.repeat
+    seconds = cell_seconds(options) / rounds
     pool = scale_procs.Pool(max(sizes), sizes)
     rows: list[Row] = []
     try:
         for n in sizes:
+            got: dict[str, list[dict[str, Any]]] = {case.name: [] for case in cases}
+            for i in range(rounds):
+                k = i % len(cases)
+                for case in [*cases[k:], *cases[:k]]:
+                    progress(f"{NAME}: {case.name} with {n} processes, round {i + 1}/{rounds}")
+                    got[case.name].append(_round(pool, case, n, seconds))
             for case in cases:
-                progress(f"{NAME}: {case.name} with {n} processes")
                 cell = dataclasses.replace(case, name=f"{case.name}@{n}", group=f"{case.group}@{n}")
-                rows.append(Row(cell, _cell(pool, case, n, seconds)))
+                rows.append(Row(cell, _values(n, seconds, got[case.name])))
     finally:
         pool.close()
     _cpu_ratios(rows)
@@ -240,7 +266,8 @@ def _num(fmt: str) -> Callable[[Any], str]:
 
 def _notes(options: Options) -> str:
     return (
-        f"{cell_seconds(options):g} s per cell, processes {list(options.processes_list)}, each "
+        f"{cell_seconds(options):g} s per cell in {options.repeat} round(s) (cases taking "
+        "turns), processes {list(options.processes_list)}, each "
         "on a name of its own; server CPU from `/proc/<pid>/stat` (PostgreSQL: the postmaster "
         "and all its children), % of one core; client CPU: the workers' own, % of one core "
         f"(the machine has {os.cpu_count()} CPUs). WAL B, WAL flushes and commits per pair: "
@@ -259,10 +286,12 @@ add_suite(
             Column("processes", "procs"),
             Column("pairs", "pairs", _num("{:,}")),
             Column("rate", "pairs/s", _num("{:,.0f}")),
+            Column("rounds", "pairs/s per round"),
             Column("per_proc", "per process pairs/s"),
             Column("client_cpu", "client CPU %", _num("{:.0f}")),
+            Column("client_per_1k", "client CPU ms / 1k pairs", _num("{:.0f}")),
             Column("server_cpu", "server CPU %", _num("{:.0f}")),
-            Column("cpu_per_1k", "server CPU ms / 1k pairs", _num("{:.1f}")),
+            Column("cpu_per_1k", "server CPU ms / 1k pairs", _num("{:.0f}")),
             Column("cpu_x_floor", "CPU x floor", ratio),
             Column("cpu_x_peer", "CPU x peer", ratio),
             Column("wal_per_pair", "WAL B / pair", _num("{:.0f}")),
@@ -277,6 +306,8 @@ add_suite(
 
 _add("pg.floor", pg.HandLease, "hand-written lease statements (psycopg): the floor",
      "postgres", "floor")
+_add("pg.floor-django", functools.partial(pg.HandLease, django_binding=True),
+     "the same, Django's way: client-side binding, unprepared", "postgres")
 _add("pg.advisory", pg.Advisory, "`pg_advisory_lock` + `unlock`", "postgres", "peer")
 _add("pg.lease", pg.lease, "django-distlock, lease mode", "postgres")
 _add("pg.tx", pg.transaction_mode, "django-distlock, transaction mode", "postgres")
