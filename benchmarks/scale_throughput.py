@@ -65,17 +65,31 @@ def _cluster_url() -> str:
 
 
 def setup() -> None:
-    """Check the Redis Cluster of the ``cluster.*`` rows (this module's own).
+    """Nothing to prepare: the ``cluster.*`` rows are left out when no cluster is set
+    (``DISTLOCK_REDIS_CLUSTER_URL``), the ``pg.*`` ones need ``benchmarks.pg``'s setup.
 
-    :raises Unavailable: when no cluster is configured.
+    :raises Unavailable: when neither is configured.
     """
-    if not _cluster_url():
-        raise Unavailable("DISTLOCK_REDIS_CLUSTER_URL is not set: no Redis Cluster rows")
+    if not _cluster_url() and not os.environ.get("DISTLOCK_PG_PORT"):
+        raise Unavailable("neither DISTLOCK_REDIS_CLUSTER_URL nor DISTLOCK_PG_PORT is set")
+    if os.environ.get("DISTLOCK_PG_PORT"):
+        pg.setup()  # the table ``pg.floor-nosync`` writes to
 
 
 def describe() -> str:
     """The cluster's size."""
+    if not _cluster_url():
+        return "no Redis Cluster (DISTLOCK_REDIS_CLUSTER_URL unset)"
     return f"Redis Cluster of {len(_cluster_nodes())} masters"
+
+
+class AsyncCommitLease(pg.HandLease):
+    """The floor's statements on a session with ``synchronous_commit = off``: a grant no
+    longer waits for its WAL flush (what durability costs, by difference)."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.cursor.execute("SET synchronous_commit = off")
 
 
 def _cluster_nodes() -> list[str]:
@@ -137,6 +151,10 @@ def _meter(server: str) -> scale_procs.Meter:
     return scale_procs.Meter(lambda: scale_procs.memcached_pids(cache._server()))
 
 
+#: The variable naming each server (a case whose server is unset is left out).
+SERVER_ENV = {"postgres": "DISTLOCK_PG_PORT", "redis": "DISTLOCK_REDIS_URL",
+              "redlock": "DISTLOCK_REDLOCK_URLS", "cluster": "DISTLOCK_REDIS_CLUSTER_URL",
+              "zookeeper": "DISTLOCK_ZK_HOSTS", "memcached": "DISTLOCK_MEMCACHED"}
 #: case name -> (server, reference); the factories and labels are registered below.
 SERVER: dict[str, tuple[str, str | None]] = {}
 
@@ -234,6 +252,7 @@ def run(cases: Sequence[Case], options: Options) -> list[Row]:
     try:
         for n in sizes:
             got: dict[str, list[dict[str, Any]]] = {case.name: [] for case in cases}
+            cases = [c for c in cases if os.environ.get(SERVER_ENV[SERVER[c.name][0]], "")]
             for i in range(rounds):
                 k = i % len(cases)
                 for case in [*cases[k:], *cases[:k]]:
@@ -267,7 +286,7 @@ def _num(fmt: str) -> Callable[[Any], str]:
 def _notes(options: Options) -> str:
     return (
         f"{cell_seconds(options):g} s per cell in {options.repeat} round(s) (cases taking "
-        "turns), processes {list(options.processes_list)}, each "
+        f"turns), processes {list(options.processes_list)}, each "
         "on a name of its own; server CPU from `/proc/<pid>/stat` (PostgreSQL: the postmaster "
         "and all its children), % of one core; client CPU: the workers' own, % of one core "
         f"(the machine has {os.cpu_count()} CPUs). WAL B, WAL flushes and commits per pair: "
@@ -308,6 +327,8 @@ _add("pg.floor", pg.HandLease, "hand-written lease statements (psycopg): the flo
      "postgres", "floor")
 _add("pg.floor-django", functools.partial(pg.HandLease, django_binding=True),
      "the same, Django's way: client-side binding, unprepared", "postgres")
+_add("pg.floor-nosync", AsyncCommitLease,
+     "the floor with `synchronous_commit = off` (no WAL flush wait)", "postgres")
 _add("pg.advisory", pg.Advisory, "`pg_advisory_lock` + `unlock`", "postgres", "peer")
 _add("pg.lease", pg.lease, "django-distlock, lease mode", "postgres")
 _add("pg.tx", pg.transaction_mode, "django-distlock, transaction mode", "postgres")
