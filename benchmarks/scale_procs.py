@@ -138,19 +138,28 @@ def _stat(pid: int) -> list[str]:
     return text[text.rindex(")") + 2 :].split()  # fields from 3 (state) on
 
 
-def cpu_seconds(pids: Iterable[int], reaped_of: Iterable[int] = ()) -> float:
-    """``utime + stime`` of ``pids`` (+ ``cutime + cstime`` of ``reaped_of``), seconds;
-    a process that is gone counts 0."""
-    total = 0
+def cpu_ticks(pids: Iterable[int], reaped_of: Iterable[int] = ()) -> dict[int, int]:
+    """``utime + stime`` of each of ``pids`` still there, in clock ticks; for each of
+    ``reaped_of``, also its reaped children's ``cutime + cstime`` under the key ``-pid``."""
+    ticks, parents = {}, set(reaped_of)
     for pid in pids:
         try:
             fields = _stat(pid)
         except OSError:
             continue
-        total += int(fields[11]) + int(fields[12])
-        if pid in reaped_of:
-            total += int(fields[13]) + int(fields[14])
-    return total / TICK
+        ticks[pid] = int(fields[11]) + int(fields[12])
+        if pid in parents:
+            ticks[-pid] = int(fields[13]) + int(fields[14])
+    return ticks
+
+
+def cpu_delta(before: dict[int, int], after: dict[int, int]) -> float:
+    """CPU seconds spent between two :func:`cpu_ticks`: a process in both counts its
+    difference, a new one all of it; one that ended and was reaped in between had its
+    whole life added to its parent's reaped total, less what it had spent before."""
+    ticks = sum(t - before.get(pid, 0) for pid, t in after.items())
+    ticks -= sum(t for pid, t in before.items() if pid > 0 and pid not in after)
+    return ticks / TICK
 
 
 def children(parent: int) -> list[int]:
@@ -198,23 +207,27 @@ class Meter:
                  extra: Callable[[], dict[str, float]] | None = None) -> None:
         self.pids_of, self.reaped, self.extra = pids, reaped, extra
 
-    def read(self) -> dict[str, float]:
-        """The counters now (``cpu_s``: server CPU seconds; NaN when unreadable)."""
+    def read(self) -> dict[str, Any]:
+        """The counters now (``cpu``: :func:`cpu_ticks`, None when unreadable)."""
+        cpu: dict[int, int] | None
         try:
             pids = self.pids_of()
             found = [*pids, *(c for p in pids if self.reaped for c in children(p))]
-            cpu = cpu_seconds(found, pids if self.reaped else ()) if found else float("nan")
+            cpu = cpu_ticks(found, pids if self.reaped else ()) or None
         except Exception:  # no accounting is a blank cell, not a failed run
-            cpu = float("nan")
-        values = {"cpu_s": cpu}
+            cpu = None
+        values: dict[str, Any] = {"cpu": cpu}
         if self.extra is not None:
             values.update(self.extra())
         return values
 
     @staticmethod
-    def delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-        """``after - before`` per counter."""
-        return {k: after[k] - before.get(k, float("nan")) for k in after}
+    def delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
+        """``after - before`` per counter (``cpu_s``: server CPU seconds, NaN if unread)."""
+        cpu_b, cpu_a = before.pop("cpu"), after.pop("cpu")
+        got = {k: after[k] - before.get(k, float("nan")) for k in after}
+        got["cpu_s"] = cpu_delta(cpu_b, cpu_a) if cpu_b and cpu_a else float("nan")
+        return got
 
 
 def redis_pids(urls: Sequence[str]) -> list[int]:
