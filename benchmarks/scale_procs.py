@@ -46,9 +46,10 @@ def _worker(index: int, inbox: Any, outbox: Any, barriers: dict[int, Any]) -> No
         if message is None:
             return
         job, args, n = message
+        steps = iter(("ready", "finished"))
 
-        def ready(n: int = n) -> None:
-            outbox.put((index, "ready", None))
+        def ready(n: int = n, steps: Any = steps) -> None:
+            outbox.put((index, next(steps), None))
             barriers[n].wait(timeout=STARTUP_TIMEOUT)
 
         try:
@@ -89,22 +90,35 @@ class Pool:
         return [got[i] for i in sorted(got)]
 
     def cell(
-        self, job: Job, args: Sequence[Any], start: Callable[[], Any] | None = None
-    ) -> tuple[Any, list[Any]]:
+        self,
+        job: Job,
+        args: Sequence[Any],
+        start: Callable[[], Any] | None = None,
+        stop: Callable[[], Any] | None = None,
+    ) -> tuple[Any, Any, float, list[Any]]:
         """Run ``job(args[i], ready)`` on workers 0..len(args)-1, together.
 
-        :param start: called once every worker is ready, just before they are let go
-            (a read of the servers' counters); its value is returned first.
-        :returns: ``start()``'s value and the workers' results, by worker.
+        A job calls ``ready()`` twice: when its clients are built (all start together
+        after ``start()``), and when its loop is over, before closing them (they close
+        after ``stop()``), so the reads frame the loops and not the connections.
+
+        :param start: a read of the servers' counters just before the workers are let go.
+        :param stop: the same once every worker's loop is over.
+        :returns: both reads, the seconds between them, and the workers' results.
         :raises RuntimeError: when a worker failed or did not answer in time.
         """
-        n = len(args)
+        n, barrier = len(args), self.barriers[len(args)]
         for i in range(n):
             self.inboxes[i].put((job, args[i], n))
         self._collect(n, "ready")
         before = start() if start else None
-        self.barriers[n].wait(timeout=STARTUP_TIMEOUT)
-        return before, self._collect(n, "done")
+        barrier.wait(timeout=STARTUP_TIMEOUT)
+        began = time.monotonic()
+        self._collect(n, "finished")
+        elapsed = time.monotonic() - began
+        after = stop() if stop else None
+        barrier.wait(timeout=STARTUP_TIMEOUT)
+        return before, after, elapsed, self._collect(n, "done")
 
     def close(self) -> None:
         """Stop the workers (they exit on None; a stuck one is terminated)."""
@@ -209,6 +223,13 @@ class Meter:
 
     def read(self) -> dict[str, Any]:
         """The counters now (``cpu``: :func:`cpu_ticks`, None when unreadable)."""
+        values = self.read_cpu()
+        if self.extra is not None:
+            values.update(self.extra())
+        return values
+
+    def read_cpu(self) -> dict[str, Any]:
+        """:meth:`read` without the ``extra`` counters (the caller adds them later)."""
         cpu: dict[int, int] | None
         try:
             pids = self.pids_of()
@@ -216,10 +237,7 @@ class Meter:
             cpu = cpu_ticks(found, pids if self.reaped else ()) or None
         except Exception:  # no accounting is a blank cell, not a failed run
             cpu = None
-        values: dict[str, Any] = {"cpu": cpu}
-        if self.extra is not None:
-            values.update(self.extra())
-        return values
+        return {"cpu": cpu}
 
     @staticmethod
     def delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:

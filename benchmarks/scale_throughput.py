@@ -189,9 +189,15 @@ def pairs_job(
                 raise NotAcquired(f"{key}: a free name was not acquired")
             locker.release()
 
-        return scale_procs.run_until(time.monotonic() + duration, pair)
+        done = scale_procs.run_until(time.monotonic() + duration, pair)
+        ready()  # the servers are read before this client closes
+        return done
     finally:
         locker.close()
+
+
+def _no_wait() -> None:
+    """``ready`` outside a pool (``--smoke``)."""
 
 
 def smoke(case: Case) -> None:
@@ -199,7 +205,7 @@ def smoke(case: Case) -> None:
 
     :raises NotAcquired: when a free name was not acquired.
     """
-    count, _ = pairs_job((case.factory, f"bench:scale:tp:smoke:{case.name}", 0.05), lambda: None)
+    count, _ = pairs_job((case.factory, f"bench:scale:tp:smoke:{case.name}", 0.05), _no_wait)
     if count < 1:
         raise NotAcquired(f"{case.name}: no pair in 50 ms")
 
@@ -208,9 +214,12 @@ def _round(pool: scale_procs.Pool, case: Case, n: int, seconds: float) -> dict[s
     """One round of a cell: the pairs per worker, the workers' CPU, the servers' deltas."""
     meter = _meter(SERVER[case.name][0])
     args = [(case.factory, f"bench:scale:tp:{case.name}:{i}", seconds) for i in range(n)]
-    before, results = pool.cell(pairs_job, args, start=meter.read)
-    got = scale_procs.Meter.delta(before, meter.read())
-    return {"counts": [c for c, _ in results], "client_s": sum(t for _, t in results), **got}
+    before, after, elapsed, results = pool.cell(pairs_job, args, meter.read, meter.read_cpu)
+    if meter.extra is not None:  # commits: a backend reports them at its exit, now
+        after.update(meter.extra())
+    got = scale_procs.Meter.delta(before, after)
+    return {"counts": [c for c, _ in results], "client_s": sum(t for _, t in results),
+            "wall": elapsed, **got}
 
 
 def _values(n: int, seconds: float, rounds: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -229,9 +238,9 @@ def _values(n: int, seconds: float, rounds: Sequence[dict[str, Any]]) -> dict[st
         "rate": pairs / total,
         "rounds": f"{min(rates):,.0f}..{max(rates):,.0f}",
         "per_proc": f"{min(per_proc):,.0f}..{max(per_proc):,.0f}",
-        "client_cpu": 100 * summed("client_s") / total,
+        "client_cpu": 100 * summed("client_s") / summed("wall"),
         "client_per_1k": 1e6 * summed("client_s") / pairs if pairs else math.nan,
-        "server_cpu": 100 * summed("cpu_s") / total,
+        "server_cpu": 100 * summed("cpu_s") / summed("wall"),
         "cpu_per_1k": 1e6 * summed("cpu_s") / pairs if pairs else math.nan,
     }
     for key, column in (("wal_bytes", "wal_per_pair"), ("wal_syncs", "syncs_per_pair"),
