@@ -8,12 +8,14 @@ workers once and sends every cell (a case at a process count) to the first N of
 them. A cell's job is a module-level function ``job(args, ready) -> result``: it
 builds its clients, calls ``ready()`` (which reports to the parent and waits on
 the cell's barrier, so all N start together once the parent has read the
-servers' counters), loops until its deadline, closes its clients and returns
+servers' counters), loops until its deadline, calls ``ready()`` again (the parent
+reads the servers once every loop is over), then closes its clients and returns
 what it counted.
 
-Server CPU is read from ``/proc/<pid>/stat`` (``utime + stime``, and for
-PostgreSQL's postmaster also its reaped children's ``cutime + cstime``) of the
-server processes, found from the server itself: Redis ``INFO server``
+Server CPU is read per process from ``/proc/<pid>/stat`` (``utime + stime``; a
+PostgreSQL backend that ends between the two reads counts through its parent's
+``cutime + cstime``, less what it had spent before the first) of the server
+processes, found from the server itself: Redis ``INFO server``
 ``process_id``, memcached ``stats`` ``pid``, PostgreSQL the parent of its
 checkpointer (``pg_stat_activity``) and every child of it, ZooKeeper the
 processes whose command line names a ``zoo.cfg`` with one of the client ports.

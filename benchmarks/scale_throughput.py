@@ -5,18 +5,20 @@ Per cell (a case at a process count N), N workers of a pool started once for the
 suite (``spawn``, see :mod:`benchmarks.scale_procs`) each build the case's client
 on a name of their own (``bench:scale:tp:<case>:<worker>``), take one untimed
 acquire+release, then pass a barrier together and loop acquire+release for the
-cell's duration (3 s; ``--quick`` 1 s), cut into ``--repeat`` rounds (3; quick 1) in which
-the cases of one process count take turns. Process counts: ``--processes-list``
-(default ``4,16,64``). The server's CPU seconds (``/proc/<pid>/stat``) and, on
-PostgreSQL, the WAL written (``pg_current_wal_lsn``), the WAL flushes
-(``pg_stat_wal.wal_sync``) and the commits (``pg_stat_database.xact_commit``) are
-read just before the barrier and after the cell. The machine has 2 cores: with
-64 processes (and often 16) the clients' Python is what saturates the CPUs, not
+cell's duration (3 s; ``--quick`` 1 s), cut into ``--repeat`` rounds (3; quick 1)
+in which the cases of one process count take turns. Process counts:
+``--processes-list`` (default ``4,16,64``). The server's CPU seconds
+(``/proc/<pid>/stat``) are read just before the barrier and when every worker's
+loop is over (before the clients close); on PostgreSQL also the WAL written
+(``pg_current_wal_lsn``), the WAL flushes (``pg_stat_wal.wal_sync``) and, after
+the clients closed, the commits (``pg_stat_database.xact_commit``). The machine
+has 2 cores: with 16 and 64 processes the clients' Python fills the CPUs beside
 the server; the ``client CPU`` column says how much of the machine they took.
 
-The full sizes are the defaults; the whole suite takes about 4 minutes (17 cases
-x 3 process counts x 3 s), so measure one server at a time with ``--cases``
-(``'pg.*'``, ``'redis.*'``, ...) to stay near 2 minutes per run.
+The full sizes are the defaults; the whole suite takes about 6 minutes (18 cases
+x 3 process counts x 3 s, and the clients built anew every round), so measure one
+server at a time with ``--cases`` (``'pg.*'``, ``'redis.*,redlock.*'``, ...): about
+2 minutes each.
 """
 
 from __future__ import annotations
