@@ -245,32 +245,33 @@ def mixed_job(args: tuple[Callable[[str], Any], int, float],
         client.close()
 
 
+def _counted(calls: Callable[[], Any]) -> tuple[Any, dict[str, int]]:
+    """Run ``calls()`` on fresh counters; return its value and the counters it left."""
+    counters = _redis()
+    try:
+        counters.delete(COUNTERS)
+        value = calls()
+        stored = {k.decode(): int(v) for k, v in counters.hgetall(COUNTERS).items()}
+        counters.delete(COUNTERS)
+    finally:
+        counters.close()
+    return value, stored
+
+
 def smoke(case: Case) -> None:
     """``--smoke``: a worker's job in this process, 50 ms, no barrier, counters checked.
 
     :raises RuntimeError: when no call ran or a counter disagrees with the calls.
     """
-    counters = _redis()
-    try:
-        counters.delete(COUNTERS)
-        result = mixed_job((case.factory, 0, 0.05), _no_wait)
-        stored = {k.decode(): int(v) for k, v in counters.hgetall(COUNTERS).items()}
-        counters.delete(COUNTERS)
-    finally:
-        counters.close()
+    result, stored = _counted(lambda: mixed_job((case.factory, 0, 0.05), _no_wait))
     if not result["ran"] or dict(result["ran"]) != stored:
         raise RuntimeError(f"{case.name}: ran {dict(result['ran'])}, counters {stored}")
 
 
 def _cell(pool: scale_procs.Pool, case: Case, n: int, seconds: float) -> dict[str, Any]:
-    counters = _redis()
-    try:
-        counters.delete(COUNTERS)
-        *_, results = pool.cell(mixed_job, [(case.factory, i, seconds) for i in range(n)])
-        stored = {k.decode(): int(v) for k, v in counters.hgetall(COUNTERS).items()}
-        counters.delete(COUNTERS)
-    finally:
-        counters.close()
+    args = [(case.factory, i, seconds) for i in range(n)]
+    cell, stored = _counted(lambda: pool.cell(mixed_job, args))
+    results = cell[3]
     ran: Counter[str] = sum((r["ran"] for r in results), Counter())
     times = sorted(t for r in results for t in r["times"])
     top = ran.most_common(1)[0][1] if ran else 0
