@@ -24,7 +24,8 @@ CASE_MODULES = ("benchmarks.pg", "benchmarks.orm", "benchmarks.redis", "benchmar
                 "benchmarks.redis_sentinel",
                 "benchmarks.redlock", "benchmarks.zookeeper", "benchmarks.cache",
                 *(f"benchmarks.scale_server_{s}" for s in ("redis", "pg", "zk", "memcached")),
-                "benchmarks.schedules", "benchmarks.scale_listing")
+                "benchmarks.schedules", "benchmarks.scale_listing", "benchmarks.scale_throughput",
+                "benchmarks.scale_mixed")
 #: Suites run in this order by default; suites registered elsewhere follow.
 SUITE_ORDER = ("uncontended", "contended", "asyncio")
 RESULTS = Path(__file__).resolve().parent / "results" / "latest.md"
@@ -56,6 +57,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--iterations", type=int, help="timed pairs per round (uncontended)")
     parser.add_argument("--warmup", type=int, help="untimed pairs per round (uncontended)")
     parser.add_argument("--processes", type=int, default=8, help="processes on one key")
+    parser.add_argument("--processes-list", default="4,16,64", help="scale.*: processes per cell")
     parser.add_argument("--hold-ms", type=float, default=1.0, help="hold time when contended")
     parser.add_argument("--duration", type=float, help="seconds per contended round (5, quick 2)")
     parser.add_argument("--list", action="store_true", help="list suites and cases, run nothing")
@@ -147,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
         processes=args.processes,
         hold_ms=args.hold_ms,
         duration=args.duration,
+        processes_list=tuple(int(n) for n in args.processes_list.split(",")),
+        quick=args.quick,
     )
     chosen = [c for s in wanted for c in harness.CASES if c.suite == s and picked(c)]
     if not chosen:

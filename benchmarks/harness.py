@@ -71,6 +71,8 @@ class Options:
     processes: int  # OS processes on one key (contended)
     hold_ms: float  # how long a contended holder keeps the lock (sleep)
     duration: float  # seconds each contended round lasts
+    processes_list: tuple[int, ...] = (4, 16, 64)  # client processes per cell (scale.*)
+    quick: bool = False  # --quick: the scale suites' cells last 1 s instead of 3
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,14 @@ if REDIS_URL:
         "OPTIONS": {"FAIR": False, "LISTING": False},
         "TTL": 30,
     }
+# Redis Cluster (scale suites): django-distlock on the cluster scripts/bench starts.
+if os.environ.get("DISTLOCK_REDIS_CLUSTER_URL"):
+    DISTLOCK["redis-cluster"] = {
+        "BACKEND": "django_distlock.backends.redis.RedisBackend",
+        "LOCATION": os.environ["DISTLOCK_REDIS_CLUSTER_URL"],
+        "OPTIONS": {"CLUSTER": True},
+        "TTL": 30,
+    }
 # Redlock (benchmarks/redlock.py) over the independent masters scripts/bench starts.
 REDLOCK_URLS = [url for url in os.environ.get("DISTLOCK_REDLOCK_URLS", "").split(",") if url]
 if REDLOCK_URLS:
