@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 CASE_MODULES = ("benchmarks.pg", "benchmarks.orm", "benchmarks.redis", "benchmarks.redis_kinds",
                 "benchmarks.redis_sentinel",
                 "benchmarks.redlock", "benchmarks.zookeeper", "benchmarks.cache",
-                "benchmarks.schedules")
+                "benchmarks.schedules", "benchmarks.locmem")
 #: Suites run in this order by default; suites registered elsewhere follow.
 SUITE_ORDER = ("uncontended", "contended", "asyncio")
 RESULTS = Path(__file__).resolve().parent / "results" / "latest.md"
