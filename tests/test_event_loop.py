@@ -14,6 +14,7 @@ import pytest
 
 from django_distlock import locks
 from django_distlock.backends.locmem import LocMemAcquisition
+from django_distlock.backends.redis.client import ASYNC_CALLS
 
 from .conftest import require_redis
 
@@ -110,3 +111,21 @@ def test_a_locmem_release_wakes_a_waiting_task_which_does_not_poll(
     granted = asyncio.run(main())
     assert len(attempts) <= 3  # the holder's, the waiter's first, the one the release woke
     assert granted < 0.25  # woken at once (a lost wake-up would wait its 0.5-1 s recheck)
+
+
+def test_an_event_loop_keeps_at_most_async_calls_redis_calls_in_flight(unique: Any) -> None:
+    """200 tasks acquiring at once: their calls queue in the loop, ``ASYNC_CALLS`` on the
+    wire at a time (a pool's worth in flight makes each turn of the loop handle that many
+    replies), and every one is granted."""
+    require_redis()
+    handles = [locks["redis"].lock(unique(f"n{i}"), ttl=10, timeout=5) for i in range(200)]
+
+    async def main() -> tuple[list[bool], int]:
+        got = await asyncio.gather(*(h.aacquire() for h in handles))
+        await asyncio.gather(*(h.arelease() for h in handles if h.held))
+        pool = locks["redis"].redis.aio().connection_pool
+        return got, len(pool._available_connections) + len(pool._in_use_connections)
+
+    got, opened = asyncio.run(main())
+    assert got == [True] * 200
+    assert opened <= ASYNC_CALLS
