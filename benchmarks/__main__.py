@@ -25,7 +25,7 @@ CASE_MODULES = ("benchmarks.pg", "benchmarks.orm", "benchmarks.redis", "benchmar
                 "benchmarks.redlock", "benchmarks.zookeeper", "benchmarks.cache",
                 *(f"benchmarks.scale_server_{s}" for s in ("redis", "pg", "zk", "memcached")),
                 "benchmarks.schedules", "benchmarks.scale_listing", "benchmarks.scale_throughput",
-                "benchmarks.scale_mixed")
+                "benchmarks.scale_mixed", "benchmarks.locmem")
 #: Suites run in this order by default; suites registered elsewhere follow.
 SUITE_ORDER = ("uncontended", "contended", "asyncio")
 RESULTS = Path(__file__).resolve().parent / "results" / "latest.md"

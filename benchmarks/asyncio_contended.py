@@ -30,30 +30,36 @@ count and in time; a round that overruns its bound fails the run.
 from __future__ import annotations
 
 import asyncio
-import math
 import multiprocessing
 import os
 import threading
 import time
 import traceback
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from .asyncio_analysis import (
+    LAG_BAR_MS,
+    LAG_METRIC,
+    RoundResult,
+    TaskReport,
+    analyse,
+    summarise,
+)
 from .contention import STARTUP_TIMEOUT, _get, _worker_failure
 from .harness import (
     AsyncLocker,
     Case,
     Column,
+    LockerFactory,
     NotAcquired,
     Options,
     Row,
     Suite,
+    add_bar,
+    add_case,
     add_suite,
-    ms,
-    percentile,
     progress,
-    us,
 )
 
 NAME = "asyncio"
@@ -65,16 +71,17 @@ THREAD_PROCESSES = 4
 TASK_TIMEOUT = 5.0
 #: Tasks run at once before the round, to open the tasks process' connections.
 WARM_TASKS = 64
-#: The ticker's sleep, and the issue's bar on the loop lag's p99.
+#: The ticker's sleep.
 TICK = 0.001
-LAG_BAR_MS = 5.0
 #: Bounds on every loop: acquires per task or thread process, ticks per round.
 MAX_ACQUIRES = 1_000_000
 MAX_TICKS = 1_000_000
 #: Added to ``duration + TASK_TIMEOUT`` for the longest a round may take.
 SLACK = 30.0
 
-TaskReport = tuple[int, list[tuple[int, int]], list[int], int]  # key, grants, waits, timeouts
+#: Groups (servers) whose locks are process-local (locmem): thread processes would not
+#: contend with the tasks, so their cases run the tasks process alone.
+LOCAL_GROUPS = frozenset({"locmem"})
 
 
 def _limit(duration: float) -> float:
@@ -226,30 +233,21 @@ async def _round(
     return start, deadline, list(per_task), lags
 
 
-@dataclass
-class RoundResult:
-    """One round's history, as the processes reported it."""
-
-    start: int  # the tasks' round start, ns
-    deadline: int  # no task starts an acquire after it
-    per_task: list[TaskReport]
-    lags: list[tuple[int, int]]  # per tick: ns since the start, ns late
-    thread_starts: list[int]
-    #: per thread process: (key, acquired, releasing)
-    thread_grants: list[list[tuple[int, int, int]]]
-    thread_timeouts: int
-
-
 def run_processes(
-    factory: Any, keys: list[str], rounds: int, duration: float, hold_ms: float
+    factory: Any,
+    keys: list[str],
+    rounds: int,
+    duration: float,
+    hold_ms: float,
+    threads: int = THREAD_PROCESSES,
 ) -> list[RoundResult]:
-    """Run the tasks process and the thread processes for ``rounds`` rounds.
+    """Run the tasks process and ``threads`` thread processes for ``rounds`` rounds.
 
     :raises RuntimeError: with a process' traceback when one fails, or when a
         round overruns its bound.
     """
     ctx = multiprocessing.get_context("spawn")
-    barrier = ctx.Barrier(THREAD_PROCESSES + 2)  # and this process, which knows the start
+    barrier = ctx.Barrier(threads + 2)  # and this process, which knows the start
     stop, results = ctx.Event(), ctx.Queue()
     hold_s = hold_ms / 1000.0
     procs = [
@@ -267,7 +265,7 @@ def run_processes(
             name=f"bench-asyncio-threads-{i}",
             daemon=True,
         )
-        for i in range(THREAD_PROCESSES)
+        for i in range(threads)
     ]
     for proc in procs:
         proc.start()
@@ -283,9 +281,9 @@ def run_processes(
             while not any(m[0] == "tasks" for m in got):
                 got.append(_get(results, _limit(duration) + STARTUP_TIMEOUT))
             stop.set()
-            while len(got) < THREAD_PROCESSES + 1:
+            while len(got) < threads + 1:
                 got.append(_get(results, STARTUP_TIMEOUT))
-            history.append(_collect(got))
+            history.append(_collect(got, threads))
     finally:
         stop.set()
         barrier.abort()  # frees any process still waiting if we failed
@@ -298,11 +296,11 @@ def run_processes(
     return history
 
 
-def _collect(messages: list[tuple[Any, ...]]) -> RoundResult:
+def _collect(messages: list[tuple[Any, ...]], threads: int) -> RoundResult:
     (tasks,) = [m for m in messages if m[0] == "tasks"]
     _, _, _, start, deadline, per_task, lags = tasks
-    thread_starts = [0] * THREAD_PROCESSES
-    thread_grants: list[list[tuple[int, int, int]]] = [[] for _ in range(THREAD_PROCESSES)]
+    thread_starts = [0] * threads
+    thread_grants: list[list[tuple[int, int, int]]] = [[] for _ in range(threads)]
     thread_timeouts = 0
     for message in messages:
         if message[0] == "threads":
@@ -314,121 +312,6 @@ def _collect(messages: list[tuple[Any, ...]]) -> RoundResult:
     )
 
 
-# --------------------------------------------------------------------------- analysis
-
-
-@dataclass
-class Analysis:
-    """What one round's history says."""
-
-    tasks: int
-    served: int  # tasks with at least one grant
-    first_grants: list[int]  # ns from the round's start to each served task's first grant
-    waits: list[int]  # ns, every granted aacquire()
-    task_timeouts: int
-    thread_timeouts: int
-    task_grants: int  # in the window
-    thread_grants: list[int]  # in the window, per thread process
-    task_handoffs: list[int]  # ns, grants to tasks in the window
-    thread_handoffs: list[int]  # ns, grants to threads in the window
-    overlaps: int  # over every grant of the round
-    seconds: float  # length of the window
-    lags: list[int]  # ns late, per tick
-    worst_lag: tuple[int, int]  # (ns late, ns since the round's start) of the latest tick
-
-
-def analyse(result: RoundResult, warmup: float) -> Analysis:
-    """Merge the round's grants per key and measure them (see the module docstring)."""
-    window_start = max(result.start, *result.thread_starts) + int(warmup * 1e9)
-    window_end = result.deadline
-    history: dict[int, list[tuple[int, int, int]]] = {}  # key -> (acquired, releasing, who)
-    for key, grants, _, _ in result.per_task:
-        history.setdefault(key, []).extend((a, r, -1) for a, r in grants)
-    for who, grants in enumerate(result.thread_grants):
-        for key, a, r in grants:
-            history.setdefault(key, []).append((a, r, who))
-    overlaps = task_grants = 0
-    thread_grants = [0] * THREAD_PROCESSES
-    task_handoffs: list[int] = []
-    thread_handoffs: list[int] = []
-    for grants in history.values():
-        grants.sort()
-        latest_release = -math.inf
-        for i, (acquired, releasing, who) in enumerate(grants):
-            if acquired < latest_release:
-                overlaps += 1  # this hold began before an earlier one on its key ended
-            latest_release = max(latest_release, releasing)
-            if not window_start <= acquired <= window_end:
-                continue
-            if who < 0:
-                task_grants += 1
-            else:
-                thread_grants[who] += 1
-            if i > 0:
-                handoff = acquired - grants[i - 1][1]
-                (task_handoffs if who < 0 else thread_handoffs).append(handoff)
-    served = [grants for _, grants, _, _ in result.per_task if grants]
-    return Analysis(
-        tasks=len(result.per_task),
-        served=len(served),
-        first_grants=[grants[0][0] - result.start for grants in served],
-        waits=[w for _, _, waits, _ in result.per_task for w in waits],
-        task_timeouts=sum(t for _, _, _, t in result.per_task),
-        thread_timeouts=result.thread_timeouts,
-        task_grants=task_grants,
-        thread_grants=thread_grants,
-        task_handoffs=task_handoffs,
-        thread_handoffs=thread_handoffs,
-        overlaps=overlaps,
-        seconds=max(window_end - window_start, 1) / 1e9,
-        lags=[late for _, late in result.lags],
-        worst_lag=max(((late, at) for at, late in result.lags), default=(0, 0)),
-    )
-
-
-def summarise(rounds: Sequence[Analysis]) -> dict[str, Any]:
-    """Pool the rounds of one case into a table row's values."""
-
-    def pooled(attr: str) -> list[int]:
-        return sorted(x for a in rounds for x in getattr(a, attr))
-
-    first, waits, lags = pooled("first_grants"), pooled("waits"), pooled("lags")
-    task_handoffs, thread_handoffs = pooled("task_handoffs"), pooled("thread_handoffs")
-    tasks, served = sum(a.tasks for a in rounds), sum(a.served for a in rounds)
-    per_thread = [sum(col) for col in zip(*(a.thread_grants for a in rounds), strict=True)]
-    task_grants = sum(a.task_grants for a in rounds)
-    mean_thread = sum(per_thread) / max(len(per_thread), 1)
-    lag_p99 = percentile(lags, 99)
-    return {
-        "served": f"{served} / {tasks}",
-        "all_served": "yes" if served == tasks else "**NO**",
-        "timeouts": f"{sum(a.task_timeouts for a in rounds)} / "
-        f"{sum(a.thread_timeouts for a in rounds)}",
-        "task_grants": task_grants,
-        "thread_grants": " ".join(map(str, per_thread)),
-        "share": task_grants / mean_thread if mean_thread else math.nan,
-        "rate": (task_grants + sum(per_thread)) / sum(a.seconds for a in rounds),
-        "first": _triple(first, ms),
-        "wait": f"{ms(percentile(waits, 50))} / {ms(percentile(waits, 99))}",
-        "handoff_p50": percentile(task_handoffs, 50),
-        "handoff": f"{us(percentile(task_handoffs, 50))} / {us(percentile(task_handoffs, 99))}",
-        "thread_handoff": f"{us(percentile(thread_handoffs, 50))} / "
-        f"{us(percentile(thread_handoffs, 99))}",
-        "lag": _triple(lags, ms),
-        "worst_lag_at": f"+{max(a.worst_lag for a in rounds)[1] / 1e6:,.0f} ms",
-        "lag_ok": "n/a"
-        if math.isnan(lag_p99)
-        else ("yes" if lag_p99 < LAG_BAR_MS * 1e6 else "**NO**"),
-        "overlaps": sum(a.overlaps for a in rounds),
-    }
-
-
-def _triple(ordered: list[int], fmt: Any) -> str:
-    """p50 / p99 / max of sorted values."""
-    top = ordered[-1] if ordered else math.nan
-    return f"{fmt(percentile(ordered, 50))} / {fmt(percentile(ordered, 99))} / {fmt(top)}"
-
-
 # --------------------------------------------------------------------------- the suite
 
 
@@ -437,16 +320,25 @@ def run(cases: Sequence[Case], options: Options) -> list[Row]:
     warmup = min(0.5, options.duration / 5)
     rows = []
     for case in cases:
+        threads = 0 if case.group in LOCAL_GROUPS else THREAD_PROCESSES
         progress(
-            f"{NAME}: {case.name}, {TASKS} tasks on {KEYS} keys beside {THREAD_PROCESSES} "
+            f"{NAME}: {case.name}, {TASKS} tasks on {KEYS} keys beside {threads} "
             f"thread processes, {options.repeat} round(s) x {options.duration:g} s"
         )
         keys = [f"bench:{NAME}:{case.name}:{k}" for k in range(KEYS)]
         history = run_processes(
-            case.factory, keys, options.repeat, options.duration, options.hold_ms
+            case.factory, keys, options.repeat, options.duration, options.hold_ms, threads
         )
         rows.append(Row(case, summarise([analyse(r, warmup) for r in history])))
     return rows
+
+
+def add(name: str, factory: LockerFactory, what: str, *, group: str) -> None:
+    """Register a case of this suite (``factory`` builds an :class:`AsyncLocker`) and its
+    bar: the loop lag's p99 under :data:`LAG_BAR_MS` (printed as a ratio to it, at most 1x).
+    """
+    add_case(NAME, name, factory, what, group=group)
+    add_bar(NAME, name, None, 1.0, LAG_METRIC)
 
 
 def smoke(case: Case) -> None:
@@ -489,9 +381,11 @@ def _notes(options: Options) -> str:
         "a task's first grant; task acquire = `aacquire()` call → return, granted ones; "
         "handoff = previous holder's just-before-release on the key → this grant's "
         "acquire-return (`CLOCK_MONOTONIC`); loop lag = how late a coroutine sleeping "
-        f"{TICK * 1000:g} ms wakes, every tick of the round (bar: p99 < {LAG_BAR_MS:g} ms), "
+        f"{TICK * 1000:g} ms wakes, every tick of the round (bar: p99 < {LAG_BAR_MS:g} ms, "
+        "printed below the table as the p99 over the bar, at most 1x), "
         "and when the worst tick began (since its round's start); "
-        "overlaps per key over every grant."
+        "overlaps per key over every grant. A process-local backend (locmem) runs the tasks "
+        "process alone: other processes would not contend with it."
     )
 
 

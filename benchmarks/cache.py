@@ -21,7 +21,7 @@ from importlib.metadata import version
 
 from pymemcache.client.base import Client
 
-from . import lockers, uncontended
+from . import asyncio_contended, lockers, uncontended
 from .harness import Unavailable, add_bar, add_case
 
 TTL = lockers.TTL
@@ -114,3 +114,6 @@ add_case(_U, "cache.distlock", functools.partial(DistLock, alias="cache-memcache
 add_case(_U, "cache.calls", Calls,
          "(c) the same backend's memcached calls, no lock handle", group=GROUP)
 add_bar(_U, "cache.distlock", "cache.floor", 1.2)
+asyncio_contended.add("cache.distlock", functools.partial(
+    DistLock, alias="cache-memcached", timeout=asyncio_contended.TASK_TIMEOUT
+), "django-distlock, `CacheBackend` on `PyMemcacheCache`", group=GROUP)

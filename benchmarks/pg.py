@@ -248,17 +248,10 @@ add_case(_C, "pg.tx", transaction_mode, "django-distlock transaction mode (row l
 add_bar(_C, "pg.lease", "pg.advisory", 3.0)
 add_bar(_C, "pg.tx", "pg.advisory", None)
 
-add_case(
-    asyncio_contended.NAME,
+asyncio_contended.add(
     "pg.lease",
     lease_tasks,
     "django-distlock lease mode, `ASYNC_SESSIONS` default (16)",
     group=GROUP,
 )
-add_case(
-    asyncio_contended.NAME,
-    "pg.lease-64",
-    lease_tasks_64,
-    "the same, `ASYNC_SESSIONS: 64`",
-    group=GROUP,
-)
+asyncio_contended.add("pg.lease-64", lease_tasks_64, "the same, `ASYNC_SESSIONS: 64`", group=GROUP)

@@ -230,7 +230,7 @@ def ideal_rate(ping_ns: float, row: Row, options: Options) -> float:
 
 # --------------------------------------------------------------------------- cases
 
-_U, _C, _A = uncontended.NAME, contention.NAME, asyncio_contended.NAME
+_U, _C = uncontended.NAME, contention.NAME
 #: The peers, in the uncontended and contended suites alike.
 PEERS = (
     ("redis.redis-py", RedisPyLock, "redis-py `Lock`, `sleep=0.1` (default)"),
@@ -298,4 +298,6 @@ for _name, _, _ in PEERS:
 add_bar(_C, "redis.distlock", None, 0.7, metric="fair_min", at_least=True)
 add_bar(_C, "redis.distlock", None, 1.3, metric="fair_max")
 
-add_case(_A, "redis.distlock", distlock_tasks, "django-distlock, `LOCATION`", group=GROUP)
+asyncio_contended.add(
+    "redis.distlock", distlock_tasks, "django-distlock, `LOCATION`", group=GROUP
+)

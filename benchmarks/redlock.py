@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 import redis
 from pottery import Redlock
 
-from . import contention, lockers, uncontended
+from . import asyncio_contended, contention, lockers, uncontended
 from .harness import Unavailable, add_case
 from .lockers import ACQUIRE_TIMEOUT, TTL, django_setup
 from .redis import ALLOWED_HOSTS
@@ -93,3 +93,6 @@ CASES = (
 for _suite in (uncontended.NAME, contention.NAME):
     for _name, _factory, _what in CASES:
         add_case(_suite, _name, _factory, _what, group=GROUP)
+asyncio_contended.add("redlock.distlock", functools.partial(
+    DistLock, alias="redlock", timeout=asyncio_contended.TASK_TIMEOUT
+), "django-distlock `RedlockBackend`, 5 masters", group=GROUP)

@@ -43,6 +43,8 @@ DISTLOCK = {
     "pg-tx": {"BACKEND": _DB, "OPTIONS": {"DATABASE": "default", "MODE": "transaction"}},
     # Suite ``asyncio``: lease mode with more pooled sessions for asyncio tasks (default 16).
     "pg-async64": {"BACKEND": _DB, "OPTIONS": {"DATABASE": "default", "ASYNC_SESSIONS": 64}},
+    # Suite ``asyncio`` (benchmarks/locmem.py): the process-local backend.
+    "locmem": {"BACKEND": "django_distlock.backends.locmem.LocMemBackend"},
 }
 
 # Redis (benchmarks/redis.py): django-distlock with a pool of its own from a URL, and

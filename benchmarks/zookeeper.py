@@ -23,7 +23,7 @@ from typing import Any
 from kazoo.client import KazooClient
 from kazoo.recipe.lock import Lock, Semaphore
 
-from . import contention, lockers, uncontended
+from . import asyncio_contended, contention, lockers, uncontended
 from .harness import Unavailable, add_bar, add_case
 from .lockers import ACQUIRE_TIMEOUT, django_setup
 
@@ -184,3 +184,6 @@ for _target, _where in (("zk", "ensemble"), ("zk1", "standalone")):
         )
     add_bar(_C, f"{_target}.sem-distlock", f"{_target}.sem-kazoo", 1.0, metric="rate",
             at_least=True)
+asyncio_contended.add("zk.distlock", functools.partial(
+    DistLock, alias="zk", timeout=asyncio_contended.TASK_TIMEOUT
+), "django-distlock, ensemble", group=GROUP)

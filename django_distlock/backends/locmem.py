@@ -27,6 +27,8 @@ every backend passes, capability by capability.
 
 from __future__ import annotations
 
+import asyncio
+import random
 import threading
 import time
 from collections.abc import Mapping
@@ -51,6 +53,10 @@ from .base import (
     Miss,
 )
 
+#: Longest a waiting task sleeps without a wake-up before it looks again (a lease that
+#: ended by itself wakes no one); each wait takes a random share of it, from a half up.
+ASYNC_RECHECK = 1.0
+
 
 @dataclass
 class _Held:
@@ -72,20 +78,58 @@ class _Store:
         self.fencing: dict[str, int] = {}
         #: Per key, the acquisitions waiting now (owner token -> who and since when).
         self.waiting: dict[str, dict[str, WaiterInfo]] = {}
+        #: Per key, the asyncio tasks waiting now, first come first (owner token -> its
+        #: loop and the future a release sets): a release wakes one of them.
+        self.wakers: dict[str, dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]]]
+        self.wakers = {}
+
+    def freed(self, key: str) -> None:
+        """``key`` came free: wake the waiting threads and the first waiting task (it takes
+        the lock, or waits again and is woken by the next release); call with ``cond`` held.
+        """
+        self.cond.notify_all()
+        wakers = self.wakers.get(key)
+        if wakers:
+            token = next(iter(wakers))
+            loop, woken = wakers.pop(token)
+            if not wakers:
+                del self.wakers[key]
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(_wake, woken)
 
     def current(self, key: str) -> _Held | None:
         """The live entry of ``key`` (expired entries dropped); call with ``cond`` held."""
         entry = self.held.get(key)
         if entry is not None and entry.expires <= time.monotonic():
             del self.held[key]
-            self.cond.notify_all()
+            self.freed(key)
             return None
         return entry
+
+
+def _wake(woken: asyncio.Future[None]) -> None:
+    if not woken.done():
+        woken.set_result(None)
 
 
 def _since(info: WaiterInfo) -> datetime:
     assert info.since is not None  # locmem always knows it
     return info.since
+
+
+def _forget(table: dict[str, dict[str, Any]], key: str, token: str) -> Any:
+    """Take ``token`` out of ``table[key]`` (dropping an empty entry); return what it held."""
+    entries = table.get(key)
+    if entries is None:
+        return None
+    found = entries.pop(token, None)
+    if not entries:
+        del table[key]
+    return found
+
+
+def _past(deadline: float | None) -> bool:
+    return deadline is not None and time.monotonic() >= deadline
 
 
 _stores: dict[str, _Store] = {}
@@ -142,7 +186,7 @@ class LocMemAcquisition(Acquisition):
             if entry is None or entry.owner != self.token:
                 return False
             del store.held[self.lock.key]
-            store.cond.notify_all()
+            store.freed(self.lock.key)
         return True
 
     def extend(self, ttl: float) -> Grant | None:
@@ -154,6 +198,59 @@ class LocMemAcquisition(Acquisition):
             entry.expires = time.monotonic() + ttl
             expires_at = datetime.now(UTC) + timedelta(seconds=ttl)
             return Grant(entry.fencing, entry.acquired_at, expires_at)
+
+    # -- async: the store is in memory, so on the event loop itself (no thread) ----------
+
+    async def aattempt(self) -> Grant | Miss:
+        # Never waits: the store's mutex is held only for a few dict operations. A worker
+        # thread per call would cost more than the call, and its GIL hand-offs delay the loop.
+        return self.attempt()
+
+    async def async_wait(self, miss: Miss) -> Grant | None:
+        """Wait until a release wakes this task (one task per release), the holder's lease
+        ends, the deadline, or :data:`ASYNC_RECHECK` (a lease that ended by itself)."""
+        store, key, lock = self.backend.store, self.lock.key, self.lock
+        if self._since is None:
+            self._since = datetime.now(UTC)
+        woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        with store.cond:
+            if store.current(key) is None:
+                return None
+            store.waiting.setdefault(key, {})[self.token] = WaiterInfo(
+                0, short_owner(self.token), self._since, lock.host, lock.pid,
+                lock.holder_field, lock.kind,
+            )
+            store.wakers.setdefault(key, {})[self.token] = (woken.get_loop(), woken)
+        bound = random.uniform(ASYNC_RECHECK / 2, ASYNC_RECHECK)
+        if miss.retry_after is not None:
+            bound = min(bound, max(miss.retry_after, 0.0) + 0.001)
+        left = remaining(self.deadline)
+        if left is not None:
+            bound = min(bound, max(left, 0.0))
+        leaving = True  # cancelled, unless the wait ends
+        try:
+            try:
+                async with asyncio.timeout(bound):
+                    await woken
+            except TimeoutError:
+                pass
+            leaving = _past(self.deadline)  # the handle gives up without attempting
+        finally:
+            with store.cond:
+                _forget(store.waiting, key, self.token)
+                woken_here = _forget(store.wakers, key, self.token) is None  # by a release
+                if woken_here and leaving and store.current(key) is None:
+                    store.freed(key)  # a wake-up no attempt will use: the next task's
+        return None
+
+    async def arelease(self, exc_info: ExcInfo) -> bool:
+        return self.release(exc_info)
+
+    async def aextend(self, ttl: float) -> Grant | None:
+        return self.extend(ttl)
+
+    async def aclose(self) -> None:
+        self.close()
 
 
 class LocMemBackend(BaseLockBackend):
@@ -217,7 +314,7 @@ class LocMemBackend(BaseLockBackend):
             if entry is None or not short_owner(entry.owner).startswith(owner):
                 return None
             del self.store.held[key]
-            self.store.cond.notify_all()
+            self.store.freed(key)
         return Freed()
 
     def health(self) -> float:
