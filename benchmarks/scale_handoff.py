@@ -6,15 +6,16 @@ half of the processes run them as threads, the other half as asyncio tasks (a ca
 without an async API, the peers, runs threads everywhere; PostgreSQL runs tasks
 everywhere once the threads would need more sessions than :data:`PG_THREAD_SESSIONS`,
 see below). Every waiter opens its connections and takes the name once before the
-round; each round, every waiter loops until the deadline: acquire (blocking, with
+round; each round, every waiter loops until the parent stops it: acquire (blocking, with
 :data:`WAIT` as its timeout), ``monotonic_ns()``, hold by sleeping ``--hold-ms``,
 ``monotonic_ns()``, release. ``CLOCK_MONOTONIC`` is system-wide on Linux, so the grants
 of every waiter merge into one history: hand-off = the previous holder's
 just-before-release → this grant's acquire-return.
 
-Counted over the steady-state window (the parent's clock, from the round's start plus
-a warm-up to its deadline): grants per second, hand-off p50/p99, and the requests the
-server handled per grant:
+Counted over the steady-state window (the parent's clock: it starts once as many grants
+as waiters have been made since the round began, every waiter back in the queue, and
+lasts ``--duration``; then the parent tells the waiters to stop): grants per second,
+hand-off p50/p99, and the requests the server handled per grant:
 
 - Redis and Redlock: top-level commands from ``MONITOR`` (a line per command; the
   commands a script runs are the lines tagged ``lua`` and are left out: ``INFO
@@ -68,7 +69,7 @@ from .harness import (
     us,
 )
 from .scale_handoff_requests import ServerCount
-from .scale_handoff_waiters import WAIT, Grant, _worker
+from .scale_handoff_waiters import ROUND_LIMIT, WAIT, Grant, Shared, worker
 
 NAME = "scale.handoff"
 PROCESSES = 4
@@ -235,41 +236,32 @@ def run_size(case: Case, waiters: int, options: Options) -> list[Measured]:
     :raises RuntimeError: with a process' traceback when one fails.
     """
     plan = PLANS[case.name]
-    modes = layout(plan, waiters)
     ctx = multiprocessing.get_context("spawn")
     barrier, results = ctx.Barrier(PROCESSES + 1), ctx.Queue()
-    warmup = min(0.5, options.duration / 5)
-    window = (warmup, options.duration)
+    shared = Shared(ctx.Value("q", 0), ctx.Value("q", 0), ctx.Event())
     key = f"scale:handoff:{case.name}:{waiters}"
     procs = [
-        ctx.Process(target=_worker, daemon=True, name=f"bench-handoff-{i}", args=(
-            case.factory, key, mode, waiters // PROCESSES, options.repeat, options.duration,
-            window, options.hold_ms / 1000, barrier, results))
-        for i, mode in enumerate(modes)
+        ctx.Process(target=worker, daemon=True, name=f"bench-handoff-{i}", args=(
+            case.factory, key, mode, waiters // PROCESSES, options.repeat,
+            options.hold_ms / 1000, shared, barrier, results))
+        for i, mode in enumerate(layout(plan, waiters))
     ]
     for proc in procs:
         proc.start()
     measured = []
     try:
         for _ in range(options.repeat):
+            shared.stop.clear()  # the waiters look at it only after the barrier
             try:
                 barrier.wait(STARTUP_TIMEOUT + WAIT)
             except threading.BrokenBarrierError:
                 raise _worker_failure(results, "before a round started") from None
-            start = time.monotonic_ns()
-            server = ServerCount(plan.counter)
-            time.sleep(window[0])
-            first = time.monotonic_ns()
-            server.start()
-            time.sleep(max(0.0, start / 1e9 + window[1] - time.monotonic_ns() / 1e9))
-            requests = server.stop()
-            last = time.monotonic_ns()
-            got = [_get(results, options.duration + WAIT + STARTUP_TIMEOUT)
-                   for _ in range(PROCESSES)]
-            if plan.counter == "postgres":
-                requests = sum(snaps[1] - snaps[0] for *_, snaps in got)
+            first, last, requests = _window(plan, waiters, options, shared)
+            shared.stop.set()
+            got = [_get(results, ROUND_LIMIT + WAIT) for _ in range(PROCESSES)]
             measured.append(_measure(got, first, last, requests))
     finally:
+        shared.stop.set()
         barrier.abort()
         for proc in procs:
             proc.join(timeout=WAIT + 30)
@@ -280,10 +272,28 @@ def run_size(case: Case, waiters: int, options: Options) -> list[Measured]:
     return measured
 
 
+def _window(plan: Plan, waiters: int, options: Options, shared: Shared) -> tuple[int, int, int]:
+    """Wait for the steady state (the warm-up, and as many grants as waiters: every
+    waiter back in the queue once), count the server's requests for ``duration``
+    seconds; return the window's ends (ns) and the requests."""
+    start, base = time.monotonic(), shared.granted.value
+    settle = start + min(0.5, options.duration / 5)
+    while time.monotonic() < settle or shared.granted.value - base < waiters:
+        if time.monotonic() > start + WAIT:
+            raise RuntimeError(f"{waiters} grants did not come within {WAIT:g} s")
+        time.sleep(0.01)
+    server = ServerCount(plan.counter, shared.statements)
+    first = time.monotonic_ns()
+    server.start()
+    time.sleep(options.duration)
+    requests = server.stop()
+    return first, time.monotonic_ns(), requests
+
+
 def _measure(got: list[Any], first: int, last: int, requests: int) -> Measured:
     grants: list[Grant] = []
     timeouts = 0
-    for _, _, _, out, _ in got:
+    for _, _, out in got:
         for waiter_grants, waiter_timeouts in out:
             grants += waiter_grants
             timeouts += waiter_timeouts
@@ -381,8 +391,9 @@ def _notes(options: Options) -> str:
         f"Waiters on one name: {PROCESSES} OS processes (spawn), layout per size "
         "(T = processes of threads, A = of asyncio tasks), "
         f"{options.repeat} round(s) x {options.duration:g} s, hold {options.hold_ms:g} ms "
-        f"(sleep); stats over the window from +{min(0.5, options.duration / 5):g} s to the "
-        "deadline. Cells: one per size, in the order of the waiters column. handoff = "
+        "(sleep); stats over a window of the duration that starts once as many grants as "
+        "waiters have been made (every waiter back in the queue). Cells: one per size, in "
+        "the order of the waiters column. handoff = "
         "previous holder's just-before-release → this grant's acquire-return "
         "(`CLOCK_MONOTONIC`, µs); requests/grant: Redis and Redlock top-level commands "
         "(`MONITOR`, script-inner commands left out, summed over masters), ZooKeeper "

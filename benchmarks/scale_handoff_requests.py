@@ -88,8 +88,8 @@ def _memcached_requests() -> int:
 class ServerCount:
     """A server counter read at the window's start and end (the parent does it)."""
 
-    def __init__(self, counter: str) -> None:
-        self.counter, self.first = counter, 0
+    def __init__(self, counter: str, statements: Any = None) -> None:
+        self.counter, self.first, self.statements = counter, 0, statements
         self.monitors: list[Monitor] = []
 
     def start(self) -> None:
@@ -110,22 +110,22 @@ class ServerCount:
             return _mntr_packets(os.environ["DISTLOCK_ZK_HOSTS"])
         if self.counter == "memcached":
             return _memcached_requests()
-        return 0  # postgres: counted in the clients
+        return self.statements.value if self.statements is not None else 0  # postgres
 
 
-_STATEMENTS = [0]
-_STATEMENTS_LOCK = threading.Lock()
-
-
-def count_statements() -> None:
-    """Count every psycopg ``execute`` of this process in :data:`_STATEMENTS`."""
+def count_statements(counter: Any) -> None:
+    """Count every psycopg ``execute`` of this process in ``counter`` (a shared
+    ``multiprocessing.Value``)."""
     import psycopg
+
+    def add() -> None:
+        with counter.get_lock():
+            counter.value += 1
 
     def counted(method: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(method)
         def execute(*args: Any, **kwargs: Any) -> Any:
-            with _STATEMENTS_LOCK:
-                _STATEMENTS[0] += 1
+            add()
             return method(*args, **kwargs)
 
         return execute
@@ -133,13 +133,10 @@ def count_statements() -> None:
     def acounted(method: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(method)
         async def execute(*args: Any, **kwargs: Any) -> Any:
-            with _STATEMENTS_LOCK:
-                _STATEMENTS[0] += 1
+            add()
             return await method(*args, **kwargs)
 
         return execute
 
     psycopg.Cursor.execute = counted(psycopg.Cursor.execute)  # type: ignore[method-assign]
     psycopg.AsyncCursor.execute = acounted(psycopg.AsyncCursor.execute)  # type: ignore[method-assign]
-
-

@@ -1,4 +1,10 @@
-"""Suite ``scale.handoff``: the waiter processes (threads or asyncio tasks on one name)."""
+"""Suite ``scale.handoff``: the waiter processes (threads or asyncio tasks on one name).
+
+Every waiter loops until the parent sets ``stop`` (or :data:`WAIT` past its round's
+start plus the longest round, a bound): acquire, note ``monotonic_ns()``, hold by
+sleeping, note ``monotonic_ns()``, release, and add one to the shared ``granted``
+count (the parent starts its window once every waiter has had its turn).
+"""
 
 from __future__ import annotations
 
@@ -7,20 +13,40 @@ import os
 import threading
 import time
 import traceback
+from dataclasses import dataclass
 from typing import Any
 
 from .contention import STARTUP_TIMEOUT
-from .scale_handoff_requests import _STATEMENTS, count_statements
+from .scale_handoff_requests import count_statements
 
 #: How long one acquire may wait: 1,000 waiters in a fair queue wait ~1,000 holds.
 WAIT = 60.0
+#: The longest a round may run before its waiters stop by themselves (a bound).
+ROUND_LIMIT = 300.0
 
 Grant = tuple[int, int]  # acquire-return ns, just-before-release ns
 
 
-def _loop(locker: Any, deadline: int, hold_s: float) -> tuple[list[Grant], int]:
+@dataclass(frozen=True)
+class Shared:
+    """What the parent and its waiters share: grants so far, statements sent (PostgreSQL),
+    and the parent's stop."""
+
+    granted: Any  # multiprocessing.Value
+    statements: Any  # multiprocessing.Value
+    stop: Any  # multiprocessing.Event
+
+    def add_grant(self) -> None:
+        with self.granted.get_lock():
+            self.granted.value += 1
+
+    def over(self, hard: int) -> bool:
+        return self.stop.is_set() or time.monotonic_ns() > hard
+
+
+def _loop(locker: Any, shared: Shared, hard: int, hold_s: float) -> tuple[list[Grant], int]:
     clock, grants, timeouts = time.monotonic_ns, [], 0
-    while clock() < deadline:
+    while not shared.over(hard):
         if not locker.acquire():
             timeouts += 1
             continue
@@ -29,12 +55,14 @@ def _loop(locker: Any, deadline: int, hold_s: float) -> tuple[list[Grant], int]:
         releasing = clock()
         locker.release()
         grants.append((acquired, releasing))
+        shared.add_grant()
     return grants, timeouts
 
 
-async def _aloop(locker: Any, deadline: int, hold_s: float) -> tuple[list[Grant], int]:
+async def _aloop(locker: Any, shared: Shared, hard: int, hold_s: float
+                 ) -> tuple[list[Grant], int]:
     clock, grants, timeouts = time.monotonic_ns, [], 0
-    while clock() < deadline:
+    while not shared.over(hard):
         if not await locker.aacquire():
             timeouts += 1
             continue
@@ -43,48 +71,43 @@ async def _aloop(locker: Any, deadline: int, hold_s: float) -> tuple[list[Grant]
         releasing = clock()
         await locker.arelease()
         grants.append((acquired, releasing))
+        shared.add_grant()
     return grants, timeouts
 
 
-def _snap_statements(window: tuple[float, float], into: list[int]) -> None:
-    """At the window's two ends (seconds from now), note the statements sent so far."""
-    for at in window:
-        threading.Timer(at, lambda: into.append(_STATEMENTS[0])).start()
-
-
-def _worker(factory: Any, key: str, mode: str, count: int, rounds: int, duration: float,
-            window: tuple[float, float], hold_s: float, barrier: Any, results: Any) -> None:
+def worker(factory: Any, key: str, mode: str, count: int, rounds: int, hold_s: float,
+           shared: Shared, barrier: Any, results: Any) -> None:
     """One process: ``count`` waiters as threads or tasks, ``rounds`` rounds."""
-    lockers_: list[Any] = []
+    lockers: list[Any] = []
     try:
-        count_statements()
-        lockers_ = [factory(key) for _ in range(count)]
+        count_statements(shared.statements)
+        lockers = [factory(key) for _ in range(count)]
         if mode == "tasks":
-            asyncio.run(_tasks(lockers_, rounds, duration, window, hold_s, barrier, results))
+            asyncio.run(_tasks(lockers, rounds, hold_s, shared, barrier, results))
         else:
-            _threads(lockers_, rounds, duration, window, hold_s, barrier, results)
+            _threads(lockers, rounds, hold_s, shared, barrier, results)
     except BaseException:
         results.put(("error", mode, os.getpid(), traceback.format_exc()))
         barrier.abort()
     finally:
-        for locker in lockers_:
+        for locker in lockers:
             locker.close()
 
 
-def _threads(lockers_: list[Any], rounds: int, duration: float, window: tuple[float, float],
-             hold_s: float, barrier: Any, results: Any) -> None:
-    go, done = threading.Barrier(len(lockers_) + 1), threading.Barrier(len(lockers_) + 1)
-    deadline = [0]
-    out: list[Any] = [None] * len(lockers_)
+def _threads(lockers: list[Any], rounds: int, hold_s: float, shared: Shared, barrier: Any,
+             results: Any) -> None:
+    go, done = threading.Barrier(len(lockers) + 1), threading.Barrier(len(lockers) + 1)
+    hard = [0]
+    out: list[Any] = [None] * len(lockers)
 
     def waiter(i: int) -> None:
         try:
-            if lockers_[i].acquire():  # opens this thread's connections
-                lockers_[i].release()
+            if lockers[i].acquire():  # opens this thread's connections
+                lockers[i].release()
             for _ in range(rounds):
                 go.wait(STARTUP_TIMEOUT + WAIT)
-                out[i] = _loop(lockers_[i], deadline[0], hold_s)
-                done.wait(duration + WAIT + STARTUP_TIMEOUT)
+                out[i] = _loop(lockers[i], shared, hard[0], hold_s)
+                done.wait(ROUND_LIMIT + WAIT)
         except threading.BrokenBarrierError:
             pass
         except BaseException:
@@ -98,33 +121,25 @@ def _threads(lockers_: list[Any], rounds: int, duration: float, window: tuple[fl
     try:
         for round_ in range(rounds):
             barrier.wait(STARTUP_TIMEOUT + WAIT)
-            start = time.monotonic_ns()
-            deadline[0] = start + int(duration * 1e9)
-            snaps: list[int] = []
-            _snap_statements(window, snaps)
+            hard[0] = time.monotonic_ns() + int(ROUND_LIMIT * 1e9)
             go.wait(STARTUP_TIMEOUT)
-            done.wait(duration + WAIT + STARTUP_TIMEOUT)
-            results.put(("round", round_, start, list(out), snaps))
+            done.wait(ROUND_LIMIT + WAIT)
+            results.put(("round", round_, list(out)))
     except threading.BrokenBarrierError:
         failed = [o for o in out if isinstance(o, str)]
         raise RuntimeError(failed[0] if failed else "a waiter thread's barrier broke") from None
 
 
-async def _tasks(lockers_: list[Any], rounds: int, duration: float, window: tuple[float, float],
-                 hold_s: float, barrier: Any, results: Any) -> None:
+async def _tasks(lockers: list[Any], rounds: int, hold_s: float, shared: Shared, barrier: Any,
+                 results: Any) -> None:
     async def once(locker: Any) -> None:  # opens the pool's sessions
         if await locker.aacquire():
             await locker.arelease()
 
-    await asyncio.gather(*(once(locker) for locker in lockers_))
+    await asyncio.gather(*(once(locker) for locker in lockers))
     loop = asyncio.get_running_loop()
     for round_ in range(rounds):
         await loop.run_in_executor(None, barrier.wait, STARTUP_TIMEOUT + WAIT)
-        start = time.monotonic_ns()
-        deadline = start + int(duration * 1e9)
-        snaps: list[int] = []
-        _snap_statements(window, snaps)
-        out = await asyncio.gather(*(_aloop(locker, deadline, hold_s) for locker in lockers_))
-        results.put(("round", round_, start, list(out), snaps))
-
-
+        hard = time.monotonic_ns() + int(ROUND_LIMIT * 1e9)
+        out = await asyncio.gather(*(_aloop(locker, shared, hard, hold_s) for locker in lockers))
+        results.put(("round", round_, list(out)))
