@@ -34,7 +34,10 @@ a multiple of :data:`PROCESSES`). PostgreSQL: a waiting thread sleeps in the ser
 a session of its own, so 1,000 thread waiters need 1,000 sessions (the servers allow
 ``max_connections``, 100 by default); past :data:`PG_THREAD_SESSIONS` thread waiters
 the PostgreSQL cases run asyncio tasks in every process, which share each process'
-``ASYNC_SESSIONS`` (16) sessions: the layout column says which ran.
+``ASYNC_SESSIONS`` (16) sessions: the layout column says which ran. Transaction mode
+holds a transaction (a session) per waiter, threads and tasks alike: it runs up to
+:data:`PG_THREAD_SESSIONS` waiters only (at 1,000 its tasks' sessions ran into the
+server's ``statement_timeout`` while queued).
 """
 
 from __future__ import annotations
@@ -171,6 +174,8 @@ class Plan:
     tasks: bool
     counter: str  # redis | redlock | zookeeper | memcached | postgres
     max_threads: int | None = None
+    #: Sizes past it are not run: every waiter needs a server session of its own.
+    max_waiters: int | None = None
 
 
 PLANS: dict[str, Plan] = {}
@@ -199,7 +204,7 @@ _case("redlock.distlock", _ours(redlock, "redlock"), "django-distlock `RedlockBa
 _case("pg.lease", _ours(pg, "pg"), "django-distlock lease mode", pg.GROUP,
       Plan(True, "postgres", PG_THREAD_SESSIONS))
 _case("pg.tx", _ours(pg, "pg-tx"), "django-distlock transaction mode", pg.GROUP,
-      Plan(True, "postgres", PG_THREAD_SESSIONS))
+      Plan(True, "postgres", PG_THREAD_SESSIONS, max_waiters=PG_THREAD_SESSIONS))
 _case("zk.distlock", _ours(zookeeper, "zk"), "django-distlock, 3-node ensemble", zookeeper.GROUP,
       Plan(True, "zookeeper"))
 _case("zk.kazoo", KazooLock, "kazoo `Lock` (threads), 3-node ensemble", zookeeper.GROUP,
@@ -318,6 +323,10 @@ def run(cases: Sequence[Case], options: Options) -> list[Row]:
     for case in cases:
         values: dict[int, tuple[list[str], list[Measured]]] = {}
         for waiters in sizes():
+            limit = PLANS[case.name].max_waiters
+            if limit is not None and waiters > limit:
+                progress(f"{NAME}: {case.name}, {waiters} waiters: not run (one session each)")
+                continue
             modes = layout(PLANS[case.name], waiters)
             progress(f"{NAME}: {case.name}, {waiters} waiters ({'/'.join(modes)}), "
                      f"{options.repeat} round(s) x {options.duration:g} s")
