@@ -231,6 +231,7 @@ class Measured:
     seconds: float
     handoffs: list[int]
     requests: int
+    reply_bytes: int | None  # the server's bytes to its clients, where it counts them
     timeouts: int
     overlaps: int
 
@@ -261,10 +262,10 @@ def run_size(case: Case, waiters: int, options: Options) -> list[Measured]:
                 barrier.wait(STARTUP_TIMEOUT + WAIT)
             except threading.BrokenBarrierError:
                 raise _worker_failure(results, "before a round started") from None
-            first, last, requests = _window(plan, waiters, options, shared)
+            first, last, requests, sent = _window(plan, waiters, options, shared)
             shared.stop.set()
             got = [_get(results, ROUND_LIMIT + WAIT) for _ in range(PROCESSES)]
-            measured.append(_measure(got, first, last, requests))
+            measured.append(_measure(got, first, last, requests, sent))
     finally:
         shared.stop.set()
         barrier.abort()
@@ -277,10 +278,11 @@ def run_size(case: Case, waiters: int, options: Options) -> list[Measured]:
     return measured
 
 
-def _window(plan: Plan, waiters: int, options: Options, shared: Shared) -> tuple[int, int, int]:
+def _window(plan: Plan, waiters: int, options: Options, shared: Shared
+            ) -> tuple[int, int, int, int | None]:
     """Wait for the steady state (the warm-up, and as many grants as waiters: every
     waiter back in the queue once), count the server's requests for ``duration``
-    seconds; return the window's ends (ns) and the requests."""
+    seconds; return the window's ends (ns), the requests and the bytes replied."""
     start, base = time.monotonic(), shared.granted.value
     settle = start + min(0.5, options.duration / 5)
     while time.monotonic() < settle or shared.granted.value - base < waiters:
@@ -292,10 +294,11 @@ def _window(plan: Plan, waiters: int, options: Options, shared: Shared) -> tuple
     server.start()
     time.sleep(options.duration)
     requests = server.stop()
-    return first, time.monotonic_ns(), requests
+    return first, time.monotonic_ns(), requests, server.reply_bytes
 
 
-def _measure(got: list[Any], first: int, last: int, requests: int) -> Measured:
+def _measure(got: list[Any], first: int, last: int, requests: int, sent: int | None
+             ) -> Measured:
     grants: list[Grant] = []
     timeouts = 0
     for _, _, out in got:
@@ -311,7 +314,7 @@ def _measure(got: list[Any], first: int, last: int, requests: int) -> Measured:
             counted += 1
             if i:
                 handoffs.append(acquired - grants[i - 1][1])
-    return Measured(counted, (last - first) / 1e9, handoffs, requests, timeouts, overlaps)
+    return Measured(counted, (last - first) / 1e9, handoffs, requests, sent, timeouts, overlaps)
 
 
 # --------------------------------------------------------------------------- the suite
@@ -337,7 +340,7 @@ def run(cases: Sequence[Case], options: Options) -> list[Row]:
 
 def summarise(by_size: dict[int, tuple[list[str], list[Measured]]]) -> dict[str, Any]:
     """Each size's figures as ``a / b / c`` cells, and the largest size over the smallest."""
-    p50, p99, rate, req, lay = {}, {}, {}, {}, {}
+    p50, p99, rate, req, lay, sent = {}, {}, {}, {}, {}, {}
     timeouts = overlaps = 0
     for n, (modes, rounds) in by_size.items():
         handoffs = sorted(h for m in rounds for h in m.handoffs)
@@ -345,6 +348,8 @@ def summarise(by_size: dict[int, tuple[list[str], list[Measured]]]) -> dict[str,
         p50[n], p99[n] = percentile(handoffs, 50), percentile(handoffs, 99)
         rate[n] = grants / sum(m.seconds for m in rounds)
         req[n] = sum(m.requests for m in rounds) / grants if grants else math.nan
+        replied = [m.reply_bytes for m in rounds if m.reply_bytes is not None]
+        sent[n] = sum(replied) / grants if grants and replied else math.nan
         lay[n] = f"{modes.count('threads')}T+{modes.count('tasks')}A"
         timeouts += sum(m.timeouts for m in rounds)
         overlaps += sum(m.overlaps for m in rounds)
@@ -360,6 +365,7 @@ def summarise(by_size: dict[int, tuple[list[str], list[Measured]]]) -> dict[str,
         "p99": cells(p99, us),
         "rate": cells(rate, lambda v: f"{v:,.0f}"),
         "requests": cells(req, lambda v: f"{v:.2f}"),
+        "bytes": cells(sent, lambda v: "n/a" if math.isnan(v) else f"{v:,.0f}"),
         "p50_big": p50[big],
         "p50_growth": p50[big] / p50[small],
         "requests_growth": req[big] / req[small],
@@ -407,7 +413,8 @@ def _notes(options: Options) -> str:
         "(`CLOCK_MONOTONIC`, µs); requests/grant: Redis and Redlock top-level commands "
         "(`MONITOR`, script-inner commands left out, summed over masters), ZooKeeper "
         "`zk_packets_received` (ensemble), memcached `cmd_*` + `delete_*` + `incr/decr_*`, "
-        "PostgreSQL statements the clients sent (psycopg `execute`); p50 growth and "
+        "PostgreSQL statements the clients sent (psycopg `execute`); reply bytes/grant: "
+        "ZooKeeper `zk_response_bytes`, memcached `bytes_written`; p50 growth and "
         "requests growth = largest size's value / smallest size's; `x ref` = p50 at the "
         "largest size / the peer's. Sizes: `DISTLOCK_BENCH_WAITERS` (default 8,100)."
     )
@@ -425,6 +432,7 @@ SUITE = add_suite(
             Column("p99", "handoff p99 µs"),
             Column("rate", "grants/s"),
             Column("requests", "requests/grant"),
+            Column("bytes", "reply bytes/grant"),
             Column("p50_growth", "p50 growth", ratio),
             Column("requests_growth", "requests growth", ratio),
             Column("timeouts", "timeouts"),

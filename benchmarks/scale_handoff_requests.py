@@ -55,8 +55,9 @@ class Monitor:
         return body.count(b"\r\n") - 1 - body.count(b" lua] ")
 
 
-def _mntr_packets(hosts: str) -> int:
-    total = 0
+def _mntr(hosts: str) -> tuple[int, int]:
+    """``zk_packets_received`` and ``zk_response_bytes``, summed over ``hosts``."""
+    packets = replies = 0
     for host in hosts.split(","):
         name, port = host.rsplit(":", 1)
         with socket.create_connection((name, int(port)), timeout=10) as sock:
@@ -66,15 +67,17 @@ def _mntr_packets(hosts: str) -> int:
                 data += chunk
         for line in data.decode().splitlines():
             if line.startswith("zk_packets_received"):
-                total += int(line.split()[1])
-    return total
+                packets += int(line.split()[1])
+            elif line.startswith("zk_response_bytes"):
+                replies += int(float(line.split()[1]))
+    return packets, replies
 
 
 MEMCACHED_STATS = ("cmd_get", "cmd_set", "cmd_touch", "delete_hits", "delete_misses",
                    "incr_hits", "incr_misses", "decr_hits", "decr_misses")
 
 
-def _memcached_requests() -> int:
+def _memcached_requests() -> tuple[int, int]:
     from pymemcache.client.base import Client
 
     client = Client(cache._server())
@@ -82,14 +85,16 @@ def _memcached_requests() -> int:
         stats = {k.decode() if isinstance(k, bytes) else k: v for k, v in client.stats().items()}
     finally:
         client.close()
-    return sum(int(stats[name]) for name in MEMCACHED_STATS)
+    return sum(int(stats[name]) for name in MEMCACHED_STATS), int(stats["bytes_written"])
 
 
 class ServerCount:
     """A server counter read at the window's start and end (the parent does it)."""
 
     def __init__(self, counter: str, statements: Any = None) -> None:
-        self.counter, self.first, self.statements = counter, 0, statements
+        self.counter, self.first, self.statements = counter, (0, 0), statements
+        #: Bytes the server sent its clients in the window (ZooKeeper, memcached), or None.
+        self.reply_bytes: int | None = None
         self.monitors: list[Monitor] = []
 
     def start(self) -> None:
@@ -103,14 +108,18 @@ class ServerCount:
     def stop(self) -> int:
         if self.monitors:
             return sum(m.stop() for m in self.monitors)
-        return self.read() - self.first
+        last = self.read()
+        if self.counter in ("zookeeper", "memcached"):
+            self.reply_bytes = last[1] - self.first[1]
+        return last[0] - self.first[0]
 
-    def read(self) -> int:
+    def read(self) -> tuple[int, int]:
+        """(requests, bytes sent to clients) so far; bytes 0 where not counted."""
         if self.counter == "zookeeper":
-            return _mntr_packets(os.environ["DISTLOCK_ZK_HOSTS"])
+            return _mntr(os.environ["DISTLOCK_ZK_HOSTS"])
         if self.counter == "memcached":
             return _memcached_requests()
-        return self.statements.value if self.statements is not None else 0  # postgres
+        return (self.statements.value if self.statements is not None else 0), 0  # postgres
 
 
 def count_statements(counter: Any) -> None:
