@@ -286,8 +286,10 @@ def _window(plan: Plan, waiters: int, options: Options, shared: Shared
     start, base = time.monotonic(), shared.granted.value
     settle = start + min(0.5, options.duration / 5)
     while time.monotonic() < settle or shared.granted.value - base < waiters:
-        if time.monotonic() > start + WAIT:
-            raise RuntimeError(f"{waiters} grants did not come within {WAIT:g} s")
+        if time.monotonic() > start + WAIT:  # a collapse to show, not to fail on
+            progress(f"{NAME}: only {shared.granted.value - base} of {waiters} grants "
+                     f"within {WAIT:g} s; the window starts now")
+            break
         time.sleep(0.01)
     server = ServerCount(plan.counter, shared.statements)
     first = time.monotonic_ns()
