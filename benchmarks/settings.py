@@ -58,6 +58,10 @@ if REDIS_URL:
     _REDIS = "django_distlock.backends.redis.RedisBackend"
     DISTLOCK["redis"] = {"BACKEND": _REDIS, "LOCATION": REDIS_URL, "TTL": 30}
     DISTLOCK["redis-cache"] = {"BACKEND": _REDIS, "OPTIONS": {"CACHE": "redis"}, "TTL": 30}
+    # Suite ``scale.handoff``: 250 waiting threads a process, each in BLPOP on a connection.
+    DISTLOCK["redis-1k"] = {
+        "BACKEND": _REDIS, "LOCATION": f"{REDIS_URL}?max_connections=300", "TTL": 30
+    }
     DISTLOCK["redis-unfair"] = {
         "BACKEND": _REDIS,
         "LOCATION": REDIS_URL,
