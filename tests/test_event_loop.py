@@ -129,3 +129,33 @@ def test_an_event_loop_keeps_at_most_async_calls_redis_calls_in_flight(unique: A
     got, opened = asyncio.run(main())
     assert got == [True] * 200
     assert opened <= ASYNC_CALLS
+
+
+def test_the_redis_eviction_check_of_a_first_aacquire_runs_off_the_loop(unique: Any) -> None:
+    """An alias' first acquire in a process asks the server whether it evicts keys (a
+    blocking ``INFO``): from ``aacquire()`` it runs in a worker thread, not on the loop
+    (where a frozen server would hold every task of the loop)."""
+    require_redis()
+    from django.conf import settings
+
+    from django_distlock.backends.redis import RedisBackend
+
+    backend = RedisBackend("fresh", {"LOCATION": settings.DISTLOCK["redis"]["LOCATION"]})
+    real, threads = backend.eviction_problem, []
+
+    def eviction_problem() -> str | None:
+        threads.append(threading.get_ident())
+        return real()
+
+    backend.eviction_problem = eviction_problem  # type: ignore[method-assign]
+
+    async def main() -> int:
+        async with backend.lock(unique("first"), ttl=10, timeout=5):
+            pass
+        return threading.get_ident()
+
+    try:
+        loop_thread = asyncio.run(main())
+    finally:
+        backend.close()
+    assert len(threads) == 1 and threads[0] != loop_thread

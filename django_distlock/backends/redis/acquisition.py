@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -25,7 +26,8 @@ if TYPE_CHECKING:
 #: Longest a waiter blocks before it asks again (and so renews its place in the
 #: queue): bounds how long a waiter that died keeps the next one waiting.
 HEARTBEAT = 1.0
-#: How long a queued waiter counts as alive after each attempt (HEARTBEAT + slack).
+#: How long a queued waiter counts as alive after each attempt (the longest heartbeat,
+#: 1.2 x HEARTBEAT, + slack).
 ALIVE_MS = 2500
 #: Shortest block worth a round trip.
 MIN_BLOCK = 0.001
@@ -137,8 +139,10 @@ class RedisAcquisition(Acquisition):
         return Miss(left / 1000 if left >= 0 else None)
 
     def _bound(self, miss: Miss) -> float:
-        """How long to block: until the holder's lease ends, the deadline, or the heartbeat."""
-        bound = HEARTBEAT
+        """How long to block: until the holder's lease ends, the deadline, or the heartbeat
+        (0.8-1.2 x :data:`HEARTBEAT`, drawn anew: waiters that queued together do not
+        renew their places in one turn of the server or of an event loop)."""
+        bound = HEARTBEAT * (0.8 + 0.4 * random.random())
         if miss.retry_after is not None:
             bound = min(bound, miss.retry_after + 0.001)
         left = remaining(self.deadline)
@@ -171,6 +175,7 @@ class RedisAcquisition(Acquisition):
     # -- sync -----------------------------------------------------------------
 
     def attempt(self) -> Grant | Miss:
+        self.backend.ensure_checked()
         redis = self.backend.redis
         signal = "L " + self.keys.signal + self.token
         for _ in range(2):  # once more after a refusal, with the offset measured again
@@ -260,6 +265,7 @@ class RedisAcquisition(Acquisition):
     # -- async: redis.asyncio, and the loop's hub for wake-ups ----------------------
 
     async def aattempt(self) -> Grant | Miss:
+        await self.backend.aensure_checked(self._until_deadline())
         redis = self.backend.redis
         if self.blocking:
             if self._hub is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Mapping
@@ -251,8 +252,6 @@ class RedisBackend(BaseLockBackend):
                 f"locks only; a {lock.kind} lock is not offered with it (use an alias "
                 "without WAIT_REPLICAS)."
             )
-        if not self._server_checked:
-            self._check_server()
         if lock.kind != "exclusive":
             return KindAcquisition(self, lock, token, blocking, deadline)
         if self.replication is not None:
@@ -290,6 +289,34 @@ class RedisBackend(BaseLockBackend):
                     "holder."
                 )
         return None
+
+    def ensure_checked(self) -> None:
+        """The first attempt of this alias in the process (and the first after a
+        refusal) asks whether the server evicts keys (:meth:`_check_server`).
+
+        :raises LockConfigurationError: when it does.
+        :raises BackendUnavailable: when the server fails.
+        """
+        if not self._server_checked:
+            self._check_server()
+
+    async def aensure_checked(self, timeout: float) -> None:
+        """:meth:`ensure_checked` for an event loop: the check (a blocking ``INFO``) runs
+        in a worker thread, awaited at most ``timeout`` seconds, so neither the loop nor
+        the acquire waits on a server that does not answer.
+
+        :raises LockConfigurationError: when the server evicts keys.
+        :raises BackendUnavailable: when it fails or does not answer in time.
+        """
+        if self._server_checked:
+            return
+        try:
+            async with asyncio.timeout(timeout):
+                await asyncio.to_thread(self._check_server)
+        except TimeoutError as exc:
+            raise BackendUnavailable(
+                f"Redis did not answer INFO within {timeout:.3g} s (frozen or unreachable?)"
+            ) from exc
 
     def _check_server(self) -> None:
         """The first acquire of this alias in the process asks whether the server
