@@ -13,16 +13,23 @@ granted by the watch event of that node's deletion, without listing the contende
 again (kazoo's ``Lock`` lists them): a contender created later has a higher sequence
 (the parent, holding our node, is not reaped), so nothing can have come ahead of us.
 
-A grant rests on our own node existing, in the session we are connected in, when the
-blocker's deletion was applied. With the blocker's watch the waiter sets one on its own
-node (sent together: no extra wait). ZooKeeper delivers a session's watch events in the
-order of the changes, and kazoo runs them in that order: our node's deletion, had it come
-first, is seen before the blocker's. Where that order says nothing, the waiter reads its
-node once (one round trip) before it takes the grant: when the blocker was a node of our
-own session (a closed session deletes all its nodes in one change, in no stated order),
-when the blocker was gone before its watch was set, or when the watch on our node is not
-in place (it fired, or the connection dropped: kazoo then drops every watch). A waiter
-whose node is gone queues again, at the back, with a new node (kazoo's ``Lock`` too).
+A waiter with more contenders ahead lists them again when the node it watches goes (it
+may have given up while others are still ahead). That listing is sent by kazoo's
+callback thread as soon as the deletion's event arrives, not by the waiting thread once
+it has woken up: the answer is on its way while that thread is being scheduled.
+
+A grant without a listing rests on our own node existing, in the session we are
+connected in, when the blocker's deletion was applied. With the blocker's watch a waiter
+that is next sets one on its own node (sent together: no extra wait; a waiter with more
+ahead sets none: its grant comes from a listing, which shows our node). ZooKeeper
+delivers a session's watch events in the order of the changes, and kazoo runs them in
+that order: our node's deletion, had it come first, is seen before the blocker's. Where
+that order says nothing, the waiter reads its node once (one round trip) before it takes
+the grant: when the blocker was a node of our own session (a closed session deletes all
+its nodes in one change, in no stated order), when the blocker was gone before its watch
+was set, or when the watch on our node is not in place (it fired, or the connection
+dropped: kazoo then drops every watch). A waiter whose node is gone queues again, at the
+back, with a new node (kazoo's ``Lock`` too).
 """
 
 from __future__ import annotations
@@ -123,20 +130,22 @@ class ZooKeeperAcquisition(ThreadHops):
         self._abandoned = False
         self._uncertain = False  # a create may have happened that we did not see
         self._wake = threading.Event()
+        #: (our node, the listing kazoo's callback thread sent when the node we waited
+        #: for went): the next attempt's listing, when our node is still that node.
+        self._listing: tuple[str | None, IAsyncResult] | None = None
         self._async_wake: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
 
     # -- the steps ----------------------------------------------------------------
 
     def attempt(self) -> Grant | Miss:
         self.client.watchers.add(self)
+        listing, self._listing = self._listing, None
         for _ in range(CREATE_TRIES):
             if self.node is None:
                 self._create_contender()
-            try:
-                children = self.client.call(f"listing {self.parent}", "get_children", self.parent)
-            except NoNodeError:
-                children = []
-            order = contenders(children)
+            sent = listing[1] if listing is not None and listing[0] == self.node else None
+            listing = None
+            order = contenders(self._children(sent))
             if self.node not in order or not self._same_session():
                 # Our node is gone (deleted, or its session ended while we queued), or it
                 # is a node of an ended session still listed (CURATOR-604): queue again.
@@ -153,6 +162,22 @@ class ZooKeeperAcquisition(ThreadHops):
             f"ZooKeeper kept dropping the contender node of {self.lock.name!r} (session "
             "ending while queued)."
         )
+
+    def _children(self, sent: IAsyncResult | None) -> list[str]:
+        """The parent's children: the answer to the listing ``sent`` ahead (see
+        :meth:`_list_ahead`), or to one sent now."""
+        if sent is not None:
+            try:
+                return list(self.client.wait(sent, f"listing {self.parent}"))
+            except NoNodeError:
+                return []
+            except BackendUnavailable as exc:  # a read cut by a connection loss: again
+                if not isinstance(exc.__cause__, ConnectionLoss | SessionExpiredError):
+                    raise
+        try:
+            return list(self.client.call(f"listing {self.parent}", "get_children", self.parent))
+        except NoNodeError:
+            return []
 
     def _requeue(self) -> None:
         """Forget our node (it is gone, or goes with its session): the next create makes
@@ -270,6 +295,7 @@ class ZooKeeperAcquisition(ThreadHops):
         """Watch the node just ahead; return when it goes, the session changes, or at
         the deadline (the handle then attempts again)."""
         self._wake.clear()
+        self._listing = None
         if not self._watch(lambda event: self._wake.set()):
             return self._after_predecessor(evented=False)
         if not self._own_gone:
@@ -281,12 +307,18 @@ class ZooKeeperAcquisition(ThreadHops):
         the predecessor is already gone."""
         path = f"{self.parent}/{self.predecessor}"
         self._gone = False
-        own = self._watch_own()
+        # Only a waiter that is next is granted without a listing: only it needs to know
+        # that its node outlived the predecessor.
+        own = self._watch_own() if self.next_in_line else None
 
         def fired(event: Any) -> None:
+            if event.path is not None and event.path != f"{self.parent}/{self.predecessor}":
+                return  # the watch of a node we waited for before (we queued again since)
             self.client.watch_events += 1
             # Only a deletion: a session's end resets watches with EventType.NONE.
             self._gone = event.type == EventType.DELETED
+            if self._gone and not self.next_in_line:
+                self._list_ahead()
             callback(event)
 
         try:
@@ -300,6 +332,14 @@ class ZooKeeperAcquisition(ThreadHops):
             self.next_in_line = False
         self._predecessor_session = stat.ephemeralOwner
         return True
+
+    def _list_ahead(self) -> None:
+        """Send the next attempt's listing now (kazoo's callback thread: the node we
+        waited for went, and others may still be ahead)."""
+        try:
+            self._listing = (self.node, self.client.get().get_children_async(self.parent))
+        except (BackendUnavailable, *ERRORS):
+            self._listing = None  # the attempt lists as usual
 
     def _watch_own(self) -> IAsyncResult | None:
         """Send the watch on our own node (answered with the predecessor's)."""
