@@ -3,8 +3,9 @@
 ``attempt()`` creates this acquisition's ephemeral sequential node once (its name
 starts with a GUID, so a create retried after a connection loss finds the node the
 first one made) and lists the contenders: the lowest holds the lock (readers: all
-those with no writer ahead). ``wait()`` watches only the node it waits for (no
-herd: a release wakes one waiter, or the readers right behind a writer). The parent
+those with no writer ahead). ``wait()`` watches the node it waits for, and the one that
+node waits for (no herd: a release wakes the waiter it grants and the one after it, or
+the readers right behind a writer). The parent
 path is not re-checked before each create (kazoo's ``Lock`` does): a create that
 finds it gone re-creates it, so an uncontended acquire+release is 3 round trips.
 
@@ -13,10 +14,10 @@ granted by the watch event of that node's deletion, without listing the contende
 again (kazoo's ``Lock`` lists them): a contender created later has a higher sequence
 (the parent, holding our node, is not reaped), so nothing can have come ahead of us.
 
-A waiter with more contenders ahead lists them again when the node it watches goes (it
-may have given up while others are still ahead). That listing is sent by kazoo's
-callback thread as soon as the deletion's event arrives, not by the waiting thread once
-it has woken up: the answer is on its way while that thread is being scheduled.
+A waiter with more contenders ahead also watches the one its blocker waits for, and
+lists again when that one goes, while its blocker holds (:mod:`.ahead`): it is then
+next, and granted by its blocker's delete event. When the blocker goes first (it gave
+up), the waiter lists again.
 
 A grant without a listing rests on our own node existing, in the session we are
 connected in, when the blocker's deletion was applied. With the blocker's watch a waiter
@@ -35,7 +36,6 @@ back, with a new node (kazoo's ``Lock`` too).
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 import uuid
 from datetime import UTC, datetime
@@ -50,6 +50,7 @@ from ...backoff import remaining
 from ...exceptions import BackendUnavailable
 from ...values import short_owner
 from ..base import Acquisition, ExcInfo, Grant, Miss
+from .ahead import AheadWatches
 from .client import ERRORS, delete_guid, on_done, unavailable
 from .paths import MARKER, READ_MARKER, blocker, contenders, downgrade_marker, guid_of
 
@@ -95,7 +96,7 @@ async def wait_until(event: asyncio.Event, deadline: float | None) -> None:
         pass
 
 
-class ZooKeeperAcquisition(ThreadHops):
+class ZooKeeperAcquisition(AheadWatches, ThreadHops):
     backend: ZooKeeperBackend
 
     def __init__(
@@ -117,7 +118,13 @@ class ZooKeeperAcquisition(ThreadHops):
         self.predecessor: str | None = None
         #: Whether nothing else is ahead of us once the predecessor is gone.
         self.next_in_line = False
+        #: The contender the predecessor waits for, when we are not next: its deletion
+        #: (the predecessor's grant, usually) has us list again while the predecessor holds,
+        #: so that the predecessor's deletion grants us without a listing.
+        self.second: str | None = None
         self._gone = False  # the predecessor's deletion was seen (its watch event)
+        #: The predecessor and the second whose watches are set and have not fired.
+        self._watching: str | None = None
         self._predecessor_session = 0  # the session that owns the predecessor's node
         #: A watch is set on our own node and has not fired (see the module docstring).
         self._own_watch = False
@@ -129,11 +136,6 @@ class ZooKeeperAcquisition(ThreadHops):
         self.granted = False
         self._abandoned = False
         self._uncertain = False  # a create may have happened that we did not see
-        self._wake = threading.Event()
-        #: (our node, the listing kazoo's callback thread sent when the node we waited
-        #: for went): the next attempt's listing, when our node is still that node.
-        self._listing: tuple[str | None, IAsyncResult] | None = None
-        self._async_wake: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
 
     # -- the steps ----------------------------------------------------------------
 
@@ -156,28 +158,13 @@ class ZooKeeperAcquisition(ThreadHops):
                 return self._grant()
             self.predecessor = ahead
             order.remove(ahead)
-            self.next_in_line = blocker(order, self.node) is None
+            self.second = blocker(order, self.node)
+            self.next_in_line = self.second is None
             return Miss(None)
         raise BackendUnavailable(
             f"ZooKeeper kept dropping the contender node of {self.lock.name!r} (session "
             "ending while queued)."
         )
-
-    def _children(self, sent: IAsyncResult | None) -> list[str]:
-        """The parent's children: the answer to the listing ``sent`` ahead (see
-        :meth:`_list_ahead`), or to one sent now."""
-        if sent is not None:
-            try:
-                return list(self.client.wait(sent, f"listing {self.parent}"))
-            except NoNodeError:
-                return []
-            except BackendUnavailable as exc:  # a read cut by a connection loss: again
-                if not isinstance(exc.__cause__, ConnectionLoss | SessionExpiredError):
-                    raise
-        try:
-            return list(self.client.call(f"listing {self.parent}", "get_children", self.parent))
-        except NoNodeError:
-            return []
 
     def _requeue(self) -> None:
         """Forget our node (it is gone, or goes with its session): the next create makes
@@ -296,50 +283,50 @@ class ZooKeeperAcquisition(ThreadHops):
         the deadline (the handle then attempts again)."""
         self._wake.clear()
         self._listing = None
-        if not self._watch(lambda event: self._wake.set()):
+        if not self._watch():
             return self._after_predecessor(evented=False)
         if not self._own_gone:
             self._wake.wait(remaining(self.deadline))
         return self._after_predecessor(evented=True) if self._gone else None
 
-    def _watch(self, callback: Any) -> bool:
-        """Set a watch on the predecessor (and on our node, unless one is set); False if
-        the predecessor is already gone."""
+    def _watch(self) -> bool:
+        """Set a watch on the predecessor (and on our node when we are next, else on the
+        second), unless set already; False if the predecessor is already gone."""
         path = f"{self.parent}/{self.predecessor}"
-        self._gone = False
         # Only a waiter that is next is granted without a listing: only it needs to know
         # that its node outlived the predecessor.
         own = self._watch_own() if self.next_in_line else None
-
-        def fired(event: Any) -> None:
-            if event.path is not None and event.path != f"{self.parent}/{self.predecessor}":
-                return  # the watch of a node we waited for before (we queued again since)
-            self.client.watch_events += 1
-            # Only a deletion: a session's end resets watches with EventType.NONE.
-            self._gone = event.type == EventType.DELETED
-            if self._gone and not self.next_in_line:
-                self._list_ahead()
-            callback(event)
-
+        second = self._watch_second() if self.second is not None else None
         try:
-            stat = self.client.call(f"watching {path}", "exists", path, watch=fired)
+            if self._watching == self.predecessor:
+                return True  # set by an earlier wait, and not fired
+            self._gone = False
+            self._watching = self.predecessor
+            stat = self.client.call(f"watching {path}", "exists", path, watch=self._fired)
         finally:
             if own is not None:
                 self._own_watched(own)
+            if second is not None:
+                self._second_watched(second)
         if stat is None:
+            self._watching = None
             return False
         if stat.version:  # a write node its holder downgraded: a read node may be after it
             self.next_in_line = False
         self._predecessor_session = stat.ephemeralOwner
         return True
 
-    def _list_ahead(self) -> None:
-        """Send the next attempt's listing now (kazoo's callback thread: the node we
-        waited for went, and others may still be ahead)."""
-        try:
-            self._listing = (self.node, self.client.get().get_children_async(self.parent))
-        except (BackendUnavailable, *ERRORS):
-            self._listing = None  # the attempt lists as usual
+    def _fired(self, event: Any) -> None:
+        """The predecessor's watch (kazoo's callback thread)."""
+        if event.path is not None and event.path != f"{self.parent}/{self.predecessor}":
+            return  # the watch of a node we waited for before (we queued again since)
+        self._watching = None
+        self.client.watch_events += 1
+        # Only a deletion: a session's end resets watches with EventType.NONE.
+        self._gone = event.type == EventType.DELETED
+        if self._gone and not self.next_in_line:
+            self._list_ahead()
+        self._wake_up()
 
     def _watch_own(self) -> IAsyncResult | None:
         """Send the watch on our own node (answered with the predecessor's)."""
@@ -479,13 +466,6 @@ class ZooKeeperAcquisition(ThreadHops):
         if state == KazooState.LOST:
             self._wake_up()
 
-    def _wake_up(self) -> None:
-        """Wake the waiter, sync or async (any thread)."""
-        self._wake.set()
-        if self._async_wake is not None:
-            loop, event = self._async_wake
-            loop.call_soon_threadsafe(event.set)
-
     # -- async: kazoo is thread-based; calls hop to a worker thread (not the shared one:
     # a blocking call must not hold up the other tasks' calls), the wait is a watch that
     # sets an asyncio.Event ----------------------------------------------------------------
@@ -494,8 +474,7 @@ class ZooKeeperAcquisition(ThreadHops):
         loop = asyncio.get_running_loop()
         event = asyncio.Event()
         self._async_wake = (loop, event)
-        fire = lambda _event: loop.call_soon_threadsafe(event.set)  # noqa: E731
-        if not await sync_to_async(self._watch, thread_sensitive=False)(fire):
+        if not await sync_to_async(self._watch, thread_sensitive=False)():
             return await sync_to_async(self._after_predecessor, thread_sensitive=False)(False)
         if not self._own_gone:
             await wait_until(event, self.deadline)
