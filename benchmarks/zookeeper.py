@@ -12,12 +12,21 @@ The semaphore rows (``*.sem-*``, uncontended) put django-distlock's
 ``semaphore(name, 4)`` next to kazoo's ``Semaphore(client, path, max_leases=4)``,
 a new one per acquisition as for the lock; ``x kazoo Semaphore`` divides by
 kazoo's row on the same server.
+
+``python -m benchmarks.zookeeper [--processes 8] [--duration 3] [--target zk1]`` is not a
+suite: it counts what one contended grant costs (the ``contended`` suite's loop, kazoo's
+``Lock`` and django-distlock in turn): the requests each client sent, by type (kazoo's
+``_call`` counted in every process), and the server's ``zk_packets_received`` and
+``zk_packets_sent`` (``mntr``; requests, and replies plus watch events) per grant.
 """
 
 from __future__ import annotations
 
+import argparse
 import functools
+import multiprocessing
 import os
+import time
 from typing import Any
 
 from kazoo.client import KazooClient
@@ -187,3 +196,91 @@ for _target, _where in (("zk", "ensemble"), ("zk1", "standalone")):
 asyncio_contended.add("zk.distlock", functools.partial(
     DistLock, alias="zk", timeout=asyncio_contended.TASK_TIMEOUT
 ), "django-distlock, ensemble", group=GROUP)
+
+
+
+
+# -- requests per grant (``python -m benchmarks.zookeeper``) ----------------------------
+
+
+def _mntr(target: str) -> dict[str, int]:
+    client = _client(target)
+    try:
+        text = client.command(b"mntr")
+    finally:
+        client.stop()
+        client.close()
+    pairs = (line.split("\t", 1) for line in text.splitlines() if "\t" in line)
+    return {key: int(value) for key, value in pairs if value.isdigit()}
+
+
+def _counting_worker(
+    factory: Any, key: str, seconds: float, hold: float, barrier: Any, results: Any
+) -> None:
+    """Acquire, sleep ``hold``, release, for ``seconds``; count the requests sent."""
+    locker = factory(key)
+    if locker.acquire():  # connect before counting
+        locker.release()
+    counts: dict[str, int] = {}
+    real = KazooClient._call
+
+    def call(client: KazooClient, request: Any, result: Any) -> Any:
+        name = type(request).__name__
+        counts[name] = counts.get(name, 0) + 1
+        return real(client, request, result)
+
+    KazooClient._call = call  # type: ignore[method-assign]  # this worker process only
+    barrier.wait(60)
+    grants, deadline = 0, time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if locker.acquire():
+            time.sleep(hold)
+            locker.release()
+            grants += 1
+    KazooClient._call = real  # type: ignore[method-assign]
+    results.put((grants, counts))
+    locker.close()
+
+
+def requests_per_grant(target: str, processes: int, seconds: float) -> None:
+    """Print, for kazoo's ``Lock`` and django-distlock on ``target``, the requests sent
+    and the server's packets per grant (``processes`` contending for ``seconds``)."""
+    ctx = multiprocessing.get_context("spawn")
+    for name, factory in (
+        ("kazoo", functools.partial(KazooLock, target=target)),
+        ("distlock", functools.partial(DistLock, alias=target)),
+    ):
+        barrier, results = ctx.Barrier(processes + 1), ctx.Queue()
+        args = (factory, f"bench:requests:{name}", seconds, 0.001, barrier, results)
+        workers = [ctx.Process(target=_counting_worker, args=args) for _ in range(processes)]
+        for worker in workers:
+            worker.start()
+        barrier.wait(120)
+        before = _mntr(target)
+        got = [results.get(timeout=seconds + 60) for _ in workers]
+        after = _mntr(target)
+        for worker in workers:
+            worker.join(30)
+        grants = sum(g for g, _ in got)
+        sent: dict[str, int] = {}
+        for _, counts in got:
+            for kind, count in counts.items():
+                sent[kind] = sent.get(kind, 0) + count
+        per = {kind: round(count / grants, 2) for kind, count in sorted(sent.items())}
+        received, replied = (
+            (after[k] - before[k]) / grants for k in ("zk_packets_received", "zk_packets_sent")
+        )
+        print(
+            f"{target}.{name}: {grants} grants; requests per grant {sum(per.values()):.2f} "
+            f"{per}; server packets per grant received {received:.2f}, sent {replied:.2f}"
+        )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=requests_per_grant.__doc__)
+    parser.add_argument("--target", choices=sorted(TARGETS), default="zk1")
+    parser.add_argument("--processes", type=int, default=8)
+    parser.add_argument("--duration", type=float, default=3.0)
+    options = parser.parse_args()
+    setup()
+    requests_per_grant(options.target, options.processes, options.duration)

@@ -3,8 +3,9 @@
 ``attempt()`` creates this acquisition's ephemeral sequential node once (its name
 starts with a GUID, so a create retried after a connection loss finds the node the
 first one made) and lists the contenders: the lowest holds the lock (readers: all
-those with no writer ahead). ``wait()`` watches only the node it waits for (no
-herd: a release wakes one waiter, or the readers right behind a writer). The parent
+those with no writer ahead). ``wait()`` watches the node it waits for, and the one that
+node waits for (no herd: a release wakes the waiter it grants and the one after it, or
+the readers right behind a writer). The parent
 path is not re-checked before each create (kazoo's ``Lock`` does): a create that
 finds it gone re-creates it, so an uncontended acquire+release is 3 round trips.
 
@@ -13,22 +14,28 @@ granted by the watch event of that node's deletion, without listing the contende
 again (kazoo's ``Lock`` lists them): a contender created later has a higher sequence
 (the parent, holding our node, is not reaped), so nothing can have come ahead of us.
 
-A grant rests on our own node existing, in the session we are connected in, when the
-blocker's deletion was applied. With the blocker's watch the waiter sets one on its own
-node (sent together: no extra wait). ZooKeeper delivers a session's watch events in the
-order of the changes, and kazoo runs them in that order: our node's deletion, had it come
-first, is seen before the blocker's. Where that order says nothing, the waiter reads its
-node once (one round trip) before it takes the grant: when the blocker was a node of our
-own session (a closed session deletes all its nodes in one change, in no stated order),
-when the blocker was gone before its watch was set, or when the watch on our node is not
-in place (it fired, or the connection dropped: kazoo then drops every watch). A waiter
-whose node is gone queues again, at the back, with a new node (kazoo's ``Lock`` too).
+A waiter with more contenders ahead also watches the one its blocker waits for, and
+lists again when that one goes, while its blocker holds (:mod:`.ahead`): it is then
+next, and granted by its blocker's delete event. When the blocker goes first (it gave
+up), the waiter lists again.
+
+A grant without a listing rests on our own node existing, in the session we are
+connected in, when the blocker's deletion was applied. With the blocker's watch a waiter
+that is next sets one on its own node (sent together: no extra wait; a waiter with more
+ahead sets none: its grant comes from a listing, which shows our node). ZooKeeper
+delivers a session's watch events in the order of the changes, and kazoo runs them in
+that order: our node's deletion, had it come first, is seen before the blocker's. Where
+that order says nothing, the waiter reads its node once (one round trip) before it takes
+the grant: when the blocker was a node of our own session (a closed session deletes all
+its nodes in one change, in no stated order), when the blocker was gone before its watch
+was set, or when the watch on our node is not in place (it fired, or the connection
+dropped: kazoo then drops every watch). A waiter whose node is gone queues again, at the
+back, with a new node (kazoo's ``Lock`` too).
 """
 
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 import uuid
 from datetime import UTC, datetime
@@ -43,6 +50,7 @@ from ...backoff import remaining
 from ...exceptions import BackendUnavailable
 from ...values import short_owner
 from ..base import Acquisition, ExcInfo, Grant, Miss
+from .ahead import AheadWatches
 from .client import ERRORS, delete_guid, on_done, unavailable
 from .paths import MARKER, READ_MARKER, blocker, contenders, downgrade_marker, guid_of
 
@@ -88,7 +96,7 @@ async def wait_until(event: asyncio.Event, deadline: float | None) -> None:
         pass
 
 
-class ZooKeeperAcquisition(ThreadHops):
+class ZooKeeperAcquisition(AheadWatches, ThreadHops):
     backend: ZooKeeperBackend
 
     def __init__(
@@ -110,7 +118,13 @@ class ZooKeeperAcquisition(ThreadHops):
         self.predecessor: str | None = None
         #: Whether nothing else is ahead of us once the predecessor is gone.
         self.next_in_line = False
+        #: The contender the predecessor waits for, when we are not next: its deletion
+        #: (the predecessor's grant, usually) has us list again while the predecessor holds,
+        #: so that the predecessor's deletion grants us without a listing.
+        self.second: str | None = None
         self._gone = False  # the predecessor's deletion was seen (its watch event)
+        #: The predecessor and the second whose watches are set and have not fired.
+        self._watching: str | None = None
         self._predecessor_session = 0  # the session that owns the predecessor's node
         #: A watch is set on our own node and has not fired (see the module docstring).
         self._own_watch = False
@@ -122,21 +136,18 @@ class ZooKeeperAcquisition(ThreadHops):
         self.granted = False
         self._abandoned = False
         self._uncertain = False  # a create may have happened that we did not see
-        self._wake = threading.Event()
-        self._async_wake: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
 
     # -- the steps ----------------------------------------------------------------
 
     def attempt(self) -> Grant | Miss:
         self.client.watchers.add(self)
+        listing, self._listing = self._listing, None
         for _ in range(CREATE_TRIES):
             if self.node is None:
                 self._create_contender()
-            try:
-                children = self.client.call(f"listing {self.parent}", "get_children", self.parent)
-            except NoNodeError:
-                children = []
-            order = contenders(children)
+            sent = listing[1] if listing is not None and listing[0] == self.node else None
+            listing = None
+            order = contenders(self._children(sent))
             if self.node not in order or not self._same_session():
                 # Our node is gone (deleted, or its session ended while we queued), or it
                 # is a node of an ended session still listed (CURATOR-604): queue again.
@@ -147,7 +158,8 @@ class ZooKeeperAcquisition(ThreadHops):
                 return self._grant()
             self.predecessor = ahead
             order.remove(ahead)
-            self.next_in_line = blocker(order, self.node) is None
+            self.second = blocker(order, self.node)
+            self.next_in_line = self.second is None
             return Miss(None)
         raise BackendUnavailable(
             f"ZooKeeper kept dropping the contender node of {self.lock.name!r} (session "
@@ -270,36 +282,51 @@ class ZooKeeperAcquisition(ThreadHops):
         """Watch the node just ahead; return when it goes, the session changes, or at
         the deadline (the handle then attempts again)."""
         self._wake.clear()
-        if not self._watch(lambda event: self._wake.set()):
+        self._listing = None
+        if not self._watch():
             return self._after_predecessor(evented=False)
         if not self._own_gone:
             self._wake.wait(remaining(self.deadline))
         return self._after_predecessor(evented=True) if self._gone else None
 
-    def _watch(self, callback: Any) -> bool:
-        """Set a watch on the predecessor (and on our node, unless one is set); False if
-        the predecessor is already gone."""
+    def _watch(self) -> bool:
+        """Set a watch on the predecessor (and on our node when we are next, else on the
+        second), unless set already; False if the predecessor is already gone."""
         path = f"{self.parent}/{self.predecessor}"
-        self._gone = False
-        own = self._watch_own()
-
-        def fired(event: Any) -> None:
-            self.client.watch_events += 1
-            # Only a deletion: a session's end resets watches with EventType.NONE.
-            self._gone = event.type == EventType.DELETED
-            callback(event)
-
+        # Only a waiter that is next is granted without a listing: only it needs to know
+        # that its node outlived the predecessor.
+        own = self._watch_own() if self.next_in_line else None
+        second = self._watch_second() if self.second is not None else None
         try:
-            stat = self.client.call(f"watching {path}", "exists", path, watch=fired)
+            if self._watching == self.predecessor:
+                return True  # set by an earlier wait, and not fired
+            self._gone = False
+            self._watching = self.predecessor
+            stat = self.client.call(f"watching {path}", "exists", path, watch=self._fired)
         finally:
             if own is not None:
                 self._own_watched(own)
+            if second is not None:
+                self._second_watched(second)
         if stat is None:
+            self._watching = None
             return False
         if stat.version:  # a write node its holder downgraded: a read node may be after it
             self.next_in_line = False
         self._predecessor_session = stat.ephemeralOwner
         return True
+
+    def _fired(self, event: Any) -> None:
+        """The predecessor's watch (kazoo's callback thread)."""
+        if event.path is not None and event.path != f"{self.parent}/{self.predecessor}":
+            return  # the watch of a node we waited for before (we queued again since)
+        self._watching = None
+        self.client.watch_events += 1
+        # Only a deletion: a session's end resets watches with EventType.NONE.
+        self._gone = event.type == EventType.DELETED
+        if self._gone and not self.next_in_line:
+            self._list_ahead()
+        self._wake_up()
 
     def _watch_own(self) -> IAsyncResult | None:
         """Send the watch on our own node (answered with the predecessor's)."""
@@ -439,13 +466,6 @@ class ZooKeeperAcquisition(ThreadHops):
         if state == KazooState.LOST:
             self._wake_up()
 
-    def _wake_up(self) -> None:
-        """Wake the waiter, sync or async (any thread)."""
-        self._wake.set()
-        if self._async_wake is not None:
-            loop, event = self._async_wake
-            loop.call_soon_threadsafe(event.set)
-
     # -- async: kazoo is thread-based; calls hop to a worker thread (not the shared one:
     # a blocking call must not hold up the other tasks' calls), the wait is a watch that
     # sets an asyncio.Event ----------------------------------------------------------------
@@ -454,8 +474,7 @@ class ZooKeeperAcquisition(ThreadHops):
         loop = asyncio.get_running_loop()
         event = asyncio.Event()
         self._async_wake = (loop, event)
-        fire = lambda _event: loop.call_soon_threadsafe(event.set)  # noqa: E731
-        if not await sync_to_async(self._watch, thread_sensitive=False)(fire):
+        if not await sync_to_async(self._watch, thread_sensitive=False)():
             return await sync_to_async(self._after_predecessor, thread_sensitive=False)(False)
         if not self._own_gone:
             await wait_until(event, self.deadline)

@@ -85,6 +85,8 @@ class Client:
         self.orphans: set[tuple[str, str]] = set()
         #: Watch events delivered to waiters (tests count them: one per release).
         self.watch_events = 0
+        #: Watch events on the contender a waiter's predecessor waits for (it lists again).
+        self.ahead_events = 0
         #: The path bytes of the contender nodes each acquisition has in the session.
         self._claims: dict[Any, int] = {}
         self.claimed = 0

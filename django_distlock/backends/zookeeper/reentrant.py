@@ -166,8 +166,8 @@ class ReentrantAcquisition(ZooKeeperAcquisition):
             self._started()
         return grant
 
-    def _watch(self, callback: Any) -> bool:
-        watched = super()._watch(callback)
+    def _watch(self) -> bool:
+        watched = super()._watch()
         if self._hold_ready or self.hold_key in self.backend.holds:
             self._wake_up()  # after the wait's clear(): the wait ends, the attempt rides
         return watched
