@@ -7,7 +7,8 @@ masters and divided by their number). A new lock object per acquisition, 30 s le
 - ``redis.floor``: ``SET name token NX PX`` then ``DEL name``, raw (reference ``floor``);
 - ``redis.redis-py``: redis-py's ``Lock`` (``SET NX PX``, a compare-and-delete script;
   reference ``redis-py``); ``redis.python-redis-lock``; ``redis.pottery`` (one master);
-- ``redis.distlock``: ``locks["redis"]`` (``benchmarks/settings.py``);
+- ``redis.distlock``: ``locks["redis"]`` (``benchmarks/settings.py``), and
+  ``redis.distlock-lean``: ``locks["redis-lean"]`` (``FAIR`` and ``LISTING`` off);
 - ``redlock.pottery`` and ``redlock.distlock`` (``locks["redlock"]``), 5 masters.
 
 **Server µs per pair** is the ``usec`` of ``INFO commandstats``, differenced around the
@@ -105,14 +106,12 @@ def _cleanup() -> None:
             break
         cursor = page.next_cursor
     locks.close_all()
-    single = _urls("DISTLOCK_REDIS_URL")
-    for url in single + _urls("DISTLOCK_REDLOCK_URLS"):
+    for url in _urls("DISTLOCK_REDIS_URL") + _urls("DISTLOCK_REDLOCK_URLS"):
         conn = redis.Redis.from_url(url)
         try:
             for key in conn.scan_iter(match=f"*{PREFIX}*", count=1000):
-                # on the one server, django-distlock's keys went by force_release
-                if url not in single or b"distlock{" not in key:
-                    conn.delete(key)
+                # what force_release left: Redlock's keys, and the unlisted alias'
+                conn.delete(key)
         finally:
             conn.close()
 
@@ -220,6 +219,7 @@ pottery_one = functools.partial(Pottery, "DISTLOCK_REDIS_URL")
 pottery_five = functools.partial(Pottery, "DISTLOCK_REDLOCK_URLS")
 distlock = functools.partial(DistLock, "redis")
 distlock_redlock = functools.partial(DistLock, "redlock")
+distlock_lean = functools.partial(DistLock, "redis-lean")
 
 
 # --------------------------------------------------------------------------- accounting
@@ -373,6 +373,8 @@ add(SUITE, "redis.redis-py", RedisPy, "redis-py `Lock`", group=_G, reference="re
 add(SUITE, "redis.python-redis-lock", PythonRedisLock, "python-redis-lock `Lock`", group=_G)
 add(SUITE, "redis.pottery", pottery_one, "pottery `Redlock`, one master", group=_G)
 add(SUITE, "redis.distlock", distlock, "django-distlock `RedisBackend`", group=_G)
+add(SUITE, "redis.distlock-lean", distlock_lean,
+    "django-distlock `RedisBackend`, `FAIR` and `LISTING` off", group=_G)
 add(SUITE, "redlock.pottery", pottery_five, "pottery `Redlock`, 5 masters, per master",
     group=_G)
 add(SUITE, "redlock.distlock", distlock_redlock,
@@ -381,3 +383,5 @@ add_bar(SUITE, "redis.distlock", "redis.redis-py", 1.0)
 add_bar(SUITE, "redis.distlock", "redis.floor", 2.0)  # the moonshot
 add_bar(SUITE, "redis.distlock", "redis.redis-py", 1.5, metric="mem_held")
 add_bar(SUITE, "redlock.distlock", "redlock.pottery", None)
+add_bar(SUITE, "redis.distlock-lean", "redis.redis-py", 1.0)
+add_bar(SUITE, "redis.distlock-lean", "redis.redis-py", 1.5, metric="mem_held")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -26,8 +25,7 @@ if TYPE_CHECKING:
 #: Longest a waiter blocks before it asks again (and so renews its place in the
 #: queue): bounds how long a waiter that died keeps the next one waiting.
 HEARTBEAT = 1.0
-#: How long a queued waiter counts as alive after each attempt (the longest heartbeat,
-#: 1.2 x HEARTBEAT, + slack).
+#: How long a queued waiter counts as alive after each attempt (HEARTBEAT + slack).
 ALIVE_MS = 2500
 #: Shortest block worth a round trip.
 MIN_BLOCK = 0.001
@@ -139,10 +137,8 @@ class RedisAcquisition(Acquisition):
         return Miss(left / 1000 if left >= 0 else None)
 
     def _bound(self, miss: Miss) -> float:
-        """How long to block: until the holder's lease ends, the deadline, or the heartbeat
-        (0.8-1.2 x :data:`HEARTBEAT`, drawn anew: waiters that queued together do not
-        renew their places in one turn of the server or of an event loop)."""
-        bound = HEARTBEAT * (0.8 + 0.4 * random.random())
+        """How long to block: until the holder's lease ends, the deadline, or the heartbeat."""
+        bound = HEARTBEAT
         if miss.retry_after is not None:
             bound = min(bound, miss.retry_after + 0.001)
         left = remaining(self.deadline)
