@@ -53,7 +53,9 @@ class Calls(NamedTuple):
     leave: Packed
 
     @classmethod
-    def of(cls, keys: Keys) -> Calls:
+    def of(cls, keys: Keys, listing: bool = True) -> Calls:
+        """The calls of the lock of ``keys``; without ``listing`` (an alias that keeps
+        no listing index) the release leaves the index alone (an empty member)."""
         k = keys
         return cls(
             keys,
@@ -62,7 +64,11 @@ class Calls(NamedTuple):
                 (k.lock, k.queue, k.waiters, k.seq, k.listing),
                 (k.member, ALIVE_MS),
             ),
-            Packed(SCRIPTS["release"], (k.lock, k.queue, k.waiters, k.listing), (k.member,)),
+            Packed(
+                SCRIPTS["release"],
+                (k.lock, k.queue, k.waiters, k.listing),
+                (k.member if listing else "",),
+            ),
             Packed(SCRIPTS["extend"], (k.lock,), ()),
             Packed(SCRIPTS["leave"], (k.lock, k.queue, k.waiters), ()),
         )

@@ -212,7 +212,7 @@ class RedisBackend(BaseLockBackend):
             if len(self._calls) >= _KEYS_CACHE:
                 self._calls.clear()
             keys = make_keys(self.key_prefix, key[len(self.key_prefix) :], self.shards)
-            calls = self._calls[key] = Calls.of(keys)
+            calls = self._calls[key] = Calls.of(keys, self.listing)
         return calls
 
     def kind_calls_for(self, key: str, kind: str) -> Calls:

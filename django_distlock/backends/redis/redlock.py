@@ -202,7 +202,8 @@ class RedlockBackend(BaseLockBackend):
         if calls is None:
             if len(self._calls) >= _KEYS_CACHE:
                 self._calls.clear()
-            calls = self._calls[key] = Calls.of(make_keys(self.key_prefix, key, 1))
+            # no master lists: the release leaves the index alone
+            calls = self._calls[key] = Calls.of(make_keys(self.key_prefix, key, 1), False)
         return calls
 
     def on_masters(self, run: Callable[[Redis], Any]) -> tuple[list[Any], list[BaseException]]:

@@ -153,7 +153,8 @@ end
 return {1, fencing, now, now, 1}
 """
 
-#: KEYS: lock, queue, waiters, index. ARGV: member, token.
+#: KEYS: lock, queue, waiters, index. ARGV: member ('' for an alias without a listing
+#: index: the index is left alone), token.
 #: Returns 0 if not held by ``token``, 1 when freed (and the first live waiter woken),
 #: 2 when a reentrant count went down by one. The queue is read only when it exists.
 RELEASE = """
@@ -165,7 +166,7 @@ if string.sub(held, 33, 35) ~= ' 1 ' then
   return 2
 end
 redis.call('DEL', KEYS[1])
-redis.call('ZREM', KEYS[4], ARGV[1])
+if ARGV[1] ~= '' then redis.call('ZREM', KEYS[4], ARGV[1]) end
 if redis.call('EXISTS', KEYS[2]) == 1 then
 """ + _NOW + _HEAD + """
   wake_head(KEYS[2], KEYS[3])
