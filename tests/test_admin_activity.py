@@ -31,8 +31,9 @@ def boss() -> Client:
 def event(
     minutes_ago: float, kind: str, alias: str = "default", name: str = "order:1", **kw: float
 ) -> None:
-    """One event written as the recorder writes it (a hold: at its end, with its start)."""
-    at = timezone.now() - timedelta(minutes=minutes_ago)
+    """One event written as the recorder writes it (a hold: at its end, with its start),
+    30 s into its minute: a hold that spans a minute's end has rows in both minutes."""
+    at = (timezone.now() - timedelta(minutes=minutes_ago)).replace(second=30, microsecond=0)
     if kind in ("released", "lost"):
         kw.setdefault("held", 0.0)
         kw["acquired_at"] = at - timedelta(seconds=kw["held"])  # type: ignore[assignment]

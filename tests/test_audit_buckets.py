@@ -40,7 +40,9 @@ def _hold(at: Any, name: str = "order:1", alias: str = "a") -> dict[str, Any]:
 def test_writers_at_once_lose_no_count(database: str) -> None:
     """Four threads add 10 batches each to the same rows: the counts add up (the rows
     are inserted once, then read locked and updated)."""
-    at = timezone.now()
+    # 30 s into a minute: a hold of 0.5 s then lies in one bucket of every span (at
+    # 0.5 s past a minute it spanned two minutes, and the rows were 10, not 8)
+    at = timezone.now().replace(second=30, microsecond=0) - timedelta(minutes=1)
     batch = [_hold(at), _hold(at, "report:1"), {**_hold(at), "kind": "lost"}]
     failures: list[BaseException] = []
 
