@@ -177,7 +177,8 @@ class RedisAcquisition(Acquisition):
     # -- sync -----------------------------------------------------------------
 
     def attempt(self) -> Grant | Miss:
-        self.backend.ensure_checked()
+        if not self.backend.server_checked:  # once per process and alias
+            self.backend.ensure_checked()
         redis = self.backend.redis
         signal = "L " + self.keys.signal + self.token
         for _ in range(2):  # once more after a refusal, with the offset measured again
@@ -267,7 +268,8 @@ class RedisAcquisition(Acquisition):
     # -- async: redis.asyncio, and the loop's hub for wake-ups ----------------------
 
     async def aattempt(self) -> Grant | Miss:
-        await self.backend.aensure_checked(self._until_deadline())
+        if not self.backend.server_checked:  # once per process and alias
+            await self.backend.aensure_checked(self._until_deadline())
         redis = self.backend.redis
         if self.blocking:
             if self._hub is None:

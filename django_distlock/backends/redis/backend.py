@@ -180,7 +180,8 @@ class RedisBackend(BaseLockBackend):
         self.default_reentrant = options.get("REENTRANT", False)
         #: Accept a server that may evict lock keys (see :meth:`eviction_problem`).
         self.allow_eviction: bool = options.get("ALLOW_EVICTION", False)
-        self._server_checked = self.allow_eviction
+        #: The server was asked whether it evicts keys (or eviction is accepted).
+        self.server_checked: bool = self.allow_eviction
         #: ``LISTING``: each grant enters its name in the tag's listing index (a sorted
         #: set: ``ZADD`` on grant, ``ZREM`` on release). Off, the alias saves that entry's
         #: memory and server time per lock and cannot list or count its locks.
@@ -297,7 +298,7 @@ class RedisBackend(BaseLockBackend):
         :raises LockConfigurationError: when it does.
         :raises BackendUnavailable: when the server fails.
         """
-        if not self._server_checked:
+        if not self.server_checked:
             self._check_server()
 
     async def aensure_checked(self, timeout: float) -> None:
@@ -308,7 +309,7 @@ class RedisBackend(BaseLockBackend):
         :raises LockConfigurationError: when the server evicts keys.
         :raises BackendUnavailable: when it fails or does not answer in time.
         """
-        if self._server_checked:
+        if self.server_checked:
             return
         try:
             async with asyncio.timeout(timeout):
@@ -327,7 +328,7 @@ class RedisBackend(BaseLockBackend):
         problem = self.eviction_problem()
         if problem is not None:
             raise LockConfigurationError(f"DISTLOCK[{self.alias!r}]: {problem} {EVICTION_HINT}")
-        self._server_checked = True
+        self.server_checked = True
 
     def is_locked(self, name: str) -> bool:
         keys = self.keys_for(self.make_key(name))
