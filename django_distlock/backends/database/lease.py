@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from django.db import connections
 
@@ -286,24 +286,62 @@ class PgLeaseAcquisition(Acquisition):
             if session is None:
                 return Miss()  # every session of this event loop is busy
             self.taken, self.loop = session, asyncio.get_running_loop()
-        return await self.backend.async_pool.run(lambda: self._retried(self._attempt_on))
+        return await self._pooled(lambda: self._retried(self._attempt_on), Miss())
 
     async def async_wait(self, miss: Miss) -> Grant | None:
         taken = self.taken
         if taken is None:  # no session came: wait for one in the next attempt
             return await super().async_wait(miss)
-        future = asyncio.ensure_future(
-            self.backend.async_pool.run(lambda: self._retried(self._wait_on))
-        )
+        # Cancelled, the call goes on in the server: stop it there.
+        return await self._pooled(lambda: self._retried(self._wait_on), None,
+                                  lambda: threading.Thread(target=taken.cancel,
+                                                           daemon=True).start())
+
+    async def _pooled(self, call: Callable[[], T], nothing: T,
+                      on_cancel: Callable[[], None] | None = None) -> T:
+        """Run ``call`` (which may grant) on the task's session in the pool's threads.
+        A task cancelled meanwhile leaves the session to the call's thread: when the
+        call ends, that thread releases a grant it made and gives the session back,
+        so neither is left to nobody (a lease held for its ttl, a session in two
+        threads)."""
+        mutex, state = threading.Lock(), {"abandoned": False, "delivered": False}
+
+        def run() -> T:
+            outcome: object = None
+            try:
+                outcome = call()
+                return cast(T, outcome)
+            finally:
+                with mutex:
+                    abandoned = state["abandoned"]
+                    state["delivered"] = not abandoned
+                if abandoned:
+                    self._settle(outcome)
+
+        future = asyncio.ensure_future(self.backend.async_pool.run(run))
         try:
             return await asyncio.shield(future)
         except asyncio.CancelledError:
-            # The call goes on in the server: stop it there, and give back a grant
-            # that may come all the same.
-            self.abandoned = True
-            threading.Thread(target=taken.cancel, daemon=True).start()
-            future.add_done_callback(self._abandoned)
+            self.abandoned = True  # aclose leaves the session to the call's end
+            with mutex:
+                state["abandoned"] = True
+                delivered = state["delivered"]
+            if delivered:  # it ended before we knew: settle its outcome here
+                try:
+                    outcome = await asyncio.shield(future)
+                except Exception:
+                    outcome = None
+                await self.backend.async_pool.run(lambda: self._settle(outcome))
+            elif on_cancel is not None:
+                on_cancel()
             raise
+
+    def _settle(self, outcome: object) -> None:
+        """After a cancelled task's call: release its grant, or give its session back."""
+        if isinstance(outcome, Grant):
+            self._release_quietly()  # gives the session back
+        else:
+            self._give_back()
 
     async def aclose(self) -> None:
         if not self.abandoned:
@@ -323,13 +361,6 @@ class PgLeaseAcquisition(Acquisition):
         taken, self.taken = self.taken, None
         if taken is not None and self.loop is not None:
             self.backend.async_pool.give_back(taken, self.loop)
-
-    def _abandoned(self, future: asyncio.Future[Grant | None]) -> None:
-        """A cancelled task's wait ended: release what it was granted, free its session."""
-        if not future.cancelled() and future.exception() is None and future.result() is not None:
-            self.backend.async_pool.submit(self._release_quietly)
-        else:
-            self._give_back()
 
     def _release_quietly(self) -> None:
         try:

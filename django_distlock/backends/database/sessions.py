@@ -382,10 +382,21 @@ class AsyncSessions:
                     session = self._idle.pop()
                     if session.usable:
                         return session
-            return await self.run(self.factory.open)
+            opening = asyncio.ensure_future(self.run(self.factory.open))
+            try:
+                return await asyncio.shield(opening)
+            except asyncio.CancelledError:  # the session opens all the same: keep it
+                opening.add_done_callback(self._keep)
+                raise
         except BaseException:
             slots.release()
             raise
+
+    def _keep(self, opening: asyncio.Future[Session]) -> None:
+        """A session opened for a task cancelled meanwhile joins the idle ones."""
+        if not opening.cancelled() and opening.exception() is None:
+            with self._mutex:
+                self._idle.append(opening.result())
 
     def give_back(self, session: Session, loop: asyncio.AbstractEventLoop) -> None:
         """Return a session taken on ``loop`` (closed ones are dropped)."""
