@@ -48,6 +48,7 @@ from .test_hostile import (  # noqa: F401  (fixtures: redis_servers, zookeeper)
     GIVE_UP,
     PROCESSES,
     _cancel_many,
+    _cancel_on_free_names,
     _release_fault,
     _release_retrying,
     mixed_run,
@@ -150,6 +151,22 @@ def test_cancelled_acquires_of_a_kind_leave_nothing_held(alias: str, kind: str, 
     record("cancelled-kinds", f"{alias}/{kind}", processes=1, acquisitions=cancelled + granted,
            cancelled=cancelled, granted=granted, holder_cycles=cycles[0],
            worst_call_s=round(time.monotonic() - began, 3), overlaps=0)
+
+
+@pytest.mark.parametrize(("alias", "kind"), CANCELLED)
+def test_an_acquire_of_a_kind_cancelled_on_a_free_name_leaves_it_free(
+    alias: str, kind: str, unique
+) -> None:
+    """``aacquire()``s of ``kind`` on names nobody holds, cancelled in flight: a grant
+    that came for a cancelled task is given back (tests/test_hostile.py's scenario)."""
+    require(alias)
+    backend = locks[alias]
+    cancelled = _cancel_on_free_names(
+        alias, unique, lambda b, n, **o: of_kind(b, kind, n, **o))
+    record("cancelled-free-kinds", f"{alias}/{kind}", cancelled=len(cancelled))
+    left = [name for name in cancelled
+            if not eventually(lambda n=name: free_for_all(backend, kind, n), timeout=5)]
+    assert left == []
 
 
 # -- 3. a release of each kind that fails ------------------------------------------------
