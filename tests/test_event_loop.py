@@ -143,9 +143,9 @@ def test_the_redis_eviction_check_of_a_first_aacquire_runs_off_the_loop(unique: 
     backend = RedisBackend("fresh", {"LOCATION": settings.DISTLOCK["redis"]["LOCATION"]})
     real, threads = backend.eviction_problem, []
 
-    def eviction_problem() -> str | None:
+    def eviction_problem(timeout: float | None = None) -> str | None:
         threads.append(threading.get_ident())
-        return real()
+        return real(timeout)
 
     backend.eviction_problem = eviction_problem  # type: ignore[method-assign]
 

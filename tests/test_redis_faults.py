@@ -512,3 +512,45 @@ def test_a_waiter_on_a_frozen_server_returns_within_its_timeout_and_the_grace(
     finally:
         server.resume()
         backend.close()
+
+
+@pytest.mark.parametrize("connected", [False, True])
+def test_a_first_acquire_on_a_frozen_server_returns_within_its_bound(
+    server: Server, connected: bool
+) -> None:
+    """An alias' first acquire in a process asks the server whether it evicts keys
+    (``INFO``). Against a frozen server that question waited for ever on the sync path
+    (redis-py's ``info()`` waits for the socket's timeout: none by default); now it is
+    bounded like the attempt: the acquire's timeout plus READ_GRACE, then
+    BackendUnavailable. ``connected``: the pool holds a connection made before the
+    freeze. Without one, the new connection's handshake (redis-py's, before our first
+    command) is bounded by the URL's ``socket_timeout`` only (docs/faults.md): 2 s here."""
+    url = server.url() if connected else server.url("socket_timeout=2")
+    backend = RedisBackend("first", {"LOCATION": url, "TTL": 5})
+    failed: list[BaseException] = []
+    bound = 1 + READ_GRACE if connected else 2.0
+
+    def acquire() -> None:
+        try:
+            backend.lock("frozen-first", ttl=5).acquire(timeout=1)
+        except BaseException as exc:
+            failed.append(exc)
+
+    thread = threading.Thread(target=acquire, daemon=True)
+    try:
+        if connected:
+            assert not backend.is_locked("frozen-first")  # a connection, before the check
+        assert not backend.server_checked
+        server.pause()
+        began = time.monotonic()
+        thread.start()
+        try:
+            thread.join(bound + 3)
+            assert not thread.is_alive()
+        finally:
+            server.resume()
+        assert time.monotonic() - began < bound + 1
+        assert len(failed) == 1 and isinstance(failed[0], BackendUnavailable), failed
+    finally:
+        thread.join(10)
+        backend.close()

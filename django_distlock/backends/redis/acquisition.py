@@ -178,7 +178,7 @@ class RedisAcquisition(Acquisition):
 
     def attempt(self) -> Grant | Miss:
         if not self.backend.server_checked:  # once per process and alias
-            self.backend.ensure_checked()
+            self.backend.ensure_checked(self._until_deadline())
         redis = self.backend.redis
         signal = "L " + self.keys.signal + self.token
         for _ in range(2):  # once more after a refusal, with the offset measured again

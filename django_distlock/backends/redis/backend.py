@@ -43,6 +43,9 @@ from .sentinel import is_sentinel
 from .sentinel import parse as parse_sentinel
 from .waiting import read_waiters
 
+#: ``INFO memory``, packed (the eviction check).
+INFO_MEMORY = b"*2\r\n$4\r\nINFO\r\n$6\r\nmemory\r\n"
+
 _OPTIONS = {
     "ALLOW_EVICTION", "CACHE", "CLUSTER", "FAIR", "LISTING", "REENTRANT", "SHARDS", "WAIT_REPLICAS",
     "WAIT_TIMEOUT",
@@ -259,19 +262,21 @@ class RedisBackend(BaseLockBackend):
             return ReplicatedAcquisition(self, lock, token, blocking, deadline)
         return super().acquisition(lock, token, blocking, deadline)
 
-    def eviction_problem(self) -> str | None:
+    def eviction_problem(self, timeout: float | None = None) -> str | None:
         """Ask the server (each master of a cluster) whether it may evict keys when
         full, which takes held locks' keys too (a lease has a TTL: the volatile
         policies take it as well); say why it is unsafe, or None.
 
-        :raises BackendUnavailable: when the server fails.
+        :param timeout: the longest the reply is awaited, in seconds (None: the
+            socket's timeout); a cluster's masters are asked through redis-py.
+        :raises BackendUnavailable: when the server fails or does not answer in time.
         """
         client = self.redis.sync()
         try:
             if self.redis.cluster:
                 found = client.info("memory", target_nodes=client.PRIMARIES)
             else:
-                found = {"": client.info("memory")}
+                found = {"": self._info_memory(client, timeout)}
         except ResponseError:  # INFO disabled (renamed): it cannot be known
             logger.warning(
                 "DISTLOCK[%r]: Redis refused INFO; cannot tell whether it evicts lock keys.",
@@ -291,15 +296,33 @@ class RedisBackend(BaseLockBackend):
                 )
         return None
 
-    def ensure_checked(self) -> None:
+    def _info_memory(self, client: Any, timeout: float | None) -> dict[str, Any]:
+        """``INFO memory`` on the kept connections of the hot path, its reply awaited at
+        most ``timeout`` seconds (redis-py's own ``info()`` waits for the socket's
+        timeout: none by default, so a frozen server held the first acquire for ever).
+
+        :raises ResponseError: when the server refuses ``INFO``.
+        """
+        try:
+            raw = self.redis.wire.exchange(client.connection_pool, INFO_MEMORY, 1, timeout)[0]
+        except BackendUnavailable as exc:
+            if isinstance(exc.__cause__, ResponseError):
+                raise exc.__cause__ from None
+            raise
+        text = raw.decode() if isinstance(raw, bytes) else str(raw)
+        return dict(line.split(":", 1) for line in text.splitlines() if ":" in line
+                    and not line.startswith("#"))
+
+    def ensure_checked(self, timeout: float | None = None) -> None:
         """The first attempt of this alias in the process (and the first after a
         refusal) asks whether the server evicts keys (:meth:`_check_server`).
 
+        :param timeout: the longest the answer is awaited, in seconds.
         :raises LockConfigurationError: when it does.
-        :raises BackendUnavailable: when the server fails.
+        :raises BackendUnavailable: when the server fails or does not answer in time.
         """
         if not self.server_checked:
-            self._check_server()
+            self._check_server(timeout)
 
     async def aensure_checked(self, timeout: float) -> None:
         """:meth:`ensure_checked` for an event loop: the check (a blocking ``INFO``) runs
@@ -313,19 +336,19 @@ class RedisBackend(BaseLockBackend):
             return
         try:
             async with asyncio.timeout(timeout):
-                await asyncio.to_thread(self._check_server)
+                await asyncio.to_thread(self._check_server, timeout)
         except TimeoutError as exc:
             raise BackendUnavailable(
                 f"Redis did not answer INFO within {timeout:.3g} s (frozen or unreachable?)"
             ) from exc
 
-    def _check_server(self) -> None:
+    def _check_server(self, timeout: float | None = None) -> None:
         """The first acquire of this alias in the process asks whether the server
         evicts keys (one round trip, once; again after a refusal).
 
         :raises LockConfigurationError: when it does.
         """
-        problem = self.eviction_problem()
+        problem = self.eviction_problem(timeout)
         if problem is not None:
             raise LockConfigurationError(f"DISTLOCK[{self.alias!r}]: {problem} {EVICTION_HINT}")
         self.server_checked = True

@@ -140,11 +140,11 @@ class CoreChecks(ContractBase):
 
     def check_extend(self, backend: BaseLockBackend) -> None:
         name = self.unique()
-        handle = backend.lock(name, ttl=0.5)
+        handle = backend.lock(name, ttl=1)  # 0.5 s: lost before its extend under load
         handle.acquire()
         token = handle.fencing_token
         handle.extend(5)
-        time.sleep(0.7)
+        time.sleep(1.2)
         assert not handle.lost
         assert in_thread(lambda: backend.lock(name).acquire(blocking=False)) is False
         assert handle.fencing_token == token
