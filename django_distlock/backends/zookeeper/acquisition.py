@@ -242,9 +242,11 @@ class ZooKeeperAcquisition(AheadWatches, ThreadHops):
                     raise
                 self.client.await_connected(until)  # kazoo reconnects (a new session)
                 continue
-            self._uncertain = False
+            # The node first, then "certain": close() in a cancelled task's thread must
+            # never see neither (it would leave the node to nobody for the session).
             self.node, self.fencing = created.rsplit("/", 1)[1], stat.czxid
             self.session = stat.ephemeralOwner
+            self._uncertain = False
             return
         raise BackendUnavailable(
             f"Could not create the contender node of {self.lock.name!r} in ZooKeeper."
@@ -266,9 +268,9 @@ class ZooKeeperAcquisition(AheadWatches, ThreadHops):
                 # Ours only if made by the session we are in: a node of an ended session
                 # can still be listed for a moment (CURATOR-604), and goes.
                 if stat is not None and stat.ephemeralOwner == self._session_id():
-                    self._uncertain = False
                     self.node, self.fencing = child, stat.czxid
                     self.session = stat.ephemeralOwner
+                    self._uncertain = False
                     return True
         return False
 
