@@ -9,6 +9,7 @@ reply.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from redis.exceptions import NoScriptError
@@ -19,7 +20,7 @@ from .scripts import Script
 Call = tuple[tuple[str, ...], tuple[Any, ...]]
 
 
-def run_each(redis: Redis, script: Script, calls: list[Call]) -> list[Any]:
+def run_each(redis: Redis, script: Script, calls: Sequence[Call]) -> list[Any]:
     """Return ``script``'s reply to each ``(keys, args)`` of ``calls``, in their order: the
     calls sent together (one pipeline; a call whose node lacks the script is run again
     with :meth:`Redis.run`, which loads it).
