@@ -264,6 +264,22 @@ def test_an_alias_configured_alike_is_counted_once(boss: Client, settings: Any) 
     assert grand is not None and grand.group(1) == "at least 1"  # unknown ones: a floor
 
 
+def root_reads(backend: Any, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The ``getChildren`` of ``ROOT`` (every lock parent's name) that the ZooKeeper
+    ``backend``'s kazoo client sends from now on, as it sends them."""
+    root, kazoo = backend.settings.root, backend.client.get()
+    sent: list[str] = []
+    real = kazoo._call
+
+    def call(request: Any, result: Any) -> Any:
+        if type(request).__name__.startswith("GetChildren") and request.path == root:
+            sent.append(request.path)
+        return real(request, result)
+
+    monkeypatch.setattr(kazoo, "_call", call)
+    return sent
+
+
 def test_one_zookeeper_page_view_reads_the_lock_parents_once(
     boss: Client, monkeypatch: pytest.MonkeyPatch  # noqa: F811
 ) -> None:
@@ -275,17 +291,7 @@ def test_one_zookeeper_page_view_reads_the_lock_parents_once(
     handles = [backend.lock(f"once:{i}") for i in range(3)]
     for handle in handles:
         assert handle.acquire(timeout=5)
-    root = backend.settings.root
-    kazoo = backend.client.get()
-    sent: list[str] = []
-    real = kazoo._call
-
-    def call(request: Any, result: Any) -> Any:
-        if type(request).__name__.startswith("GetChildren") and request.path == root:
-            sent.append(request.path)
-        return real(request, result)
-
-    monkeypatch.setattr(kazoo, "_call", call)
+    sent = root_reads(backend, monkeypatch)
     try:
         for query in ({"alias": "zk", "q": "once:"}, {"alias": "zk"}):
             sent.clear()
