@@ -4,8 +4,9 @@ A backend whose listing starts with a read of its whole set of lock names (ZooKe
 lists a node's children whole: every lock parent's name, per page and per count) makes
 that read through :func:`read_once`. Outside a :func:`shared_reads` block it reads every
 time, as before; inside one (the admin's held-locks page opens one around its page and
-its totals) the first call reads and the later calls of the block reuse the answer, so
-the page and the count agree and the names are read once per view, not once per call.
+its totals, a bulk release's selection around its walk of the pages) the first call
+reads and the later calls of the block reuse the answer, so the page and the count
+agree and the names are read once per view, not once per call.
 The scope is a context variable: each thread (and each asyncio task) has its own, and a
 block's answers end with the block.
 """
