@@ -98,6 +98,26 @@ def test_one_process_freed_others_kept(alias: str, prefix: str, cleanup: list[Lo
     assert f"{prefix}b" not in event.reason and f"{prefix}c" not in event.reason
 
 
+def test_a_zookeeper_selection_reads_the_lock_parents_once(
+    prefix: str, cleanup: list[Lock], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A selection walks its pages with one read of every lock parent's name, not one
+    per page (5 locks, pages of 2: 3 pages, 3 reads before)."""
+    require_zookeeper()
+    from django_distlock.operations import bulk
+
+    from .test_admin_dashboard_totals import root_reads
+
+    for i in range(5):
+        cleanup.append(locks["zk"].lock(f"{prefix}{i}"))
+        assert cleanup[-1].acquire(timeout=5)
+    monkeypatch.setattr(bulk, "MAX_PAGE", 2)
+    sent = root_reads(locks["zk"], monkeypatch)
+    preview = select(Selection(prefix=prefix), ["zk"])
+    assert [i.name for i in preview.locks] == [f"{prefix}{i}" for i in range(5)]
+    assert len(sent) == 1
+
+
 def test_owner_and_prefix_with_threads(prefix: str, cleanup: list[Lock]) -> None:
     require_redis()
     backend = locks["redis"]

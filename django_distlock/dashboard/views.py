@@ -17,6 +17,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 
 from ..backends.counting import COUNT_CAP
+from ..backends.shared_reads import shared_reads
 from ..exceptions import DistLockError, InvalidLockName, LockConfigurationError
 from ..handler import locks
 from ..names import validate_name
@@ -187,15 +188,18 @@ def held_locks_view(request: HttpRequest, site: admin.AdminSite) -> HttpResponse
         return _bad_request(f"search: {exc}")
     aliases = [alias] if alias else list(locks)
     kept = {"alias": alias, "q": prefix, "by": by, "o": sort, "refresh": refresh}
-    try:
-        listing = (_merged_order if by else _name_order)(request, aliases, kept)
-    except BadPosition as exc:
-        return _bad_request(str(exc))
+    # One view, one read of what a backend reads whole (ZooKeeper's lock parents): the
+    # page and the totals share it, and agree.
+    with shared_reads():
+        try:
+            listing = (_merged_order if by else _name_order)(request, aliases, kept)
+        except BadPosition as exc:
+            return _bad_request(str(exc))
+        # Filtered to one alias: only its count (each count costs the page its time).
+        totals = count_totals(aliases, prefix, COUNT_LIMIT)
     rows: list[Row] = listing.rows
     if sort:
         rows = sorted(rows, key=SORTS[sort.lstrip("-")], reverse=sort.startswith("-"))
-    # Filtered to one alias: only its count (each count costs the page its time).
-    totals = count_totals(aliases, prefix, COUNT_LIMIT)
     context = {
         **site.each_context(request),
         "title": "Held locks",

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from django.utils import timezone
 
 from ..audit.recorder import recorded_elsewhere, write_event
+from ..backends.shared_reads import shared_reads
 from ..exceptions import DistLockError, LockConfigurationError, UnsupportedOperation
 from ..handler import locks
 from ..models import LockEvent
@@ -128,7 +129,17 @@ def select(
     :returns: the preview; an alias whose server fails is reported in ``errors``.
     """
     usable, left_out = bulk_aliases(aliases)
-    preview = Preview(skipped_aliases=left_out)
+    # One read of what a backend reads whole per call (ZooKeeper's lock parents: every
+    # page of the walk read them all again), shared by the selection's pages.
+    with shared_reads():
+        return _select(selection, usable, Preview(skipped_aliases=left_out), maximum,
+                       max_read)
+
+
+def _select(
+    selection: Selection, usable: list[str], preview: Preview, maximum: int, max_read: int
+) -> Preview:
+    """:func:`select`'s walk of the aliases' pages."""
     read = 0
     for alias in usable:
         backend, cursor = locks[alias], None

@@ -31,6 +31,7 @@ from ..base import (
     check_option_keys,
 )
 from .acquisition import SERVER_TICK, Calls, RedisAcquisition
+from .batch import run_each
 from .caches import cache_problem
 from .client import CLIENT_ERRORS, Redis, host_port, socket_timeout, unavailable
 from .hub import Hubs
@@ -407,11 +408,10 @@ class RedisBackend(BaseLockBackend):
         # ended leases) has looked up to its `last` member only: the page cannot go past
         # the smallest such member, or it would skip that tag's locks after it.
         cutoff: bytes | None = None
-        for tag in range(self.shards):
-            base = tag_base(self.key_prefix, tag)
-            *flat, last = self.redis.run(
-                SCRIPTS["list"], (base + "i",), (base, low, high, limit, LIST_BUDGET)
-            )
+        # Every tag's call at once (one pipeline: a round trip per node, not per tag).
+        bases = [tag_base(self.key_prefix, tag) for tag in range(self.shards)]
+        calls = [((base + "i",), (base, low, high, limit, LIST_BUDGET)) for base in bases]
+        for *flat, last in run_each(self.redis, SCRIPTS["list"], calls):
             # A URL with decode_responses=True has redis-py decode the reply to str.
             found.extend(
                 (_as_bytes(flat[i]), _as_bytes(flat[i + 1]), flat[i + 2], flat[i + 3])

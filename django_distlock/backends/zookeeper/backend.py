@@ -23,6 +23,7 @@ from ..base import (
     LockPage,
     WaiterInfo,
 )
+from ..shared_reads import read_once
 from .acquisition import ZooKeeperAcquisition
 from .client import Client
 from .options import parse
@@ -138,16 +139,26 @@ class ZooKeeperBackend(BaseLockBackend):
         self._usable()
         return bool(self._contenders(parent))
 
+    def _parent_names(self) -> list[str]:
+        """The names of every lock parent under ``ROOT`` (one round trip), read once per
+        :func:`~django_distlock.backends.shared_reads.shared_reads` block: the admin's
+        page and its count read them once per view."""
+
+        def read() -> list[str]:
+            try:
+                names = self.client.call("listing the root", "get_children", self.settings.root)
+            except NoNodeError:
+                return []
+            return list(names)
+
+        return read_once(("zookeeper lock parents", self), read)
+
     def _held_locks(self, prefix: str, limit: int, cursor: str | None) -> LockPage:
         """One page of held locks. ZooKeeper lists a node's children whole and unsorted,
-        so this reads the names of every lock parent under ``ROOT`` (one round trip),
+        so this reads the names of every lock parent under ``ROOT`` (:meth:`_parent_names`),
         then only the page's parents and holders, a batch of async calls at a time."""
         self._usable()
-        root = self.settings.root
-        try:
-            names = self.client.call("listing the root", "get_children", root)
-        except NoNodeError:
-            names = []
+        names = self._parent_names()
         low = self.key_prefix + prefix
         after = decode(cursor) if cursor is not None else None
         matched = [
@@ -170,17 +181,14 @@ class ZooKeeperBackend(BaseLockBackend):
         return LockPage([info for _, info in found], next_cursor)
 
     def _count_held(self, prefix: str, limit: int) -> HeldCount:
-        """The root's children (one round trip) are the lock parents: each held lock
+        """The root's children (:meth:`_parent_names`) are the lock parents: each held lock
         has one, and an empty parent is deleted by the ensemble within a minute (a
         container node), so their number is a ceiling. Each parent's contenders are
         read, as async calls sent together, for at most :data:`COUNT_READS` parents
         (about 0.2 ms each): past that the count is "at least" those found held, "at
         most" the parents."""
         self._usable()
-        try:
-            names = self.client.call("listing the root", "get_children", self.settings.root)
-        except NoNodeError:
-            names = []
+        names = self._parent_names()
         low = self.key_prefix + prefix
         keys = [key for key in map(decode, names) if key.startswith(low)]
         kazoo, found = self.client.get(), 0
