@@ -1,7 +1,8 @@
 """The activity page: lock events of a window as charts, per alias and per name prefix.
 
 It reads the pre-aggregated buckets (:mod:`django_distlock.audit.buckets`): at most
-``buckets x (alias, prefix)`` rows whatever the size of the audit trail.
+``buckets x (alias, prefix)`` rows whatever the size of the audit trail, and the wait and
+hold histograms of the :data:`SHOWN` busiest groups only.
 """
 
 from __future__ import annotations
