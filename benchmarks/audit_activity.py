@@ -12,7 +12,15 @@ and a search past a name's first ``:`` (read from the events, at most 200,000), 
 prints a markdown table::
 
     . /tmp/srv/env    # scripts/servers.py start: DISTLOCK_PG_*
-    python -m benchmarks.audit_activity [--events 1000000] [--repeat 10]
+    python -m benchmarks.audit_activity [--events 1000000] [--repeat 10] [--purge]
+
+The full size is the default (``--events 1000000``: a fill of about 4 minutes per
+database); ``--events 100000 --repeat 3`` runs in about a minute. On stderr, per
+database: the bucket rows written per span and the mean number of slots in the wait and
+hold histograms of the 2-hour rows (what the 7-day page sums). The fill writes every
+span over the 7 days, as a site that never purges has them; ``--purge`` then runs
+``purge()`` as the scheduled purge would (the short spans cut to ``buckets.KEEP``;
+no event is old enough to go) and prints the rows left, before the pages are timed.
 
 The bar (issue 25): a page renders in under 300 ms of server time at 1,000,000 events,
 for every window.
@@ -69,7 +77,10 @@ def configure() -> list[str]:
         }
     settings.configure(**admin_settings(
         DATABASES=databases,
-        DATABASE_ROUTERS=["benchmarks.audit_activity.OneDatabase"],
+        # The class itself, not its dotted path: run as ``python -m`` this module is
+        # ``__main__``, and the path would import a second copy whose ``alias`` main()
+        # never sets (every page then read SQLite, the "pg" rows included).
+        DATABASE_ROUTERS=[OneDatabase()],
         DISTLOCK={"default": {"BACKEND": "django_distlock.backends.locmem.LocMemBackend"}},
     ))
     django.setup()
@@ -125,18 +136,39 @@ def fill(database: str, count: int) -> None:
     buckets.store(added, using=database)
 
 
+def describe(database: str) -> str:
+    """The bucket rows of ``database`` per span, and the mean histogram slots of its
+    2-hour rows (the 7-day window's)."""
+    from django.db.models import Count
+
+    from django_distlock.models import LockActivity
+
+    rows = LockActivity.objects.using(database)
+    per = dict(rows.values_list("span").annotate(n=Count("id")).order_by("span"))
+    pairs = list(rows.filter(span=7200).values_list("waits", "holds"))
+    waits = statistics.mean(len(w) for w, _ in pairs) if pairs else 0.0
+    holds = statistics.mean(len(h) for _, h in pairs) if pairs else 0.0
+    spans = ", ".join(f"{span} s: {n:,}" for span, n in per.items())
+    return (f"{sum(per.values()):,} bucket rows ({spans}); 2-hour rows: {waits:.1f} wait "
+            f"and {holds:.1f} hold histogram slots on average")  # fmt: skip
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument(
+        "--purge", action="store_true", help="purge() after the fill, as the scheduled purge"
+    )
     args = parser.parse_args()
     databases = configure()
 
     from django.contrib.auth.models import User
+    from django.db import connections
     from django.test import Client
-    from django.test.utils import setup_databases, teardown_databases
+    from django.test.utils import CaptureQueriesContext, setup_databases, teardown_databases
 
-    from django_distlock.models import LockActivity
+    from django_distlock.audit.purge import purge
 
     state = setup_databases(verbosity=0, interactive=False, aliases=set(databases))
     url = "/admin/django_distlock/lockevent/activity/"
@@ -153,12 +185,19 @@ def main() -> int:
             OneDatabase.alias = database
             started = time.perf_counter()
             fill(database, args.events)
-            buckets_rows = LockActivity.objects.using(database).count()
-            print(f"{database}: {args.events} events, {buckets_rows} bucket rows, written in "
-                  f"{time.perf_counter() - started:.1f} s", file=sys.stderr)  # fmt: skip
+            print(f"{database}: {args.events} events, written in "
+                  f"{time.perf_counter() - started:.1f} s: {describe(database)}",
+                  file=sys.stderr)  # fmt: skip
+            if args.purge:
+                purge()
+                print(f"{database}: after purge(): {describe(database)}", file=sys.stderr)
             client = Client()
             user = User.objects.create_superuser(f"bench-{database}", "b@example.com", "pw")
             client.force_login(user)
+            with CaptureQueriesContext(connections[database]) as seen:
+                client.get(url, {"window": "7d"})
+            if not any("django_distlock_activity" in q["sql"] for q in seen.captured_queries):
+                sys.exit(f"The page did not read {database}'s buckets.")
             for label, query in cases:
                 times = []
                 for _ in range(args.repeat):

@@ -10,6 +10,7 @@ import pytest
 from django.core.management import call_command
 from django.db import connections
 from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_distlock.audit import buckets
@@ -160,3 +161,33 @@ def test_the_command_and_the_celery_task_purge_as_cron_and_beat_would(capsys: An
     assert LockEvent.objects.filter(kind="purged", actor="task:purge_audit").exists()
     call_command("distlock", "purge", "--days", "0", "--operator-actions")
     assert list(LockEvent.objects.values_list("kind", flat=True)) == ["purged"]
+
+
+class _ToDatabase:
+    """Route the app's models to one database."""
+
+    def __init__(self, database: str) -> None:
+        self.database = database
+
+    def _route(self, model: Any, **hints: Any) -> str | None:
+        return self.database if model._meta.app_label == "django_distlock" else None
+
+    db_for_read = db_for_write = _route
+
+
+def test_a_purge_is_one_transaction_on_the_audit_database(database: str) -> None:
+    """With the audit tables routed to another database than ``default``, a purge's
+    deletes and its ``purged`` row are still one transaction there (all or nothing)."""
+    now = timezone.now()
+    with override_settings(DATABASE_ROUTERS=[_ToDatabase(database)]):
+        _trail(now)
+        buckets.add_events([_hold(now - timedelta(hours=3))])
+        with CaptureQueriesContext(connections[database]) as seen:
+            assert purge(0, now=now, actor="command:ops") == 2
+        kinds = sorted(LockEvent.objects.values_list("kind", flat=True))
+    assert kinds == ["force_released", "purged"]
+    statements = [q["sql"].split()[0].upper() for q in seen.captured_queries]
+    assert statements.count("BEGIN") <= 1 and statements.count("COMMIT") <= 1, statements
+    assert statements.count("DELETE") >= 2 and "INSERT" in statements
+    if connections[database].vendor == "postgresql":
+        assert statements[0] == "BEGIN" and statements[-1] == "COMMIT", statements

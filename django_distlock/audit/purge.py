@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from datetime import datetime, timedelta
 
-from django.db import transaction
+from django.db import router, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -69,7 +69,11 @@ def purge(
     """
     now = timezone.now() if now is None else now
     deleted, spans = 0, []
-    with transaction.atomic():
+    # One transaction on the databases the audit tables are routed to (not "default").
+    with (
+        transaction.atomic(using=router.db_for_write(LockEvent)),
+        transaction.atomic(using=router.db_for_write(LockActivity)),
+    ):
         if days is not None:
             cutoff = _cutoff(now, days)
             deleted = _delete(None, cutoff, operator_actions)

@@ -1,7 +1,7 @@
 """Sums of activity bucket rows, computed by the database: the activity page reads one
 row per time bucket and one per (alias, name prefix) and histogram bucket, not one per
-bucket row (a 7-day window of 80 prefixes is 6,720 rows, whose JSON the page would
-otherwise decode one by one).
+bucket row (a 7-day window of 4 aliases and 20 prefixes is 6,720 rows, whose JSON the
+page would otherwise decode one by one); the histograms only of the groups it shows.
 
 The histograms (JSON objects) are summed with ``jsonb_each_text`` on PostgreSQL and
 ``json_each`` on SQLite; on another database the rows' histograms are merged here.
@@ -9,12 +9,14 @@ The histograms (JSON objects) are summed with ``jsonb_each_text`` on PostgreSQL 
 
 from __future__ import annotations
 
+import operator
 from collections import defaultdict
 from datetime import datetime
+from functools import reduce
 from typing import Any
 
 from django.db import connections
-from django.db.models import QuerySet, Sum
+from django.db.models import Q, QuerySet, Sum
 
 from ..models import LockActivity
 
@@ -89,11 +91,50 @@ def histograms(rows: QuerySet[LockActivity], column: str) -> Histograms:
     return summed
 
 
-def window(rows: QuerySet[LockActivity]) -> tuple[Any, Any, Histograms, Histograms]:
+def busiest(counts: dict[tuple[str, str], dict[str, int]]) -> list[tuple[str, str]]:
+    """The groups of :func:`per_group`'s ``counts``, the busiest first (ties: by alias
+    and prefix).
+
+    :param counts: {(alias, prefix): {count column: sum}}.
+    :returns: the (alias, prefix) keys in that order.
+    """
+    return sorted(counts, key=lambda key: (-sum(counts[key].values()), key))
+
+
+def of_groups(
+    rows: QuerySet[LockActivity], groups: list[tuple[str, str]]
+) -> QuerySet[LockActivity]:
+    """The rows of ``rows`` whose (alias, prefix) is one of ``groups``.
+
+    :param rows: bucket rows.
+    :param groups: (alias, prefix) keys.
+    :returns: the rows of those groups (none when ``groups`` is empty).
+    """
+    if not groups:
+        return rows.none()
+    return rows.filter(reduce(operator.or_, (Q(alias=a, prefix=p) for a, p in groups)))
+
+
+def window(
+    rows: QuerySet[LockActivity], shown: int | None = None
+) -> tuple[Any, Any, Histograms, Histograms]:
     """Everything the activity page shows of ``rows``: per start, per group, the wait
-    and the hold histograms per group (four queries).
+    and the hold histograms (four queries) of the ``shown`` busiest groups.
+
+    Summing a histogram expands each of its rows' slots (up to ``len(BOUNDS) + 1``, and
+    more of them the more events a row counts), so the histograms of the groups not
+    shown are not read: their cost stays ``shown x buckets x slots`` however many
+    aliases and prefixes the window has.
 
     :param rows: bucket rows of one span.
+    :param shown: the number of groups whose histograms are read, the busiest (None:
+        every group's).
     :returns: (:func:`per_start`, :func:`per_group`, waits, holds).
     """
-    return per_start(rows), per_group(rows), histograms(rows, "waits"), histograms(rows, "holds")
+    counts = per_group(rows)
+    if shown is not None and len(counts) > shown:
+        rows_shown = of_groups(rows, busiest(counts)[:shown])
+    else:
+        rows_shown = rows
+    waits, holds = histograms(rows_shown, "waits"), histograms(rows_shown, "holds")
+    return per_start(rows), counts, waits, holds

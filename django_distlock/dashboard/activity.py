@@ -1,7 +1,8 @@
 """The activity page: lock events of a window as charts, per alias and per name prefix.
 
 It reads the pre-aggregated buckets (:mod:`django_distlock.audit.buckets`): at most
-``buckets x (alias, prefix)`` rows whatever the size of the audit trail.
+``buckets x (alias, prefix)`` rows whatever the size of the audit trail, and the wait and
+hold histograms of the :data:`SHOWN` busiest groups only.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ WINDOWS = {
     "24h": (timedelta(hours=24), 96),
     "7d": (timedelta(days=7), 84),
 }
+#: Groups (alias, name prefix) whose wait and hold percentiles the page shows: the busiest.
+SHOWN = 20
 #: Most events read for one page when a search reaches past a name's first ``:`` (the
 #: buckets count per name prefix; such a search reads the events, the newest first).
 MAX_EVENTS = 200_000
@@ -110,14 +113,15 @@ def from_buckets(
     :param count: its number of buckets.
     :param alias: only this alias ("": every one).
     :param prefix: only names starting with this (:func:`by_prefix` must be true).
-    :returns: the series and the groups, the busiest first.
+    :returns: the series and the groups, the busiest first; only the first
+        :data:`SHOWN` have their wait and hold histograms (the others' are empty).
     """
     rows = LockActivity.objects.filter(span=span, start__gte=since)
     if alias:
         rows = rows.filter(alias=alias)
     if prefix:
         rows = rows.filter(prefix__startswith=prefix)
-    starts, counts, waits, holds = totals.window(rows)
+    starts, counts, waits, holds = totals.window(rows, SHOWN)
     series = {kind: [0] * count for kind in KINDS}
     for start, sums in starts:
         index = int((start - since).total_seconds()) // span
@@ -127,9 +131,9 @@ def from_buckets(
     groups = [
         Group(alias, prefix, defaultdict(int, sums), waits.get((alias, prefix), {}),
               holds.get((alias, prefix), {}))
-        for (alias, prefix), sums in counts.items()
+        for (alias, prefix), sums in ((key, counts[key]) for key in totals.busiest(counts))
     ]  # fmt: skip
-    return series, sorted(groups, key=lambda g: -sum(g.counts.values()))
+    return series, groups
 
 
 def from_events(
@@ -181,7 +185,7 @@ def activity_view(request: HttpRequest, site: admin.AdminSite) -> HttpResponse:
         timezone.localtime(since + timedelta(seconds=span * i)).strftime("%b %d %H:%M")
         for i in range(count)
     ]
-    stats = [(g, g.stats()) for g in groups[:20]]
+    stats = [(g, g.stats()) for g in groups[:SHOWN]]
     charts = [time_bars(title, series[kind], labels, color) for kind, title, color in SERIES]
 
     def ms(value: float | None) -> float:
