@@ -71,7 +71,7 @@ from .harness import (
     ratio,
     us,
 )
-from .scale_handoff_requests import ServerCount, server_cpu_ns
+from .scale_handoff_requests import ServerCount, cpu_ns, server_cpu_ns
 from .scale_handoff_waiters import ROUND_LIMIT, WAIT, Grant, Shared, worker
 
 NAME = "scale.handoff"
@@ -269,6 +269,7 @@ class Measured:
     timeouts: int
     overlaps: int
     cpu_ns: int | None = None  # the local server's CPU time (DISTLOCK_BENCH_SERVER_PID)
+    client_ns: int = 0  # the waiter processes' CPU time
 
 
 def run_size(case: Case, waiters: int, options: Options) -> list[Measured]:
@@ -297,13 +298,13 @@ def run_size(case: Case, waiters: int, options: Options) -> list[Measured]:
                 barrier.wait(STARTUP_TIMEOUT + WAIT)
             except threading.BrokenBarrierError:
                 raise _worker_failure(results, "before a round started") from None
-            listed = shared.statements.value
-            first, last, requests, sent, cpu = _window(plan, waiters, options, shared)
-            listed = shared.statements.value - listed
+            pids = [p.pid for p in procs if p.pid is not None]
+            first, last, requests, sent, (cpu, client), listed = _window(
+                plan, waiters, options, shared, pids)
             shared.stop.set()
             got = [_get(results, ROUND_LIMIT + WAIT) for _ in range(PROCESSES)]
             measured.append(_measure(got, first, last, requests, sent))
-            measured[-1].cpu_ns = cpu
+            measured[-1].cpu_ns, measured[-1].client_ns = cpu, client
             if plan.counter.startswith("zookeeper"):
                 measured[-1].listings = listed
     finally:
@@ -318,12 +319,13 @@ def run_size(case: Case, waiters: int, options: Options) -> list[Measured]:
     return measured
 
 
-def _window(plan: Plan, waiters: int, options: Options, shared: Shared
-            ) -> tuple[int, int, int, int | None, int | None]:
+def _window(plan: Plan, waiters: int, options: Options, shared: Shared, pids: list[int]
+            ) -> tuple[int, int, int, int | None, tuple[int | None, int], int]:
     """Wait for the steady state (the warm-up, and as many grants as waiters: every
     waiter back in the queue once), count the server's requests for ``duration``
-    seconds; return the window's ends (ns), the requests, the bytes replied and the
-    local server's CPU ns (None when not asked for)."""
+    seconds; return the window's ends (ns), the requests, the bytes replied, the
+    local server's CPU ns (None when not asked for) with the waiter processes' (``pids``),
+    and the listings the waiters sent."""
     start, base = time.monotonic(), shared.granted.value
     settle = start + min(0.5, options.duration / 5)
     while time.monotonic() < settle or shared.granted.value - base < waiters:
@@ -333,14 +335,16 @@ def _window(plan: Plan, waiters: int, options: Options, shared: Shared
             break
         time.sleep(0.01)
     server = ServerCount(plan.counter, shared.statements)
-    cpu = server_cpu_ns()
+    cpu, client, listed = server_cpu_ns(), cpu_ns(pids), shared.statements.value
     first = time.monotonic_ns()
     server.start()
     time.sleep(options.duration)
     requests = server.stop()
     last, cpu_after = time.monotonic_ns(), server_cpu_ns()
     used = None if cpu is None or cpu_after is None else cpu_after - cpu
-    return first, last, requests, server.reply_bytes, used
+    client = cpu_ns(pids) - client
+    return (first, last, requests, server.reply_bytes, (used, client),
+            shared.statements.value - listed)
 
 
 def _measure(got: list[Any], first: int, last: int, requests: int, sent: int | None,
@@ -391,7 +395,7 @@ def run(cases: Sequence[Case], options: Options) -> list[Row]:
 
 def summarise(by_size: dict[int, tuple[list[str], list[Measured]]]) -> dict[str, Any]:
     """Each size's figures as ``a / b / c`` cells, and the largest size over the smallest."""
-    p50, p99, rate, req, lay, sent, listed, cpu = {}, {}, {}, {}, {}, {}, {}, {}
+    p50, p99, rate, req, lay, sent, listed, cpu, client = {}, {}, {}, {}, {}, {}, {}, {}, {}
     timeouts = overlaps = 0
     for n, (modes, rounds) in by_size.items():
         handoffs = sorted(h for m in rounds for h in m.handoffs)
@@ -405,6 +409,7 @@ def summarise(by_size: dict[int, tuple[list[str], list[Measured]]]) -> dict[str,
         listed[n] = sum(lists) / grants if grants and lists else math.nan
         used = [m.cpu_ns for m in rounds if m.cpu_ns is not None]
         cpu[n] = sum(used) / 1000 / grants if grants and used else math.nan
+        client[n] = sum(m.client_ns for m in rounds) / 1000 / grants if grants else math.nan
         lay[n] = f"{modes.count('threads')}T+{modes.count('tasks')}A"
         timeouts += sum(m.timeouts for m in rounds)
         overlaps += sum(m.overlaps for m in rounds)
@@ -423,6 +428,7 @@ def summarise(by_size: dict[int, tuple[list[str], list[Measured]]]) -> dict[str,
         "bytes": cells(sent, lambda v: "n/a" if math.isnan(v) else f"{v:,.0f}"),
         "listings": cells(listed, lambda v: "n/a" if math.isnan(v) else f"{v:.2f}"),
         "cpu": cells(cpu, lambda v: "n/a" if math.isnan(v) else f"{v:,.0f}"),
+        "client": cells(client, lambda v: "n/a" if math.isnan(v) else f"{v:,.0f}"),
         "p50_big": p50[big],
         "p50_growth": p50[big] / p50[small],
         "requests_growth": req[big] / req[small],
@@ -475,7 +481,8 @@ def _notes(options: Options) -> str:
         "ZooKeeper `get_children` requests the waiters sent (kazoo `_call`); server CPU "
         "µs/grant: user + system time of the local server process "
         "`DISTLOCK_BENCH_SERVER_PID` names and its children over the window (`/proc`; "
-        "n/a when not set; 10 ms ticks); p50 growth and "
+        "n/a when not set; 10 ms ticks); client CPU µs/grant: the same of the waiter "
+        "processes; p50 growth and "
         "requests growth = largest size's value / smallest size's; `x ref` = p50 at the "
         "largest size / the peer's. Sizes: `DISTLOCK_BENCH_WAITERS` (default 8,100)."
     )
@@ -496,6 +503,7 @@ SUITE = add_suite(
             Column("bytes", "reply bytes/grant"),
             Column("listings", "listings/grant"),
             Column("cpu", "server CPU µs/grant"),
+            Column("client", "client CPU µs/grant"),
             Column("p50_growth", "p50 growth", ratio),
             Column("requests_growth", "requests growth", ratio),
             Column("timeouts", "timeouts"),

@@ -169,6 +169,22 @@ def count_listings(counter: Any) -> None:
     KazooClient._call = call  # type: ignore[method-assign]  # a waiter process only
 
 
+def _stat(pid: int | str) -> list[str]:
+    with open(f"/proc/{pid}/stat") as f:
+        stat = f.read()
+    return stat[stat.rindex(")") + 2:].split()  # the fields after "pid (comm) "
+
+
+def cpu_ns(pids: list[int]) -> int:
+    """User + system CPU time (ns) used so far by the processes ``pids`` (``/proc``).
+
+    :param pids: live processes (all their threads are counted).
+    :returns: the nanoseconds.
+    """
+    return sum(int(f[11]) + int(f[12]) for f in map(_stat, pids)) * 1_000_000_000 // os.sysconf(
+        "SC_CLK_TCK")
+
+
 def server_cpu_ns() -> int | None:
     """CPU time (ns) used so far by the local server process ``DISTLOCK_BENCH_SERVER_PID``
     names and its children (a PostgreSQL postmaster's backends; a ZooKeeper JVM's
@@ -181,19 +197,12 @@ def server_cpu_ns() -> int | None:
     if not raw:
         return None
     pid, tick = int(raw), os.sysconf("SC_CLK_TCK")
-
-    def fields(stat: str) -> list[str]:
-        return stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "
-
-    with open(f"/proc/{pid}/stat") as f:
-        own = fields(f.read())
-    ticks = sum(int(x) for x in own[11:15])  # utime stime cutime cstime
+    ticks = sum(int(x) for x in _stat(pid)[11:15])  # utime stime cutime cstime
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
-            with open(f"/proc/{entry}/stat") as f:
-                child = fields(f.read())
+            child = _stat(entry)
         except OSError:  # gone meanwhile
             continue
         if int(child[1]) == pid:  # ppid
