@@ -38,6 +38,15 @@ the PostgreSQL cases run asyncio tasks in every process, which share each proces
 holds a transaction (a session) per waiter, threads and tasks alike: it runs up to
 :data:`PG_THREAD_SESSIONS` waiters only (at 1,000 its tasks' sessions ran into the
 server's ``statement_timeout`` while queued).
+
+``DISTLOCK_BENCH_LAYOUT`` runs every size with one layout: ``tasks`` (tasks in every
+process) or ``threads`` (threads in every process; a size whose threads would need more
+sessions than a case allows is skipped); ``mixed`` is the default above. Also per size:
+ZooKeeper's listings per grant (``get_children`` requests counted in the waiters), the
+waiter processes' CPU per grant and, with ``DISTLOCK_BENCH_SERVER_PID`` naming a local
+server process (PostgreSQL's postmaster: its backends are counted too; a ZooKeeper JVM),
+the server's CPU per grant, both from ``/proc`` over the window. Rows ``zk1.*``: the
+standalone ZooKeeper of ``DISTLOCK_ZK_STANDALONE``.
 """
 
 from __future__ import annotations
@@ -71,6 +80,7 @@ from .harness import (
     ratio,
     us,
 )
+from .scale_handoff_peers import KazooLock, PythonRedisLock
 from .scale_handoff_requests import ServerCount, cpu_ns, server_cpu_ns
 from .scale_handoff_waiters import ROUND_LIMIT, WAIT, Grant, Shared, worker
 
@@ -107,63 +117,6 @@ def describe() -> str:
     return f"scale.handoff sizes {','.join(map(str, sizes()))}, layout {chosen_layout()}"
 
 
-# --------------------------------------------------------------------------- the peers
-
-
-@functools.cache
-def _shared(kind: str) -> Any:
-    """One client per process for a peer's waiters (as an application would share it)."""
-    if kind in zookeeper.TARGETS:
-        return zookeeper._client(kind)
-    import redis as redis_py  # 250 threads a process, each in BLPOP on a connection
-
-    return redis_py.Redis.from_url(os.environ["DISTLOCK_REDIS_URL"], max_connections=300)
-
-
-class KazooLock:
-    """kazoo's ``Lock``, a new one per acquisition, on the process' one ``KazooClient``."""
-
-    def __init__(self, key: str, *, target: str = "zk") -> None:
-        self.client = _shared(target)
-        self.path = f"{zookeeper.ROOT}/{key.replace('/', '_')}"
-        self.lock: Any = None
-
-    def acquire(self) -> bool:
-        from kazoo.recipe.lock import Lock
-
-        self.lock = Lock(self.client, self.path)
-        return bool(self.lock.acquire(timeout=WAIT))
-
-    def release(self) -> None:
-        self.lock.release()
-
-    def close(self) -> None:
-        if self.client.connected:
-            self.client.stop()
-            self.client.close()
-
-
-class PythonRedisLock:
-    """python-redis-lock on the process' one client (waiters ``BLPOP`` a signal list)."""
-
-    def __init__(self, key: str) -> None:
-        self.client, self.key = _shared("redis"), key
-        self.lock: Any = None
-
-    def acquire(self) -> bool:
-        import redis_lock
-
-        self.lock = redis_lock.Lock(self.client, self.key, expire=int(WAIT))  # >= timeout
-        return bool(self.lock.acquire(timeout=int(WAIT)))
-
-    def release(self) -> None:
-        assert self.lock is not None
-        self.lock.release()
-
-    def close(self) -> None:
-        self.client.close()
-
-
 # --------------------------------------------------------------------------- the cases
 
 
@@ -194,10 +147,20 @@ def _ours(module: Any, alias: str) -> Any:
     return functools.partial(module.DistLock, alias=alias, timeout=WAIT)
 
 
+# The peers' factories are this module's (a case belongs to its factory's module, which
+# the harness sets up): their lockers are in scale_handoff_peers.
+def _kazoo(key: str, target: str = "zk") -> KazooLock:
+    return KazooLock(key, target=target)
+
+
+def _python_redis_lock(key: str) -> PythonRedisLock:
+    return PythonRedisLock(key)
+
+
 _case("redis.distlock", _ours(redis, "redis-1k"), "django-distlock `RedisBackend`, pool of 300",
       redis.GROUP,
       Plan(True, "redis"))
-_case("redis.python-redis-lock", PythonRedisLock, "python-redis-lock (threads)", redis.GROUP,
+_case("redis.python-redis-lock", _python_redis_lock, "python-redis-lock (threads)", redis.GROUP,
       Plan(False, "redis"), ref="python-redis-lock")
 _case("redlock.distlock", _ours(redlock, "redlock"), "django-distlock `RedlockBackend`, 5 masters",
       redlock.GROUP, Plan(True, "redlock"))
@@ -207,11 +170,11 @@ _case("pg.tx", _ours(pg, "pg-tx"), "django-distlock transaction mode", pg.GROUP,
       Plan(True, "postgres", PG_THREAD_SESSIONS, max_waiters=PG_THREAD_SESSIONS))
 _case("zk.distlock", _ours(zookeeper, "zk"), "django-distlock, 3-node ensemble", zookeeper.GROUP,
       Plan(True, "zookeeper"))
-_case("zk.kazoo", KazooLock, "kazoo `Lock` (threads), 3-node ensemble", zookeeper.GROUP,
+_case("zk.kazoo", _kazoo, "kazoo `Lock` (threads), 3-node ensemble", zookeeper.GROUP,
       Plan(False, "zookeeper"), ref="kazoo")
 _case("zk1.distlock", _ours(zookeeper, "zk1"), "django-distlock, standalone ZooKeeper",
       zookeeper.GROUP, Plan(True, "zookeeper1"))
-_case("zk1.kazoo", functools.partial(KazooLock, target="zk1"),
+_case("zk1.kazoo", functools.partial(_kazoo, target="zk1"),
       "kazoo `Lock` (threads), standalone ZooKeeper", zookeeper.GROUP,
       Plan(False, "zookeeper1"), ref="kazoo-standalone")
 _case("cache.distlock", _ours(cache, "cache-memcached"),
