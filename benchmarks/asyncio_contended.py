@@ -25,6 +25,10 @@ grant counts and handoffs (previous holder's just-before-release on that key →
 this grant's acquire-return) over the steady-state window, from the last
 process' start plus a warm-up to the tasks' deadline. Every loop is bounded in
 count and in time; a round that overruns its bound fails the run.
+
+``DISTLOCK_BENCH_SWITCH_INTERVAL`` (seconds) sets the tasks process' GIL switch
+interval (``sys.setswitchinterval``; Python's default 0.005): a controlled run for the
+PostgreSQL rows, whose pool threads compete with the loop's thread for the GIL.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import os
+import sys
 import threading
 import time
 import traceback
@@ -151,6 +156,8 @@ def _tasks_worker(
     """The tasks process: one event loop, :data:`TASKS` tasks and the ticker per round."""
     lockers: list[AsyncLocker] = []
     try:
+        if os.environ.get("DISTLOCK_BENCH_SWITCH_INTERVAL"):  # a controlled run: the GIL's
+            sys.setswitchinterval(float(os.environ["DISTLOCK_BENCH_SWITCH_INTERVAL"]))
         lockers = [factory(keys[i % len(keys)]) for i in range(TASKS)]
         asyncio.run(_tasks_main(lockers, rounds, duration, hold_s, barrier, results))
     except BaseException:

@@ -254,4 +254,7 @@ asyncio_contended.add(
     "django-distlock lease mode, `ASYNC_SESSIONS` default (16)",
     group=GROUP,
 )
+asyncio_contended.add("pg.lease-4", functools.partial(
+    DistLock, alias="pg-async4", timeout=asyncio_contended.TASK_TIMEOUT),
+    "the same, `ASYNC_SESSIONS: 4`", group=GROUP)
 asyncio_contended.add("pg.lease-64", lease_tasks_64, "the same, `ASYNC_SESSIONS: 64`", group=GROUP)

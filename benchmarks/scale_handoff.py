@@ -38,6 +38,15 @@ the PostgreSQL cases run asyncio tasks in every process, which share each proces
 holds a transaction (a session) per waiter, threads and tasks alike: it runs up to
 :data:`PG_THREAD_SESSIONS` waiters only (at 1,000 its tasks' sessions ran into the
 server's ``statement_timeout`` while queued).
+
+``DISTLOCK_BENCH_LAYOUT`` runs every size with one layout: ``tasks`` (tasks in every
+process) or ``threads`` (threads in every process; a size whose threads would need more
+sessions than a case allows is skipped); ``mixed`` is the default above. Also per size:
+ZooKeeper's listings per grant (``get_children`` requests counted in the waiters), the
+waiter processes' CPU per grant and, with ``DISTLOCK_BENCH_SERVER_PID`` naming a local
+server process (PostgreSQL's postmaster: its backends are counted too; a ZooKeeper JVM),
+the server's CPU per grant, both from ``/proc`` over the window. Rows ``zk1.*``: the
+standalone ZooKeeper of ``DISTLOCK_ZK_STANDALONE``.
 """
 
 from __future__ import annotations
@@ -71,7 +80,8 @@ from .harness import (
     ratio,
     us,
 )
-from .scale_handoff_requests import ServerCount
+from .scale_handoff_peers import KazooLock, PythonRedisLock
+from .scale_handoff_requests import ServerCount, cpu_ns, server_cpu_ns
 from .scale_handoff_waiters import ROUND_LIMIT, WAIT, Grant, Shared, worker
 
 NAME = "scale.handoff"
@@ -104,64 +114,7 @@ def setup() -> None:
 
 def describe() -> str:
     """Nothing of its own: the servers are described by their modules."""
-    return f"scale.handoff sizes {','.join(map(str, sizes()))}"
-
-
-# --------------------------------------------------------------------------- the peers
-
-
-@functools.cache
-def _shared(kind: str) -> Any:
-    """One client per process for a peer's waiters (as an application would share it)."""
-    if kind == "zk":
-        return zookeeper._client("zk")
-    import redis as redis_py  # 250 threads a process, each in BLPOP on a connection
-
-    return redis_py.Redis.from_url(os.environ["DISTLOCK_REDIS_URL"], max_connections=300)
-
-
-class KazooLock:
-    """kazoo's ``Lock``, a new one per acquisition, on the process' one ``KazooClient``."""
-
-    def __init__(self, key: str) -> None:
-        self.client = _shared("zk")
-        self.path = f"{zookeeper.ROOT}/{key.replace('/', '_')}"
-        self.lock: Any = None
-
-    def acquire(self) -> bool:
-        from kazoo.recipe.lock import Lock
-
-        self.lock = Lock(self.client, self.path)
-        return bool(self.lock.acquire(timeout=WAIT))
-
-    def release(self) -> None:
-        self.lock.release()
-
-    def close(self) -> None:
-        if self.client.connected:
-            self.client.stop()
-            self.client.close()
-
-
-class PythonRedisLock:
-    """python-redis-lock on the process' one client (waiters ``BLPOP`` a signal list)."""
-
-    def __init__(self, key: str) -> None:
-        self.client, self.key = _shared("redis"), key
-        self.lock: Any = None
-
-    def acquire(self) -> bool:
-        import redis_lock
-
-        self.lock = redis_lock.Lock(self.client, self.key, expire=int(WAIT))  # >= timeout
-        return bool(self.lock.acquire(timeout=int(WAIT)))
-
-    def release(self) -> None:
-        assert self.lock is not None
-        self.lock.release()
-
-    def close(self) -> None:
-        self.client.close()
+    return f"scale.handoff sizes {','.join(map(str, sizes()))}, layout {chosen_layout()}"
 
 
 # --------------------------------------------------------------------------- the cases
@@ -194,10 +147,20 @@ def _ours(module: Any, alias: str) -> Any:
     return functools.partial(module.DistLock, alias=alias, timeout=WAIT)
 
 
+# The peers' factories are this module's (a case belongs to its factory's module, which
+# the harness sets up): their lockers are in scale_handoff_peers.
+def _kazoo(key: str, target: str = "zk") -> KazooLock:
+    return KazooLock(key, target=target)
+
+
+def _python_redis_lock(key: str) -> PythonRedisLock:
+    return PythonRedisLock(key)
+
+
 _case("redis.distlock", _ours(redis, "redis-1k"), "django-distlock `RedisBackend`, pool of 300",
       redis.GROUP,
       Plan(True, "redis"))
-_case("redis.python-redis-lock", PythonRedisLock, "python-redis-lock (threads)", redis.GROUP,
+_case("redis.python-redis-lock", _python_redis_lock, "python-redis-lock (threads)", redis.GROUP,
       Plan(False, "redis"), ref="python-redis-lock")
 _case("redlock.distlock", _ours(redlock, "redlock"), "django-distlock `RedlockBackend`, 5 masters",
       redlock.GROUP, Plan(True, "redlock"))
@@ -207,18 +170,51 @@ _case("pg.tx", _ours(pg, "pg-tx"), "django-distlock transaction mode", pg.GROUP,
       Plan(True, "postgres", PG_THREAD_SESSIONS, max_waiters=PG_THREAD_SESSIONS))
 _case("zk.distlock", _ours(zookeeper, "zk"), "django-distlock, 3-node ensemble", zookeeper.GROUP,
       Plan(True, "zookeeper"))
-_case("zk.kazoo", KazooLock, "kazoo `Lock` (threads), 3-node ensemble", zookeeper.GROUP,
+_case("zk.kazoo", _kazoo, "kazoo `Lock` (threads), 3-node ensemble", zookeeper.GROUP,
       Plan(False, "zookeeper"), ref="kazoo")
+_case("zk1.distlock", _ours(zookeeper, "zk1"), "django-distlock, standalone ZooKeeper",
+      zookeeper.GROUP, Plan(True, "zookeeper1"))
+_case("zk1.kazoo", functools.partial(_kazoo, target="zk1"),
+      "kazoo `Lock` (threads), standalone ZooKeeper", zookeeper.GROUP,
+      Plan(False, "zookeeper1"), ref="kazoo-standalone")
 _case("cache.distlock", _ours(cache, "cache-memcached"),
       "django-distlock `CacheBackend`, memcached", cache.GROUP, Plan(True, "memcached"))
 
 
-def layout(plan: Plan, waiters: int) -> list[str]:
-    """Per process: ``threads`` or ``tasks``."""
-    half = PROCESSES // 2
-    modes = ["threads"] * half + ["tasks" if plan.tasks else "threads"] * (PROCESSES - half)
+#: ``DISTLOCK_BENCH_LAYOUT``: ``mixed`` (the default: half the processes threads, half
+#: tasks), ``tasks`` (tasks in every process, threads for a case without them) or
+#: ``threads`` (threads in every process; a size whose threads a case cannot run is
+#: skipped), so that every size of a case can be run with one layout.
+LAYOUTS = ("mixed", "tasks", "threads")
+
+
+def chosen_layout() -> str:
+    """The layout asked for by ``DISTLOCK_BENCH_LAYOUT`` (default ``mixed``).
+
+    :returns: one of :data:`LAYOUTS`.
+    :raises ValueError: for another value.
+    """
+    got = os.environ.get("DISTLOCK_BENCH_LAYOUT", "").strip() or "mixed"
+    if got not in LAYOUTS:
+        raise ValueError(f"DISTLOCK_BENCH_LAYOUT: one of {', '.join(LAYOUTS)}, not {got!r}")
+    return got
+
+
+def layout(plan: Plan, waiters: int) -> list[str] | None:
+    """Per process: ``threads`` or ``tasks``; None when the chosen layout cannot run
+    ``waiters`` (threads past the case's session cap)."""
+    half, chosen = PROCESSES // 2, chosen_layout()
+    tasks = "tasks" if plan.tasks else "threads"
+    if chosen == "tasks":
+        modes = [tasks] * PROCESSES
+    elif chosen == "threads":
+        modes = ["threads"] * PROCESSES
+    else:
+        modes = ["threads"] * half + [tasks] * (PROCESSES - half)
     threads = modes.count("threads") * waiters // PROCESSES
     if plan.max_threads is not None and threads > plan.max_threads:
+        if chosen == "threads":
+            return None
         modes = ["tasks"] * PROCESSES
     return modes
 
@@ -232,8 +228,11 @@ class Measured:
     handoffs: list[int]
     requests: int
     reply_bytes: int | None  # the server's bytes to its clients, where it counts them
+    listings: int | None  # ZooKeeper: ``get_children`` requests the waiters sent
     timeouts: int
     overlaps: int
+    cpu_ns: int | None = None  # the local server's CPU time (DISTLOCK_BENCH_SERVER_PID)
+    client_ns: int = 0  # the waiter processes' CPU time
 
 
 def run_size(case: Case, waiters: int, options: Options) -> list[Measured]:
@@ -249,8 +248,8 @@ def run_size(case: Case, waiters: int, options: Options) -> list[Measured]:
     procs = [
         ctx.Process(target=worker, daemon=True, name=f"bench-handoff-{i}", args=(
             case.factory, key, mode, waiters // PROCESSES, options.repeat,
-            options.hold_ms / 1000, shared, barrier, results))
-        for i, mode in enumerate(layout(plan, waiters))
+            options.hold_ms / 1000, shared, barrier, results, plan.counter))
+        for i, mode in enumerate(layout(plan, waiters) or ())
     ]
     for proc in procs:
         proc.start()
@@ -262,10 +261,15 @@ def run_size(case: Case, waiters: int, options: Options) -> list[Measured]:
                 barrier.wait(STARTUP_TIMEOUT + WAIT)
             except threading.BrokenBarrierError:
                 raise _worker_failure(results, "before a round started") from None
-            first, last, requests, sent = _window(plan, waiters, options, shared)
+            pids = [p.pid for p in procs if p.pid is not None]
+            first, last, requests, sent, (cpu, client), listed = _window(
+                plan, waiters, options, shared, pids)
             shared.stop.set()
             got = [_get(results, ROUND_LIMIT + WAIT) for _ in range(PROCESSES)]
             measured.append(_measure(got, first, last, requests, sent))
+            measured[-1].cpu_ns, measured[-1].client_ns = cpu, client
+            if plan.counter.startswith("zookeeper"):
+                measured[-1].listings = listed
     finally:
         shared.stop.set()
         barrier.abort()
@@ -278,11 +282,13 @@ def run_size(case: Case, waiters: int, options: Options) -> list[Measured]:
     return measured
 
 
-def _window(plan: Plan, waiters: int, options: Options, shared: Shared
-            ) -> tuple[int, int, int, int | None]:
+def _window(plan: Plan, waiters: int, options: Options, shared: Shared, pids: list[int]
+            ) -> tuple[int, int, int, int | None, tuple[int | None, int], int]:
     """Wait for the steady state (the warm-up, and as many grants as waiters: every
     waiter back in the queue once), count the server's requests for ``duration``
-    seconds; return the window's ends (ns), the requests and the bytes replied."""
+    seconds; return the window's ends (ns), the requests, the bytes replied, the
+    local server's CPU ns (None when not asked for) with the waiter processes' (``pids``),
+    and the listings the waiters sent."""
     start, base = time.monotonic(), shared.granted.value
     settle = start + min(0.5, options.duration / 5)
     while time.monotonic() < settle or shared.granted.value - base < waiters:
@@ -292,15 +298,20 @@ def _window(plan: Plan, waiters: int, options: Options, shared: Shared
             break
         time.sleep(0.01)
     server = ServerCount(plan.counter, shared.statements)
+    cpu, client, listed = server_cpu_ns(), cpu_ns(pids), shared.statements.value
     first = time.monotonic_ns()
     server.start()
     time.sleep(options.duration)
     requests = server.stop()
-    return first, time.monotonic_ns(), requests, server.reply_bytes
+    last, cpu_after = time.monotonic_ns(), server_cpu_ns()
+    used = None if cpu is None or cpu_after is None else cpu_after - cpu
+    client = cpu_ns(pids) - client
+    return (first, last, requests, server.reply_bytes, (used, client),
+            shared.statements.value - listed)
 
 
-def _measure(got: list[Any], first: int, last: int, requests: int, sent: int | None
-             ) -> Measured:
+def _measure(got: list[Any], first: int, last: int, requests: int, sent: int | None,
+             listings: int | None = None) -> Measured:
     grants: list[Grant] = []
     timeouts = 0
     for _, _, out in got:
@@ -316,7 +327,8 @@ def _measure(got: list[Any], first: int, last: int, requests: int, sent: int | N
             counted += 1
             if i:
                 handoffs.append(acquired - grants[i - 1][1])
-    return Measured(counted, (last - first) / 1e9, handoffs, requests, sent, timeouts, overlaps)
+    return Measured(counted, (last - first) / 1e9, handoffs, requests, sent, listings, timeouts,
+                    overlaps)
 
 
 # --------------------------------------------------------------------------- the suite
@@ -333,6 +345,10 @@ def run(cases: Sequence[Case], options: Options) -> list[Row]:
                 progress(f"{NAME}: {case.name}, {waiters} waiters: not run (one session each)")
                 continue
             modes = layout(PLANS[case.name], waiters)
+            if modes is None:
+                progress(f"{NAME}: {case.name}, {waiters} waiters: not run (threads, a "
+                         "session each)")
+                continue
             progress(f"{NAME}: {case.name}, {waiters} waiters ({'/'.join(modes)}), "
                      f"{options.repeat} round(s) x {options.duration:g} s")
             values[waiters] = (modes, run_size(case, waiters, options))
@@ -342,7 +358,7 @@ def run(cases: Sequence[Case], options: Options) -> list[Row]:
 
 def summarise(by_size: dict[int, tuple[list[str], list[Measured]]]) -> dict[str, Any]:
     """Each size's figures as ``a / b / c`` cells, and the largest size over the smallest."""
-    p50, p99, rate, req, lay, sent = {}, {}, {}, {}, {}, {}
+    p50, p99, rate, req, lay, sent, listed, cpu, client = {}, {}, {}, {}, {}, {}, {}, {}, {}
     timeouts = overlaps = 0
     for n, (modes, rounds) in by_size.items():
         handoffs = sorted(h for m in rounds for h in m.handoffs)
@@ -352,6 +368,11 @@ def summarise(by_size: dict[int, tuple[list[str], list[Measured]]]) -> dict[str,
         req[n] = sum(m.requests for m in rounds) / grants if grants else math.nan
         replied = [m.reply_bytes for m in rounds if m.reply_bytes is not None]
         sent[n] = sum(replied) / grants if grants and replied else math.nan
+        lists = [m.listings for m in rounds if m.listings is not None]
+        listed[n] = sum(lists) / grants if grants and lists else math.nan
+        used = [m.cpu_ns for m in rounds if m.cpu_ns is not None]
+        cpu[n] = sum(used) / 1000 / grants if grants and used else math.nan
+        client[n] = sum(m.client_ns for m in rounds) / 1000 / grants if grants else math.nan
         lay[n] = f"{modes.count('threads')}T+{modes.count('tasks')}A"
         timeouts += sum(m.timeouts for m in rounds)
         overlaps += sum(m.overlaps for m in rounds)
@@ -368,6 +389,9 @@ def summarise(by_size: dict[int, tuple[list[str], list[Measured]]]) -> dict[str,
         "rate": cells(rate, lambda v: f"{v:,.0f}"),
         "requests": cells(req, lambda v: f"{v:.2f}"),
         "bytes": cells(sent, lambda v: "n/a" if math.isnan(v) else f"{v:,.0f}"),
+        "listings": cells(listed, lambda v: "n/a" if math.isnan(v) else f"{v:.2f}"),
+        "cpu": cells(cpu, lambda v: "n/a" if math.isnan(v) else f"{v:,.0f}"),
+        "client": cells(client, lambda v: "n/a" if math.isnan(v) else f"{v:,.0f}"),
         "p50_big": p50[big],
         "p50_growth": p50[big] / p50[small],
         "requests_growth": req[big] / req[small],
@@ -416,7 +440,12 @@ def _notes(options: Options) -> str:
         "(`MONITOR`, script-inner commands left out, summed over masters), ZooKeeper "
         "`zk_packets_received` (ensemble), memcached `cmd_*` + `delete_*` + `incr/decr_*`, "
         "PostgreSQL statements the clients sent (psycopg `execute`); reply bytes/grant: "
-        "ZooKeeper `zk_response_bytes`, memcached `bytes_written`; p50 growth and "
+        "ZooKeeper `zk_response_bytes`, memcached `bytes_written`; listings/grant: "
+        "ZooKeeper `get_children` requests the waiters sent (kazoo `_call`); server CPU "
+        "µs/grant: user + system time of the local server process "
+        "`DISTLOCK_BENCH_SERVER_PID` names and its children over the window (`/proc`; "
+        "n/a when not set; 10 ms ticks); client CPU µs/grant: the same of the waiter "
+        "processes; p50 growth and "
         "requests growth = largest size's value / smallest size's; `x ref` = p50 at the "
         "largest size / the peer's. Sizes: `DISTLOCK_BENCH_WAITERS` (default 8,100)."
     )
@@ -435,6 +464,9 @@ SUITE = add_suite(
             Column("rate", "grants/s"),
             Column("requests", "requests/grant"),
             Column("bytes", "reply bytes/grant"),
+            Column("listings", "listings/grant"),
+            Column("cpu", "server CPU µs/grant"),
+            Column("client", "client CPU µs/grant"),
             Column("p50_growth", "p50 growth", ratio),
             Column("requests_growth", "requests growth", ratio),
             Column("timeouts", "timeouts"),

@@ -109,7 +109,7 @@ class ServerCount:
         if self.monitors:
             return sum(m.stop() for m in self.monitors)
         last = self.read()
-        if self.counter in ("zookeeper", "memcached"):
+        if self.counter in ("zookeeper", "zookeeper1", "memcached"):
             self.reply_bytes = last[1] - self.first[1]
         return last[0] - self.first[0]
 
@@ -117,6 +117,8 @@ class ServerCount:
         """(requests, bytes sent to clients) so far; bytes 0 where not counted."""
         if self.counter == "zookeeper":
             return _mntr(os.environ["DISTLOCK_ZK_HOSTS"])
+        if self.counter == "zookeeper1":  # the standalone server
+            return _mntr(os.environ["DISTLOCK_ZK_STANDALONE"])
         if self.counter == "memcached":
             return _memcached_requests()
         return (self.statements.value if self.statements is not None else 0), 0  # postgres
@@ -149,3 +151,60 @@ def count_statements(counter: Any) -> None:
 
     psycopg.Cursor.execute = counted(psycopg.Cursor.execute)  # type: ignore[method-assign]
     psycopg.AsyncCursor.execute = acounted(psycopg.AsyncCursor.execute)  # type: ignore[method-assign]
+
+
+def count_listings(counter: Any) -> None:
+    """Count every ``get_children`` request kazoo sends from this process in ``counter``
+    (a shared ``multiprocessing.Value``): the listings whose replies grow with the queue."""
+    from kazoo.client import KazooClient
+
+    real = KazooClient._call
+
+    def call(client: KazooClient, request: Any, result: Any) -> Any:
+        if type(request).__name__.startswith("GetChildren"):
+            with counter.get_lock():
+                counter.value += 1
+        return real(client, request, result)
+
+    KazooClient._call = call  # type: ignore[method-assign]  # a waiter process only
+
+
+def _stat(pid: int | str) -> list[str]:
+    with open(f"/proc/{pid}/stat") as f:
+        stat = f.read()
+    return stat[stat.rindex(")") + 2:].split()  # the fields after "pid (comm) "
+
+
+def cpu_ns(pids: list[int]) -> int:
+    """User + system CPU time (ns) used so far by the processes ``pids`` (``/proc``).
+
+    :param pids: live processes (all their threads are counted).
+    :returns: the nanoseconds.
+    """
+    return sum(int(f[11]) + int(f[12]) for f in map(_stat, pids)) * 1_000_000_000 // os.sysconf(
+        "SC_CLK_TCK")
+
+
+def server_cpu_ns() -> int | None:
+    """CPU time (ns) used so far by the local server process ``DISTLOCK_BENCH_SERVER_PID``
+    names and its children (a PostgreSQL postmaster's backends; a ZooKeeper JVM's
+    threads are in its own figure), from ``/proc``: its own, its reaped children's and
+    its live children's user + system time. None when the variable is not set.
+
+    :returns: the nanoseconds, or None.
+    """
+    raw = os.environ.get("DISTLOCK_BENCH_SERVER_PID", "").strip()
+    if not raw:
+        return None
+    pid, tick = int(raw), os.sysconf("SC_CLK_TCK")
+    ticks = sum(int(x) for x in _stat(pid)[11:15])  # utime stime cutime cstime
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            child = _stat(entry)
+        except OSError:  # gone meanwhile
+            continue
+        if int(child[1]) == pid:  # ppid
+            ticks += int(child[11]) + int(child[12])
+    return ticks * 1_000_000_000 // tick

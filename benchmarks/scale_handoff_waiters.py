@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .contention import STARTUP_TIMEOUT
-from .scale_handoff_requests import count_statements
+from .scale_handoff_requests import count_listings, count_statements
 
 #: How long one acquire may wait: 1,000 waiters in a fair queue wait ~1,000 holds.
 WAIT = 60.0
@@ -29,8 +29,8 @@ Grant = tuple[int, int]  # acquire-return ns, just-before-release ns
 
 @dataclass(frozen=True)
 class Shared:
-    """What the parent and its waiters share: grants so far, statements sent (PostgreSQL),
-    and the parent's stop."""
+    """What the parent and its waiters share: grants so far, statements sent (PostgreSQL)
+    or listings (``get_children``, ZooKeeper), and the parent's stop."""
 
     granted: Any  # multiprocessing.Value
     statements: Any  # multiprocessing.Value
@@ -76,11 +76,14 @@ async def _aloop(locker: Any, shared: Shared, hard: int, hold_s: float
 
 
 def worker(factory: Any, key: str, mode: str, count: int, rounds: int, hold_s: float,
-           shared: Shared, barrier: Any, results: Any) -> None:
-    """One process: ``count`` waiters as threads or tasks, ``rounds`` rounds."""
+           shared: Shared, barrier: Any, results: Any, counter: str = "") -> None:
+    """One process: ``count`` waiters as threads or tasks, ``rounds`` rounds (``counter``:
+    the case's server counter; ZooKeeper's also counts the listings sent)."""
     lockers: list[Any] = []
     try:
         count_statements(shared.statements)
+        if counter.startswith("zookeeper"):
+            count_listings(shared.statements)
         lockers = [factory(key) for _ in range(count)]
         if mode == "tasks":
             asyncio.run(_tasks(lockers, rounds, hold_s, shared, barrier, results))

@@ -43,6 +43,7 @@ DISTLOCK = {
     "pg-tx": {"BACKEND": _DB, "OPTIONS": {"DATABASE": "default", "MODE": "transaction"}},
     # Suite ``asyncio``: lease mode with more pooled sessions for asyncio tasks (default 16).
     "pg-async64": {"BACKEND": _DB, "OPTIONS": {"DATABASE": "default", "ASYNC_SESSIONS": 64}},
+    "pg-async4": {"BACKEND": _DB, "OPTIONS": {"DATABASE": "default", "ASYNC_SESSIONS": 4}},
     # Suite ``asyncio`` (benchmarks/locmem.py): the process-local backend.
     "locmem": {"BACKEND": "django_distlock.backends.locmem.LocMemBackend"},
 }

@@ -38,7 +38,7 @@ from ..base import (
 from ..ordering import AgeOrderMixin, OrderedPage
 from .backend import DatabaseBackend, is_busy, server_wait
 from .ordered import held_by_age
-from .sessions import ERRORS, WATCHDOG, AsyncSessions, Session, connection_lost
+from .sessions import ERRORS, WATCHDOG, AsyncSessions, Session, connection_lost, retry_row_waits
 from .share_acquisition import KindAcquisition
 from .shares import force_release, kind_of_owner, with_shares
 from .sql import (
@@ -472,9 +472,9 @@ class PgLeaseAcquisition(Acquisition):
                 return released
         generation = self.generation if held_on is session else None
         params = pg_release_params(self.lock.key, self.token, generation)
-        with self._watched(session, self._release_bound()):
-            rows = self._call(session, "releasing a lock",
-                              lambda: session.execute(POSTGRESQL.release, params).fetchall())
+        with self._watched(session, bound := self._release_bound()):
+            rows = self._call(session, "releasing a lock", lambda: retry_row_waits(
+                lambda: session.execute(POSTGRESQL.release, params).fetchall(), bound))
         return bool(rows and rows[0][0])
 
     def _release_through(self, session: Session) -> bool | None:
@@ -486,8 +486,9 @@ class PgLeaseAcquisition(Acquisition):
             return None
         try:
             params = pg_release_params(self.lock.key, self.token, self.generation)
-            with self._watched(session, self._release_bound()):
-                row = session.execute(POSTGRESQL.release, params).fetchone()
+            with self._watched(session, bound := self._release_bound()):
+                row = retry_row_waits(
+                    lambda: session.execute(POSTGRESQL.release, params).fetchone(), bound)
             return bool(row and row[0])
         except ERRORS:
             # That connection broke, or was cut for not answering (its locks go with it

@@ -72,6 +72,28 @@ def sqlstate(exc: BaseException) -> str | None:
     return None
 
 
+def retry_row_waits(run: Callable[[], T], until: float) -> T:
+    """Run a statement again while it fails only for waiting longer than
+    :data:`ROW_LOCK_WAIT` for another transaction's lock of a row (a waiter's grant or
+    reservation, held until its commit is flushed), until ``until`` (monotonic). For a
+    statement whose row-lock wait comes before anything it does outside its transaction
+    (a lease release: its ``UPDATE`` is its first step), so that a failed try changed
+    nothing.
+
+    :param run: the statement, on a session the caller holds.
+    :param until: past it, a row-lock timeout is raised like any error.
+    :returns: what ``run`` returns.
+    :raises Exception: ``run``'s error, when it is not a row-lock timeout or ``until`` has
+        passed.
+    """
+    while True:
+        try:
+            return run()
+        except ERRORS as exc:
+            if sqlstate(exc) != "55P03" or time.monotonic() >= until:  # lock_not_available
+                raise
+
+
 #: SQLSTATEs of a session the server ended (admin_shutdown, crash_shutdown, ...).
 _SESSION_ENDED = frozenset({"57P01", "57P02", "57P03", "57P05"})
 
