@@ -333,3 +333,72 @@ def test_empty_lock_parents_are_reaped(ensemble) -> None:
         assert kazoo.exists(parent) is not None
     assert second.fencing_token > first.fencing_token  # type: ignore[operator]
     backend.close()
+
+
+def test_a_waiter_cut_off_just_after_its_listing_keeps_its_one_node(
+    ensemble: Ensemble, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The connection drops right after a waiter's listing came back (a follower that
+    lost its leader drops its clients: CI saw it when the leader was killed). While
+    disconnected, kazoo reports no session id, and the attempt took that for "another
+    session": it forgot its node (alive, in the same session) and queued a second one
+    behind it, which then waits for a node no handle will delete. Now it waits for the
+    reconnection and lists again: one node, still queued, served after the release.
+    The fault is real: every server of a private ensemble paused for a second and the
+    client's socket shut; only its moment is chosen, by wrapping the waiter's listing."""
+    import socket
+
+    from django_distlock.backends.zookeeper.acquisition import ZooKeeperAcquisition
+
+    backend = ensemble.backend()
+    name = "cut"
+    holder = backend.lock(name)
+    assert holder.acquire()
+    kazoo = backend.client.get()
+    parent = backend.parent_of(backend.make_key(name))
+    real, cut = ZooKeeperAcquisition._children, []
+
+    def resume() -> None:
+        time.sleep(1.0)
+        for entry in ensemble.entries:
+            os.kill(entry["pid"], signal.SIGCONT)
+
+    def listed_then_cut(self: Any, sent: Any) -> list[str]:
+        children = real(self, sent)
+        if self.node is not None and not cut and len(children) == 2:
+            cut.append(True)  # once: an attempt of the queued waiter
+            for entry in ensemble.entries:
+                os.kill(entry["pid"], signal.SIGSTOP)
+            threading.Thread(target=resume, daemon=True).start()
+            kazoo._connection._socket.shutdown(socket.SHUT_RDWR)
+            eventually(lambda: kazoo.client_id is None, 0.9)
+        return children
+
+    got: list[bool] = []
+    waiter = threading.Thread(target=lambda: got.append(backend.lock(name, timeout=20).acquire()))
+    try:
+        waiter.start()
+        assert eventually(lambda: len(kazoo.get_children(parent)) == 2)
+        monkeypatch.setattr(ZooKeeperAcquisition, "_children", listed_then_cut)
+        first = min(kazoo.get_children(parent), key=lambda child: child[-10:])
+
+        def touched() -> bool:  # until the waiter's watch is set and fires
+            if not cut:
+                kazoo.set(f"{parent}/{first}", b"touched")
+                time.sleep(0.1)
+            return bool(cut)
+
+        assert eventually(touched, 10)
+        time.sleep(1.5)  # the servers are back
+        assert eventually(lambda: kazoo.connected, 10)
+        assert eventually(lambda: len(kazoo.get_children(parent)) >= 2)
+        time.sleep(0.5)
+        assert len(kazoo.get_children(parent)) == 2  # the holder's and the waiter's one
+        holder.release()
+        waiter.join(25)
+        assert got == [True]
+    finally:
+        for entry in ensemble.entries:
+            os.kill(entry["pid"], signal.SIGCONT)
+        waiter.join(25)
+        backend.close()

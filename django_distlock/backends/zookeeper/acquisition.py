@@ -148,6 +148,12 @@ class ZooKeeperAcquisition(AheadWatches, ThreadHops):
             sent = listing[1] if listing is not None and listing[0] == self.node else None
             listing = None
             order = contenders(self._children(sent))
+            if self.node in order and self._session_id() is None:
+                # Cut off since the listing came back (a follower that lost its leader
+                # drops its clients): no session id is not another session. Requeueing
+                # would leave our node, alive, ahead of the new one. List again.
+                self.client.await_connected(time.monotonic() + self.client.settings.connect_timeout)
+                continue
             if self.node not in order or not self._same_session():
                 # Our node is gone (deleted, or its session ended while we queued), or it
                 # is a node of an ended session still listed (CURATOR-604): queue again.
