@@ -429,10 +429,6 @@ class AsyncSessions:
         if slots is not None and not loop.is_closed():
             loop.call_soon_threadsafe(slots.release)
 
-    def submit(self, func: Callable[[], object]) -> None:
-        """Run ``func`` in the pool's threads, not waiting for it."""
-        self._pool().submit(func)
-
     async def run(self, func: Callable[[], T]) -> T:
         """Run ``func`` in the pool's threads."""
         return await asyncio.get_running_loop().run_in_executor(self._pool(), func)
