@@ -38,7 +38,16 @@ from ..base import (
 from ..ordering import AgeOrderMixin, OrderedPage
 from .backend import DatabaseBackend, is_busy, server_wait
 from .ordered import held_by_age
-from .sessions import ERRORS, WATCHDOG, AsyncSessions, Session, connection_lost, retry_row_waits
+from .sessions import (
+    ERRORS,
+    WATCHDOG,
+    AsyncSessions,
+    Call,
+    CallCancelled,
+    Session,
+    connection_lost,
+    retry_row_waits,
+)
 from .share_acquisition import KindAcquisition
 from .shares import force_release, kind_of_owner, with_shares
 from .sql import (
@@ -216,7 +225,7 @@ class PgLeaseAcquisition(Acquisition):
         return self._retried(self._attempt_on, self.deadline)
 
     def wait(self, miss: Miss) -> Grant | None:
-        return self._retried(self._wait_on, self.deadline)
+        return self._retried(lambda session: self._wait_on(session, Call()), self.deadline)
 
     def release(self, exc_info: ExcInfo) -> bool:
         try:
@@ -289,13 +298,14 @@ class PgLeaseAcquisition(Acquisition):
         return await self._pooled(lambda: self._retried(self._attempt_on), Miss())
 
     async def async_wait(self, miss: Miss) -> Grant | None:
-        taken = self.taken
-        if taken is None:  # no session came: wait for one in the next attempt
+        if self.taken is None:  # no session came: wait for one in the next attempt
             return await super().async_wait(miss)
-        # Cancelled, the call goes on in the server: stop it there.
-        return await self._pooled(lambda: self._retried(self._wait_on), None,
-                                  lambda: threading.Thread(target=taken.cancel,
-                                                           daemon=True).start())
+        # Cancelled, the call goes on in the server: stop it there (that call only: the
+        # session's next statement may be the release of a grant that came meanwhile).
+        call = Call()
+        return await self._pooled(lambda: self._retried(lambda s: self._wait_on(s, call)),
+                                  None, lambda: threading.Thread(target=call.cancel,
+                                                                 daemon=True).start())
 
     async def _pooled(self, call: Callable[[], T], nothing: T,
                       on_cancel: Callable[[], None] | None = None) -> T:
@@ -423,15 +433,26 @@ class PgLeaseAcquisition(Acquisition):
             return Miss(retry_after)
         return self._grant(session, fencing, acquired_at, expires_at, generation, 0.0)
 
-    def _wait_on(self, session: Session) -> Grant | None:
+    def _wait_on(self, session: Session, call: Call) -> Grant | None:
         lock = self.lock
         self.queued = True
         session.note_contended(lock.key)
         params = [lock.key, self.token, lock.ttl, lock.host, lock.pid, lock.holder_field,
                   server_wait(self.deadline)]
         try:
-            with session.mutex, self._watched(session):
-                row = session.execute(PG_WAIT, params).fetchone()
+            with session.mutex, self._watched(session), call.running_on(session):
+                try:
+                    row = session.execute(PG_WAIT, params).fetchone()
+                except ERRORS:
+                    raise
+                except BaseException:
+                    # Interrupted (KeyboardInterrupt, say): stop the call in the server
+                    # (it would wait on, and may be handed the lock); the session is
+                    # closed below, which frees the queue and the head's advisory locks.
+                    call.cancel()
+                    raise
+        except CallCancelled:
+            return None  # its task was cancelled before the wait was sent
         except ERRORS as exc:
             # The session may still hold the queue's advisory lock: closing it frees that.
             self._drop(session)
@@ -439,10 +460,6 @@ class PgLeaseAcquisition(Acquisition):
                 return None
             raise self.backend.unavailable(exc, "waiting for a lock") from exc
         except BaseException:
-            # Interrupted (KeyboardInterrupt, say): stop the call in the server (it
-            # would wait on, and may be handed the lock), and close the session, which
-            # frees the queue and the head's advisory locks.
-            session.cancel()
             self._drop(session)
             raise
         granted, fencing, acquired_at, expires_at, granted_after, generation = row

@@ -21,7 +21,7 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -164,13 +164,24 @@ class Session:
         return self.cursor
 
     def cancel(self) -> None:
-        """Ask the server to stop this session's running statement, if any."""
+        """Ask the server to stop this session's running statement, if any, and return
+        once the server has taken the request. Only through :meth:`Call.cancel` (which
+        orders it before the session's next statement) or on a session closed right
+        after: a request stops *whatever* the session runs when it arrives.
+
+        If the server does not confirm it, the request may still land later, on a
+        statement it was not meant for: the session is then cut, never used again."""
         raw = self.wrapper.connection
-        with contextlib.suppress(Exception):
-            if hasattr(raw, "cancel_safe"):  # psycopg >= 3.2: waits for the answer
+        try:
+            # Both wait until the server has signalled the session's process: psycopg's
+            # cancel_safe (>= 3.2) for its answer, libpq's PQcancel (cancel()) for the
+            # postmaster to close the request's connection.
+            if hasattr(raw, "cancel_safe"):
                 raw.cancel_safe(timeout=5.0)
             else:
                 raw.cancel()
+        except Exception:
+            self.cut()
 
     def cut(self) -> None:
         """Shut the connection's socket down under the running call (any thread): the
@@ -187,6 +198,52 @@ class Session:
         if self.pid == os.getpid():
             with contextlib.suppress(Error):
                 self.wrapper.close()
+
+
+class CallCancelled(Exception):
+    """A :class:`Call` was cancelled before its statement was sent: nothing was run."""
+
+
+class Call:
+    """One statement run on a session that another thread may stop (a cancelled
+    asyncio task's wait, still running in the server).
+
+    A cancel request stops whatever its session runs when it arrives, so it must
+    reach this call's statement and never a later one (the release of a grant
+    that came meanwhile, say). :meth:`cancel` sends it only while the statement
+    runs, and :meth:`running_on`'s exit waits for a request in flight: the server
+    has taken it before the session's next statement is sent, and a cancel
+    signal that finds its session idle is dropped by the server.
+    """
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._session: Session | None = None
+        self.cancelled = False
+
+    @contextlib.contextmanager
+    def running_on(self, session: Session) -> Iterator[None]:
+        """Run the statement of this call on ``session`` within the block.
+
+        :raises CallCancelled: if :meth:`cancel` came first (nothing is sent).
+        """
+        with self._mutex:
+            if self.cancelled:
+                raise CallCancelled
+            self._session = session
+        try:
+            yield
+        finally:
+            with self._mutex:  # waits for a cancel request in flight
+                self._session = None
+
+    def cancel(self) -> None:
+        """Stop this call: its running statement (returns once the server has taken the
+        request), or the statement before it is sent; nothing after it."""
+        with self._mutex:
+            self.cancelled = True
+            if self._session is not None:
+                self._session.cancel()
 
 
 #: How long past its deadline a call may go before the watchdog cuts its connection
