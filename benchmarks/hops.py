@@ -9,10 +9,22 @@ refactoring added no layer and no round trip. Aliases whose server variable is
 not set (``DISTLOCK_*``, see ``scripts/servers.py``) are left out.
 
     . <servers dir>/env && python -m benchmarks.hops
+    python -m benchmarks.hops --check    # exit 1 if a count grew past the budget
+    python -m benchmarks.hops --record   # write today's counts as the budget
+
+The budget (``benchmarks/hops_budget.json``) is the hot path's bar: a warm
+acquire or release that makes more package calls, nests deeper or sends more
+than its recorded figure fails ``tests/test_hops_budget.py``. A change that
+needs more records the new figures on purpose (``--record``) and says why in
+its commit; a change that needs fewer records them too, so the bar follows.
+The counts are deterministic for one checkout (the same run gives the same
+table), so the check compares exactly, with no tolerance.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import sys
 import tempfile
@@ -22,6 +34,9 @@ from typing import Any
 
 PACKAGE = str(Path(__file__).resolve().parent.parent / "django_distlock")
 SENDS = {"send", "sendall", "sendmsg", "sendto", "write"}
+BUDGET = Path(__file__).resolve().parent / "hops_budget.json"
+#: The figures the budget holds, per alias and operation (modules are shown, not held).
+HELD = ("calls", "depth", "sends")
 
 
 def configure() -> list[str]:
@@ -146,13 +161,12 @@ def traced(call: Any) -> Trace:
     return trace
 
 
-def main() -> None:
+def measure() -> dict[str, dict[str, dict[str, int]]]:
+    """Trace one warm acquire and release per reachable alias; the figures by alias."""
     aliases = configure()
     from django_distlock import locks
 
-    columns = "calls | depth | modules | sends"
-    print(f"| alias | acquire {columns} | release {columns} |")
-    print("| --- " * 9 + "|")
+    figures: dict[str, dict[str, dict[str, int]]] = {}
     for alias in aliases:
         backend = locks[alias]
         for _ in range(20):  # warm: connections, scripts, first-use reads
@@ -162,13 +176,60 @@ def main() -> None:
         handle = backend.lock("hops", ttl=30, timeout=5)
         got = traced(handle.acquire)
         gone = traced(handle.release)
-        print(
-            f"| {alias} | {got.calls} | {got.max_depth} | {len(got.modules)} | {got.sends} "
-            f"| {gone.calls} | {gone.max_depth} | {len(gone.modules)} | {gone.sends} |"
-        )
+        figures[alias] = {
+            op: {"calls": t.calls, "depth": t.max_depth, "modules": len(t.modules),
+                 "sends": t.sends}
+            for op, t in (("acquire", got), ("release", gone))
+        }
     for alias in aliases:
         locks[alias].close()
+    return figures
+
+
+def over_budget(figures: dict[str, dict[str, dict[str, int]]],
+                budget: dict[str, dict[str, dict[str, int]]]) -> list[str]:
+    """What grew past ``budget`` (one line each), and the aliases it lacks."""
+    grown = []
+    for alias, ops in figures.items():
+        if alias not in budget:
+            grown.append(f"{alias}: not in the budget (record it: --record)")
+            continue
+        for op, counts in ops.items():
+            for what in HELD:
+                if counts[what] > budget[alias][op][what]:
+                    grown.append(f"{alias} {op}: {counts[what]} {what}, budget "
+                                 f"{budget[alias][op][what]}")
+    return grown
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.hops", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    action = parser.add_mutually_exclusive_group()
+    action.add_argument("--check", action="store_true", help="exit 1 past the budget")
+    action.add_argument("--record", action="store_true", help="write the budget")
+    parser.add_argument("--budget", type=Path, default=BUDGET, help="the budget's file")
+    args = parser.parse_args(argv)
+    figures = measure()
+    columns = "calls | depth | modules | sends"
+    print(f"| alias | acquire {columns} | release {columns} |")
+    print("| --- " * 9 + "|")
+    for alias, ops in figures.items():
+        cells = " | ".join(str(ops[op][what]) for op in ("acquire", "release")
+                           for what in ("calls", "depth", "modules", "sends"))
+        print(f"| {alias} | {cells} |")
+    if args.record:
+        held = {alias: {op: {what: counts[what] for what in HELD} for op, counts in ops.items()}
+                for alias, ops in figures.items()}
+        args.budget.write_text(json.dumps(held, indent=2, sort_keys=True) + "\n")
+        print(f"recorded in {args.budget}")
+    elif args.check:
+        grown = over_budget(figures, json.loads(args.budget.read_text()))
+        for line in grown:
+            print(f"OVER BUDGET: {line}")
+        return 1 if grown else 0
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
