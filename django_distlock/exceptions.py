@@ -12,6 +12,7 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError
+from django.db.transaction import TransactionManagementError
 
 __all__ = [
     "BackendUnavailable",
@@ -169,3 +170,13 @@ class AlreadyQueued(LockNotAcquired):
 
 
 __all__.append("AlreadyQueued")
+
+
+class LeaseInTransaction(UnsupportedOperation, TransactionManagementError):
+    """A lock that must outlive the caller's transaction was asked for inside it, on a
+    backend whose leases are written in that transaction (the database backend's lease
+    mode on SQLite): its rollback would undo the grant. Nothing was written. Raised by
+    :func:`~django_distlock.schedules.once_per_slot`; see ``docs/schedules.md``."""
+
+
+__all__.append("LeaseInTransaction")

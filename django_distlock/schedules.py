@@ -17,7 +17,9 @@ durations shape the lock:
 
 Keeping the lock is a lease whose end is set by the lock server, so it needs
 a backend whose locks expire (``supports_expiry``); ``distlock.W040`` says so for
-a job on any other alias. See ``docs/schedules.md``.
+a job on any other alias. The lease must also outlive the caller's transaction:
+a call inside one, on a backend that would write the lease in it (SQLite), is
+refused before anything is written. See ``docs/schedules.md``.
 """
 
 from __future__ import annotations
@@ -32,10 +34,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
+from asgiref.sync import sync_to_async
 from django.core.exceptions import ImproperlyConfigured
 
 from .context import enter, leave
-from .exceptions import DistLockError, LockLost
+from .exceptions import DistLockError, LeaseInTransaction, LockLost
 from .handler import DEFAULT_LOCK_ALIAS, locks
 from .names import validate_name
 from .values import MIN_TTL, validate_ttl
@@ -123,6 +126,9 @@ def once_per_slot(
     :returns: the decorator; the wrapper has ``job`` (:class:`ScheduledJob`).
     :raises TypeError, ValueError: when decorating, for a bad name, duration or
         ``on_lost``, or ``min_hold`` above ``max_hold``.
+    :raises LeaseInTransaction: when called inside the caller's open transaction on an
+        alias whose leases would be written in it (the database backend on SQLite),
+        before anything is written.
     """
     validate_name(name)
     if not isinstance(using, str):
@@ -153,6 +159,12 @@ def once_per_slot(
             @functools.wraps(func)
             async def wrapper(*args: Any, **kwargs: Any) -> Any:
                 handle = _handle(job)
+                backend = handle.backend
+                # The thread whose connection the lease statements would use.
+                if backend.leases_join_transaction and await sync_to_async(
+                    backend.in_caller_transaction
+                )():
+                    raise _in_transaction(job, backend)
                 context = enter(label)
                 try:
                     won = await handle.aacquire(blocking=False)
@@ -173,6 +185,8 @@ def once_per_slot(
             @functools.wraps(func)
             def wrapper(*args: Any, **kwargs: Any) -> Any:
                 handle = _handle(job)
+                if handle.backend.in_caller_transaction():
+                    raise _in_transaction(job, handle.backend)
                 context = enter(label)
                 try:
                     won = handle.acquire(blocking=False)
@@ -208,6 +222,20 @@ def _describe(func: Callable[..., Any]) -> str:
 def _handle(job: ScheduledJob) -> Lock:
     """A non-blocking handle whose lease is ``max_hold`` (never renewed)."""
     return locks[job.using].lock(job.name, ttl=job.max_hold, blocking=False, auto_renew=False)
+
+
+def _in_transaction(job: ScheduledJob, backend: BaseLockBackend) -> LeaseInTransaction:
+    """The refusal of a call whose lease the caller's transaction would take back."""
+    return LeaseInTransaction(
+        f"Scheduled job {job.name!r} ({job.function}) was called inside an open "
+        f"transaction, and alias {job.using!r} ({type(backend).__name__}) would write its "
+        "lock in that transaction: a rollback would undo the grant and the min_hold keep, "
+        "and another firing would run the same slot. Nothing was written. Call the job "
+        "outside transaction.atomic() (ATOMIC_REQUESTS included; in a test, a "
+        "TransactionTestCase or django_db(transaction=True)), or lock on an alias whose "
+        "leases live apart from your transaction (the database backend on PostgreSQL, "
+        "Redis)."
+    )
 
 
 def _finish(handle: Lock, job: ScheduledJob, on_lost: OnLost) -> None:

@@ -15,7 +15,10 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from asgiref.sync import async_to_sync
 from django.core import checks
+from django.db import transaction
+from django.db.transaction import TransactionManagementError
 from django.test import override_settings
 
 from django_distlock import locks
@@ -158,6 +161,83 @@ def test_async_job(alias: str, unique: Callable[[str], str]) -> None:
 
     assert asyncio.run(twice()) == ["ran", "skipped"]
     assert len(runs) == 1
+
+
+def _fire_in_transactions(job: Callable[[], Any], using: str, firings: int) -> list[str]:
+    """Fire ``job`` ``firings`` times, each inside a caller's ``atomic()`` block on
+    ``using`` that the job's exception rolls back; return what each firing raised."""
+    raised = []
+    for _ in range(firings):
+        try:
+            with transaction.atomic(using=using):
+                job()
+        except Exception as exc:
+            raised.append(type(exc).__name__)
+    return raised
+
+
+def test_a_slot_is_refused_inside_the_callers_transaction_on_sqlite(
+    unique: Callable[[str], str],
+) -> None:
+    """SQLite's lease statements run on the caller's connection: inside its ``atomic()``
+    block the grant and the ``min_hold`` keep would be rolled back with it (a second
+    firing of the slot ran the job again), and a connection of its own would wait for the
+    write lock that block holds. So the call is refused before anything is written."""
+    name, runs = unique("job"), []
+
+    @once_per_slot(name, using="sqlite-lease", max_hold=30, min_hold=5)
+    def failing() -> None:
+        runs.append(1)
+        raise RuntimeError("boom")
+
+    raised = _fire_in_transactions(failing, "default", 2)
+    assert runs == [], f"the slot ran {len(runs)} time(s) inside the caller's transaction"
+    assert raised == ["LeaseInTransaction"] * 2
+    assert not locks["sqlite-lease"].is_locked(name)
+
+    @once_per_slot(name, using="sqlite-lease", max_hold=30, min_hold=5)
+    async def afailing() -> None:
+        runs.append(1)
+        raise RuntimeError("boom")
+
+    # An async job fired from sync code: its statements run on this thread's connection.
+    assert _fire_in_transactions(async_to_sync(afailing), "default", 1) == [
+        "LeaseInTransaction"
+    ]
+    assert runs == []
+    # Autocommit turned off by the caller is a transaction as well; the refusal is
+    # Django's TransactionManagementError too, and says what to do.
+    transaction.set_autocommit(False)
+    try:
+        with pytest.raises(TransactionManagementError, match=r"outside transaction\.atomic"):
+            failing()
+    finally:
+        transaction.rollback()
+        transaction.set_autocommit(True)
+    assert runs == []
+    # Outside the block the same job runs, and keeps its slot.
+    with pytest.raises(RuntimeError):
+        failing()
+    assert failing() is None
+    assert runs == [1]
+
+
+def test_a_slot_on_postgres_outlives_the_callers_rollback(
+    unique: Callable[[str], str],
+) -> None:
+    """PostgreSQL's lease statements run on the backend's own sessions: the caller's
+    rollback leaves the slot's lock and its ``min_hold`` keep in place."""
+    require_pg()
+    runs: list[int] = []
+
+    @once_per_slot(unique("job"), using="pg-lease", max_hold=30, min_hold=5)
+    def failing() -> None:
+        runs.append(1)
+        raise RuntimeError("boom")
+
+    assert _fire_in_transactions(failing, "pg", 2) == ["RuntimeError"]
+    assert runs == [1]
+    assert locks["pg-lease"].is_locked(failing.job.name)
 
 
 def test_bad_options() -> None:

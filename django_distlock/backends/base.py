@@ -141,6 +141,11 @@ class BaseLockBackend(KindsMixin, CountingMixin, abc.ABC):
     supports_waiters: ClassVar[bool] = False
     #: Locks exclude other processes (False only for process-local backends).
     distributed: ClassVar[bool] = True
+    #: Leases are written on the caller's own database connection (the database
+    #: backend's lease mode on SQLite), so that one taken inside the caller's open
+    #: transaction commits or rolls back with it: :meth:`in_caller_transaction` says
+    #: when. False where leases live apart from the caller's transactions.
+    leases_join_transaction: ClassVar[bool] = False
     #: ``lock(name, reentrant=True)`` works: the same owner acquires again, counted.
     supports_reentrancy: ClassVar[bool] = False
     # supports_read_write and supports_semaphore: see KindsMixin (kinds.py).
@@ -363,6 +368,12 @@ class BaseLockBackend(KindsMixin, CountingMixin, abc.ABC):
         """
         assert self.acquisition_class is not None  # see _check_implementation()
         return self.acquisition_class(self, lock, token, blocking, deadline)
+
+    def in_caller_transaction(self) -> bool:
+        """Whether a lease taken now, in this thread, would be written in the caller's
+        open transaction, and undone by its rollback (no I/O). Always False where
+        :attr:`leases_join_transaction` is False."""
+        return False
 
     @abc.abstractmethod
     def is_locked(self, name: str) -> bool:

@@ -148,14 +148,29 @@ class LeaseBackend(AgeOrderMixin, DatabaseBackend, mode="lease"):
 
 
 class SqliteLeaseBackend(LeaseBackend):
-    """Lease mode on SQLite: waiters poll with backoff, in no queue."""
+    """Lease mode on SQLite: waiters poll with backoff, in no queue; the statements run on
+    Django's connection, in the caller's transaction when one is open."""
 
     supports_waiters = False
+    # A connection of the backend's own cannot keep leases apart from the caller's
+    # transaction on SQLite: that transaction holds the database's write lock (taken at
+    # BEGIN IMMEDIATE, or at its first write), so the other connection's write waits
+    # for it until the busy timeout; one that got in first (a DEFERRED transaction that
+    # had only read) makes the caller's next write fail instead.
+    leases_join_transaction = True
     why_unsupported = {
         **LeaseBackend.why_unsupported,
         "supports_waiters": "its waiters poll with backoff in their own processes; SQLite "
         "keeps no queue of them",
     }
+
+    def in_caller_transaction(self) -> bool:
+        connection = connections[self.database]
+        # Django's atomic() block, or autocommit turned off by the caller (a connection
+        # not yet opened is in autocommit when it opens).
+        return connection.in_atomic_block or (
+            connection.connection is not None and not connection.autocommit
+        )
 
 
 class SqliteLeaseAcquisition(Acquisition):
