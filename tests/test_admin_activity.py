@@ -21,7 +21,7 @@ from django_distlock.models import LockActivity
 
 from .conftest import DATABASES, require_pg
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_versions, pytest.mark.django_db]
 
 URL = "admin:django_distlock_activity"
 

@@ -42,7 +42,10 @@ from .conftest import (
     require_zookeeper,
 )
 
-pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
+pytestmark = [
+    pytest.mark.django_versions,
+    pytest.mark.django_db(transaction=True, databases=DATABASES),
+]
 
 LIST = "admin:django_distlock_held_locks"
 DETAIL = "admin:django_distlock_held_lock"

@@ -41,7 +41,10 @@ from .test_optimistic_browser import (  # noqa: F401  (fixtures)
     screenshots,
 )
 
-pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
+pytestmark = [
+    pytest.mark.django_versions,
+    pytest.mark.django_db(transaction=True, databases=DATABASES),
+]
 
 PACKAGE_STATIC = Path(django_distlock.__file__).parent / "static"
 

@@ -23,7 +23,10 @@ from django_distlock.operations import listing, totals
 from .conftest import DATABASES, require_pg, require_redis, require_zookeeper
 from .test_admin_dashboard import LIST, boss, staff_with  # noqa: F401  (fixture)
 
-pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
+pytestmark = [
+    pytest.mark.django_versions,
+    pytest.mark.django_db(transaction=True, databases=DATABASES),
+]
 
 GRAND = r'id="distlock-grand-total".*?count"[^>]*><strong>([^<]+)</strong>'
 COUNTED = ["sqlite-lease", "pg-lease", "redis", "zk", "locmem"]

@@ -27,7 +27,10 @@ from django_distlock.operations.ordered import order_reason, read_merged
 
 from .conftest import DATABASES, require_pg, require_redis
 
-pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
+pytestmark = [
+    pytest.mark.django_versions,
+    pytest.mark.django_db(transaction=True, databases=DATABASES),
+]
 
 MERGED = ["pg-lease", "sqlite-lease"]
 COUNT = 7

@@ -21,7 +21,10 @@ from django_distlock.models import LockActivity, LockEvent
 
 from .conftest import DATABASES, require_pg
 
-pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
+pytestmark = [
+    pytest.mark.django_versions,
+    pytest.mark.django_db(transaction=True, databases=DATABASES),
+]
 
 
 @pytest.fixture(params=DATABASES)

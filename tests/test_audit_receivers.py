@@ -16,7 +16,7 @@ from django_distlock.audit.recorder import recorder
 from django_distlock.handler import follow_audit
 from django_distlock.models import LockEvent
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_versions, pytest.mark.django_db(transaction=True)]
 
 LOCMEM = "django_distlock.backends.locmem.LocMemBackend"
 QUIET = {"default": {"BACKEND": LOCMEM}}

@@ -30,7 +30,7 @@ from django_distlock.models import LockActivity, LockEvent
 from . import audit_exit
 from .conftest import require_redis
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_versions, pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture

@@ -34,6 +34,8 @@ from .conftest import CACHE_ALIASES, DATABASES, in_thread, require_memcached, re
 from .histories import FORK, done, fork_ready, run_forked
 from .private_memcached import Memcached
 
+pytestmark = pytest.mark.django_versions
+
 
 def require(alias: str) -> None:
     """Fail (full run) or skip when the server behind ``alias`` is absent."""

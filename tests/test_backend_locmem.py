@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 from django.core import checks
 
 from django_distlock.testing import LockContract
+
+pytestmark = pytest.mark.django_versions
 
 
 class TestLocMem(LockContract):

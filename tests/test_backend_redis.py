@@ -33,6 +33,8 @@ from django_distlock.testing import LockContract
 
 from .conftest import REDIS_ALIASES, eventually, in_thread, require_redis
 
+pytestmark = pytest.mark.django_versions
+
 URL = os.environ.get("DISTLOCK_REDIS_URL", "")
 
 

@@ -37,7 +37,10 @@ from .conftest import DATABASES, require_pg, require_redis, require_zookeeper
 from .test_admin_dashboard_browser import login, static_root  # noqa: F401  (fixture)
 from .test_optimistic_browser import _messages, _shot, _submit, browsers, screenshots  # noqa: F401
 
-pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
+pytestmark = [
+    pytest.mark.django_versions,
+    pytest.mark.django_db(transaction=True, databases=DATABASES),
+]
 
 BULK = "admin:django_distlock_bulk_release"
 REQUIRE: dict[str, Callable[[], None]] = {

@@ -14,7 +14,7 @@ import pytest
 from .conftest import require_redis
 from .test_flashsale import ALWAYS, LOCKLESS, ROOT, _env, _parse_table
 
-pytestmark = pytest.mark.servers
+pytestmark = [pytest.mark.django_versions, pytest.mark.servers]
 STOCK, WORKERS = 8, 4
 
 

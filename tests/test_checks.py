@@ -13,6 +13,8 @@ from django.test import override_settings
 
 from django_distlock.checks import check_distlock
 
+pytestmark = pytest.mark.django_versions
+
 _MODULE = check_distlock.__module__
 
 DB = "django_distlock.backends.database.DatabaseBackend"

@@ -22,6 +22,8 @@ from django_distlock.backends.locmem import LocMemBackend
 from django_distlock.exceptions import UnsupportedOperation
 from django_distlock.testing.contract import BackendContractTests, check_names
 
+pytestmark = pytest.mark.django_versions
+
 
 # Run by manage.py test below, not collected by pytest (``__test__``).
 class LocMemContractTests(BackendContractTests, SimpleTestCase):

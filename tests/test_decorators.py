@@ -25,7 +25,7 @@ from django_distlock.values import DEFAULT
 
 from .conftest import in_thread
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_versions, pytest.mark.django_db(transaction=True)]
 ALIAS = "sqlite-lease"
 LOCMEM = "django_distlock.backends.locmem.LocMemBackend"
 

@@ -25,7 +25,10 @@ from django_distlock.operations.health import check_health
 from .conftest import DATABASES, require_pg
 from .tables import table_missing
 
-pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
+pytestmark = [
+    pytest.mark.django_versions,
+    pytest.mark.django_db(transaction=True, databases=DATABASES),
+]
 
 DOWN = {
     "BACKEND": "django_distlock.backends.redis.RedisBackend",

@@ -41,6 +41,8 @@ from django_distlock import distlock, locks
 from .conftest import require_pg
 from .test_flashsale import ROOT, _create_database
 
+pytestmark = pytest.mark.django_versions
+
 #: The lock every task of one report takes (the ``pg-lease`` alias: PostgreSQL).
 NAME = "tasks-report:{day}"
 HOLD = 0.4

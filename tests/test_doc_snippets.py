@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.django_versions
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCUMENTS = ["README.md", "docs/usage.md", "docs/settings.md", "docs/admin-dashboard.md"]
 MARKER = re.compile(

@@ -22,6 +22,8 @@ from testproject.shop.models import Product
 
 from .conftest import DATABASES
 
+pytestmark = pytest.mark.django_versions
+
 OLD_PATH = "django_distlock.optimistic.fencing.FencingTokenField"
 #: The shop's migration that froze the old path.
 OLD_MIGRATION = ("shop", "0002_version_and_fencing_token")

@@ -19,6 +19,8 @@ import pytest
 
 from .conftest import require_pg
 
+pytestmark = pytest.mark.django_versions
+
 ROOT = Path(__file__).resolve().parent.parent
 WORKERS = 4
 STOCK = 20

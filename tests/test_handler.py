@@ -13,6 +13,8 @@ from django_distlock import locks
 from django_distlock.backends.database import DatabaseBackend
 from django_distlock.exceptions import InvalidLockAlias, LockConfigurationError
 
+pytestmark = pytest.mark.django_versions
+
 DB = "django_distlock.backends.database.DatabaseBackend"
 
 

@@ -20,7 +20,10 @@ from django_distlock.models import LockEvent
 
 from .conftest import DATABASES, eventually, needs_pg, require_pg
 
-pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
+pytestmark = [
+    pytest.mark.django_versions,
+    pytest.mark.django_db(transaction=True, databases=DATABASES),
+]
 
 
 def test_a_view_lists_its_request_path() -> None:

@@ -24,7 +24,10 @@ from .conftest import DATABASES, require_pg
 from .tables import table_missing
 
 # every alias' health() runs, the database ones included (on every test database)
-pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
+pytestmark = [
+    pytest.mark.django_versions,
+    pytest.mark.django_db(transaction=True, databases=DATABASES),
+]
 
 DOWN = {
     "BACKEND": "django_distlock.backends.redis.RedisBackend",

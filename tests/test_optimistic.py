@@ -51,7 +51,10 @@ from tests.testapp.models import (
 
 from .conftest import DATABASES, in_thread, require_pg
 
-pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
+pytestmark = [
+    pytest.mark.django_versions,
+    pytest.mark.django_db(transaction=True, databases=DATABASES),
+]
 FORK = multiprocessing.get_context("fork")
 
 

@@ -38,6 +38,8 @@ from tests.testapp.optimistic_models import Account, Shelf
 
 from .conftest import DATABASES, require_pg
 
+pytestmark = pytest.mark.django_versions
+
 TOKEN = re.compile(r'name="distlock_version" value="([^"]+)"')
 ROW_PK = re.compile(r'name="form-(\d+)-id" value="([^"]+)"')
 ROW_TOKEN = re.compile(r'name="form-(\d+)-distlock_version" value="([^"]+)"')

@@ -36,7 +36,10 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 ADMIN_STATIC = Path(django.contrib.admin.__file__).parent / "static"
 
-pytestmark = pytest.mark.django_db(databases=["default", "pg"], transaction=True)
+pytestmark = [
+    pytest.mark.django_versions,
+    pytest.mark.django_db(databases=["default", "pg"], transaction=True),
+]
 
 
 def _missing() -> str | None:

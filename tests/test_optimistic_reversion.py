@@ -29,7 +29,10 @@ from tests.testapp.models import Article, Place, Shop
 
 from .conftest import DATABASES, require_pg
 
-pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
+pytestmark = [
+    pytest.mark.django_versions,
+    pytest.mark.django_db(transaction=True, databases=DATABASES),
+]
 
 site = admin.AdminSite(name="reversion_admin")
 

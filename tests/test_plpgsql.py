@@ -17,6 +17,8 @@ from django_distlock import migrations as distlock_migrations
 
 from .conftest import DATABASES, require_pg
 
+pytestmark = pytest.mark.django_versions
+
 on_pg = pytest.mark.django_db(transaction=True, databases=DATABASES)
 
 SQL = Path(distlock_migrations.__file__).with_name("sql")

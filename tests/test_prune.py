@@ -25,7 +25,10 @@ from django_distlock.testing.history import HistoryRecorder, check, load
 from .conftest import DATABASES, PG_ALIASES, SQLITE_ALIASES, require_pg
 from .histories import FORK, done, fork_ready
 
-pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
+pytestmark = [
+    pytest.mark.django_versions,
+    pytest.mark.django_db(transaction=True, databases=DATABASES),
+]
 
 ALIASES = SQLITE_ALIASES + PG_ALIASES
 

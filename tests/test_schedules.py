@@ -35,7 +35,10 @@ from .conftest import (
     require_zookeeper,
 )
 
-pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
+pytestmark = [
+    pytest.mark.django_versions,
+    pytest.mark.django_db(transaction=True, databases=DATABASES),
+]
 
 #: Backends whose locks expire: min_hold and max_hold apply.
 LEASE_ALIASES = [

@@ -23,7 +23,10 @@ from testproject.shop.models import Order, Product
 from .conftest import DATABASES, in_thread
 from .histories import run_forked
 
-pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
+pytestmark = [
+    pytest.mark.django_versions,
+    pytest.mark.django_db(transaction=True, databases=DATABASES),
+]
 STOCK = 12
 WORKERS = 4
 

@@ -32,7 +32,10 @@ from .conftest import (
     require_zookeeper,
 )
 
-pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
+pytestmark = [
+    pytest.mark.django_versions,
+    pytest.mark.django_db(transaction=True, databases=DATABASES),
+]
 
 LEASES = ["sqlite-lease", "pg-lease", "redis", "redis-cache", "redlock", "zk"]
 TRANSACTIONS = ["sqlite-tx", "pg-tx"]

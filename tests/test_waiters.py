@@ -34,7 +34,10 @@ from .conftest import (
     require_pg,
 )
 
-pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
+pytestmark = [
+    pytest.mark.django_versions,
+    pytest.mark.django_db(transaction=True, databases=DATABASES),
+]
 
 QUEUED = ["locmem", "redis", "redis-cluster", "pg-lease", "zk"]
 
