@@ -39,14 +39,19 @@ from django_distlock.optimistic.mixin import _keep_the_version_newest
 from tests.testapp.models import (
     Item,
     ItemProxy,
+    Kiosk,
+    KioskProxy,
     Place,
     PlainItem,
     PlainShop,
+    PlainSite,
     RevisedItem,
     Shelf,
     Shop,
+    Stall,
     StampedItem,
     Tagged,
+    UuidKiosk,
 )
 
 from .conftest import DATABASES, in_thread, require_pg
@@ -553,6 +558,90 @@ def test_positional_save_arguments_behave_as_djangos(alias: str) -> None:
         row = _row(model, alias, obj.pk)
         outcomes.append((row["name"], [type(w.message).__name__ for w in seen]))
     assert outcomes[0] == outcomes[1]
+
+
+# --- the version column in a multi-table child's table --------------------------------------
+
+
+def test_a_child_holding_the_version_starts_at_1_when_the_database_assigns_its_key(
+    alias: str,
+) -> None:
+    """Issue 32, finding 3: the child's key is the parent link, which Django sets from
+    the parent row it has just inserted; that key is the database's, not the caller's."""
+    with _queries(alias) as ctx:
+        kiosk = Kiosk.objects.using(alias).create(name="north", stock=3)
+    statements = [q["sql"].split()[0] for q in ctx]
+    assert [word for word in statements if word != "BEGIN" and word != "COMMIT"] == ["INSERT"] * 2
+    assert kiosk.version == 1 and _row(Kiosk, alias, kiosk.pk)["version"] == 1
+    built = Kiosk(name="south")
+    built.save(using=alias)
+    assert built.version == 1 == _row(Kiosk, alias, built.pk)["version"]
+    proxied = KioskProxy.objects.using(alias).create(name="proxy")
+    assert proxied.version == 1 == _row(Kiosk, alias, proxied.pk)["version"]
+    # A grandchild: the version is in its parent's table, keyed by that table's link.
+    stall = Stall.objects.using(alias).create(name="stall", slot=2)
+    assert stall.version == 1 == _row(Kiosk, alias, stall.pk)["version"]
+    kiosk.stock = 2
+    kiosk.save()
+    assert kiosk.version == 2 == _row(Kiosk, alias, kiosk.pk)["version"]
+    stale = Kiosk.objects.using(alias).get(pk=stall.pk)
+    stall.slot = 3
+    stall.save()
+    assert stall.version == 2
+    with pytest.raises(VersionConflict):
+        stale.save()
+
+
+@pytest.mark.parametrize("model", [Item, Kiosk])
+def test_djangos_copy_idiom_starts_the_copy_at_1(alias: str, model: type[models.Model]) -> None:
+    """Django's documented copy (pk and id set to None, ``_state.adding``), for a plain
+    model and for a multi-table child holding the version."""
+    original = model.objects.using(alias).create(name="pen")
+    original.save()
+    original.save()  # version 3
+    copy = model.objects.using(alias).get(pk=original.pk)
+    copy.pk = None
+    copy.id = None  # type: ignore[attr-defined]
+    copy._state.adding = True
+    copy.save()
+    assert copy.pk != original.pk and copy.version == 1  # type: ignore[attr-defined]
+    assert _row(model, alias, copy.pk)["version"] == 1
+    assert _row(model, alias, original.pk)["version"] == 3
+
+
+def test_a_child_holding_the_version_with_a_given_key_starts_at_the_clock(alias: str) -> None:
+    before = time.time_ns() // 1000
+    taken = Kiosk.objects.using(alias).create(name="taken").pk
+    by_pk = Kiosk.objects.using(alias).create(pk=taken + 100, name="pk")
+    by_parent_key = Kiosk.objects.using(alias).create(id=taken + 200, name="id")
+    stall = Stall.objects.using(alias).create(pk=taken + 300, name="stall")
+    keyed = UuidKiosk.objects.using(alias).create(name="uuid")  # a key from a field default
+    shop = Shop.objects.using(alias).create(pk=taken + 400, name="shop")  # version in the parent
+    for obj, model in (
+        (by_pk, Kiosk),
+        (by_parent_key, Kiosk),
+        (stall, Kiosk),
+        (keyed, UuidKiosk),
+        (shop, Place),
+    ):
+        assert obj.version >= before and _row(model, alias, obj.pk)["version"] == obj.version
+    keyed.pk = keyed.id = None  # type: ignore[assignment]
+    keyed._state.adding = True
+    keyed.save()  # the copy idiom: the default gives the key again
+    assert keyed.version >= before
+    # A child deleted from its parent row and made again: the same key, never its versions.
+    kiosk = Kiosk.objects.using(alias).create(name="again")
+    kiosk.save()  # version 2
+    reader = Kiosk.objects.using(alias).get(pk=kiosk.pk)
+    Kiosk.objects.using(alias).get(pk=kiosk.pk).delete(keep_parents=True)
+    site = PlainSite.objects.using(alias).get(pk=kiosk.pk)
+    again = Kiosk(plainsite_ptr=site, name=site.name)
+    again.save(using=alias)
+    assert again.version >= before
+    again.save()
+    reader.stock = 9
+    with pytest.raises(VersionConflict):
+        reader.save()
 
 
 # --- delete ---------------------------------------------------------------------------------

@@ -20,7 +20,14 @@ from django.db.models.signals import class_prepared, post_save, pre_save
 
 from ..exceptions import VersionConflict
 from .saveplan import SavePlan, direct_update, plan_for
-from .version import VersionField, clock_version, count_message, version_field, version_fields
+from .version import (
+    KEY_ASSIGNED,
+    VersionField,
+    clock_version,
+    count_message,
+    version_field,
+    version_fields,
+)
 
 __all__ = ["OptimisticLockMixin"]
 
@@ -169,6 +176,15 @@ class OptimisticLockMixin(models.Model):
             return
         before = getattr(self, field.attname)
         setattr(self, field.attname, field.get_default())
+        # The version's table is keyed by a parent link, which Django sets from the
+        # parent row it inserts before that table: VersionField.pre_save then finds
+        # a key set, and only this moment tells whether the database gave it. (A key
+        # that a pre_save receiver sets on such a child after this is not seen.)
+        assigned = bool(plan.key_sources) and all(
+            getattr(self, name) is None for name in plan.key_sources
+        )
+        if assigned:
+            setattr(self._state, KEY_ASSIGNED, True)
         try:
             super().save(
                 force_insert=force_insert,
@@ -179,6 +195,9 @@ class OptimisticLockMixin(models.Model):
         except BaseException:
             setattr(self, field.attname, before)
             raise
+        finally:
+            if assigned:
+                delattr(self._state, KEY_ASSIGNED)
         setattr(self._state, _READ_PK, self.pk)
 
     def _insert_over_parent(

@@ -44,6 +44,9 @@ class SavePlan:
     owner: type[models.Model]  # the model whose table holds the version column
     owner_pk: str  # attname of the owner's primary key
     has_parents: bool  # multi-table inheritance: Django's save writes the parents
+    #: When the owner's key is a parent link: the keys and links of the model's
+    #: tables, all None before an insert when the database assigns that key; else ().
+    key_sources: tuple[str, ...]
     #: (name, attname, field, own pre_save) of each column a save writes, but the
     #: pk, generated columns and the version.
     columns: tuple[tuple[str, str, models.Field[Any, Any], bool], ...]
@@ -102,6 +105,32 @@ def direct_ok(
 
 
 _LOOKUPS = "django.db.models.lookups"
+
+
+def key_sources(concrete: type[models.Model], owner: type[models.Model]) -> tuple[str, ...]:
+    """The attributes whose values, all None before Django's save inserts ``concrete``,
+    mean that the database assigns the key of ``owner``'s row (see :class:`SavePlan`).
+
+    Django's save copies a key or link given anywhere in the chain of parents to
+    the root's key, and the root's key back into every link: any one given is
+    the key given. A root key from a default (Python or database) or from a
+    field that makes its own (``get_pk_value_on_save``) is a key given too:
+    then () (VersionField decides from the key, which it finds set).
+    """
+    if owner._meta.pk not in owner._meta.parents.values():
+        return ()  # the owner's key is its own: None at its insert when the database assigns it
+    tables = (concrete, *concrete._meta.all_parents)
+    for model in tables:
+        pk = model._meta.pk
+        if not model._meta.parents and (
+            pk.has_default()
+            or pk.has_db_default()
+            or type(pk).get_pk_value_on_save is not models.Field.get_pk_value_on_save
+        ):
+            return ()
+    names = {model._meta.pk.attname for model in tables}
+    names.update(link.attname for model in tables for link in model._meta.parents.values() if link)
+    return tuple(sorted(names))
 
 
 def direct_update(
@@ -168,6 +197,7 @@ def plan_for(model: type[models.Model]) -> SavePlan:
         owner=owner,
         owner_pk=owner._meta.pk.attname,
         has_parents=bool(concrete._meta.parents),
+        key_sources=key_sources(concrete, owner),
         columns=columns,
         allowed=frozenset(
             name for f in source if not f.primary_key for name in (f.name, f.attname)

@@ -12,6 +12,11 @@ from django.db import models
 __all__ = ["VersionField", "clock_version", "get_version", "version_field"]
 
 
+#: Attribute of an instance's ``_state``, True while the mixin inserts a row
+#: whose key in the version's table is a parent link that the database assigns.
+KEY_ASSIGNED = "distlock_key_assigned"
+
+
 def clock_version() -> int:
     """The wall clock in microseconds since 1970: where a row whose key may be reused starts."""
     return time.time_ns() // 1000
@@ -26,6 +31,9 @@ class VersionField(models.PositiveBigIntegerField):
     key of a deleted row that readers still hold versions of, so it starts at
     :func:`clock_version` instead, above any version that deleted row reached.
     The version an instance carries is never inserted: it was not read from the row.
+    In a multi-table child's table the key is the parent link, which Django
+    fills from the parent row it inserts first: the mixin's save tells
+    (``KEY_ASSIGNED``) when the database assigned that row's key.
 
     Not editable in forms: a form that posted it back could claim any version.
     """
@@ -43,7 +51,9 @@ class VersionField(models.PositiveBigIntegerField):
             return super().pre_save(model_instance, add)
         value = self.get_default()
         owner = cast(type[models.Model], self.model)
-        if getattr(model_instance, owner._meta.pk.attname) is not None:
+        if getattr(model_instance, owner._meta.pk.attname) is not None and not getattr(
+            model_instance._state, KEY_ASSIGNED, False
+        ):
             value = max(value, clock_version())
         setattr(model_instance, self.attname, value)
         return value

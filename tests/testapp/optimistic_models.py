@@ -1,5 +1,7 @@
 """Models for the optimistic-locking tests."""
 
+import uuid
+
 from django.contrib.contenttypes.fields import GenericForeignKey
 from django.contrib.contenttypes.models import ContentType
 from django.db import models
@@ -10,15 +12,21 @@ __all__ = [
     "Account",
     "Item",
     "ItemProxy",
+    "Kiosk",
+    "KioskProxy",
     "Place",
     "PlainItem",
     "PlainPlace",
     "PlainShop",
+    "PlainSite",
     "RevisedItem",
     "Shelf",
     "Shop",
+    "Stall",
     "StampedItem",
     "Tagged",
+    "UuidKiosk",
+    "UuidSite",
 ]
 
 
@@ -83,6 +91,41 @@ class PlainPlace(models.Model):
 
 
 class PlainShop(PlainPlace):
+    stock = models.IntegerField(default=0)
+
+
+class PlainSite(models.Model):
+    """A plain parent whose child holds the version column in its own table."""
+
+    name = models.CharField(max_length=50, default="")
+
+
+class Kiosk(OptimisticLockMixin, PlainSite):
+    """The version in the child's table: its key is the parent link, which Django
+    sets from the parent row it has just inserted."""
+
+    stock = models.IntegerField(default=0)
+
+
+class KioskProxy(Kiosk):
+    class Meta:
+        proxy = True
+
+
+class Stall(Kiosk):
+    """A grandchild: the version lives in its parent's table, keyed by that parent's link."""
+
+    slot = models.IntegerField(default=0)
+
+
+class UuidSite(models.Model):
+    """A plain parent whose key comes from a default: a key given by the caller's side."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4)
+    name = models.CharField(max_length=50, default="")
+
+
+class UuidKiosk(OptimisticLockMixin, UuidSite):
     stock = models.IntegerField(default=0)
 
 
