@@ -229,3 +229,10 @@ def once_redis(path: str, n: int, hold: float = 0.0, fail: bool = False) -> int:
 def once_pg(path: str, n: int, hold: float = 0.0, fail: bool = False) -> int:
     """Enqueue-once on a PostgreSQL lease, its lock named by all the arguments."""
     return _once_body(path, n, hold, fail)
+
+
+@shared_task(base=QueueOnce, name="tests.once_memcached", once={"using": "cache-memcached"})
+def once_memcached(path: str, n: int, hold: float = 0.0, fail: bool = False) -> int:
+    """Enqueue-once on memcached through the cache backend, its lock named by all the
+    arguments."""
+    return _once_body(path, n, hold, fail)

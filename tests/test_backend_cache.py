@@ -21,6 +21,7 @@ from django.test import Client, override_settings
 from django.urls import reverse
 
 from django_distlock import locks
+from django_distlock.backends.acquisition import Acquisition
 from django_distlock.backends.cache.memcached import server_ttl
 from django_distlock.exceptions import (
     BackendUnavailable,
@@ -162,6 +163,70 @@ def test_force_release_by_owner_compares_the_holder(alias: str, unique) -> None:
         handle.release()
 
 
+# -- a grant rebuilt from its token (QueueOnce's worker) ------------------------------
+
+
+def _rebuilt(alias: str, name: str, token: str) -> Acquisition:
+    """An acquisition of ``name`` for the owner ``token``, never attempted: the grant
+    rebuilt from its token alone, as QueueOnce's worker does with the enqueuer's."""
+    backend = locks[alias]
+    return backend.acquisition(backend.lock(name, ttl=30), token, False, None)
+
+
+def _extend_and_release(alias: str, name: str, token: str, start: Any, out: Any) -> None:
+    start.wait()
+    try:
+        acquisition = _rebuilt(alias, name, token)
+        extended = acquisition.extend(60)
+        out.put((extended is not None, locks[alias].is_locked(name),
+                 acquisition.release((None, None, None))))
+    except Exception as exc:  # told to the test, not lost in the child's stderr
+        out.put(repr(exc))
+    done()
+
+
+@pytest.mark.parametrize("alias", CACHE_ALIASES)
+def test_a_grant_rebuilt_from_its_token_in_another_process_extends_and_releases(
+    alias: str, unique
+) -> None:
+    """A process that knows only a grant's token (no CAS value of its own on memcached)
+    extends and releases it: the driver reads the item and compares the token."""
+    require(alias)
+    backend, name = locks[alias], unique("rebuilt")
+    handle = backend.lock(name, ttl=30)
+    assert handle.acquire()
+    assert handle.acquisition is not None
+    token = handle.acquisition.token
+    results, exitcodes = run_forked(_extend_and_release, (alias, name, token), 1, timeout=30)
+    assert exitcodes == [0] and results == [(True, True, True)]
+    assert not backend.is_locked(name)
+    with pytest.raises(LockLost):
+        handle.release()
+
+
+@pytest.mark.parametrize("alias", CACHE_ALIASES)
+def test_a_grant_rebuilt_from_its_token_leaves_a_later_owner_s_lock(alias: str,
+                                                                   unique) -> None:
+    """The grant was freed and the name taken by another owner: the rebuilt grant
+    neither extends nor releases that owner's lock (the token is compared)."""
+    require(alias)
+    backend, name = locks[alias], unique("rebuilt-retaken")
+    first = backend.lock(name, ttl=30)
+    assert first.acquire()
+    assert first.acquisition is not None
+    token = first.acquisition.token
+    assert backend.force_release(name) is True
+    second = backend.lock(name, ttl=30)
+    assert second.acquire(blocking=False) is True
+    rebuilt = _rebuilt(alias, name, token)
+    assert rebuilt.extend(60) is None
+    assert rebuilt.release((None, None, None)) is False
+    assert backend.is_locked(name)
+    second.release()
+    assert not backend.is_locked(name)
+    assert _rebuilt(alias, name, token).release((None, None, None)) is False  # no item
+
+
 # -- memcached restarted, memcached evicting ------------------------------------------
 
 
@@ -220,6 +285,24 @@ def test_memcached_restarted_while_held_loses_the_lock(private_memcached: Memcac
             holder.release()
         assert backend.is_locked(name)
         in_thread(other.release)
+
+
+def test_a_rebuilt_grant_on_a_stopped_memcached_raises_backend_unavailable(
+    private_memcached: Memcached, unique
+) -> None:
+    """A grant rebuilt from its token meets a memcached that is down: its extend and its
+    release raise BackendUnavailable, as the holder's own calls do."""
+    name = unique("rebuilt-down")
+    with _on(private_memcached):
+        holder = locks["cache-private"].lock(name, ttl=60)
+        assert holder.acquire()
+        assert holder.acquisition is not None
+        token = holder.acquisition.token
+        private_memcached.kill()
+        with pytest.raises(BackendUnavailable):
+            _rebuilt("cache-private", name, token).extend(60)
+        with pytest.raises(BackendUnavailable):
+            _rebuilt("cache-private", name, token).release((None, None, None))
 
 
 def test_memcached_evicting_grants_the_lock_twice(private_memcached: Memcached,

@@ -25,7 +25,7 @@ from django_distlock.testing.history import check, load
 
 from . import celery_tasks as tasks
 from .celery_workers import Running, workers_fixture  # noqa: F401  (celery_workers)
-from .conftest import DATABASES, eventually, psycopg_params
+from .conftest import DATABASES, eventually, psycopg_params, require_memcached
 
 # The workers use the PostgreSQL test database (pg-lease, pg-tx): have it made.
 pytestmark = [pytest.mark.servers, pytest.mark.django_db(transaction=True, databases=DATABASES)]
@@ -274,12 +274,19 @@ def test_a_lock_held_by_a_task_lists_its_name_and_id(celery_workers: Running) ->
 # -- enqueue-once ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("alias", ["redis", "pg-lease"])
+#: The enqueue-once task of each alias the scenarios run on.
+ONCE_TASKS = {"redis": tasks.once_redis, "pg-lease": tasks.once_pg,
+              "cache-memcached": tasks.once_memcached}
+
+
+@pytest.mark.parametrize("alias", ONCE_TASKS)
 def test_enqueue_once_refuses_an_equal_task_while_queued_or_running(
     celery_workers: Running, alias: str
 ) -> None:
+    if alias == "cache-memcached":
+        require_memcached()
     run, n = celery_workers, int(uuid.uuid4().int % 10**9)
-    task = tasks.once_redis if alias == "redis" else tasks.once_pg
+    task = ONCE_TASKS[alias]
     path = str(run.path)
     first = task.delay(path, n, 1.0)
     with pytest.raises(AlreadyQueued) as refused:
@@ -309,20 +316,27 @@ def test_enqueue_once_refuses_an_equal_task_while_queued_or_running(
         assert held == 0
 
 
-def test_enqueue_once_releases_only_its_own_grant(celery_workers: Running) -> None:
+@pytest.mark.parametrize("alias", ["redis", "cache-memcached"])
+def test_enqueue_once_releases_only_its_own_grant(celery_workers: Running, alias: str) -> None:
     """A task whose lease ran out does not free the lock a later enqueue took: the
     worker's release is checked against the enqueuer's token on the server."""
+    if alias == "cache-memcached":
+        require_memcached()
     run, n = celery_workers, int(uuid.uuid4().int % 10**9)
     path, name = str(run.path), f"once:{n}"  # once_redis's key is "once:{n}"
-    short = tasks.once_redis.apply_async((path, n, 2.0), once={"ttl": 1})
-    assert eventually(lambda: not locks["redis"].is_locked(name), 10)  # ran out, running on
-    later = tasks.once_redis.apply_async((path, n, 3.0), once={"ttl": 30})
+    # The 1 s lease runs out within the first task's run: on memcached 1 to 2 s after
+    # the run starts (whole seconds, docs/cache.md), so that run lasts 3 s there.
+    hold = 3.0 if alias == "cache-memcached" else 2.0
+    short = tasks.once_redis.apply_async((path, n, hold), once={"using": alias, "ttl": 1})
+    assert eventually(lambda: not locks[alias].is_locked(name), 10)  # ran out, running on
+    later = tasks.once_redis.apply_async((path, n, 3.0), once={"using": alias, "ttl": 30})
+    assert not short.ready(), "the first task ended before the later enqueue"
     assert short.get(timeout=RESULT) == n
-    assert locks["redis"].is_locked(name), "the ended task freed the later enqueue's lock"
+    assert locks[alias].is_locked(name), "the ended task freed the later enqueue's lock"
     with pytest.raises(AlreadyQueued):
-        tasks.once_redis.delay(path, n)
+        tasks.once_redis.apply_async((path, n), once={"using": alias})
     assert later.get(timeout=RESULT) == n
-    assert eventually(lambda: not locks["redis"].is_locked(name), 5)
+    assert eventually(lambda: not locks[alias].is_locked(name), 5)
 
 
 def test_enqueue_once_needs_a_lease() -> None:

@@ -44,6 +44,11 @@ class Acquisition(abc.ABC):
       timeout, an error, an interruption): leave any queue joined on the way;
     - while held: :meth:`extend` and, once, :meth:`release`.
 
+    Where locks expire (``supports_expiry``), one may also be built with the token of
+    a grant made elsewhere and never attempted: :meth:`extend` and :meth:`release`
+    must then work from the token alone, in any process (QueueOnce's worker extends
+    and releases the enqueuer's grant so).
+
     Each has an ``a``-prefixed async twin (``async_wait`` for :meth:`wait`)
     whose default runs the sync method in a worker thread; a backend with a
     native async client overrides them. A backend that learns by itself that

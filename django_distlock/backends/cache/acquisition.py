@@ -13,7 +13,9 @@ if TYPE_CHECKING:
 
 class CacheAcquisition(Acquisition):
     """``attempt()`` is the cache's add; ``wait()`` is the base class' backoff with
-    jitter, never past the holder's expiry when the cache told it, nor the deadline."""
+    jitter, never past the holder's expiry when the cache told it, nor the deadline.
+    Built with a grant's token and never attempted (QueueOnce's worker), it has no
+    stamp: the driver compares the token."""
 
     backend: CacheBackend
     _stamp: Any = None

@@ -13,6 +13,8 @@ class Driver(abc.ABC):
 
     A *stamp* is what a grant returns and release/extend compare: memcached's CAS value
     of the item (None where the driver compares the owner token itself, on Redis).
+    Release and extend also take None for a grant rebuilt from its owner token alone,
+    in any process (QueueOnce's worker): they then find the grant's item by that token.
     Every server failure is raised as :class:`~django_distlock.exceptions.BackendUnavailable`.
     """
 
@@ -53,7 +55,8 @@ class Driver(abc.ABC):
 
         :param key: the cache key.
         :param token: the grant's owner token.
-        :param stamp: what :meth:`add` or :meth:`extend` returned with the grant.
+        :param stamp: what :meth:`add` or :meth:`extend` returned with the grant, or
+            None for a grant rebuilt from its token.
         :returns: whether it deleted the key.
         """
 
@@ -63,7 +66,7 @@ class Driver(abc.ABC):
 
         :param key: the cache key.
         :param token: the owner token.
-        :param stamp: the grant's stamp.
+        :param stamp: the grant's stamp, or None for a grant rebuilt from its token.
         :param ttl: seconds from now.
         :returns: ``(True, new stamp)``, or ``(False, None)`` when the grant is gone.
         """

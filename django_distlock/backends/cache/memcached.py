@@ -14,8 +14,10 @@ the very number an old grant holds. The driver therefore trusts a grant's CAS
 value alone only on the TCP connection it came on (a restarted server cannot
 answer on a connection of the old process): then acquire and release are one
 round trip each, like a raw add/delete pair. On any other connection (another
-thread, a reconnect) it first reads the item with ``gets`` (value and CAS in one
-reply), compares the owner token, then deletes or re-stores with that CAS value.
+thread, a reconnect), and for a grant rebuilt from its owner token alone (no CAS
+value: QueueOnce's worker releases the enqueuer's grant), it first reads the item
+with ``gets`` (value and CAS in one reply), compares the owner token, then deletes
+or re-stores with that CAS value.
 
 Granularity: memcached counts TTLs in whole seconds on a clock that ticks once a
 second, so an item stored with ``T<n>`` lives between ``n - 1`` and ``n`` seconds.
@@ -205,9 +207,10 @@ class MemcachedDriver(Driver):
         return Stamp(self._flag(reply, "c"), client, getattr(client, "sock", None),
                      threading.get_ident(), os.getpid())
 
-    def _cas_of_grant(self, key: str, token: str, stamp: Stamp) -> tuple[Any, Any]:
-        """The client to use and the CAS value to compare (None: not this grant's)."""
-        if stamp.same_connection():
+    def _cas_of_grant(self, key: str, token: str, stamp: Stamp | None) -> tuple[Any, Any]:
+        """The client to use and the CAS value to compare (None: not this grant's);
+        ``stamp`` is None for a grant rebuilt from its token (QueueOnce's worker)."""
+        if stamp is not None and stamp.same_connection():
             # The same connection, so the same server process: its CAS values never
             # repeat, and the grant's names this grant's item only. One round trip.
             return stamp.client, stamp.cas
