@@ -329,14 +329,3 @@ def test_a_database_that_never_answers_does_not_hold_the_exit() -> None:
     assert took < audit_exit.STUCK_EXIT_TIMEOUT + 20, took
     lost = audit_exit.EVENTS + audit_exit.OPEN
     assert f"{lost} lock events" in err and "not written" in err
-
-
-def test_the_old_module_paths_re_export() -> None:
-    from django_distlock import auditing
-    from django_distlock.audit import settings as audit_settings
-    from django_distlock.dashboard import recorder as old_recorder
-
-    assert auditing.parse_audit is audit_settings.parse_audit is parse_audit
-    assert auditing.AuditSettings is AuditSettings
-    for name in old_recorder.__all__:
-        assert getattr(old_recorder, name) is getattr(recorder_module, name), name
