@@ -181,10 +181,10 @@ def test_the_queue_is_bounded_and_counts_what_it_drops() -> None:
 def test_a_failed_write_drops_and_counts(audited: None, caplog: pytest.LogCaptureFixture) -> None:
     small = Recorder(capacity=10, interval=3600)
     small.add({"no_such_field": 1})
-    with caplog.at_level("WARNING", logger="django_distlock.dashboard.recorder"):
+    with caplog.at_level("WARNING", logger="django_distlock.audit.recorder"):
         assert small.flush() == 0 and small.dropped == 1
     # The logger keeps the name of the module the recorder was first in (docs name it).
-    assert [r.name for r in caplog.records] == ["django_distlock.dashboard.recorder"]
+    assert [r.name for r in caplog.records] == ["django_distlock.audit.recorder"]
 
 
 def test_force_release_is_recorded_unless_written_elsewhere(audited: None) -> None:
