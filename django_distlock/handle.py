@@ -18,9 +18,7 @@ from .exceptions import (
     LockLost,
     LockNotAcquired,
     LockTimeout,
-    SelfDeadlock,
 )
-from .holders import current_holder, holder_label
 from .state import HandleState
 from .steps import ATTEMPT, CLOSE, EXTEND, RELEASE, WAIT, Core, arun, run
 from .values import (
@@ -35,8 +33,7 @@ from .values import (
 if TYPE_CHECKING:
     from .backends.base import Acquisition, BaseLockBackend
 
-#: Old import paths: ``SelfDeadlock`` lives in ``exceptions``, the registry in ``holders``.
-__all__ = ["Lock", "SelfDeadlock", "current_holder", "holder_label"]
+__all__ = ["Lock"]
 
 logger = logging.getLogger("django_distlock")
 

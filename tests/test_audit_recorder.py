@@ -181,10 +181,10 @@ def test_the_queue_is_bounded_and_counts_what_it_drops() -> None:
 def test_a_failed_write_drops_and_counts(audited: None, caplog: pytest.LogCaptureFixture) -> None:
     small = Recorder(capacity=10, interval=3600)
     small.add({"no_such_field": 1})
-    with caplog.at_level("WARNING", logger="django_distlock.dashboard.recorder"):
+    with caplog.at_level("WARNING", logger="django_distlock.audit.recorder"):
         assert small.flush() == 0 and small.dropped == 1
     # The logger keeps the name of the module the recorder was first in (docs name it).
-    assert [r.name for r in caplog.records] == ["django_distlock.dashboard.recorder"]
+    assert [r.name for r in caplog.records] == ["django_distlock.audit.recorder"]
 
 
 def test_force_release_is_recorded_unless_written_elsewhere(audited: None) -> None:
@@ -329,14 +329,3 @@ def test_a_database_that_never_answers_does_not_hold_the_exit() -> None:
     assert took < audit_exit.STUCK_EXIT_TIMEOUT + 20, took
     lost = audit_exit.EVENTS + audit_exit.OPEN
     assert f"{lost} lock events" in err and "not written" in err
-
-
-def test_the_old_module_paths_re_export() -> None:
-    from django_distlock import auditing
-    from django_distlock.audit import settings as audit_settings
-    from django_distlock.dashboard import recorder as old_recorder
-
-    assert auditing.parse_audit is audit_settings.parse_audit is parse_audit
-    assert auditing.AuditSettings is AuditSettings
-    for name in old_recorder.__all__:
-        assert getattr(old_recorder, name) is getattr(recorder_module, name), name

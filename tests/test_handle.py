@@ -186,11 +186,9 @@ def test_lock_takes_kind_and_limit() -> None:
     assert (default.kind, default.limit) == ("exclusive", None)
 
 
-def test_old_import_paths_of_the_registry_keep_working() -> None:
+def test_self_deadlock_is_a_lock_not_acquired() -> None:
     from django_distlock import SelfDeadlock as from_package
-    from django_distlock import exceptions, handle, holders
+    from django_distlock import exceptions
 
-    assert handle.SelfDeadlock is from_package is exceptions.SelfDeadlock
+    assert from_package is exceptions.SelfDeadlock
     assert issubclass(exceptions.SelfDeadlock, LockNotAcquired)
-    assert handle.current_holder is holders.current_holder
-    assert handle.holder_label is holders.holder_label

@@ -13,8 +13,6 @@ The modules of this package:
 This module imports no model (the backends read :func:`parse_audit` before the app
 registry is ready); import :mod:`.recorder`, :mod:`.buckets`, :mod:`.totals` and
 :mod:`.purge` themselves.
-``django_distlock.auditing`` and ``django_distlock.dashboard.recorder``, where these
-lived before, re-export them.
 """
 
 from .settings import AuditSettings, parse_audit

@@ -38,8 +38,7 @@ from .. import signals
 from ..models import LockEvent
 from . import buckets
 
-#: Named for the module it was first in: logging configurations that name it keep working.
-logger = logging.getLogger("django_distlock.dashboard.recorder")
+logger = logging.getLogger("django_distlock.audit.recorder")
 
 CAPACITY = 10_000
 FLUSH_INTERVAL = 1.0

@@ -24,7 +24,7 @@ from .. import (
     forksafe,  # noqa: F401  (registers the fork handler)
     signals,
 )
-from ..auditing import AuditSettings, parse_audit
+from ..audit.settings import AuditSettings, parse_audit
 from ..circuit import Circuit, validate_fail_fast
 from ..exceptions import InvalidBackendOptions, UnsupportedOperation
 from ..handle import Lock

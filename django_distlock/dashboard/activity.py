@@ -21,7 +21,6 @@ from django.template.response import TemplateResponse
 from django.utils import timezone
 
 from ..audit import buckets, totals
-from ..audit.buckets import name_prefix as name_prefix  # re-exported: its old home
 from ..exceptions import InvalidLockName
 from ..models import LockActivity, LockEvent
 from ..values import validate_page_args

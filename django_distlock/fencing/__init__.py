@@ -13,9 +13,6 @@ The modules of this package:
 - :mod:`.fields`: :class:`FencingTokenField`, :func:`fencing_field`, :func:`fencing_token_of`;
 - :mod:`.save`: :func:`fenced_save`, the guarded UPDATE of one instance;
 - :mod:`.queryset`: :class:`FencedQuerySet`, :data:`FencedManager`, :class:`FencedModelMixin`.
-
-``django_distlock.optimistic.fencing``, where these lived before, re-exports them (a
-migration written with ``django_distlock.optimistic.fencing.FencingTokenField`` loads).
 """
 
 from .fields import FencingTokenField, fencing_field, fencing_token_of

@@ -40,9 +40,8 @@ class FencingTokenField(models.BigIntegerField):
 
     def deconstruct(self) -> Any:
         """Return the field's migration form, under its public path (as Django's own
-        fields give ``django.db.models.CharField``): new migrations import
-        ``django_distlock.fencing.FencingTokenField``; those written with its former
-        path, ``django_distlock.optimistic.fencing.FencingTokenField``, still load.
+        fields give ``django.db.models.CharField``): migrations import
+        ``django_distlock.fencing.FencingTokenField``, not the module it is defined in.
 
         :returns: ``(name, path, args, kwargs)``.
         """

@@ -12,8 +12,6 @@ The modules of this package:
 - :mod:`.mixin`: :class:`OptimisticLockMixin`, the checked save and delete;
 - :mod:`.saveplan`: the checked ``UPDATE`` a save sends, worked out once per model;
 - :mod:`.retry`: :func:`retry_on_conflict`, :func:`update_with_retry`, :func:`retryable`;
-- :mod:`.fencing`: the old path of :mod:`django_distlock.fencing` (fenced writes),
-  kept for imports and migrations that name it;
 - :mod:`.admin` and :mod:`.admin_forms`: concurrent-edit detection in the Django
   admin (``docs/optimistic-admin.md``).
 """

@@ -21,7 +21,8 @@ from django.db import connections, transaction
 
 from ...backoff import remaining
 from ...exceptions import BackendUnavailable, ConnectionInUse, LockLost, UnsupportedOperation
-from ...handle import Lock, current_holder
+from ...handle import Lock
+from ...holders import current_holder
 from ..base import Acquisition, ExcInfo, Grant, LockInfo, LockPage, Miss
 from .backend import DatabaseBackend, is_busy, server_wait
 from .sessions import ERRORS, connection_lost
@@ -48,7 +49,7 @@ _HELD = object()
 
 class _Stack(threading.local):
     """This thread's transaction-mode acquisitions, innermost last: their keys, and who
-    took each (``handle.current_holder()``: the asyncio task or the thread)."""
+    took each (``holders.current_holder()``: the asyncio task or the thread)."""
 
     def __init__(self) -> None:
         self.keys: list[str] = []

@@ -18,8 +18,8 @@ from ...exceptions import (
     LockNotAcquired,
     LockNotHeld,
     LockTimeout,
+    SelfDeadlock,
 )
-from ...handle import SelfDeadlock
 from .support import (
     BAD_NAMES,
     BAD_TYPES,

@@ -2,8 +2,8 @@
 
 from django.db import migrations
 
+import django_distlock.fencing
 import django_distlock.optimistic
-import django_distlock.optimistic.fencing
 
 
 class Migration(migrations.Migration):
@@ -16,7 +16,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='product',
             name='fencing_token',
-            field=django_distlock.optimistic.fencing.FencingTokenField(),
+            field=django_distlock.fencing.FencingTokenField(),
         ),
         migrations.AddField(
             model_name='product',
