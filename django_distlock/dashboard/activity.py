@@ -7,7 +7,6 @@ hold histograms of the :data:`SHOWN` busiest groups only.
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -45,13 +44,6 @@ SERIES = [
     ("forced", "Force releases", "#6f42c1"),
 ]
 KINDS = [kind for kind, _, _ in SERIES]
-
-
-def percentile(values: list[float], fraction: float) -> float | None:
-    """The nearest-rank percentile of ``values`` (sorted), or None when empty."""
-    if not values:
-        return None
-    return values[max(0, math.ceil(fraction * len(values)) - 1)]
 
 
 @dataclass
