@@ -18,7 +18,8 @@ from testproject.shop.services import sell_one, stock_lock_name
 from testproject.shop.tasks import sell_one_task
 
 # Other processes must see the test's rows: no test-wide transaction.
-pytestmark = [pytest.mark.django_versions, pytest.mark.django_db(transaction=True)]
+pytestmark = pytest.mark.django_db(transaction=True)  # as docs/testing.md shows it
+pytestmark = [pytestmark, pytest.mark.django_versions]  # and its tier (CONTRIBUTING.md)
 
 
 # -- docs: "A lock held by another worker" ---------------------------------------------
