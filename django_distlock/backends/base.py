@@ -125,11 +125,13 @@ class BaseLockBackend(KindsMixin, CountingMixin, abc.ABC):
     #: whose options turn a feature off.
     why_unsupported: Mapping[str, str] = {}
 
+    # Every capability flag is False here ("not supported"): a backend claims only what it
+    # sets True, and the contract suite checks each flag both ways.
     #: Grants carry a fencing token that strictly increases with every grant of a key.
-    supports_fencing: ClassVar[bool] = True
+    supports_fencing: ClassVar[bool] = False
     #: Locks are leases that end after their TTL on the server's clock (else: held
     #: until released, or until the holder's session ends).
-    supports_expiry: ClassVar[bool] = True
+    supports_expiry: ClassVar[bool] = False
     #: :meth:`held_locks` lists the locks held now (the backend implements
     #: :meth:`_held_locks`).
     supports_listing: bool = False
@@ -139,8 +141,8 @@ class BaseLockBackend(KindsMixin, CountingMixin, abc.ABC):
     #: :meth:`waiters` lists who waits for a lock, in arrival order (the backend keeps a
     #: queue on its server and implements :meth:`_waiters`).
     supports_waiters: ClassVar[bool] = False
-    #: Locks exclude other processes (False only for process-local backends).
-    distributed: ClassVar[bool] = True
+    #: Locks exclude other processes and machines (False: a process-local backend).
+    distributed: ClassVar[bool] = False
     #: Leases are written on the caller's own database connection (the database
     #: backend's lease mode on SQLite), so that one taken inside the caller's open
     #: transaction commits or rolls back with it: :meth:`in_caller_transaction` says

@@ -68,6 +68,7 @@ logger = logging.getLogger("django_distlock")
 class LeaseBackend(AgeOrderMixin, DatabaseBackend, mode="lease"):
     """The database backend's lease mode (``OPTIONS["MODE"] = "lease"``, the default)."""
 
+    supports_expiry = True
     supports_listing = True
     supports_counting = True
     supports_force_release = True

@@ -125,6 +125,9 @@ class RedisBackend(BaseLockBackend):
     """
 
     acquisition_class = RedisAcquisition
+    distributed = True
+    supports_fencing = True
+    supports_expiry = True
     supports_listing = True
     supports_counting = True
     supports_force_release = True
