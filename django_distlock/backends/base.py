@@ -121,9 +121,9 @@ class BaseLockBackend(KindsMixin, CountingMixin, abc.ABC):
     #: one per lock overrides :meth:`acquisition` instead).
     acquisition_class: ClassVar[type[Acquisition] | None] = None
     #: Why a feature whose flag is False is missing, by flag name (said in the refusal).
-    #: This and the listing flags may be set per alias (on the instance) by a backend
-    #: whose options turn a feature off.
-    why_unsupported: Mapping[str, str] = {}
+    #: Like the flags, a class attribute: an option that turns a feature off picks a
+    #: subclass (the database backend's ``MODE``, Redis' ``LISTING``).
+    why_unsupported: ClassVar[Mapping[str, str]] = {}
 
     # Every capability flag is False here ("not supported"): a backend claims only what it
     # sets True, and the contract suite checks each flag both ways.
@@ -134,7 +134,7 @@ class BaseLockBackend(KindsMixin, CountingMixin, abc.ABC):
     supports_expiry: ClassVar[bool] = False
     #: :meth:`held_locks` lists the locks held now (the backend implements
     #: :meth:`_held_locks`).
-    supports_listing: bool = False
+    supports_listing: ClassVar[bool] = False
     #: :meth:`force_release` frees another owner's lock (the backend implements
     #: :meth:`_force_release`).
     supports_force_release: ClassVar[bool] = False
