@@ -93,14 +93,15 @@ def _raises_not_implemented(body: list[ast.stmt]) -> bool:
 
 
 def _does_nothing(body: list[ast.stmt]) -> bool:
-    """``return None``, ``return []`` or ``pass``: a default a backend replaces to say more."""
+    """``return None``, ``return []``, ``return False`` or ``pass``: a default a backend
+    replaces to say more."""
     if len(body) != 1:
         return False
     stmt = body[0]
     if isinstance(stmt, ast.Pass):
         return True
     return isinstance(stmt, ast.Return) and (
-        stmt.value is None or ast.unparse(stmt.value) in ("None", "[]"))
+        stmt.value is None or ast.unparse(stmt.value) in ("None", "[]", "False"))
 
 
 def flags() -> set[str]:
@@ -175,8 +176,8 @@ def test_the_definitions_find_what_the_base_declares() -> None:
         "a hook that raises NotImplementedError is not in base.FEATURE_HOOKS (or the reverse)")
     assert set(FEATURE_HOOKS) <= flags()
     assert {"acquisition_class", "why_unsupported"} <= declarations()
-    assert {"is_locked", "health", "check", "close", "check_fenced_write"} \
-        <= overridable(BaseLockBackend)
+    assert {"is_locked", "health", "check", "close", "check_fenced_write",
+            "in_caller_transaction"} <= overridable(BaseLockBackend)
     assert {"attempt", "release", "extend", "close", "aattempt"} <= overridable(Acquisition)
 
 

@@ -6,7 +6,8 @@ base class does what every backend would repeat: it validates names and
 arguments, refuses what the ``supports_*`` flags say is missing before any I/O,
 and sends the signals; a backend writes ``__init__``, ``is_locked()``, ``health()``, the
 hooks of :data:`FEATURE_HOOKS` its flags promise, and where it has more to say
-``check()``, ``close()`` and ``check_fenced_write()`` (docs/architecture.md lists them all).
+``check()``, ``close()``, ``check_fenced_write()`` and ``in_caller_transaction()``
+(docs/architecture.md lists them all).
 ``backends/locmem.py`` is a whole backend in one short module, and
 ``django_distlock.testing.contract`` is the test suite every backend passes.
 """
