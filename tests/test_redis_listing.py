@@ -5,6 +5,7 @@ order and their cursors stay those of the tags read one after another."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,6 +14,8 @@ import redis
 
 from django_distlock import locks
 from django_distlock.backends.redis import RedisBackend
+from django_distlock.exceptions import InvalidBackendOptions, UnsupportedOperation
+from django_distlock.operations.listing import backend_label
 
 from .conftest import require_redis
 
@@ -112,3 +115,28 @@ def test_tags_on_one_server_are_one_round_and_a_flushed_script_is_loaded(
     for handle in handles:
         handle.release()
     assert _all_pages(sharded, prefix, 3) == [[]]
+
+
+def test_listing_off_picks_a_class_whose_flags_say_so() -> None:
+    """``OPTIONS["LISTING"] = False`` takes listing and counting away, so it picks a
+    subclass with those flags off (docs/architecture.md's rule, as the database backend's
+    ``MODE`` does), never a change of the flags on one instance (no I/O here)."""
+    where = {"LOCATION": "redis://127.0.0.1:1/0"}
+    unlisted = RedisBackend("r", {**where, "OPTIONS": {"LISTING": False}})
+    cls = type(unlisted)
+    assert not cls.supports_listing and not cls.supports_counting
+    assert cls is not RedisBackend and issubclass(cls, RedisBackend)
+    assert not {"supports_listing", "supports_counting", "why_unsupported"} & vars(unlisted).keys()
+    for flag in ("supports_listing", "supports_counting"):
+        assert "OPTIONS['LISTING'] is False" in cls.why_unsupported[flag]
+    with pytest.raises(UnsupportedOperation, match=re.escape("OPTIONS['LISTING'] is False")):
+        unlisted.held_locks()
+    with pytest.raises(UnsupportedOperation, match=re.escape("OPTIONS['LISTING'] is False")):
+        unlisted.count_held()
+    assert unlisted.listing is False and "i" not in unlisted.flags  # no index entry written
+    assert backend_label(unlisted) == "Redis"  # as the admin names it
+    listed = RedisBackend("r", {**where, "OPTIONS": {"LISTING": True}})
+    assert type(listed) is RedisBackend and listed.listing and "i" in listed.flags
+    assert type(cls("r", where)) is cls  # named directly: LISTING is False by default
+    with pytest.raises(InvalidBackendOptions, match="LISTING"):
+        cls("r", {**where, "OPTIONS": {"LISTING": True}})

@@ -4,10 +4,11 @@ A backend is one class (settings, listing, health: this module) and one
 per-acquisition class (the protocol of one acquisition: ``acquisition.py``). The
 base class does what every backend would repeat: it validates names and
 arguments, refuses what the ``supports_*`` flags say is missing before any I/O,
-and sends the signals; a backend writes at most ``is_locked()``, ``health()``,
-``_held_locks()``, ``_count_held()``, ``_waiters()`` and ``_force_release()`` (those its
-flags promise) besides
-``__init__``. ``backends/locmem.py`` is a whole backend in one short module, and
+and sends the signals; a backend writes ``__init__``, ``is_locked()``, ``health()``, the
+hooks of :data:`FEATURE_HOOKS` its flags promise, and where it has more to say
+``check()``, ``close()``, ``check_fenced_write()`` and ``in_caller_transaction()``
+(docs/architecture.md lists them all).
+``backends/locmem.py`` is a whole backend in one short module, and
 ``django_distlock.testing.contract`` is the test suite every backend passes.
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 from django.core import checks
@@ -57,8 +59,10 @@ from ..values import (
 from .acquisition import Acquisition
 from .counting import CountingMixin, HeldCount
 from .kinds import KindsMixin
+from .ordering import AgeOrderMixin
 
 __all__ = [
+    "FEATURE_HOOKS",
     "Acquisition",
     "BaseLockBackend",
     "ExcInfo",
@@ -91,6 +95,20 @@ def check_option_keys(alias: str, options: Mapping[str, Any], valid: Iterable[st
         )
 
 
+#: The optional features that need a method of the backend: each ``supports_*`` flag, and
+#: the hook behind its public method (``held_locks()`` calls ``_held_locks()``...). The
+#: base's hooks raise NotImplementedError and are never called: where the flag is False
+#: the public method refuses first, and a class whose flag is True without its hook
+#: cannot be built (:meth:`BaseLockBackend._check_implementation`).
+FEATURE_HOOKS: Mapping[str, str] = MappingProxyType({
+    "supports_listing": "_held_locks",
+    "supports_counting": "_count_held",
+    "supports_force_release": "_force_release",
+    "supports_waiters": "_waiters",
+    "supports_age_order": "_held_locks_by_age",
+})
+
+
 @dataclass(frozen=True, slots=True)
 class Freed:
     """What :meth:`BaseLockBackend._force_release` returns when it freed a lock."""
@@ -99,7 +117,7 @@ class Freed:
     fencing_token: int | None = None
 
 
-class BaseLockBackend(KindsMixin, CountingMixin, abc.ABC):
+class BaseLockBackend(KindsMixin, CountingMixin, AgeOrderMixin, abc.ABC):
     """Base class of lock backends, built by the ``locks`` registry from one alias.
 
     :param alias: the key of this backend in the ``DISTLOCK`` setting.
@@ -113,34 +131,36 @@ class BaseLockBackend(KindsMixin, CountingMixin, abc.ABC):
     An optional feature is a ``supports_*`` flag plus a hook: where the flag is
     False the public method refuses (:class:`UnsupportedOperation`) before any I/O.
     A backend implements :meth:`is_locked`, :meth:`health`, names its
-    :attr:`acquisition_class`, and implements :meth:`_held_locks` and
-    :meth:`_force_release` where it sets their flags.
+    :attr:`acquisition_class`, and implements the hook of each flag of
+    :data:`FEATURE_HOOKS` it sets.
     """
 
     #: The :class:`Acquisition` class :meth:`acquisition` builds (a backend that picks
     #: one per lock overrides :meth:`acquisition` instead).
     acquisition_class: ClassVar[type[Acquisition] | None] = None
     #: Why a feature whose flag is False is missing, by flag name (said in the refusal).
-    #: This and the listing flags may be set per alias (on the instance) by a backend
-    #: whose options turn a feature off.
-    why_unsupported: Mapping[str, str] = {}
+    #: Like the flags, a class attribute: an option that turns a feature off picks a
+    #: subclass (the database backend's ``MODE``, Redis' ``LISTING``).
+    why_unsupported: ClassVar[Mapping[str, str]] = {}
 
+    # Every capability flag is False here ("not supported"): a backend claims only what it
+    # sets True, and the contract suite checks each flag both ways.
     #: Grants carry a fencing token that strictly increases with every grant of a key.
-    supports_fencing: ClassVar[bool] = True
+    supports_fencing: ClassVar[bool] = False
     #: Locks are leases that end after their TTL on the server's clock (else: held
     #: until released, or until the holder's session ends).
-    supports_expiry: ClassVar[bool] = True
+    supports_expiry: ClassVar[bool] = False
     #: :meth:`held_locks` lists the locks held now (the backend implements
     #: :meth:`_held_locks`).
-    supports_listing: bool = False
+    supports_listing: ClassVar[bool] = False
     #: :meth:`force_release` frees another owner's lock (the backend implements
     #: :meth:`_force_release`).
     supports_force_release: ClassVar[bool] = False
     #: :meth:`waiters` lists who waits for a lock, in arrival order (the backend keeps a
     #: queue on its server and implements :meth:`_waiters`).
     supports_waiters: ClassVar[bool] = False
-    #: Locks exclude other processes (False only for process-local backends).
-    distributed: ClassVar[bool] = True
+    #: Locks exclude other processes and machines (False: a process-local backend).
+    distributed: ClassVar[bool] = False
     #: Leases are written on the caller's own database connection (the database
     #: backend's lease mode on SQLite), so that one taken inside the caller's open
     #: transaction commits or rolls back with it: :meth:`in_caller_transaction` says
@@ -325,19 +345,11 @@ class BaseLockBackend(KindsMixin, CountingMixin, abc.ABC):
         """Refuse to build a backend class whose flags promise a hook it lacks (as
         :mod:`abc` refuses a class with abstract methods left)."""
         missing = [
-            what for what, lacking in (
-                ("acquisition_class or acquisition()", cls.acquisition_class is None
-                 and cls.acquisition is BaseLockBackend.acquisition),
-                ("_held_locks() (supports_listing is True)", cls.supports_listing
-                 and cls._held_locks is BaseLockBackend._held_locks),
-                ("_force_release() (supports_force_release is True)", cls.supports_force_release
-                 and cls._force_release is BaseLockBackend._force_release),
-                ("_count_held() (supports_counting is True)", cls.supports_counting
-                 and cls._count_held is CountingMixin._count_held),
-                ("_waiters() (supports_waiters is True)", cls.supports_waiters
-                 and cls._waiters is BaseLockBackend._waiters),
-            ) if lacking
+            f"{hook}() ({flag} is True)" for flag, hook in FEATURE_HOOKS.items()
+            if getattr(cls, flag) and getattr(cls, hook) is getattr(BaseLockBackend, hook)
         ]
+        if cls.acquisition_class is None and cls.acquisition is BaseLockBackend.acquisition:
+            missing.insert(0, "acquisition_class or acquisition()")
         if missing:
             raise TypeError(f"Can't instantiate {cls.__name__}: it lacks {', '.join(missing)}.")
 
@@ -485,6 +497,17 @@ class BaseLockBackend(KindsMixin, CountingMixin, abc.ABC):
 
         :raises BackendUnavailable: when the server fails.
         """
+
+    def check_fenced_write(self, lock: Lock, using: str) -> None:
+        """Refuse, before any query, a write fenced by ``lock`` (a handle of this backend)
+        on the database ``using`` that this backend's locks cannot fence; by default none
+        (the fencing token alone guards the write).
+
+        :raises UnsupportedOperation: where the write cannot be fenced (the database
+            backend's transaction mode: a write outside the holding transaction).
+        :raises LockLost: where the backend finds the lock gone.
+        """
+        return None
 
     def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
         """Return system-check messages about this alias (no I/O). ``kwargs`` are the

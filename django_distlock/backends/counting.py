@@ -9,7 +9,7 @@ never a guess presented as exact.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from ..names import stored_prefix
 from ..values import validate_page_args
@@ -42,7 +42,7 @@ class CountingMixin:
 
     #: :meth:`count_held` counts the locks held now (the backend implements
     #: :meth:`_count_held`).
-    supports_counting: bool = False
+    supports_counting: ClassVar[bool] = False
     alias: str
     circuit: Circuit
 

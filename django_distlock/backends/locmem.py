@@ -257,7 +257,8 @@ class LocMemBackend(BaseLockBackend):
     """Locks in this process' memory; see the module docstring (not for production)."""
 
     acquisition_class = LocMemAcquisition
-    distributed = False
+    supports_fencing = True
+    supports_expiry = True
     supports_listing = True
     supports_counting = True
     supports_force_release = True

@@ -1,7 +1,8 @@
 """Listing held locks by age: :meth:`AgeOrderMixin.held_locks_by_age` and its hook.
 
-A backend offers it only where an index of its server gives the order, so that a page
-costs what a page of :meth:`~.base.BaseLockBackend.held_locks` costs: the database's
+A backend offers it (``supports_age_order``) only where an index of its server gives the
+order, so that a page costs what a page of :meth:`~.base.BaseLockBackend.held_locks`
+costs: the database's
 lease mode (migration 0013's indexes on ``(acquired_at, name)`` and ``(expires_at,
 name)`` over the held rows). Redis' listing index is ordered by name, ZooKeeper keeps a
 lock's age in its node's stat (one read per lock), and a transaction-mode lock is a row
@@ -57,14 +58,19 @@ def read_cursor(cursor: str) -> tuple[str, str]:
 
 
 class AgeOrderMixin:
-    """The age-ordered listing of a backend whose server can give it from an index."""
+    """The age-ordered listing of :class:`~django_distlock.backends.base.BaseLockBackend`
+    and its hook."""
 
     #: :meth:`held_locks_by_age` pages through the held locks by age, each page costing
     #: what a page of ``held_locks()`` does (the backend implements
     #: :meth:`_held_locks_by_age`).
-    supports_age_order: ClassVar[bool] = True
+    supports_age_order: ClassVar[bool] = False
     alias: str
     circuit: Circuit
+
+    if TYPE_CHECKING:
+
+        def refuse_unless(self, flag: str, doing: str) -> None: ...
 
     def held_locks_by_age(
         self, order: str, prefix: str = "", limit: int = 50, cursor: str | None = None
@@ -82,6 +88,7 @@ class AgeOrderMixin:
         :param limit: the most locks on the page, from 1 to 1,000.
         :param cursor: one of a previous page's ``cursors`` (None: the first page).
         :returns: the page.
+        :raises UnsupportedOperation: when ``supports_age_order`` is False.
         :raises TypeError, ValueError: for bad arguments (before any I/O).
         :raises BackendUnavailable: when the server fails, or at once while the
             alias' circuit is open (``FAIL_FAST``).
@@ -90,6 +97,7 @@ class AgeOrderMixin:
         if order not in AGE_ORDERS:
             raise ValueError(f"order must be one of {AGE_ORDERS}, got {order!r}.")
         after = read_cursor(cursor) if cursor is not None else None
+        self.refuse_unless("supports_age_order", "list held locks by age")
         matched = stored_prefix(prefix)
         page = self.circuit.call(
             "list held locks", self._held_locks_by_age, order, matched, limit, after
@@ -105,7 +113,7 @@ class AgeOrderMixin:
     def _held_locks_by_age(
         self, order: str, prefix: str, limit: int, after: tuple[str, str] | None
     ) -> OrderedPage:
-        """The backend's ordered listing behind :meth:`held_locks_by_age`: the arguments
-        are checked already; ``after`` is the (order column as stored, key) of the last
-        row read."""
-        raise NotImplementedError
+        """The backend's ordered listing behind :meth:`held_locks_by_age` (where
+        ``supports_age_order``): the arguments are checked already; ``after`` is the
+        (order column as stored, key) of the last row read."""
+        raise NotImplementedError  # never called: see BaseLockBackend._check_implementation()

@@ -120,9 +120,7 @@ def check_fence_scope(fence: Lock | int, using: str) -> None:
     :raises UnsupportedOperation: when the backend cannot fence a write on ``using``.
     """
     if isinstance(fence, Lock):
-        check = getattr(fence.backend, "check_fenced_write", None)
-        if check is not None:
-            check(fence, using)
+        fence.backend.check_fenced_write(fence, using)
 
 
 def version_field_of(model: type[models.Model]) -> Field[Any, Any] | None:

@@ -69,6 +69,7 @@ def backend_type(backend: BaseLockBackend) -> str:
 
 _LABELS = {
     "RedisBackend": "Redis",
+    "UnlistedRedisBackend": "Redis",
     "RedlockBackend": "Redlock",
     "ZooKeeperBackend": "ZooKeeper",
     "CacheBackend": "Django cache",
@@ -93,9 +94,10 @@ def backend_label(backend: BaseLockBackend) -> str:
         except Exception:  # DATABASES lacks the alias: the listing reports it
             vendor = ""
         return f"{_VENDORS.get(vendor, vendor or 'database')} ({mode})"
-    if name == "RedisBackend" and getattr(getattr(backend, "redis", None), "cluster", False):
+    label = _LABELS.get(name, name)
+    if label == "Redis" and getattr(getattr(backend, "redis", None), "cluster", False):
         return "Redis Cluster"
-    return _LABELS.get(name, name)
+    return label
 
 
 def lock_kind(backend: BaseLockBackend) -> str:

@@ -53,7 +53,7 @@ def order_reason(backend: BaseLockBackend) -> str:
     :param backend: an alias' backend that lists its locks.
     :returns: the reason, or "".
     """
-    if getattr(backend, "supports_age_order", False):
+    if backend.supports_age_order:
         return ""
     if getattr(backend, "mode", None) == "transaction":
         return ("a lock held in transaction mode is a row locked by an open transaction; "
@@ -123,7 +123,7 @@ def read_merged(
             continue
         state, backend = states[alias], locks[alias]
         try:
-            found = backend.held_locks_by_age(  # type: ignore[attr-defined]
+            found = backend.held_locks_by_age(
                 order, prefix, limit, cursor if isinstance(cursor, str) else None
             )
         except (DistLockError, UnsupportedOperation) as exc:

@@ -27,8 +27,8 @@ class CacheBackend(BaseLockBackend):
     """
 
     acquisition_class = CacheAcquisition
-    supports_fencing = False
-    supports_listing = False
+    distributed = True
+    supports_expiry = True
     supports_force_release = True
     why_unsupported = {
         "supports_listing": (

@@ -40,6 +40,9 @@ class DatabaseBackend(BaseLockBackend):
     default 16).
     """
 
+    supports_fencing = True
+    distributed = True
+
     #: ``OPTIONS["MODE"]`` → the class that serves it (filled by the subclasses).
     modes: ClassVar[dict[str, type[DatabaseBackend]]] = {}
     mode: ClassVar[str]

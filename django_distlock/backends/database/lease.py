@@ -35,7 +35,7 @@ from ..base import (
     Miss,
     WaiterInfo,
 )
-from ..ordering import AgeOrderMixin, OrderedPage
+from ..ordering import OrderedPage
 from .backend import DatabaseBackend, is_busy, server_wait
 from .ordered import held_by_age
 from .sessions import (
@@ -65,15 +65,17 @@ T = TypeVar("T")
 logger = logging.getLogger("django_distlock")
 
 
-class LeaseBackend(AgeOrderMixin, DatabaseBackend, mode="lease"):
+class LeaseBackend(DatabaseBackend, mode="lease"):
     """The database backend's lease mode (``OPTIONS["MODE"] = "lease"``, the default)."""
 
+    supports_expiry = True
     supports_listing = True
     supports_counting = True
     supports_force_release = True
     supports_read_write = True
     supports_semaphore = True
     supports_waiters = True
+    supports_age_order = True
 
     @classmethod
     def for_vendor(cls, vendor: str) -> type[DatabaseBackend]:

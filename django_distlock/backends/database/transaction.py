@@ -59,7 +59,6 @@ class _Stack(threading.local):
 class TransactionBackend(DatabaseBackend, mode="transaction"):
     """The database backend's transaction mode (``OPTIONS["MODE"] = "transaction"``)."""
 
-    supports_expiry = False
     supports_listing = True
     why_unsupported = {
         "supports_force_release": "a transaction-mode lock is held by its holder's open "

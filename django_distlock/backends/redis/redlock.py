@@ -150,7 +150,8 @@ class RedlockBackend(BaseLockBackend):
     """
 
     acquisition_class = RedlockAcquisition
-    supports_fencing = False
+    distributed = True
+    supports_expiry = True
     supports_force_release = True
     why_unsupported = {
         "supports_fencing": "independent masters' counters cannot be ordered",

@@ -66,7 +66,8 @@ class ZooKeeperBackend(BaseLockBackend):
     """
 
     acquisition_class = ZooKeeperAcquisition
-    supports_expiry = False
+    distributed = True
+    supports_fencing = True
     supports_listing = True
     supports_counting = True
     supports_force_release = True

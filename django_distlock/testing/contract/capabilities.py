@@ -200,6 +200,7 @@ class CapabilityChecks(ContractBase):
             ("supports_semaphore", lambda: backend.semaphore(name, 2).acquire(timeout=1)),
             ("supports_expiry", lambda: backend.lock(name, auto_renew=True).acquire(timeout=1)),
             ("supports_waiters", lambda: backend.waiters(name)),
+            ("supports_age_order", lambda: backend.held_locks_by_age("acquired", prefix=name)),
         ]
         for flag, ask in asks:
             if getattr(backend, flag):

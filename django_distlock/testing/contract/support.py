@@ -23,12 +23,13 @@ ODD_NAMES = ["a/b", "a/../b", "..", "/", "/etc/passwd", "spaces and ünïcode �
 FLAGS = (
     "supports_fencing", "supports_expiry", "supports_listing", "supports_force_release",
     "distributed", "supports_reentrancy", "supports_read_write", "supports_semaphore",
-    "supports_waiters", "supports_counting",
+    "supports_waiters", "supports_counting", "supports_downgrade", "supports_age_order",
+    "leases_join_transaction",
 )
 #: The backend's methods that reach its server: none may run for a refused call.
 IO_ENTRY_POINTS = (
-    "_held_locks", "_count_held", "_force_release", "_waiters", "acquisition", "is_locked",
-    "health",
+    "_held_locks", "_count_held", "_force_release", "_waiters", "_held_locks_by_age",
+    "acquisition", "is_locked", "health",
 )
 
 
