@@ -1,4 +1,7 @@
-"""The contract on the database backend: PostgreSQL and SQLite, lease and transaction modes."""
+"""The contract on the database backend: SQLite in lease and transaction modes and
+PostgreSQL in transaction mode (through Django's connections); PostgreSQL's lease mode,
+whose statements run on the backend's own sessions, is ``test_backend_database_sessions.py``
+(single tier: CONTRIBUTING.md, "The tiers")."""
 
 from __future__ import annotations
 
@@ -50,10 +53,6 @@ class PostgresContract(LockContract):
     @pytest.fixture(autouse=True)
     def _pg(self) -> None:
         require_pg()
-
-
-class TestPostgresLease(PostgresContract):
-    alias = "pg-lease"
 
 
 class TestPostgresTransaction(PostgresContract):

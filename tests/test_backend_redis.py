@@ -1,6 +1,7 @@
 """The Redis backend against the real Redis (and Redis Cluster) that scripts/test starts:
-the shipped contract through a URL, a django-redis cache, Django's RedisCache and a
-cluster; round trips, scripts, names, listing, reentrancy, fairness, configuration."""
+the shipped contract through a URL and a cluster; round trips, scripts, names, listing,
+reentrancy, fairness, configuration. Through Django's caches (django-redis and
+RedisCache), and the system checks: ``test_backend_redis_django.py``."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ from typing import Any
 
 import pytest
 import redis
-from django.core.management import call_command
 from django.test import override_settings
 from redis.cluster import key_slot
 
@@ -24,7 +24,6 @@ from django_distlock.backends.redis.acquisition import REFUSED
 from django_distlock.exceptions import (
     InvalidBackendOptions,
     InvalidLockName,
-    LockConfigurationError,
     LockLost,
     LockNotHeld,
     UnsupportedOperation,
@@ -32,8 +31,6 @@ from django_distlock.exceptions import (
 from django_distlock.testing import LockContract
 
 from .conftest import REDIS_ALIASES, eventually, in_thread, require_redis
-
-pytestmark = pytest.mark.django_versions
 
 URL = os.environ.get("DISTLOCK_REDIS_URL", "")
 
@@ -46,14 +43,6 @@ class RedisContract(LockContract):
 
 class TestRedisURL(RedisContract):
     alias = "redis"
-
-
-class TestRedisDjangoRedisCache(RedisContract):
-    alias = "redis-cache"
-
-
-class TestRedisDjangoCache(RedisContract):
-    alias = "redis-djcache"
 
 
 class TestRedisUnfair(RedisContract):
@@ -589,27 +578,6 @@ def test_a_forked_child_and_its_parent_never_share_a_kept_connection(
 def test_bad_options_are_clear_errors(params: dict[str, Any], message: str) -> None:
     with pytest.raises(InvalidBackendOptions, match=message):
         RedisBackend("r", params)
-
-
-@pytest.mark.parametrize(
-    ("cache", "message"),
-    [("missing", "not a cache alias"), ("default", "not Redis")],
-)
-def test_the_checks_name_a_cache_that_cannot_be_used(cache: str, message: str) -> None:
-    require_redis()
-    alias = {"BACKEND": "django_distlock.backends.redis.RedisBackend", "OPTIONS": {"CACHE": cache}}
-    with override_settings(DISTLOCK={"default": alias}):
-        from django_distlock.checks import check_distlock
-
-        (error,) = check_distlock()
-        assert error.id == "distlock.E010" and message in error.msg
-        with pytest.raises(LockConfigurationError, match=message):
-            locks["default"].lock("x").acquire()
-
-
-def test_the_aliases_pass_the_checks() -> None:
-    require_redis()
-    call_command("check")
 
 
 def test_an_attempt_run_after_its_not_after_changes_nothing(

@@ -91,3 +91,9 @@ def test_app_not_installed_is_reported_by_manage_py_check() -> None:
 def test_checks_are_registered_once() -> None:
     registered = [c for c in checks.registry.registry.get_checks() if c.__module__ == _MODULE]
     assert len(registered) == 1
+
+
+def test_deploy_check_warns_about_the_process_local_backend() -> None:
+    messages = checks.run_checks(include_deployment_checks=True, tags=["distlock"])
+    assert [m.id for m in messages if m.obj == "locmem"] == ["distlock.W002"]
+    assert not [m for m in checks.run_checks(tags=["distlock"]) if m.obj == "locmem"]
