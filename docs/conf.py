@@ -35,7 +35,7 @@ extensions = [
 ]
 source_suffix = {".md": "markdown"}
 root_doc = "index"
-exclude_patterns = ["_build", "Thumbs.db", ".DS_Store"]
+exclude_patterns = ["_build", "Thumbs.db", ".DS_Store", "plans"]  # plans: working notes, not the site
 
 myst_enable_extensions = ["colon_fence", "deflist"]
 # "## Section" titles become link targets, so a page's [text](page.md#section) resolves.
