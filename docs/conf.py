@@ -35,7 +35,8 @@ extensions = [
 ]
 source_suffix = {".md": "markdown"}
 root_doc = "index"
-exclude_patterns = ["_build", "Thumbs.db", ".DS_Store", "plans"]  # plans: working notes, not the site
+# plans/: working notes for developers, not pages of the site.
+exclude_patterns = ["_build", "Thumbs.db", ".DS_Store", "plans"]
 
 myst_enable_extensions = ["colon_fence", "deflist"]
 # "## Section" titles become link targets, so a page's [text](page.md#section) resolves.
