@@ -181,7 +181,7 @@ def time_counts(aliases: list[str], repeat: int) -> None:
     at the largest cap, with what it answered."""
     from django_distlock import locks
     from django_distlock.backends.counting import COUNT_CAP, MAX_COUNT_CAP
-    from django_distlock.operations.totals import describe
+    from django_distlock.contrib.admin.operations.totals import describe
 
     print()
     print("| count_held() | cap | answer | median ms | max ms |")
@@ -197,7 +197,7 @@ def time_counts(aliases: list[str], repeat: int) -> None:
             print(f"| {alias} | {cap:,} | {describe(answer)} | {median:.1f} | {max(times):.1f} |")
 
 
-URL = "/admin/django_distlock/lockevent/held/"
+URL = "/admin/distlock_admin/heldlock/held/"
 
 
 def against(spec: dict[str, Any]) -> dict[str, Any]:

@@ -124,8 +124,8 @@ def fill(database: str, count: int) -> None:
     """Write ``count`` events to ``database`` in batches, and their buckets (counted in
     memory, written at the end: the page reads the same rows as if the recorder's writer
     had added each second's events)."""
-    from django_distlock.audit import buckets
-    from django_distlock.models import LockEvent
+    from django_distlock.contrib.audit import buckets
+    from django_distlock.contrib.audit.models import LockEvent
 
     rng, now = random.Random(25), datetime.now(UTC)
     added: dict[Any, Any] = {}
@@ -141,7 +141,7 @@ def describe(database: str) -> str:
     2-hour rows (the 7-day window's)."""
     from django.db.models import Count
 
-    from django_distlock.models import LockActivity
+    from django_distlock.contrib.audit.models import LockActivity
 
     rows = LockActivity.objects.using(database)
     per = dict(rows.values_list("span").annotate(n=Count("id")).order_by("span"))
@@ -168,10 +168,10 @@ def main() -> int:
     from django.test import Client
     from django.test.utils import CaptureQueriesContext, setup_databases, teardown_databases
 
-    from django_distlock.audit.purge import purge
+    from django_distlock.contrib.audit.purge import purge
 
     state = setup_databases(verbosity=0, interactive=False, aliases=set(databases))
-    url = "/admin/django_distlock/lockevent/activity/"
+    url = "/admin/distlock_audit/lockevent/activity/"
     cases = [(f"window {w}", {"window": w}) for w in ("1h", "6h", "24h", "7d")] + [
         ("7d, alias redis", {"window": "7d", "alias": "redis"}),
         ("7d, search order", {"window": "7d", "q": "order"}),

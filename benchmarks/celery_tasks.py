@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     django.setup()
     from django.conf import settings
 
-    from django_distlock.testing.celery import CeleryWorkers
+    from django_distlock.contrib.celery.testing import CeleryWorkers
 
     from . import pg
 

@@ -253,7 +253,7 @@ class Buyer:
 
     def __init__(self, key: str, *, optimistic: bool) -> None:
         pg._django()
-        from django_distlock.optimistic import retry_on_conflict
+        from django_distlock.contrib.optimistic import retry_on_conflict
 
         self.product, self.order = _model("OptimisticProduct"), _model("SaleOrder")
         self.pk = self.product.objects.get(name=key).pk  # also opens the connection

@@ -2,7 +2,7 @@
 
 Per case (one backend), :data:`NODES` OS processes are started with the
 ``spawn`` context; each sets Django up, decorates a no-op job with
-:func:`~django_distlock.schedules.once_per_slot` (``max_hold`` 30 s,
+:func:`~django_distlock.contrib.schedules.once_per_slot` (``max_hold`` 30 s,
 ``min_hold`` :data:`MIN_HOLD`) on the case's alias, and opens its connections
 with one untimed acquire+release of a key of its own. Then, slot after slot,
 they pass a barrier together and call the job at once: one wins and runs it
@@ -84,7 +84,7 @@ def _node(alias: str, name: str, index: int, slots: tuple[int, int], barrier: An
 
         django.setup()
         from django_distlock import locks
-        from django_distlock.schedules import once_per_slot
+        from django_distlock.contrib.schedules import once_per_slot
 
         started: list[int] = []
 
@@ -192,7 +192,7 @@ def smoke(case: Case) -> None:
 
     :raises AssertionError: when the first call did not run it or the second did.
     """
-    from django_distlock.schedules import once_per_slot
+    from django_distlock.contrib.schedules import once_per_slot
 
     alias = case.factory.args[0]  # type: ignore[attr-defined]
     job = once_per_slot(f"bench:smoke:{NAME}:{case.name}:{time.time_ns()}", using=alias,

@@ -9,7 +9,9 @@ from .decorators import distlock, lock
 from .exceptions import SelfDeadlock
 from .handle import Lock
 from .handler import DEFAULT_LOCK_ALIAS, locks
-from .values import DEFAULT, LockInfo, LockPage
+from .http import locked_response
+from .multilock import MultiLock
+from .values import DEFAULT, LockInfo, LockPage, WaiterInfo
 
 __version__ = "0.1.0"
 
@@ -19,9 +21,12 @@ __all__ = [
     "Lock",
     "LockInfo",
     "LockPage",
+    "MultiLock",
     "SelfDeadlock",
+    "WaiterInfo",
     "distlock",
     "holder_context",
     "lock",
+    "locked_response",
     "locks",
 ]

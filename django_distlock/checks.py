@@ -1,5 +1,5 @@
-"""System checks of the ``DISTLOCK`` setting (ids ``distlock.E001`` ...) and of the
-scheduled jobs (``schedules.py``).
+"""System checks of the ``DISTLOCK`` setting (ids ``distlock.E001`` ...). The contrib
+apps register their own (the audit app its ``AUDIT`` key, the schedules app its jobs).
 
 This module only loops over the aliases; each backend's own ``check()``
 holds the checks of its options.
@@ -9,19 +9,27 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.apps import apps
 from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 
 from .handler import DEFAULT_LOCK_ALIAS, LockHandler, locks
-from .schedules import check_jobs
+
+#: The app that reads an alias' ``AUDIT`` (the core only reserves the key).
+AUDIT_APP = "django_distlock.contrib.audit"
+
+
+def audit_app_missing(params: Any) -> bool:
+    """Whether an alias' settings ask for the audit trail that no installed app keeps."""
+    audits = hasattr(params, "get") and params.get("AUDIT") not in (None, False)
+    return audits and not apps.is_installed(AUDIT_APP)
 
 
 @checks.register("distlock")
 def check_distlock(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """Build every alias' backend (no I/O) and gather its messages, then those of the
-    jobs decorated with ``once_per_slot`` (``distlock.E040``, ``distlock.W040``)."""
-    return _gather(deploy=False) + check_jobs()
+    """Build every alias' backend (no I/O) and gather its messages."""
+    return _gather(deploy=False)
 
 
 @checks.register("distlock", deploy=True)
@@ -44,7 +52,17 @@ def _gather(deploy: bool) -> list[checks.CheckMessage]:
                 id="distlock.E001",
             )
         )
-    for alias in aliases:
+    for alias, params in aliases.items():
+        if not deploy and audit_app_missing(params):
+            messages.append(
+                checks.Error(
+                    f"DISTLOCK[{alias!r}] has AUDIT, which the audit app reads.",
+                    hint=f"Add {AUDIT_APP!r} to INSTALLED_APPS and run "
+                    "`manage.py migrate distlock_audit`, or remove AUDIT.",
+                    obj=alias,
+                    id="distlock.E006",
+                )
+            )
         try:
             backend = locks.create_backend(alias)
         except ImproperlyConfigured as exc:

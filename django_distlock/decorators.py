@@ -7,6 +7,7 @@ import inspect
 import logging
 import re
 import string
+import sys
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar, cast
 
@@ -14,7 +15,6 @@ from .context import describer, enter, leave
 from .exceptions import BackendUnavailable, DistLockError, LockLost, LockNotAcquired
 from .handle import Lock
 from .handler import DEFAULT_LOCK_ALIAS, locks
-from .integrations.celery import refuse_task_object
 from .multilock import MultiLock
 from .names import validate_name
 from .renewal import validate_max_hold
@@ -137,7 +137,7 @@ def distlock(
     """
 
     def decorator(func: F) -> F:
-        refuse_task_object(func, key)  # first: _describe() would evaluate a task proxy
+        _refuse_task_object(func, key)  # first: _describe() would evaluate a task proxy
         where = _describe(key, func)
         _check_options(where, using, ttl, timeout, blocking, on_fail)
         _check_renewal(where, auto_renew, max_hold)
@@ -248,6 +248,34 @@ def _log_lost(exc: LockLost, held: Lock | MultiLock, where: str) -> None:
 
 
 # -- checks made when decorating ------------------------------------------------
+
+
+def _refuse_task_object(func: object, key: object) -> None:
+    """Raise TypeError when ``func`` is a Celery task (or the proxy ``shared_task``
+    returns) rather than a function: ``@distlock`` above ``@shared_task`` would wrap
+    the task object, so the lock would be taken by whoever *calls* it (``.delay()``
+    returns at once, in the caller's process) and never by the worker that runs it.
+
+    :param func: what ``@distlock`` is applied to.
+    :param key: the decorator's key, for the message.
+    :raises TypeError: for a Celery task object or proxy.
+    """
+    celery = sys.modules.get("celery")
+    if celery is None:  # no Celery imported: no task object can exist
+        return
+    from celery.app.task import Task
+    from celery.local import Proxy
+
+    # type(), not isinstance(): a Proxy answers isinstance() by evaluating itself,
+    # which would finalize the Celery app while modules are still being imported.
+    if issubclass(type(func), Task | Proxy):
+        raise TypeError(
+            f"@distlock({key!r}) is applied to a Celery task object "
+            f"({type(func).__name__}). Put it below the "
+            "task decorator, on the function, so the lock is taken in the worker that "
+            "runs the task:\n\n    @shared_task(bind=True)\n    @distlock(...)\n"
+            "    def task(self, ...): ...\n\n(see docs/tasks.md)."
+        )
 
 
 def _describe(key: object, func: Callable[..., Any]) -> str:

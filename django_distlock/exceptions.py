@@ -116,7 +116,7 @@ class VersionConflict(DistLockError, DatabaseError):
     Nothing was written. :attr:`instance` is the object whose save or delete
     was refused, :attr:`expected_version` the version it was read at.
     Reload the object, re-apply the change and try again (see
-    :func:`django_distlock.optimistic.retry_on_conflict`).
+    :func:`django_distlock.contrib.optimistic.retry_on_conflict`).
     """
 
     def __init__(self, message: str, *, instance: Any = None, expected_version: Any = None):
@@ -176,7 +176,7 @@ class LeaseInTransaction(UnsupportedOperation, TransactionManagementError):
     """A lock that must outlive the caller's transaction was asked for inside it, on a
     backend whose leases are written in that transaction (the database backend's lease
     mode on SQLite): its rollback would undo the grant. Nothing was written. Raised by
-    :func:`~django_distlock.schedules.once_per_slot`; see ``docs/schedules.md``."""
+    :func:`~django_distlock.contrib.schedules.once_per_slot`; see ``docs/schedules.md``."""
 
 
 __all__.append("LeaseInTransaction")

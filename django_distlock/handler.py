@@ -7,7 +7,6 @@ import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from django.apps import apps
 from django.conf import settings as django_settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
@@ -69,8 +68,6 @@ class LockHandler:
             backend = self._backends.get(alias)
             if backend is None:
                 backend = self._backends[alias] = self.create_backend(alias)
-                if backend.audit is not None:
-                    follow_audit()
             return backend
 
     def __setitem__(self, alias: str, backend: BaseLockBackend) -> None:
@@ -146,36 +143,8 @@ class LockHandler:
 locks = LockHandler()
 
 
-def follow_audit() -> bool:
-    """Connect the audit trail's receivers while an alias of ``DISTLOCK`` has ``AUDIT``
-    on, and disconnect them when none has: then a lock event calls no audit receiver.
-
-    Called when the app is ready, when ``DISTLOCK`` changes, and when the registry
-    builds an auditing backend. It reads the setting as it is: a malformed one is
-    the system checks' to report.
-
-    :returns: whether the receivers are connected.
-    """
-    if not apps.models_ready:  # the recorder imports the models; ready() calls again
-        return False
-    from .audit import recorder
-
-    raw = getattr(django_settings, "DISTLOCK", None)
-    audits = isinstance(raw, Mapping) and any(
-        isinstance(params, Mapping) and params.get("AUDIT") not in (None, False)
-        for params in raw.values()
-    )
-    if audits:
-        recorder.connect()
-    else:
-        recorder.disconnect()
-    return audits
-
-
 @receiver(setting_changed)
 def _reset_locks(*, setting: str, **kwargs: Any) -> None:
     if setting in ("DISTLOCK", "DATABASES"):
         locks.reset()
-    if setting == "DISTLOCK":
-        follow_audit()
 

@@ -6,7 +6,7 @@ Standard library only (``scripts/release`` runs it with any python3 >= 3.11)::
     scripts/check_dist.py --source DIR dist/NAME-VERSION-py3-none-any.whl dist/NAME-VERSION.tar.gz
 
 The wheel must hold the package and nothing else: its Python modules, ``py.typed``,
-the SQL files under ``migrations/sql/``, the files under ``templates/`` and ``static/``,
+the SQL files under ``sql/``, the files under each app's ``templates/`` and ``static/``,
 and its ``.dist-info``; every such file of the source tree, and no other (no tests/,
 benchmarks/, testproject/ or docs/, no ``.pyc``, no hidden or backup file). The sdist
 must hold what builds the wheel: ``PKG-INFO``, ``setup.cfg``, ``pyproject.toml``, the
@@ -50,12 +50,12 @@ def why_not_shipped(path: PurePosixPath) -> str | None:
         return "backup or patch file"
     if any(part in {"tests", "test"} for part in parts[:-1]):
         return "a tests directory inside the package"
-    if parts[0] == "templates":
+    if "templates" in parts[:-1]:
         return None if path.suffix in TEMPLATE_SUFFIXES else "not a template"
-    if parts[0] == "static":
+    if "static" in parts[:-1]:
         return None if path.suffix in STATIC_SUFFIXES else "not a static asset"
-    if parts[:2] == ("migrations", "sql"):
-        return None if path.suffix == ".sql" and len(parts) == 3 else "not an SQL file"
+    if parts[0] == "sql":
+        return None if path.suffix == ".sql" and len(parts) == 2 else "not an SQL file"
     if path.suffix == ".py":
         return None
     if path == PurePosixPath("py.typed"):

@@ -33,6 +33,10 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "django_distlock",
+    "django_distlock.contrib.admin",
+    "django_distlock.contrib.audit",
+    "django_distlock.contrib.celery",
+    "django_distlock.contrib.schedules",
     "testproject.shop",
 ]
 

@@ -35,7 +35,7 @@ def main(database: dict[str, Any], how: str) -> None:
     )
     django.setup()
     from django_distlock import locks
-    from django_distlock.audit import recorder
+    from django_distlock.contrib.audit import recorder
 
     if how == "stuck":
         recorder.EXIT_TIMEOUT = STUCK_EXIT_TIMEOUT  # the bound, shortened for the test

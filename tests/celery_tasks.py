@@ -18,8 +18,8 @@ from celery import shared_task
 from celery.signals import worker_init
 
 from django_distlock import distlock, locks
-from django_distlock.integrations.celery import retry_task
-from django_distlock.integrations.celery_once import QueueOnce
+from django_distlock.contrib.celery.once import QueueOnce
+from django_distlock.contrib.celery.retry import retry_task
 from django_distlock.testing.history import HistoryRecorder
 
 #: Set in a worker's environment: its main process takes locks before forking its pool

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from django.db import connections
 
-from django_distlock.testing.celery import CeleryWorkers
+from django_distlock.contrib.celery.testing import CeleryWorkers
 
 from .celery_tasks import FORK_PROBE
 from .conftest import require_pg, require_redis

@@ -5,7 +5,7 @@ and several workers share the real Redis of ``scripts/test`` as broker, on its
 database 7 and a queue named by the test. Every beat sends ``restock_tick``
 at every multiple of ``EVERY`` seconds of the Unix clock (:class:`aligned`, as
 cron aligns to minutes), with the slot it fires for in the message; the task is a
-:func:`~django_distlock.schedules.once_per_slot` job on the ``redis`` alias of
+:func:`~django_distlock.contrib.schedules.once_per_slot` job on the ``redis`` alias of
 ``tests.settings``, and appends ``{"slot", "ran", "pid"}`` to the history file.
 
 Environment: ``DISTLOCK_REDIS_URL``, ``DISTLOCK_BEAT_QUEUE``, ``DISTLOCK_BEAT_JOB``
@@ -32,7 +32,7 @@ from celery import Celery  # noqa: E402
 from celery.schedules import schedstate, schedule  # noqa: E402
 from celery.signals import before_task_publish, worker_ready  # noqa: E402
 
-from django_distlock.schedules import once_per_slot  # noqa: E402
+from django_distlock.contrib.schedules import once_per_slot  # noqa: E402
 
 EVERY = 1.0
 MIN_HOLD = 0.5

@@ -25,6 +25,10 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.admin",
     "django_distlock",
+    "django_distlock.contrib.admin",
+    "django_distlock.contrib.audit",
+    "django_distlock.contrib.celery",
+    "django_distlock.contrib.schedules",
     "tests.testapp",
     "testproject.shop",
 ]

@@ -14,10 +14,10 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from django_distlock.audit import buckets
-from django_distlock.audit.recorder import write_event
-from django_distlock.dashboard.activity import SHOWN, from_buckets
-from django_distlock.models import LockActivity
+from django_distlock.contrib.audit import buckets
+from django_distlock.contrib.audit.activity import SHOWN, from_buckets
+from django_distlock.contrib.audit.models import LockActivity
+from django_distlock.contrib.audit.recorder import write_event
 
 from .conftest import DATABASES, require_pg
 

@@ -23,13 +23,13 @@ from django.core.management import call_command
 from django.db import connections
 from django.test import Client, override_settings
 from django.urls import reverse
+from django_distlock.dashboard import views
 
 from django_distlock import holder_context, locks
-from django_distlock.dashboard import views
+from django_distlock.contrib.admin.operations import listing
+from django_distlock.contrib.audit.models import LockEvent
+from django_distlock.contrib.audit.recorder import NOT_FREED
 from django_distlock.handle import Lock
-from django_distlock.models import LockEvent
-from django_distlock.operations import listing
-from django_distlock.operations.release import NOT_FREED
 
 from .conftest import (
     DATABASES,
@@ -355,7 +355,7 @@ def test_the_release_post_needs_the_csrf_token(held: dict[str, Lock]) -> None:
 
 
 def test_the_app_index_links_the_dashboard(boss: Client) -> None:
-    page = boss.get(reverse("admin:app_list", args=["django_distlock"])).content.decode()
+    page = boss.get(reverse("admin:app_list", args=["distlock_admin"])).content.decode()
     assert reverse(LIST) in page
     assert "Distributed locks" in boss.get(reverse("admin:index")).content.decode()
 

@@ -21,13 +21,13 @@ import pytest
 from django.conf import settings
 from django.contrib.auth.models import Permission, User
 from django.test import Client, override_settings
+from django_distlock.dashboard import views
 
 import django_distlock
 from django_distlock import locks
-from django_distlock.audit.recorder import recorder
-from django_distlock.dashboard import views
+from django_distlock.contrib.audit.models import LockEvent
+from django_distlock.contrib.audit.recorder import recorder
 from django_distlock.handle import Lock
-from django_distlock.models import LockEvent
 
 from .browser import wait_until_left
 from .conftest import DATABASES, FULL_RUN, require_zookeeper
@@ -109,7 +109,7 @@ def test_operator_and_viewer_in_a_browser(
     login(boss, base, User.objects.create_superuser("boss", "b@example.com", "pw"))
     boss.get(f"{base}/admin/")
     # The app's caption (shown upper-case) on the admin index.
-    click(boss, "caption a[href$='/admin/django_distlock/']", By.CSS_SELECTOR)
+    click(boss, "caption a[href$='/admin/distlock_admin/']", By.CSS_SELECTOR)
     click(boss, "Held locks")
     listed = rows(boss)
     assert {alias for alias, _ in listed} >= set(held)
@@ -143,7 +143,7 @@ def test_operator_and_viewer_in_a_browser(
     assert "Released dash:sqlite-lease on sqlite-lease." in _messages(boss)
     assert ("sqlite-lease", "dash:sqlite-lease") not in rows(boss)
     assert not locks["sqlite-lease"].is_locked("dash:sqlite-lease")
-    boss.get(f"{base}/admin/django_distlock/lockevent/")
+    boss.get(f"{base}/admin/distlock_audit/lockevent/")
     audit = boss.find_element(By.ID, "result_list").text
     assert "force-released" in audit and "dash:sqlite-lease" in audit and "boss" in audit
     event = LockEvent.objects.get()
@@ -153,7 +153,7 @@ def test_operator_and_viewer_in_a_browser(
     user = User.objects.create_user("viewer", "v@example.com", "pw", is_staff=True)
     user.user_permissions.add(Permission.objects.get(codename="view_held_lock"))
     login(viewer, base, user)
-    viewer.get(f"{base}/admin/django_distlock/lockevent/held/")
+    viewer.get(f"{base}/admin/distlock_admin/heldlock/held/")
     assert ("default", "dash:default") in rows(viewer)
     assert not viewer.find_elements(By.CSS_SELECTOR, ".distlock-release")
     status = viewer.execute_async_script(
@@ -163,7 +163,7 @@ def test_operator_and_viewer_in_a_browser(
         const body = new URLSearchParams({csrfmiddlewaretoken: token, alias: "default",
             name: "dash:default", owner: arguments[0], fencing_token: arguments[1],
             reason: "forged"});
-        fetch("/admin/django_distlock/lockevent/held/release/", {method: "POST", body})
+        fetch("/admin/distlock_admin/heldlock/held/release/", {method: "POST", body})
             .then(r => done(r.status));
         """,
         held["default"].owner_id,
@@ -175,7 +175,7 @@ def test_operator_and_viewer_in_a_browser(
     # A ZooKeeper lock (a session lock: no expiry): filtered, opened, force-released.
     if "zk" in settings.DISTLOCK or FULL_RUN:
         require_zookeeper()
-        boss.get(f"{base}/admin/django_distlock/lockevent/held/")
+        boss.get(f"{base}/admin/distlock_admin/heldlock/held/")
         Select(boss.find_element(By.NAME, "alias")).select_by_value("zk")
         _submit(boss, "#changelist-search input[type=submit]")
         assert rows(boss) == [("zk", "dash:zk")]
@@ -195,7 +195,7 @@ def test_operator_and_viewer_in_a_browser(
         "LOCATION": "redis://127.0.0.1:1/0",
     }
     with override_settings(DISTLOCK={**settings.DISTLOCK, "redis-down": down}):
-        boss.get(f"{base}/admin/django_distlock/lockevent/held/")
+        boss.get(f"{base}/admin/distlock_admin/heldlock/held/")
         banner = boss.find_element(By.CSS_SELECTOR, ".distlock-alias-error[data-alias=redis-down]")
         assert banner.text.startswith("redis-down (Redis) could not be listed:")
         assert ("locmem", "dash:locmem") in rows(boss)
@@ -207,7 +207,7 @@ def test_operator_and_viewer_in_a_browser(
         contend("audited")
         recorder.flush()
         boss.get(f"{base}/admin/")
-        click(boss, "caption a[href$='/admin/django_distlock/']", By.CSS_SELECTOR)
+        click(boss, "caption a[href$='/admin/distlock_admin/']", By.CSS_SELECTOR)
         click(boss, "Lock activity")
         Select(boss.find_element(By.NAME, "window")).select_by_value("1h")
         _submit(boss, "#changelist-search input[type=submit]")
@@ -262,7 +262,7 @@ def test_clocks_and_auto_refresh_in_a_browser(
     boss.get(f"{base}/admin/")
     _shot(boss, screenshots, "admin-home.png")
     click(boss, "Held locks")  # the admin home's own entry
-    assert boss.current_url.endswith("/admin/django_distlock/lockevent/held/")
+    assert boss.current_url.endswith("/admin/distlock_admin/heldlock/held/")
     # On by default: the page reloads itself (a mark set in it is gone).
     on = "return document.getElementById('distlock-refresh').checked"
     assert boss.execute_script(on)
@@ -290,11 +290,11 @@ def test_clocks_and_auto_refresh_in_a_browser(
     assert boss.find_element(By.ID, "distlock-refresh-state").text == "off"
     boss.execute_script("window.scrollTo(0, 0)")
     _shot(boss, screenshots, "admin-held-locks-totals.png")
-    boss.get(f"{base}/admin/django_distlock/lockevent/held/")  # no ?refresh: the browser's
+    boss.get(f"{base}/admin/distlock_admin/heldlock/held/")  # no ?refresh: the browser's
     assert not boss.find_element(By.ID, "distlock-refresh").is_selected()
 
     # On again; typing a search pauses it.
-    boss.get(f"{base}/admin/django_distlock/lockevent/held/?refresh=2")
+    boss.get(f"{base}/admin/distlock_admin/heldlock/held/?refresh=2")
     assert boss.find_element(By.ID, "distlock-refresh").is_selected()
     boss.find_element(By.NAME, "q").send_keys("dash:")
     boss.execute_script("window.distlockMark = 1")
@@ -323,7 +323,7 @@ def test_the_merged_view_by_age_in_a_browser(
     boss, _ = browsers
     base = live_server.url
     login(boss, base, User.objects.create_superuser("boss", "b@example.com", "pw"))
-    boss.get(f"{base}/admin/django_distlock/lockevent/held/?q=dash:")
+    boss.get(f"{base}/admin/distlock_admin/heldlock/held/?q=dash:")
     click(boss, "held longest first")
     assert "by=acquired" in boss.current_url
     assert rows(boss) == expected[:2]

@@ -13,12 +13,12 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client, override_settings
 from django.urls import reverse
+from django_distlock.dashboard import views
 
 from django_distlock import locks
 from django_distlock.backends.counting import HeldCount
-from django_distlock.dashboard import views
+from django_distlock.contrib.admin.operations import listing, totals
 from django_distlock.handle import Lock
-from django_distlock.operations import listing, totals
 
 from .conftest import DATABASES, require_pg, require_redis, require_zookeeper
 from .test_admin_dashboard import LIST, boss, staff_with  # noqa: F401  (fixture)

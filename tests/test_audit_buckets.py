@@ -13,11 +13,11 @@ from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from django_distlock.audit import buckets
-from django_distlock.audit.purge import purge
-from django_distlock.audit.recorder import write_event
-from django_distlock.integrations.audit_tasks import purge_audit
-from django_distlock.models import LockActivity, LockEvent
+from django_distlock.contrib.audit import buckets
+from django_distlock.contrib.audit.models import LockActivity, LockEvent
+from django_distlock.contrib.audit.purge import purge
+from django_distlock.contrib.audit.recorder import write_event
+from django_distlock.contrib.audit.tasks import purge_audit
 
 from .conftest import DATABASES, require_pg
 
@@ -156,13 +156,13 @@ def test_retention_per_alias_keeps_the_recent(settings: Any) -> None:
 def test_the_command_and_the_celery_task_purge_as_cron_and_beat_would(capsys: Any) -> None:
     now = timezone.now()
     _trail(now)
-    call_command("distlock", "purge")  # 30 days: default does not audit
+    call_command("distlock_audit", "purge")  # 30 days: default does not audit
     assert "Deleted 1 audit rows." in capsys.readouterr().out
     assert LockEvent.objects.get(kind="purged").actor.startswith("command:")
     _trail(now)
     assert purge_audit.apply(kwargs={"days": 0}).get() == 3  # the holds left and new
     assert LockEvent.objects.filter(kind="purged", actor="task:purge_audit").exists()
-    call_command("distlock", "purge", "--days", "0", "--operator-actions")
+    call_command("distlock_audit", "purge", "--days", "0", "--operator-actions")
     assert list(LockEvent.objects.values_list("kind", flat=True)) == ["purged"]
 
 

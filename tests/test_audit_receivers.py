@@ -11,10 +11,9 @@ from django.conf import settings
 from django.test import override_settings
 
 from django_distlock import locks, signals
-from django_distlock.audit import recorder as recorder_module
-from django_distlock.audit.recorder import recorder
-from django_distlock.handler import follow_audit
-from django_distlock.models import LockEvent
+from django_distlock.contrib.audit import recorder as recorder_module
+from django_distlock.contrib.audit.models import LockEvent
+from django_distlock.contrib.audit.recorder import follow_audit, recorder
 
 pytestmark = [pytest.mark.django_versions, pytest.mark.django_db(transaction=True)]
 
@@ -78,15 +77,3 @@ def test_override_settings_connects_and_disconnects() -> None:
     assert audit_receivers() == []
 
 
-def test_a_backend_built_with_audit_connects_them() -> None:
-    """DISTLOCK changed without the signal (assigned, not overridden): the registry
-    connects the receivers when it builds an auditing alias."""
-    with override_settings(DISTLOCK=QUIET):
-        assert audit_receivers() == []
-        settings.DISTLOCK = AUDITED
-        locks.reset()
-        with locks["audited"].lock("built:a", ttl=10):
-            pass
-        assert audit_receivers() == list(SIGNALS)
-        assert events("audited") == 1
-    assert audit_receivers() == []

@@ -20,12 +20,12 @@ from django.db import connections
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
-from django_distlock import locks
-from django_distlock.audit import AuditSettings, parse_audit
-from django_distlock.audit import recorder as recorder_module
-from django_distlock.audit.recorder import Recorder, recorded_elsewhere, recorder
+from django_distlock import locks, signals
+from django_distlock.contrib.audit import AuditSettings, parse_audit
+from django_distlock.contrib.audit import recorder as recorder_module
+from django_distlock.contrib.audit.models import LockActivity, LockEvent
+from django_distlock.contrib.audit.recorder import Recorder, recorder
 from django_distlock.exceptions import InvalidBackendOptions, LockLost
-from django_distlock.models import LockActivity, LockEvent
 
 from . import audit_exit
 from .conftest import require_redis
@@ -181,15 +181,17 @@ def test_the_queue_is_bounded_and_counts_what_it_drops() -> None:
 def test_a_failed_write_drops_and_counts(audited: None, caplog: pytest.LogCaptureFixture) -> None:
     small = Recorder(capacity=10, interval=3600)
     small.add({"no_such_field": 1})
-    with caplog.at_level("WARNING", logger="django_distlock.audit.recorder"):
+    with caplog.at_level("WARNING", logger="django_distlock.contrib.audit.recorder"):
         assert small.flush() == 0 and small.dropped == 1
-    # The logger keeps the name of the module the recorder was first in (docs name it).
-    assert [r.name for r in caplog.records] == ["django_distlock.audit.recorder"]
+    # The logger is named after the module (docs/admin-dashboard.md names it).
+    assert [r.name for r in caplog.records] == ["django_distlock.contrib.audit.recorder"]
 
 
-def test_force_release_is_recorded_unless_written_elsewhere(audited: None) -> None:
+def test_force_release_is_recorded_unless_an_operator_signal_describes_it(
+    audited: None,
+) -> None:
     locks["locmem"].lock("audit:d", ttl=30).acquire()
-    with recorded_elsewhere():
+    with signals.by_operator():  # the admin app sends lock_released_by_operator after
         assert locks["locmem"].force_release("audit:d")
     locks["locmem"].lock("audit:e", ttl=30).acquire()
     assert locks["locmem"].force_release("audit:e")

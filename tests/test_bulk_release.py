@@ -22,13 +22,14 @@ from django.contrib.auth.models import Permission, User
 from django.core.management import CommandError, call_command
 from django.test import Client, override_settings
 from django.urls import reverse
+from django_distlock.dashboard import bulk as dashboard_bulk
 
 from django_distlock import locks
-from django_distlock.dashboard import bulk as dashboard_bulk
+from django_distlock.contrib.admin.operations.bulk import Selection, release_selected, select
+from django_distlock.contrib.audit.models import LockEvent
+from django_distlock.contrib.audit.recorder import BULK_NAME
 from django_distlock.exceptions import LockLost
 from django_distlock.handle import Lock
-from django_distlock.models import LockEvent
-from django_distlock.operations.bulk import BULK_NAME, Selection, release_selected, select
 from django_distlock.testing.contract.support import in_thread
 from django_distlock.testing.elsewhere import hold_elsewhere
 from django_distlock.values import LockInfo
@@ -107,7 +108,7 @@ def test_a_zookeeper_selection_reads_the_lock_parents_once(
     """A selection walks its pages with one read of every lock parent's name, not one
     per page (5 locks, pages of 2: 3 pages, 3 reads before)."""
     require_zookeeper()
-    from django_distlock.operations import bulk
+    from django_distlock.contrib.admin.operations import bulk
 
     from .test_admin_dashboard_totals import root_reads
 
@@ -423,7 +424,7 @@ def test_bulk_release_in_a_browser(
     browser = browsers[0]
     base = live_server.url
     login(browser, base, User.objects.create_superuser("boss", "b@example.com", "pw"))
-    browser.get(f"{base}/admin/django_distlock/lockevent/held/?alias=locmem&q={prefix}")
+    browser.get(f"{base}/admin/distlock_admin/heldlock/held/?alias=locmem&q={prefix}")
     _submit(browser, "#distlock-bulk-release")
     shown = browser.find_elements(By.CSS_SELECTOR, "tr.distlock-bulk-row")
     assert [r.get_attribute("data-name") for r in shown] == [f"{prefix}job:{n}" for n in range(3)]

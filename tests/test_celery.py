@@ -19,8 +19,8 @@ from django.conf import settings
 
 import testproject.celery
 from django_distlock import distlock, locks
+from django_distlock.contrib.celery.retry import retry_delay, retry_task
 from django_distlock.exceptions import AlreadyQueued, UnsupportedOperation
-from django_distlock.integrations.celery import retry_delay, retry_task
 from django_distlock.testing.history import check, load
 
 from . import celery_tasks as tasks

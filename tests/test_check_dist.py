@@ -19,11 +19,11 @@ PACKAGE_FILES = {
     "pkg/py.typed": "",
     "pkg/testing/contract.py": "",
     "pkg/migrations/0001_initial.py": "",
-    "pkg/migrations/sql/0002_routines.sql": "",
-    "pkg/templates/admin/pkg/page.html": "",
-    "pkg/static/pkg/page.js": "",
+    "pkg/sql/postgresql.sql": "",
+    "pkg/contrib/app/templates/admin/app/page.html": "",
+    "pkg/contrib/app/static/app/page.js": "",
 }
-SOURCE_ONLY = {"pkg/migrations/sql/README.md": "", "setup.cfg": "", "pyproject.toml": "",
+SOURCE_ONLY = {"pkg/sql/README.md": "", "setup.cfg": "", "pyproject.toml": "",
                "README.md": ""}
 DIST_INFO = ["METADATA", "WHEEL", "RECORD", "entry_points.txt", "top_level.txt"]
 
@@ -77,13 +77,13 @@ def test_the_package_files_and_nothing_else_pass(check_dist, source, tmp_path, c
     status, out = run(check_dist, source, wheel(tmp_path, GOOD_WHEEL),
                       sdist(tmp_path, GOOD_SDIST), capsys)
     assert status == 0, out
-    assert "not shipped (by design): pkg/migrations/sql/README.md" in out
+    assert "not shipped (by design): pkg/sql/README.md" in out
     assert "WARNING: no license file" in out
 
 
 def test_strays_and_missing_files_are_each_named(check_dist, source, tmp_path, capsys):
     strays = ["tests/test_pkg.py", "docs/index.md", "pkg/__pycache__/x.cpython-311.pyc",
-              "pkg/migrations/sql/README.md", "pkg/templates/admin/.DS_Store"]
+              "pkg/sql/README.md", "pkg/contrib/app/templates/admin/.DS_Store"]
     whl = wheel(tmp_path, [n for n in GOOD_WHEEL if not n.endswith("page.js")] + strays)
     half = [n for n in GOOD_SDIST if n != "README.md"] + ["tests/test_pkg.py"]
     status, out = run(check_dist, source, whl, sdist(tmp_path, half), capsys)
@@ -94,9 +94,9 @@ def test_strays_and_missing_files_are_each_named(check_dist, source, tmp_path, c
         "wheel: tests/test_pkg.py: outside the package",
         "wheel: docs/index.md: outside the package",
         "wheel: pkg/__pycache__/x.cpython-311.pyc: compiled Python",
-        "wheel: pkg/migrations/sql/README.md: not an SQL file",
-        "wheel: pkg/templates/admin/.DS_Store: hidden file",
-        "wheel: pkg/static/pkg/page.js: missing",
+        "wheel: pkg/sql/README.md: not an SQL file",
+        "wheel: pkg/contrib/app/templates/admin/.DS_Store: hidden file",
+        "wheel: pkg/contrib/app/static/app/page.js: missing",
         "sdist: pkg-1.0/tests/test_pkg.py: not needed to build the wheel",
         "sdist: pkg-1.0/README.md: missing",
     ]), out

@@ -97,3 +97,41 @@ def test_deploy_check_warns_about_the_process_local_backend() -> None:
     messages = checks.run_checks(include_deployment_checks=True, tags=["distlock"])
     assert [m.id for m in messages if m.obj == "locmem"] == ["distlock.W002"]
     assert not [m for m in checks.run_checks(tags=["distlock"]) if m.obj == "locmem"]
+
+
+def test_an_alias_that_audits_without_the_audit_app() -> None:
+    audited = {"default": {"BACKEND": DB, "AUDIT": True}}
+    assert ids(DISTLOCK=audited) == []  # the test settings install the audit app
+    apps = ["django.contrib.auth", "django.contrib.contenttypes", "django_distlock"]
+    assert ids(DISTLOCK=audited, INSTALLED_APPS=apps) == ["distlock.E006"]
+    assert ids(DISTLOCK={"default": {"BACKEND": DB, "AUDIT": False}}, INSTALLED_APPS=apps) == []
+
+
+@pytest.mark.parametrize("value", ["yes", {"SAMPLE": 2}, {"RETENTION_DAYS": 0}, {"KEEP": 1}])
+def test_an_unusable_audit_is_the_audit_apps_check(value: object) -> None:
+    from django_distlock.contrib.audit.checks import check_audit
+
+    setting = {"default": {"BACKEND": DB, "AUDIT": value}}
+    assert ids(DISTLOCK=setting) == []  # the core reserves the key and reads nothing of it
+    with override_settings(DISTLOCK=setting):
+        assert [(m.id, m.obj) for m in check_audit()] == [("distlock.E003", "default")]
+
+
+def test_a_site_with_the_core_only_migrates_no_audit_table(tmp_path: Path) -> None:
+    """The audit trail's tables come with its app: a Redis-only site without it has the
+    core's lock tables (the database backend's, empty) and nothing else of ours."""
+    root = Path(__file__).resolve().parent.parent
+    database = tmp_path / "core.sqlite3"
+    env = {**os.environ, "PYTHONPATH": str(root), "DISTLOCK_CORE_ONLY_DB": str(database)}
+    done = subprocess.run(
+        [sys.executable, "manage.py", "migrate", "--settings", "tests.settings_core_only"],
+        cwd=root, env=env, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    import sqlite3
+
+    with sqlite3.connect(database) as connection:
+        tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master"
+                                                        " WHERE type = 'table'")}
+    ours = {name for name in tables if name.startswith("django_distlock")}
+    assert ours == {"django_distlock_lock", "django_distlock_share"}

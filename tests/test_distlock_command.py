@@ -18,9 +18,9 @@ from django.test import Client, override_settings
 from django.utils import timezone
 
 from django_distlock import holder_context, locks
+from django_distlock.contrib.audit.models import LockEvent
 from django_distlock.exceptions import LockLost
-from django_distlock.models import LockEvent
-from django_distlock.operations.health import check_health
+from django_distlock.health import check_health
 
 from .conftest import DATABASES, require_pg
 from .tables import table_missing
@@ -38,7 +38,8 @@ DOWN = {
 
 def run(*args: str, **kwargs: Any) -> str:
     out = StringIO()
-    call_command("distlock", *args, stdout=out, stderr=StringIO(), **kwargs)
+    command = "distlock_audit" if args[:1] == ("purge",) else "distlock"
+    call_command(command, *args, stdout=out, stderr=StringIO(), **kwargs)
     return out.getvalue()
 
 

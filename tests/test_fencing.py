@@ -27,6 +27,12 @@ from django.db.models.signals import post_save, pre_save
 from django.test.utils import CaptureQueriesContext
 
 from django_distlock import Lock, locks
+from django_distlock.contrib.optimistic.fencing import (
+    FencedQuerySet,
+    FencingTokenField,
+    fenced_save,
+    fencing_field,
+)
 from django_distlock.exceptions import (
     DistLockError,
     LockLost,
@@ -34,12 +40,6 @@ from django_distlock.exceptions import (
     StaleFencingToken,
     UnsupportedOperation,
     VersionConflict,
-)
-from django_distlock.fencing import (
-    FencedQuerySet,
-    FencingTokenField,
-    fenced_save,
-    fencing_field,
 )
 from tests.testapp.models import (
     DoublyFenced,

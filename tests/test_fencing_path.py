@@ -1,4 +1,4 @@
-"""Fenced writes live at ``django_distlock.fencing``: the path a
+"""Fenced writes live at ``django_distlock.contrib.optimistic.fencing``: the path a
 :class:`FencingTokenField` gives migrations, and the shop's migration that adds one."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from django.db import connections
 from django.db.migrations.executor import MigrationExecutor
 from django.db.migrations.writer import MigrationWriter
 
-from django_distlock import fencing
-from django_distlock.fencing import FencingTokenField
+from django_distlock.contrib.optimistic import fencing
+from django_distlock.contrib.optimistic.fencing import FencingTokenField
 from testproject.shop.models import Product
 
 from .conftest import DATABASES
@@ -27,13 +27,13 @@ def test_deconstruct_gives_the_public_path() -> None:
     name, path, args, kwargs = Product._meta.get_field("fencing_token").deconstruct()
     assert (name, path, args, kwargs) == (
         "fencing_token",
-        "django_distlock.fencing.FencingTokenField",
+        "django_distlock.contrib.optimistic.fencing.FencingTokenField",
         [],
         {},
     )
     written, imports = MigrationWriter.serialize(FencingTokenField())
-    assert written == "django_distlock.fencing.FencingTokenField()"
-    assert imports == {"import django_distlock.fencing"}
+    assert written == "django_distlock.contrib.optimistic.fencing.FencingTokenField()"
+    assert imports == {"import django_distlock.contrib.optimistic.fencing"}
 
 
 def test_a_subclass_keeps_its_own_path() -> None:

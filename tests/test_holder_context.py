@@ -14,9 +14,9 @@ from django.db import close_old_connections
 from django.test import Client, RequestFactory
 
 from django_distlock import distlock, holder_context, locks
-from django_distlock.audit.recorder import recorder
 from django_distlock.context import current_context
-from django_distlock.models import LockEvent
+from django_distlock.contrib.audit.models import LockEvent
+from django_distlock.contrib.audit.recorder import recorder
 
 from .conftest import DATABASES, eventually, needs_pg, require_pg
 

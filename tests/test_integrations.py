@@ -11,14 +11,14 @@ from typing import Any
 import pytest
 from django.db import connections
 from django.test import RequestFactory, override_settings
+from django_distlock.integrations import prometheus
 from health_check.exceptions import ServiceUnavailable
 from health_check.views import HealthCheckView
 from prometheus_client import CollectorRegistry
 
 from django_distlock import locks
-from django_distlock.integrations import prometheus
-from django_distlock.integrations.health_check import LockBackends
-from django_distlock.models import LockEvent
+from django_distlock.contrib.audit.models import LockEvent
+from django_distlock.contrib.health_check import LockBackends
 
 from .conftest import DATABASES, require_pg
 from .tables import table_missing
@@ -60,13 +60,13 @@ def test_the_health_check_names_a_failing_alias_without_its_details(settings: An
 
 def test_the_health_check_in_django_health_checks_view(settings: Any) -> None:
     view = HealthCheckView.as_view(
-        checks=[("django_distlock.integrations.health_check.LockBackends", {"alias": "locmem"})]
+        checks=[("django_distlock.contrib.health_check.LockBackends", {"alias": "locmem"})]
     )
     response = asyncio.run(view(RequestFactory().get("/ht/", HTTP_ACCEPT="application/json")))
     assert response.status_code == 200
     with override_settings(DISTLOCK={**settings.DISTLOCK, "down": DOWN}):
         view = HealthCheckView.as_view(
-            checks=[("django_distlock.integrations.health_check.LockBackends", {"alias": "down"})]
+            checks=[("django_distlock.contrib.health_check.LockBackends", {"alias": "down"})]
         )
         response = asyncio.run(view(RequestFactory().get("/ht/", HTTP_ACCEPT="application/json")))
     assert response.status_code == 500

@@ -26,8 +26,7 @@ from django.db.models.signals import post_save, pre_save
 from django.test.utils import CaptureQueriesContext, isolate_apps
 
 from django_distlock import locks
-from django_distlock.exceptions import VersionConflict
-from django_distlock.optimistic import (
+from django_distlock.contrib.optimistic import (
     OptimisticLockMixin,
     VersionField,
     get_version,
@@ -35,7 +34,8 @@ from django_distlock.optimistic import (
     update_with_retry,
     version_field,
 )
-from django_distlock.optimistic.mixin import _keep_the_version_newest
+from django_distlock.contrib.optimistic.mixin import _keep_the_version_newest
+from django_distlock.exceptions import VersionConflict
 from tests.testapp.models import (
     Item,
     ItemProxy,
@@ -674,7 +674,7 @@ def test_version_field_is_not_editable_and_deconstructs_cleanly() -> None:
     form_class = forms.modelform_factory(Item, fields="__all__")
     assert "version" not in form_class.base_fields
     _, path, args, kwargs = VersionField().deconstruct()
-    assert path == "django_distlock.optimistic.VersionField" and args == []
+    assert path == "django_distlock.contrib.optimistic.VersionField" and args == []
     assert "default" not in kwargs and "editable" not in kwargs
     assert VersionField(default=5).deconstruct()[3]["default"] == 5
 

@@ -26,7 +26,7 @@ from django.http import HttpResponse
 from django.test import Client, override_settings
 from django.urls import reverse
 
-from django_distlock.optimistic.admin import (
+from django_distlock.contrib.optimistic.admin import (
     ACTION_VERSION_PREFIX,
     VERSION_FORM_FIELD,
     OptimisticAdminMixin,

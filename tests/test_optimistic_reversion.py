@@ -23,8 +23,8 @@ from django.urls import path, reverse
 from reversion.admin import VersionAdmin
 from reversion.models import Revision, Version
 
+from django_distlock.contrib.optimistic.admin import VERSION_FORM_FIELD, OptimisticAdminMixin
 from django_distlock.exceptions import VersionConflict
-from django_distlock.optimistic.admin import VERSION_FORM_FIELD, OptimisticAdminMixin
 from tests.testapp.models import Article, Place, Shop
 
 from .conftest import DATABASES, require_pg

@@ -23,11 +23,11 @@ from typing import Any
 
 import pytest
 from django.test import RequestFactory
+from django_distlock.integrations import prometheus
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from django_distlock import locks
-from django_distlock.integrations import prometheus
 
 from .conftest import require_redis
 
@@ -99,7 +99,7 @@ def site(tmp_path: Path) -> Iterator[str]:
     config = tmp_path / "gunicorn.conf.py"
     # The documented setup (docs/admin-dashboard.md): the hook drops a dead worker's
     # live gauges.
-    config.write_text("from django_distlock.integrations.prometheus import child_exit  # noqa\n")
+    config.write_text("from django_distlock.contrib.prometheus import child_exit  # noqa\n")
     yield from _start(tmp_path, [
         str(GUNICORN), "-c", str(config), "-w", str(WORKERS), "-k", "sync",
         "-b", "127.0.0.1:{port}", "--timeout", "60", "tests.prometheus_site:app",

@@ -201,7 +201,8 @@ def test_the_command_prunes_each_alias_or_says_why_not(unique) -> None:
 
 
 def test_the_housekeeping_task_prunes(unique) -> None:
-    from django_distlock.integrations.housekeeping import prune_idle_rows, prune_task
+    from django_distlock.contrib.celery.tasks import prune_task
+    from django_distlock.housekeeping import prune_idle_rows
 
     name = unique("task")
     _token("sqlite-lease", name)

@@ -13,8 +13,8 @@ import pytest
 import redis
 
 from django_distlock.backends.redis import RedisBackend, RedlockBackend
+from django_distlock.contrib.optimistic.fencing import fenced_save
 from django_distlock.exceptions import LockLost, StaleFencingToken
-from django_distlock.fencing import fenced_save
 from tests.testapp.models import FencedItem
 
 from .figures import record

@@ -16,7 +16,7 @@ from django.test import override_settings
 
 from django_distlock.backends.redis import RedisBackend
 from django_distlock.exceptions import LockConfigurationError
-from django_distlock.operations.health import check_health
+from django_distlock.health import check_health
 
 from .figures import record
 from .private_redis import Server

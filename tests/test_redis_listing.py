@@ -14,8 +14,8 @@ import redis
 
 from django_distlock import locks
 from django_distlock.backends.redis import RedisBackend
+from django_distlock.contrib.admin.operations.listing import backend_label
 from django_distlock.exceptions import InvalidBackendOptions, UnsupportedOperation
-from django_distlock.operations.listing import backend_label
 
 from .conftest import require_redis
 

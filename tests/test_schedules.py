@@ -22,8 +22,8 @@ from django.db.transaction import TransactionManagementError
 from django.test import override_settings
 
 from django_distlock import locks
+from django_distlock.contrib.schedules import once_per_slot, scheduled_jobs
 from django_distlock.exceptions import LockLost
-from django_distlock.schedules import once_per_slot, scheduled_jobs
 
 from .conftest import (
     DATABASES,

@@ -5,7 +5,7 @@ from django.http import HttpRequest, JsonResponse
 from django.urls import include, path
 
 from django_distlock import distlock, locks
-from django_distlock.operations.health import health_view
+from django_distlock.health import health_view
 
 
 @distlock("ctx:{name}", timeout=2)

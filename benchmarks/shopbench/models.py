@@ -13,7 +13,7 @@ import importlib.util
 
 from django.db import models
 
-from django_distlock.optimistic import OptimisticLockMixin
+from django_distlock.contrib.optimistic import OptimisticLockMixin
 
 __all__ = ["HAS_CONCURRENCY", "OptimisticProduct", "PlainProduct", "SaleOrder"]
 

@@ -26,7 +26,6 @@ from .. import (
     forksafe,  # noqa: F401  (registers the fork handler)
     signals,
 )
-from ..audit.settings import AuditSettings, parse_audit
 from ..circuit import Circuit, validate_fail_fast
 from ..exceptions import InvalidBackendOptions, UnsupportedOperation
 from ..handle import Lock
@@ -79,6 +78,9 @@ __all__ = [
 ]
 
 
+#: The keys of an alias. ``AUDIT`` is read by the audit app
+#: (``django_distlock.contrib.audit``), never by a backend; the core's check
+#: ``distlock.E006`` reports it when that app is not installed.
 _PARAM_KEYS = frozenset(
     {"BACKEND", "LOCATION", "OPTIONS", "KEY_PREFIX", "TTL", "TIMEOUT", "AUTO_RENEW", "AUDIT",
      "FAIL_FAST"}
@@ -214,8 +216,6 @@ class BaseLockBackend(KindsMixin, CountingMixin, AgeOrderMixin, abc.ABC):
         self.default_auto_renew: bool = auto_renew
         #: Fails acquires and listings at once while the server is down (``FAIL_FAST``).
         self.circuit = Circuit(self, validate_fail_fast(alias, params.get("FAIL_FAST", 0)))
-        #: Whether and how the audit trail records this alias' lock events (``AUDIT``).
-        self.audit: AuditSettings | None = parse_audit(alias, params.get("AUDIT"))
         options = params.get("OPTIONS", {})
         if not isinstance(options, Mapping):
             raise InvalidBackendOptions(f"DISTLOCK[{alias!r}]['OPTIONS'] must be a dict.")
@@ -457,7 +457,7 @@ class BaseLockBackend(KindsMixin, CountingMixin, AgeOrderMixin, abc.ABC):
             return False
         signals.lock_force_released.send(
             sender=type(self), backend=self, alias=self.alias, name=name,
-            fencing_token=freed.fencing_token,
+            fencing_token=freed.fencing_token, by_operator=signals.is_by_operator(),
         )
         return True
 

@@ -53,6 +53,8 @@ from .base import (
     Miss,
 )
 
+__all__ = ["LocMemBackend"]
+
 #: Longest a waiting task sleeps without a wake-up before it looks again (a lease that
 #: ended by itself wakes no one); each wait takes a random share of it, from a half up.
 ASYNC_RECHECK = 1.0

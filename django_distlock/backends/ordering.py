@@ -3,7 +3,7 @@
 A backend offers it (``supports_age_order``) only where an index of its server gives the
 order, so that a page costs what a page of :meth:`~.base.BaseLockBackend.held_locks`
 costs: the database's
-lease mode (migration 0013's indexes on ``(acquired_at, name)`` and ``(expires_at,
+lease mode (the lock table's indexes on ``(acquired_at, name)`` and ``(expires_at,
 name)`` over the held rows). Redis' listing index is ordered by name, ZooKeeper keeps a
 lock's age in its node's stat (one read per lock), and a transaction-mode lock is a row
 locked by an open transaction: for those, an order by age would read every lock held,

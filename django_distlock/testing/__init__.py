@@ -11,7 +11,7 @@
 - :mod:`~django_distlock.testing.mixins`: ``LockTestMixin``, the same for
   ``manage.py test``; :mod:`~django_distlock.testing.pytest_plugin`: the ``distlock_*``
   fixtures (active once the package is installed).
-- :mod:`~django_distlock.testing.celery`: ``CeleryWorkers`` starts real ``celery
+- :mod:`~django_distlock.contrib.celery.testing`: ``CeleryWorkers`` starts real ``celery
   worker`` processes on a queue of their own and stops them (needs Celery; imported
   on first use).
 - :mod:`~django_distlock.testing.signals`: ``signals_sent()`` records the lock

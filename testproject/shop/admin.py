@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.db.models import Count, QuerySet, Sum
 from django.http import HttpRequest
 
-from django_distlock.optimistic.admin import OptimisticAdminMixin
+from django_distlock.contrib.optimistic.admin import OptimisticAdminMixin
 
 from .models import Order, Product
 

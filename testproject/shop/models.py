@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from django.db import models
 
-from django_distlock.fencing import FencedModelMixin
-from django_distlock.optimistic import OptimisticLockMixin
+from django_distlock.contrib.optimistic import OptimisticLockMixin
+from django_distlock.contrib.optimistic.fencing import FencedModelMixin
 
 
 class Product(OptimisticLockMixin, FencedModelMixin, models.Model):

@@ -4,7 +4,7 @@ Every node of the shop runs the same schedule (a crontab line calling
 ``manage.py restock``, Celery beat, or ``manage.py restock --every``), so every
 node fires the restock for the same slot at about the same moment.
 :func:`restock` is decorated with
-:func:`~django_distlock.schedules.once_per_slot`: one node runs it, the others
+:func:`~django_distlock.contrib.schedules.once_per_slot`: one node runs it, the others
 skip at once. The system checks see the job in every process that imported this
 module: ``manage.py restock`` does before its checks run. (The app's ``ready()``
 does not import it: the test suite installs this app under settings whose
@@ -16,7 +16,7 @@ from __future__ import annotations
 from django.db import transaction
 from django.db.models import F
 
-from django_distlock.schedules import once_per_slot
+from django_distlock.contrib.schedules import once_per_slot
 
 from .models import Product
 

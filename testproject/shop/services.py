@@ -18,8 +18,8 @@ from django.db import transaction
 from django.db.models import F
 
 from django_distlock import locks
+from django_distlock.contrib.optimistic import retry_on_conflict
 from django_distlock.handle import Lock
-from django_distlock.optimistic import retry_on_conflict
 
 from .models import Order, Product
 

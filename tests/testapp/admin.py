@@ -6,7 +6,7 @@ from django.contrib import admin
 from django.db.models import F, QuerySet
 from django.http import HttpRequest
 
-from django_distlock.optimistic.admin import OptimisticAdminMixin
+from django_distlock.contrib.optimistic.admin import OptimisticAdminMixin
 
 from .admin_models import Article, ArticleNoActions, Memo
 from .optimistic_models import Account

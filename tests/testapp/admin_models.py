@@ -2,7 +2,7 @@
 
 from django.db import models
 
-from django_distlock.optimistic import OptimisticLockMixin, VersionField
+from django_distlock.contrib.optimistic import OptimisticLockMixin, VersionField
 
 __all__ = ["Article", "ArticleNoActions", "Memo"]
 

@@ -2,8 +2,12 @@
 
 from django.db import models
 
-from django_distlock.fencing import FencedManager, FencedModelMixin, FencingTokenField
-from django_distlock.optimistic import OptimisticLockMixin
+from django_distlock.contrib.optimistic import OptimisticLockMixin
+from django_distlock.contrib.optimistic.fencing import (
+    FencedManager,
+    FencedModelMixin,
+    FencingTokenField,
+)
 
 __all__ = [
     "Depot",

@@ -6,7 +6,7 @@ from django.contrib.contenttypes.fields import GenericForeignKey
 from django.contrib.contenttypes.models import ContentType
 from django.db import models
 
-from django_distlock.optimistic import OptimisticLockMixin, VersionField
+from django_distlock.contrib.optimistic import OptimisticLockMixin, VersionField
 
 __all__ = [
     "Account",

@@ -1,5 +1,5 @@
 """Lease mode's listing by age (``supports_age_order``, :mod:`..ordering`): one statement
-per page, an index range scan of migration 0013's ``distlock_held_acquired_idx`` or
+per page, an index range scan of the lock table's ``distlock_held_acquired_idx`` or
 ``distlock_held_expires_idx`` (over the held rows, ``owner IS NOT NULL``) from the
 cursor on, so a page reads about as many rows as it shows."""
 

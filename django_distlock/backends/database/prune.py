@@ -13,7 +13,7 @@ taken at that moment is never deleted under its taker:
 - PostgreSQL: the rows are locked ``FOR UPDATE SKIP LOCKED`` (a row an acquirer has
   locked is skipped, and one that changed since the statement began is checked again),
   and the whole batch runs while the prune holds an advisory lock that every INSERT
-  into the table takes shared (migration 0011's trigger). An acquirer whose row the
+  into the table takes shared (the trigger of sql/postgresql.sql). An acquirer whose row the
   batch deletes misses once and retries; its INSERT waits for the batch's commit and
   reads the high-water mark after it. The prune only *tries* for its lock, so it never
   queues in front of an acquirer; when it cannot have it, it tries again shortly.

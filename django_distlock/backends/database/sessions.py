@@ -32,7 +32,7 @@ from .sql import PG_SESSION_SETUP, PG_UNLOCK_GENERATION
 
 T = TypeVar("T")
 #: An orphan of this "generation" is a read lock's or a permit's hold of its name's bell,
-#: a shared advisory lock (migration 0009), not a grant's generation lock.
+#: a shared advisory lock (sql/postgresql.sql), not a grant's generation lock.
 SHARES_BELL = -4
 PG_UNLOCK_BELL = "SELECT pg_advisory_unlock_shared(hashtextextended(%s, %s))"
 

@@ -1,5 +1,5 @@
 """SQL of lease mode's read-write locks and semaphores: SQLite's statements, and the
-calls of PostgreSQL's routines (migration 0009, ``migrations/sql/0009_share_routines.sql``,
+calls of PostgreSQL's routines (``django_distlock/sql/postgresql.sql``,
 which does the same steps in PL/pgSQL, one call per operation).
 
 Every grant, release and extend of a share runs in one transaction whose first
@@ -170,8 +170,8 @@ SQLITE_SHARES = _dialect(
     seconds_until="(julianday({}) - julianday('now')) * 86400.0",
 )
 
-# PostgreSQL: one call per operation, the functions of migration 0009
-# (migrations/sql/0009_share_routines.sql); the casts pick each function's types.
+# PostgreSQL: one call per operation, the functions of sql/postgresql.sql; the casts
+# pick each function's types.
 
 #: One attempt. Params: key, owner, kind, ttl, limit, host, pid, thread, pass (may pass
 #: the queue), head (heads it: leaves it with a grant), mark (a writer that will wait).
@@ -191,7 +191,7 @@ PG_FORCE = "SELECT django_distlock_share_force(%(key)s, %(expected)s)"
 #: permits, then listen on its channel. Params: key, wait. Row: (joined,).
 PG_JOIN = "SELECT django_distlock_share_join(%(key)s, %(wait)s::float8)"
 #: Before ``PG_JOIN``: record who is about to wait in the name's queue, on this session
-#: (migration 0014; committed, so others see it while this one sleeps in the join: one
+#: (committed, so others see it while this one sleeps in the join: one
 #: more round trip, for a thread that is going to wait anyway). Clears the rows of the
 #: name's dead sessions. Params: key, kind, owner (short id), host, pid, thread.
 PG_ENQUEUE = """

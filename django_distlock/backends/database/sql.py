@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 TABLE = "django_distlock_lock"
-#: PostgreSQL: the sequence transaction-mode tokens come from (migration 0007).
+#: PostgreSQL: the sequence transaction-mode tokens come from (sql/postgresql.sql).
 _FENCING = "django_distlock_fencing"
 _COLUMNS = "name, owner, fencing, acquired_at, expires_at, host, pid, thread"
 #: The reserved row that keeps the highest fencing token of every pruned row (``prune.py``):
 #: no key can equal it, a key being printable. A row made anew starts above it (PostgreSQL:
-#: migration 0011's trigger; SQLite: ``SQLITE_HIGH_WATER`` in each INSERT that makes one).
+#: the trigger of sql/postgresql.sql; SQLite: ``SQLITE_HIGH_WATER`` in each INSERT that makes one).
 HIGH_WATER = "\x1edistlock:high-water"
 #: (The name's control character is in the literal as it is: valid SQL on either vendor.)
 SQLITE_HIGH_WATER = f"coalesce((SELECT fencing FROM {TABLE} WHERE name = '{HIGH_WATER}'), 0)"
@@ -126,7 +126,7 @@ ORDER BY (name COLLATE "C") LIMIT %s""",
 UPDATE {TABLE} SET owner = NULL, next_owner = NULL
 WHERE name = %s AND owner IS NOT NULL AND expires_at > now() AND substr(owner, 1, %s) = %s
 RETURNING 1""",
-    # The token comes from a sequence (migration 0007), whose numbers are not
+    # The token comes from a sequence (sql/postgresql.sql), whose numbers are not
     # transactional: a grant rolled back, or whose session died, never gives its number
     # again. Above the row's last token: a row whose token (from lease mode, say) is not
     # below the sequence draws as many numbers as it takes to pass it (at least one: other

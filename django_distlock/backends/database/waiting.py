@@ -16,7 +16,7 @@ identifies a waiter honestly:
   which gives the order. A ``lock(name)`` waiter's client identity is not in the
   server: it is shown by its server session (backend pid) and client address;
 - a reader, writer or permit records itself before it joins the kinds queue (one row
-  per server session, migration 0014: kind, since, owner id, host, process, thread),
+  per server session, sql/postgresql.sql: kind, since, owner id, host, process, thread),
   and is listed with them while its session waits in, or heads, that queue (a row of
   a session that no longer does, or of an earlier session with the same pid, shows
   nothing). One without a row (its enqueue's connection was lost and the join ran on
@@ -49,7 +49,7 @@ def _as_lock(key_sql: str) -> str:
     return f"((({key_sql}) >> 32) & 4294967295) << 32 | (({key_sql}) & 4294967295)"
 
 
-#: The kinds queue's waiters as they recorded themselves before joining (migration 0014):
+#: The kinds queue's waiters as they recorded themselves before joining (sql/postgresql.sql):
 #: only the row of the session that waits or heads now (its session started when the
 #: row says: a pid reused by a later session does not match).
 _RECORDED = """LEFT JOIN django_distlock_share_waiter w ON w.session = a.pid

@@ -14,7 +14,7 @@ from django.core.management.base import CommandError
 from django.db import connections
 
 from django_distlock import locks
-from django_distlock.testing.celery import CeleryWorkers
+from django_distlock.contrib.celery.testing import CeleryWorkers
 
 from .progress import Progress
 from .strategies import Strategy

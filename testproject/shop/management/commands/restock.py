@@ -14,7 +14,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from django_distlock import locks
-from django_distlock.schedules import once_per_slot
+from django_distlock.contrib.schedules import once_per_slot
 
 from ...restock import EVERY, MAX_HOLD, MIN_HOLD, restock, restock_products
 

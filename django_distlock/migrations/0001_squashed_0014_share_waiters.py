@@ -1,0 +1,140 @@
+"""The lock tables, and on PostgreSQL the routines, sequence and tables of
+``django_distlock/sql/postgresql.sql``.
+
+It replaces the 14 migrations of the development versions before 0.1.0: a database that
+applied all of them is marked as having applied this one and nothing runs (see
+CHANGELOG.md, 0.1.0, for a database that applied only some). It imports nothing of
+``django_distlock``: it reads the SQL file by its path.
+"""
+
+from pathlib import Path
+
+from django.db import migrations, models
+
+SQL = Path(__file__).resolve().parent.parent / "sql" / "postgresql.sql"
+
+#: Drops every routine of the file (whatever its signature), then its tables and sequence.
+UNINSTALL = r"""
+DO $$
+DECLARE r record;
+BEGIN
+    FOR r IN SELECT p.oid::regprocedure AS sig, p.prokind FROM pg_proc p
+             WHERE p.proname LIKE 'django\_distlock\_%'
+    LOOP
+        EXECUTE format('DROP %s %s CASCADE',
+                       CASE r.prokind WHEN 'p' THEN 'PROCEDURE' ELSE 'FUNCTION' END, r.sig);
+    END LOOP;
+END
+$$;
+DROP TABLE IF EXISTS django_distlock_epoch, django_distlock_share_waiter;
+DROP SEQUENCE IF EXISTS django_distlock_fencing;
+"""
+
+
+def install(apps, schema_editor):
+    if schema_editor.connection.vendor == "postgresql":
+        schema_editor.execute(SQL.read_text(), params=None)
+
+
+def uninstall(apps, schema_editor):
+    if schema_editor.connection.vendor == "postgresql":
+        schema_editor.execute(UNINSTALL, params=None)
+
+
+class Migration(migrations.Migration):
+    initial = True
+
+    replaces = [
+        ("django_distlock", "0001_initial"),
+        ("django_distlock", "0002_lease_handoff"),
+        ("django_distlock", "0003_granted_after"),
+        ("django_distlock", "0004_orphaned_reservations"),
+        ("django_distlock", "0005_lock_event"),
+        ("django_distlock", "0006_lock_event_context"),
+        ("django_distlock", "0007_fencing_sequence"),
+        ("django_distlock", "0008_shares"),
+        ("django_distlock", "0009_share_routines"),
+        ("django_distlock", "0010_audit_holds_activity"),
+        ("django_distlock", "0011_prune_high_water"),
+        ("django_distlock", "0012_held_lock_entry"),
+        ("django_distlock", "0013_held_age_indexes"),
+        ("django_distlock", "0014_share_waiters"),
+    ]
+
+    dependencies: list[tuple[str, str]] = []  # type: ignore[misc]
+
+    operations = [
+        migrations.CreateModel(
+            name="LockRecord",
+            fields=[
+                ("name", models.CharField(max_length=255, primary_key=True, serialize=False)),
+                ("owner", models.CharField(blank=True, max_length=64, null=True)),
+                ("fencing", models.BigIntegerField(default=0)),
+                ("acquired_at", models.DateTimeField(blank=True, null=True)),
+                ("expires_at", models.DateTimeField(blank=True, null=True)),
+                ("host", models.CharField(blank=True, default="", max_length=255)),
+                ("pid", models.IntegerField(blank=True, null=True)),
+                ("thread", models.CharField(blank=True, default="", max_length=255)),
+                ("next_owner", models.CharField(blank=True, max_length=64, null=True)),
+                ("next_ttl", models.FloatField(blank=True, null=True)),
+                ("next_host", models.CharField(blank=True, max_length=255, null=True)),
+                ("next_pid", models.IntegerField(blank=True, null=True)),
+                ("next_thread", models.CharField(blank=True, max_length=255, null=True)),
+                ("next_epoch", models.BigIntegerField(blank=True, null=True)),
+                ("share_limit", models.IntegerField(blank=True, null=True)),
+                ("intent_owner", models.CharField(blank=True, max_length=64, null=True)),
+                ("intent_until", models.DateTimeField(blank=True, null=True)),
+            ],
+            options={
+                "verbose_name": "lock record",
+                "db_table": "django_distlock_lock",
+                "indexes": [
+                    models.Index(
+                        condition=models.Q(("owner__isnull", False)),
+                        fields=["name"],
+                        name="distlock_held_idx",
+                    ),
+                    models.Index(
+                        condition=models.Q(("owner__isnull", False)),
+                        fields=["acquired_at", "name"],
+                        name="distlock_held_acquired_idx",
+                    ),
+                    models.Index(
+                        condition=models.Q(("owner__isnull", False)),
+                        fields=["expires_at", "name"],
+                        name="distlock_held_expires_idx",
+                    ),
+                ],
+            },
+        ),
+        migrations.CreateModel(
+            name="LockShare",
+            fields=[
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.CharField(max_length=255)),
+                ("owner", models.CharField(max_length=64)),
+                ("kind", models.CharField(max_length=16)),
+                ("fencing", models.BigIntegerField()),
+                ("acquired_at", models.DateTimeField()),
+                ("expires_at", models.DateTimeField()),
+                ("host", models.CharField(blank=True, default="", max_length=255)),
+                ("pid", models.IntegerField(blank=True, null=True)),
+                ("thread", models.CharField(blank=True, default="", max_length=255)),
+            ],
+            options={
+                "verbose_name": "lock share",
+                "db_table": "django_distlock_share",
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("name", "owner"), name="distlock_share_owner_uniq"
+                    )
+                ],
+            },
+        ),
+        migrations.RunPython(install, uninstall, elidable=False),
+    ]
