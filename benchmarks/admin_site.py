@@ -27,6 +27,8 @@ def admin_settings(**extra: Any) -> dict[str, Any]:
             "django.contrib.messages",
             "django.contrib.admin",
             "django_distlock",
+            "django_distlock.contrib.admin",
+            "django_distlock.contrib.audit",
         ],
         "MIDDLEWARE": [
             "django.contrib.sessions.middleware.SessionMiddleware",

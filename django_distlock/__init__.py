@@ -9,7 +9,6 @@ from .decorators import distlock, lock
 from .exceptions import SelfDeadlock
 from .handle import Lock
 from .handler import DEFAULT_LOCK_ALIAS, locks
-from .http import locked_response
 from .multilock import MultiLock
 from .values import DEFAULT, LockInfo, LockPage, WaiterInfo
 
@@ -27,6 +26,5 @@ __all__ = [
     "distlock",
     "holder_context",
     "lock",
-    "locked_response",
     "locks",
 ]

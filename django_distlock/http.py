@@ -8,6 +8,8 @@ from django.http import HttpResponse
 
 from .exceptions import BackendUnavailable, LockNotAcquired
 
+__all__ = ["conflict_response", "locked_response", "unavailable_response"]
+
 
 def _response(status: int, exc: LockNotAcquired) -> HttpResponse:
     body = (

@@ -27,7 +27,8 @@ STUCK_EXIT_TIMEOUT = 1.0
 
 def main(database: dict[str, Any], how: str) -> None:
     settings.configure(
-        INSTALLED_APPS=["django.contrib.contenttypes", "django.contrib.auth", "django_distlock"],
+        INSTALLED_APPS=["django.contrib.contenttypes", "django.contrib.auth", "django_distlock",
+                        "django_distlock.contrib.audit"],
         DATABASES={"default": database},
         DISTLOCK={"default": {"BACKEND": "django_distlock.backends.locmem.LocMemBackend",
                               "AUDIT": True}},

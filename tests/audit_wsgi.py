@@ -16,7 +16,8 @@ import django
 from django.conf import settings
 
 settings.configure(
-    INSTALLED_APPS=["django.contrib.contenttypes", "django.contrib.auth", "django_distlock"],
+    INSTALLED_APPS=["django.contrib.contenttypes", "django.contrib.auth", "django_distlock",
+                    "django_distlock.contrib.audit"],
     DATABASES={"default": json.loads(os.environ["DISTLOCK_AUDIT_DB"])},
     DISTLOCK={"default": {"BACKEND": "django_distlock.backends.locmem.LocMemBackend",
                           "AUDIT": True}},

@@ -19,10 +19,10 @@ import django
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
 django.setup()
 
-from django_distlock.integrations import prometheus  # noqa: E402
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest  # noqa: E402
 
 from django_distlock import locks  # noqa: E402
+from django_distlock.contrib import prometheus  # noqa: E402
 
 prometheus.install()
 

@@ -146,7 +146,7 @@ class ToDatabase:
         self.database = database
 
     def _route(self, model: Any, **hints: Any) -> str | None:
-        return self.database if model._meta.app_label == "django_distlock" else None
+        return self.database if model._meta.app_label == "distlock_audit" else None
 
     db_for_read = db_for_write = _route
 

@@ -23,9 +23,9 @@ from django.core.management import call_command
 from django.db import connections
 from django.test import Client, override_settings
 from django.urls import reverse
-from django_distlock.dashboard import views
 
 from django_distlock import holder_context, locks
+from django_distlock.contrib.admin import views
 from django_distlock.contrib.admin.operations import listing
 from django_distlock.contrib.audit.models import LockEvent
 from django_distlock.contrib.audit.recorder import NOT_FREED
@@ -101,7 +101,7 @@ def test_lists_the_locks_of_every_listing_alias(boss: Client, held: dict[str, Lo
             assert f"owner {handle.owner_id}" in page
         assert handle._token not in page  # type: ignore[attr-defined]
     assert "sqlite-tx (SQLite (transaction)) cannot list its locks." in page
-    assert "distlock-countdown" in page and "django_distlock/countdown.js" in page
+    assert "distlock-countdown" in page and "distlock_admin/countdown.js" in page
 
 
 def test_owner_tokens_are_never_shown(boss: Client, held: dict[str, Lock]) -> None:

@@ -21,10 +21,10 @@ import pytest
 from django.conf import settings
 from django.contrib.auth.models import Permission, User
 from django.test import Client, override_settings
-from django_distlock.dashboard import views
 
 import django_distlock
 from django_distlock import locks
+from django_distlock.contrib.admin import views
 from django_distlock.contrib.audit.models import LockEvent
 from django_distlock.contrib.audit.recorder import recorder
 from django_distlock.handle import Lock
@@ -46,14 +46,14 @@ pytestmark = [
     pytest.mark.django_db(transaction=True, databases=DATABASES),
 ]
 
-PACKAGE_STATIC = Path(django_distlock.__file__).parent / "static"
+PACKAGE_STATIC = Path(django_distlock.__file__).parent / "contrib" / "admin" / "static"
 
 
 @pytest.fixture(scope="module")
 def static_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """The admin's static files and the package's, for the live server (no staticfiles app)."""
     root = tmp_path_factory.mktemp("static")
-    for source in (ADMIN_STATIC / "admin", PACKAGE_STATIC / "django_distlock"):
+    for source in (ADMIN_STATIC / "admin", PACKAGE_STATIC / "distlock_admin"):
         shutil.copytree(source, root / source.name)
     with override_settings(STATIC_URL="/static/", STATIC_ROOT=str(root)):
         yield

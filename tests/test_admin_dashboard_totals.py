@@ -13,10 +13,10 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client, override_settings
 from django.urls import reverse
-from django_distlock.dashboard import views
 
 from django_distlock import locks
 from django_distlock.backends.counting import HeldCount
+from django_distlock.contrib.admin import views
 from django_distlock.contrib.admin.operations import listing, totals
 from django_distlock.handle import Lock
 
@@ -188,14 +188,14 @@ def test_a_forged_or_foreign_trail_is_refused(boss: Client) -> None:  # noqa: F8
 def test_auto_refresh_setting(boss: Client) -> None:  # noqa: F811
     page = boss.get(reverse(LIST)).content.decode()
     assert 'id="distlock-refresh" data-seconds="10" data-param=""' in page
-    assert "django_distlock/autorefresh.js" in page
+    assert "distlock_admin/autorefresh.js" in page
     off = boss.get(reverse(LIST), {"refresh": "0"}).content.decode()
     assert 'data-param="0"' in off and '<input type="hidden" name="refresh" value="0">' in off
     assert boss.get(reverse(LIST), {"refresh": "3"}).status_code == 400
 
 
 def test_held_locks_is_on_the_admin_home(boss: Client) -> None:  # noqa: F811
-    entry = reverse("admin:django_distlock_heldlock_changelist")
+    entry = reverse("admin:distlock_admin_heldlock_changelist")
     home = boss.get(reverse("admin:index")).content.decode()
     assert re.search(rf'<a href="{entry}"[^>]*>Held locks</a>', home)
     response = boss.get(entry)

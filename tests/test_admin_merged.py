@@ -17,11 +17,11 @@ from django.contrib.auth.models import User
 from django.db import connections
 from django.test import Client
 from django.urls import reverse
-from django_distlock.dashboard import views
 
 from django_distlock import locks
 from django_distlock.backends.database.ordered import age_statement
 from django_distlock.backends.database.sql import upper_bound
+from django_distlock.contrib.admin import views
 from django_distlock.contrib.admin.operations.ordered import order_reason, read_merged
 from django_distlock.handle import Lock
 

@@ -75,33 +75,6 @@ def test_writers_at_once_lose_no_count(database: str) -> None:
         assert rows.get(span=span, prefix="report:").acquired == 40
 
 
-def test_migration_0010_counts_the_last_week_of_an_old_trail(database: str) -> None:
-    """Rows as 0009 wrote them (an ``acquired`` and a ``released`` row per hold): the
-    migration's fill counts each hold once, and nothing older than 7 days."""
-    from importlib import import_module
-
-    from django.apps import apps
-
-    migration = import_module("django_distlock.migrations.0010_audit_holds_activity")
-    now = timezone.now()
-    for at in (now - timedelta(hours=1), now - timedelta(days=8)):
-        for kind, extra in (("acquired", {"waited": 0.2}), ("released", {"held": 3.0})):
-            LockEvent.objects.using(database).create(
-                at=at, kind=kind, alias="a", name="order:1", **extra
-            )
-
-    class Editor:
-        connection = connections[database]
-
-    migration.fill_buckets(apps, Editor())
-    rows = LockActivity.objects.using(database)
-    assert rows.count() == len(buckets.SPANS)
-    minute = rows.get(span=60)
-    assert (minute.acquired, minute.waits, minute.holds) == (
-        1, {buckets.slot(0.2): 1}, {buckets.slot(3.0): 1}
-    )
-
-
 def test_bucket_starts_align_on_the_span() -> None:
     at = timezone.now().replace(minute=37, second=12, microsecond=5)
     assert buckets.bucket_start(at, 60) == at.replace(second=0, microsecond=0)
@@ -173,7 +146,7 @@ class _ToDatabase:
         self.database = database
 
     def _route(self, model: Any, **hints: Any) -> str | None:
-        return self.database if model._meta.app_label == "django_distlock" else None
+        return self.database if model._meta.app_label == "distlock_audit" else None
 
     db_for_read = db_for_write = _route
 

@@ -22,9 +22,9 @@ from django.contrib.auth.models import Permission, User
 from django.core.management import CommandError, call_command
 from django.test import Client, override_settings
 from django.urls import reverse
-from django_distlock.dashboard import bulk as dashboard_bulk
 
 from django_distlock import locks
+from django_distlock.contrib.admin import bulk as dashboard_bulk
 from django_distlock.contrib.admin.operations.bulk import Selection, release_selected, select
 from django_distlock.contrib.audit.models import LockEvent
 from django_distlock.contrib.audit.recorder import BULK_NAME

@@ -172,12 +172,16 @@ def test_force_release_sends_the_signal_once_with_the_same_arguments(unique) -> 
         handle.acquire()
         assert backend.force_release(handle.name) is True
         assert backend.force_release(handle.name) is False
+        backend.lock(handle.name, blocking=False).acquire()  # the first handle was freed
+        with signals.by_operator():  # the admin app's: an operator signal follows
+            assert backend.force_release(handle.name) is True
     finally:
         signals.lock_force_released.disconnect(receive)
-    assert sent == [{
+    sent_once = {
         "signal": signals.lock_force_released, "sender": LocMemBackend, "backend": backend,
         "alias": "locmem", "name": handle.name, "fencing_token": None,
-    }]
+    }
+    assert sent == [{**sent_once, "by_operator": False}, {**sent_once, "by_operator": True}]
 
 
 class CountsHooks(LocMemBackend):

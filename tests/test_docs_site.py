@@ -136,7 +136,7 @@ def test_the_api_reference_shows_lock_acquire_with_its_docstring(
 
     browser = browsers[0]
     browser.get((site / "api.html").as_uri())
-    signature = browser.find_element(By.ID, "django_distlock.handle.Lock.acquire")
+    signature = browser.find_element(By.ID, "django_distlock.Lock.acquire")
     assert "acquire" in signature.text
     body = signature.find_element(By.XPATH, "following-sibling::dd[1]").text
     summary = inspect.getdoc(Lock.acquire).splitlines()[0]  # type: ignore[union-attr]
@@ -144,9 +144,9 @@ def test_the_api_reference_shows_lock_acquire_with_its_docstring(
     assert "Parameters" in body and "blocking" in body  # the :param: field list, rendered
     for anchor in (
         "django_distlock.handler.LockHandler",
-        "django_distlock.decorators.lock",
-        "django_distlock.decorators.distlock",
-        "django_distlock.multilock.MultiLock",
+        "django_distlock.lock",
+        "django_distlock.distlock",
+        "django_distlock.MultiLock",
         "django_distlock.exceptions.LockTimeout",
         "django_distlock.signals.lock_acquired",
         "django_distlock.backends.base.BaseLockBackend",

@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 from django.db import connections
 from django.test import RequestFactory, override_settings
-from django_distlock.integrations import prometheus
 from health_check.exceptions import ServiceUnavailable
 from health_check.views import HealthCheckView
 from prometheus_client import CollectorRegistry
 
 from django_distlock import locks
+from django_distlock.contrib import prometheus
 from django_distlock.contrib.audit.models import LockEvent
 from django_distlock.contrib.health_check import LockBackends
 

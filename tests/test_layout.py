@@ -35,6 +35,7 @@ PUBLIC = (
     "django_distlock.exceptions",
     "django_distlock.health",
     "django_distlock.housekeeping",
+    "django_distlock.http",
     "django_distlock.signals",
     "django_distlock.testing",
     "django_distlock.testing.contract",

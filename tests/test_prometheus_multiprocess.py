@@ -23,11 +23,11 @@ from typing import Any
 
 import pytest
 from django.test import RequestFactory
-from django_distlock.integrations import prometheus
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from django_distlock import locks
+from django_distlock.contrib import prometheus
 
 from .conftest import require_redis
 
