@@ -21,7 +21,7 @@ from kazoo.exceptions import ConnectionLoss, NoAuthError
 
 from django_distlock import locks, signals
 from django_distlock.backends.zookeeper import ZooKeeperBackend
-from django_distlock.backends.zookeeper.client import unavailable
+from django_distlock.backends.zookeeper.errors import ZOOKEEPER_ERRORS
 from django_distlock.backends.zookeeper.paths import contenders, decode, encode
 from django_distlock.exceptions import (
     BackendUnavailable,
@@ -256,7 +256,7 @@ def test_a_create_whose_answer_is_lost_adopts_its_node(zk, unique, monkeypatch) 
         value = real(result, what, until)
         if what == "creating a contender node" and not lost:
             lost.append(value)
-            raise unavailable(ConnectionLoss()) from ConnectionLoss()
+            raise ZOOKEEPER_ERRORS.translate(ConnectionLoss()) from ConnectionLoss()
         return value
 
     monkeypatch.setattr(zk.client, "wait", wait)
@@ -274,7 +274,7 @@ def test_a_failed_delete_is_swept_on_reconnection(zk, unique, monkeypatch) -> No
 
     def call(what: str, method: str, *args: Any, **kwargs: Any) -> Any:
         if what == "deleting our node":
-            raise unavailable(ConnectionLoss()) from ConnectionLoss()
+            raise ZOOKEEPER_ERRORS.translate(ConnectionLoss()) from ConnectionLoss()
         return real(what, method, *args, **kwargs)
 
     monkeypatch.setattr(zk.client, "call", call)
@@ -974,7 +974,7 @@ def test_a_node_found_by_guid_in_another_session_is_not_adopted(zk, unique, monk
             guid = path.rsplit("/", 1)[1].partition("__")[0]
             # ...and a node named by our GUID, of another session, is still listed.
             stranger.create(f"{parent}/{guid}__lock__", ephemeral=True, sequence=True)
-            raise unavailable(ConnectionLoss()) from ConnectionLoss()
+            raise ZOOKEEPER_ERRORS.translate(ConnectionLoss()) from ConnectionLoss()
         return value
 
     monkeypatch.setattr(zk.client, "wait", wait)

@@ -15,7 +15,8 @@ hooks of :data:`FEATURE_HOOKS` its flags promise, and where it has more to say
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable, Mapping
+import contextlib
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, ClassVar
@@ -27,7 +28,13 @@ from .. import (
     signals,
 )
 from ..circuit import Circuit, validate_fail_fast
-from ..exceptions import InvalidBackendOptions, UnsupportedOperation
+from ..exceptions import (
+    BackendUnavailable,
+    DistLockError,
+    InvalidBackendOptions,
+    LockConfigurationError,
+    UnsupportedOperation,
+)
 from ..handle import Lock
 from ..multilock import MultiLock
 from ..names import (
@@ -64,6 +71,7 @@ __all__ = [
     "FEATURE_HOOKS",
     "Acquisition",
     "BaseLockBackend",
+    "ErrorMap",
     "ExcInfo",
     "Freed",
     "Grant",
@@ -119,6 +127,54 @@ class Freed:
     fencing_token: int | None = None
 
 
+class ErrorMap:
+    """How a backend's client library fails, and what each failure becomes: written once
+    per backend (its ``errors.py``) and declared as :attr:`BaseLockBackend.errors`.
+
+    The client boundary (the few functions that call the client library) catches
+    :attr:`client` and raises ``translate(exc, doing) from exc`` (Django's
+    ``DatabaseErrorWrapper`` does the same for the ORM's drivers): a failure reaches the
+    caller as a :class:`~..exceptions.BackendUnavailable`, or as what the map says (a
+    :class:`~..exceptions.LockConfigurationError` for a server too old for a command),
+    chained to the client's error. Other call sites catch :attr:`client` only to clean up
+    (drop a connection, then re-raise), to classify a failure (busy, session ended) or to
+    go on without a best-effort call.
+
+    :param client: the client's exception classes that mean "the server failed or could
+        not be reached".
+    """
+
+    def __init__(self, client: tuple[type[BaseException], ...] = ()) -> None:
+        self.client = client
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} of {[cls.__name__ for cls in self.client]}>"
+
+    def translate(
+        self, exc: BaseException, doing: str = "", where: str = ""
+    ) -> DistLockError | LockConfigurationError:
+        """The error to raise ``from exc`` for the client error ``exc``.
+
+        :param doing: what was being done, for the message ("acquiring a lock").
+        :param where: what failed, for the message, as the map's own docstring says
+            (the database and lock alias, a cache alias); the map's default when empty.
+        """
+        during = f" while {doing}" if doing else ""
+        return BackendUnavailable(
+            f"{where or 'The lock server'} failed{during}: {type(exc).__name__}: {exc}"
+        )
+
+    @contextlib.contextmanager
+    def translating(self, doing: str = "", where: str = "") -> Iterator[None]:
+        """``with errors.translating("listing locks"):`` raises :meth:`translate`'s error
+        for a client error of the block. Off the hot path only: the ``with`` costs calls
+        that ``benchmarks/hops_budget.json`` counts (the hot path writes the ``except``)."""
+        try:
+            yield
+        except self.client as exc:
+            raise self.translate(exc, doing, where) from exc
+
+
 class BaseLockBackend(KindsMixin, CountingMixin, AgeOrderMixin, abc.ABC):
     """Base class of lock backends, built by the ``locks`` registry from one alias.
 
@@ -140,6 +196,9 @@ class BaseLockBackend(KindsMixin, CountingMixin, AgeOrderMixin, abc.ABC):
     #: The :class:`Acquisition` class :meth:`acquisition` builds (a backend that picks
     #: one per lock overrides :meth:`acquisition` instead).
     acquisition_class: ClassVar[type[Acquisition] | None] = None
+    #: The client's errors and what each becomes (:class:`ErrorMap`, in the backend's
+    #: ``errors.py``); the base's catches nothing (a backend without a client).
+    errors: ClassVar[ErrorMap] = ErrorMap()
     #: Why a feature whose flag is False is missing, by flag name (said in the refusal).
     #: Like the flags, a class attribute: an option that turns a feature off picks a
     #: subclass (the database backend's ``MODE``, Redis' ``LISTING``).

@@ -13,6 +13,7 @@ from ...exceptions import InvalidBackendOptions, LockConfigurationError
 from ..base import BaseLockBackend, Freed, check_option_keys
 from .acquisition import CacheAcquisition
 from .driver import Driver
+from .errors import CACHE_ERRORS
 from .kinds import cache_kind
 
 
@@ -27,6 +28,7 @@ class CacheBackend(BaseLockBackend):
     """
 
     acquisition_class = CacheAcquisition
+    errors = CACHE_ERRORS
     distributed = True
     supports_expiry = True
     supports_force_release = True

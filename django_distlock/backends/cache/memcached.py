@@ -35,11 +35,12 @@ import threading
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from pymemcache.exceptions import MemcacheError, MemcacheUnknownCommandError
+from pymemcache.exceptions import MemcacheUnknownCommandError
 
-from ...exceptions import BackendUnavailable, LockConfigurationError, UnsupportedOperation
+from ...exceptions import BackendUnavailable, UnsupportedOperation
 from ...values import short_owner
 from .driver import Driver
+from .errors import CACHE_ERRORS, MEMCACHED_ERRORS
 
 #: Memcached takes a relative TTL of at most 30 days (longer is read as a Unix time).
 MAX_TTL = 30 * 24 * 3600
@@ -148,25 +149,22 @@ class MemcachedDriver(Driver):
             client = self._client(key)[1]
         try:
             reply: bytes = client.raw_command(command)
-        except (MemcacheError, OSError) as exc:
+        except MEMCACHED_ERRORS as exc:
             self._failed(client, exc)
         return reply.decode("ascii", "replace").split()
 
     def _guarded(self, client: Any, call: Any, *args: Any) -> Any:
         try:
             return call(*args)
-        except (MemcacheError, OSError) as exc:
+        except MEMCACHED_ERRORS as exc:
             self._failed(client, exc)
 
-    def _failed(self, client: Any, exc: Exception) -> NoReturn:
-        """Raise what a failed call on ``client`` means (closing it if the server failed)."""
-        if isinstance(exc, MemcacheUnknownCommandError):
-            raise LockConfigurationError(
-                f"CACHES[{self.alias!r}]: the memcached server does not know the meta "
-                "commands; the cache lock backend needs memcached 1.6 or later."
-            ) from exc
-        client.close()
-        raise BackendUnavailable(f"memcached (cache {self.alias!r}) failed: {exc}") from exc
+    def _failed(self, client: Any, exc: BaseException) -> NoReturn:
+        """Raise what a failed call on ``client`` means (:data:`.errors.CACHE_ERRORS`),
+        closing it if the server failed (not if it only lacked a command)."""
+        if not isinstance(exc, MemcacheUnknownCommandError):
+            client.close()
+        raise CACHE_ERRORS.translate(exc, where=self.alias) from exc
 
     def _own_cas(self, key: str, client: Any, token: str | None, owner: str = "") -> Any:
         """``gets``: the item's CAS value if it holds ``token`` (or, ``token`` None, an

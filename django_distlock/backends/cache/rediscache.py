@@ -12,10 +12,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import redis
-
-from ...exceptions import BackendUnavailable
 from .driver import Driver
+from .errors import CACHE_ERRORS, REDIS_CACHE_ERRORS
 
 # Set if absent; else the holder's time left (ms), in the same round trip.
 ADD = """
@@ -56,8 +54,8 @@ class RedisCacheDriver(Driver):
             script = self._scripts[source] = client.register_script(source)
         try:
             return script(keys=[key], args=list(args), client=client)
-        except redis.RedisError as exc:
-            raise BackendUnavailable(f"Redis (cache {self.alias!r}) failed: {exc}") from exc
+        except REDIS_CACHE_ERRORS as exc:
+            raise CACHE_ERRORS.translate(exc, where=self.alias) from exc
 
     def add(self, key: str, token: str, ttl: float, want_ttl: bool) -> tuple[bool, Any]:
         left = int(self._run(ADD, key, token, math.ceil(ttl * 1000)))
@@ -72,16 +70,12 @@ class RedisCacheDriver(Driver):
         return bool(self._run(EXTEND, key, token, math.ceil(ttl * 1000))), None
 
     def exists(self, key: str) -> bool:
-        try:
+        with CACHE_ERRORS.translating(where=self.alias):
             return bool(self.cache()._cache.get_client(key, write=True).exists(key))
-        except redis.RedisError as exc:
-            raise BackendUnavailable(f"Redis (cache {self.alias!r}) failed: {exc}") from exc
 
     def force_release(self, key: str, owner: str) -> bool:
         return bool(self._run(FORCE, key, owner))
 
     def ping(self) -> None:
-        try:
+        with CACHE_ERRORS.translating(where=self.alias):
             self.cache()._cache.get_client(write=True).ping()
-        except redis.RedisError as exc:
-            raise BackendUnavailable(f"Redis (cache {self.alias!r}) failed: {exc}") from exc

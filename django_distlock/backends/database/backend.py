@@ -11,19 +11,19 @@ from typing import Any, ClassVar
 from django.apps import apps
 from django.conf import settings
 from django.core import checks
-from django.db import DatabaseError, connections
+from django.db import connections
 
-from ...exceptions import BackendUnavailable, InvalidBackendOptions, UnsupportedOperation
+from ...exceptions import InvalidBackendOptions, UnsupportedOperation
 from ...handle import Lock
 from ..base import Acquisition, BaseLockBackend, check_option_keys
-from .sessions import ERRORS, SessionFactory, ThreadSessions, connection_lost, sqlstate
+from .errors import DATABASE_ERRORS, ERRORS, MIGRATE, connection_lost
+from .sessions import SessionFactory, ThreadSessions
 from .sql import POSTGRESQL, SQLITE, TABLE, Dialect
 
 _OPTION_KEYS = frozenset({"DATABASE", "MODE", "PREPARE", "ASYNC_SESSIONS"})
 #: Longest wait sent to the server in one call (PostgreSQL's ``lock_timeout`` stops
 #: at about 24.8 days); a longer timeout waits in several calls.
 MAX_SERVER_WAIT = 86400.0
-_MIGRATE = "run `manage.py migrate django_distlock`"
 _HEALTH = f"SELECT 1 FROM {TABLE} LIMIT 0"  # resolves the table, reads no row
 
 
@@ -40,6 +40,7 @@ class DatabaseBackend(BaseLockBackend):
     default 16).
     """
 
+    errors = DATABASE_ERRORS
     supports_fencing = True
     distributed = True
 
@@ -82,6 +83,9 @@ class DatabaseBackend(BaseLockBackend):
             raise InvalidBackendOptions(
                 f"DISTLOCK[{alias!r}]['OPTIONS']['DATABASE'] must be a str."
             )
+        #: What an error message calls this backend's database (``errors.translate``'s
+        #: ``where``).
+        self.where = f"Database {self.database!r} (lock alias {alias!r})"
         if self.database not in settings.DATABASES:
             raise InvalidBackendOptions(
                 f"DISTLOCK[{alias!r}]['OPTIONS']['DATABASE'] is {self.database!r}, which is "
@@ -142,25 +146,6 @@ class DatabaseBackend(BaseLockBackend):
 
     # -- running statements -------------------------------------------------------
 
-    def unavailable(self, exc: BaseException, doing: str) -> BackendUnavailable:
-        """The error to raise (``from exc``) for a failure of the database; says what to
-        do when the table or the procedures are missing."""
-        code = sqlstate(exc)
-        message = str(exc)
-        if code == "42883":  # undefined_function
-            hint = f" The database lacks django-distlock's procedures: {_MIGRATE}."
-        elif code == "42P01" or "no such table" in message:  # undefined_table
-            hint = (
-                " The lock table is missing: add 'django_distlock' to INSTALLED_APPS and "
-                f"{_MIGRATE}."
-            )
-        else:
-            hint = ""
-        return BackendUnavailable(
-            f"Database {self.database!r} failed while {doing} (lock alias {self.alias!r}): "
-            f"{message}{hint}"
-        )
-
     def run(self, statement: str, params: Any, doing: str, fetch: bool = True) -> list[Any]:
         """Run one statement apart from the caller's transaction (PostgreSQL: on this
         thread's session; SQLite: on Django's connection) and return its rows.
@@ -175,13 +160,11 @@ class DatabaseBackend(BaseLockBackend):
             return self._run_on_session(statement, params, fetch)
         except ERRORS as exc:
             if self.vendor != "postgresql" or not connection_lost(exc):
-                raise self.unavailable(exc, doing) from exc
+                raise self.errors.translate(exc, doing, self.where) from exc
         # This thread's session was gone (terminated, the server restarted): once more on
         # a new one, as the lease calls do.
-        try:
+        with self.errors.translating(doing, self.where):
             return self._run_on_session(statement, params, fetch)
-        except ERRORS as exc:
-            raise self.unavailable(exc, doing) from exc
 
     def _run_on_session(self, statement: str, params: Any, fetch: bool) -> list[Any]:
         """Run one statement on this thread's session; a failure forgets the session."""
@@ -244,7 +227,7 @@ class DatabaseBackend(BaseLockBackend):
                 checks.Error(
                     f"DISTLOCK[{alias!r}] uses the database backend, whose table comes with "
                     "the 'django_distlock' app.",
-                    hint=f"Add 'django_distlock' to INSTALLED_APPS and {_MIGRATE}.",
+                    hint=f"Add 'django_distlock' to INSTALLED_APPS and {MIGRATE}.",
                     obj=alias,
                     id="distlock.E005",
                 )
@@ -285,17 +268,6 @@ class DatabaseBackend(BaseLockBackend):
                     )
                 )
         return messages
-
-
-def is_busy(exc: BaseException) -> bool:
-    """Whether a database error means "held by someone else, or not in time" rather than
-    a failure: a lock wait or a statement that ran out of time."""
-    if sqlstate(exc) in ("55P03", "57014"):  # lock_not_available, query_canceled
-        return True
-    message = str(exc).lower()
-    return isinstance(exc, DatabaseError) and (
-        "database is locked" in message or "database table is locked" in message
-    )
 
 
 def server_wait(deadline: float | None) -> float:

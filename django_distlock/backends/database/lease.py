@@ -36,16 +36,15 @@ from ..base import (
     WaiterInfo,
 )
 from ..ordering import OrderedPage
-from .backend import DatabaseBackend, is_busy, server_wait
+from .backend import DatabaseBackend, server_wait
+from .errors import ERRORS, connection_lost, did_not_answer, is_busy
 from .ordered import held_by_age
 from .sessions import (
-    ERRORS,
     WATCHDOG,
     AsyncSessions,
     Call,
     CallCancelled,
     Session,
-    connection_lost,
     retry_row_waits,
 )
 from .share_acquisition import KindAcquisition
@@ -197,7 +196,8 @@ class SqliteLeaseAcquisition(Acquisition):
         except ERRORS as exc:
             if is_busy(exc):
                 return Miss()
-            raise self.backend.unavailable(exc, "acquiring a lock") from exc
+            raise self.backend.errors.translate(
+                exc, "acquiring a lock", self.backend.where) from exc
         _, fencing, acquired_at, expires_at, _, _ = row
         return Grant(fencing, as_datetime(acquired_at), as_datetime(expires_at))
 
@@ -281,10 +281,7 @@ class PgLeaseAcquisition(Acquisition):
             return op(session)
         except BackendUnavailable as exc:
             if session.timed_out:
-                raise BackendUnavailable(
-                    f"Database {self.backend.database!r} did not answer within the timeout "
-                    f"(lock alias {self.backend.alias!r}); its connection was cut."
-                ) from exc
+                raise did_not_answer(self.backend.where) from exc
             if not connection_lost(exc.__cause__):
                 raise
         return op(self._session(bound))  # the lost session was closed by op's error handling
@@ -300,7 +297,7 @@ class PgLeaseAcquisition(Acquisition):
                 self.taken = self.backend.session_factory.open(bound)
             return self.taken
         except ERRORS as exc:
-            raise self.backend.unavailable(exc, "connecting") from exc
+            raise self.backend.errors.translate(exc, "connecting", self.backend.where) from exc
 
     # -- async: a session of the pool, calls in its threads ----------------------
 
@@ -406,7 +403,7 @@ class PgLeaseAcquisition(Acquisition):
                 return func()
         except ERRORS as exc:
             self._drop(session)
-            raise self.backend.unavailable(exc, doing) from exc
+            raise self.backend.errors.translate(exc, doing, self.backend.where) from exc
 
     def _drop(self, session: Session) -> None:
         if session is self.taken:
@@ -442,7 +439,8 @@ class PgLeaseAcquisition(Acquisition):
             if is_busy(exc) and not session.timed_out:
                 return Miss()
             self._drop(session)
-            raise self.backend.unavailable(exc, "acquiring a lock") from exc
+            raise self.backend.errors.translate(
+                exc, "acquiring a lock", self.backend.where) from exc
         if row is None:
             return Miss()
         granted, fencing, acquired_at, expires_at, retry_after, generation = row
@@ -475,7 +473,8 @@ class PgLeaseAcquisition(Acquisition):
             self._drop(session)
             if is_busy(exc) and not session.timed_out:  # a grant waited too long for a row
                 return None
-            raise self.backend.unavailable(exc, "waiting for a lock") from exc
+            raise self.backend.errors.translate(
+                exc, "waiting for a lock", self.backend.where) from exc
         except BaseException:
             self._drop(session)
             raise

@@ -30,7 +30,6 @@ from django.db import connections, transaction
 from django.db.transaction import TransactionManagementError
 
 from ...exceptions import BackendUnavailable
-from .sessions import ERRORS
 from .shares_sql import SHARES
 from .sql import HIGH_WATER, TABLE
 
@@ -140,13 +139,11 @@ def _sqlite_batch(backend: DatabaseBackend, idle_for: float, batch: int, wait: f
     params: dict[str, Any] = {
         "high": HIGH_WATER, "cutoff": f"-{idle_for:.3f} seconds", "batch": batch,
     }
-    try:
-        with transaction.atomic(using=backend.database), \
-                connections[backend.database].cursor() as cursor:
-            cursor.execute(SQLITE_PRUNE, params)
-            tokens = [row[0] for row in cursor.fetchall()]
-            if tokens:
-                cursor.execute(SQLITE_HIGH, [HIGH_WATER, max(tokens)])
-    except ERRORS as exc:
-        raise backend.unavailable(exc, "pruning idle lock rows") from exc
+    with backend.errors.translating("pruning idle lock rows", backend.where), \
+            transaction.atomic(using=backend.database), \
+            connections[backend.database].cursor() as cursor:
+        cursor.execute(SQLITE_PRUNE, params)
+        tokens = [row[0] for row in cursor.fetchall()]
+        if tokens:
+            cursor.execute(SQLITE_HIGH, [HIGH_WATER, max(tokens)])
     return len(tokens)

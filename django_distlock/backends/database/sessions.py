@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 from django.db import Error, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from .errors import ERRORS, sqlstate
 from .sql import PG_SESSION_SETUP, PG_UNLOCK_GENERATION
 
 T = TypeVar("T")
@@ -50,28 +51,6 @@ CONTENDED_FOR = 10.0
 CONTENDED_KEYS = 256
 
 
-def _client_errors() -> tuple[type[BaseException], ...]:
-    """Django's database errors and the raw drivers' (lease statements on PostgreSQL)."""
-    errors: list[type[BaseException]] = [Error]
-    for module in ("psycopg", "psycopg2"):
-        with contextlib.suppress(ImportError):
-            errors.append(__import__(module).Error)
-    return tuple(errors)
-
-
-#: What a database call may raise that means "the server or the connection failed".
-ERRORS = _client_errors()
-
-
-def sqlstate(exc: BaseException) -> str | None:
-    """The SQLSTATE of a database error (psycopg 3 or 2), looking through Django's wrapper."""
-    for err in (exc, exc.__cause__):
-        code = getattr(err, "sqlstate", None) or getattr(err, "pgcode", None)
-        if code:
-            return str(code)
-    return None
-
-
 def retry_row_waits(run: Callable[[], T], until: float) -> T:
     """Run a statement again while it fails only for waiting longer than
     :data:`ROW_LOCK_WAIT` for another transaction's lock of a row (a waiter's grant or
@@ -92,25 +71,6 @@ def retry_row_waits(run: Callable[[], T], until: float) -> T:
         except ERRORS as exc:
             if sqlstate(exc) != "55P03" or time.monotonic() >= until:  # lock_not_available
                 raise
-
-
-#: SQLSTATEs of a session the server ended (admin_shutdown, crash_shutdown, ...).
-_SESSION_ENDED = frozenset({"57P01", "57P02", "57P03", "57P05"})
-
-
-def connection_lost(exc: BaseException | None) -> bool:
-    """Whether a database error says the connection is gone (its session ended, the
-    server restarted): its locks went with it, and a new connection may succeed."""
-    if exc is None:
-        return False
-    code = sqlstate(exc)
-    if code is not None:
-        return code.startswith("08") or code in _SESSION_ENDED
-    return any(
-        type(err).__name__ in ("OperationalError", "InterfaceError")
-        and type(err).__module__.split(".")[0] in ("psycopg", "psycopg2", "django")
-        for err in (exc, exc.__cause__)
-    )
 
 
 class Session:

@@ -20,8 +20,9 @@ from ...backoff import remaining
 from ...exceptions import BackendUnavailable, SemaphoreLimitMismatch
 from ...values import short_owner
 from ..base import Acquisition, ExcInfo, Grant, Miss
-from .backend import is_busy, server_wait
-from .sessions import ERRORS, SHARES_BELL, Session
+from .backend import server_wait
+from .errors import ERRORS, is_busy
+from .sessions import SHARES_BELL, Session
 from .shares import in_transaction, pg_call
 from .shares_sql import (
     INTENT_SECONDS,

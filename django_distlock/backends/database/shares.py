@@ -25,10 +25,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import connections, transaction
 
-from ...exceptions import BackendUnavailable
 from ..base import Freed
-from .backend import is_busy
-from .sessions import ERRORS, WATCHDOG, Session, connection_lost
+from .errors import ERRORS, connection_lost, did_not_answer, is_busy
+from .sessions import WATCHDOG, Session
 from .shares_sql import (
     PERMITS,
     PG_FORCE,
@@ -59,16 +58,14 @@ def in_transaction(
     :raises BackendUnavailable: when the database fails (its error chained).
     """
     if backend.vendor != "postgresql":
-        try:
-            with transaction.atomic(using=backend.database), \
-                    connections[backend.database].cursor() as cursor:
-                def run(statement: str, params: dict[str, Any]) -> list[Any]:
-                    cursor.execute(statement, params)
-                    return cursor.fetchall() if cursor.description else []
+        with backend.errors.translating(doing, backend.where), \
+                transaction.atomic(using=backend.database), \
+                connections[backend.database].cursor() as cursor:
+            def run(statement: str, params: dict[str, Any]) -> list[Any]:
+                cursor.execute(statement, params)
+                return cursor.fetchall() if cursor.description else []
 
-                return steps(run)
-        except ERRORS as exc:
-            raise backend.unavailable(exc, doing) from exc
+            return steps(run)
     return _on_pg(backend, doing, lambda session: _on_session(session, steps, deadline))
 
 
@@ -104,15 +101,13 @@ def _on_pg(backend: LeaseBackend, doing: str, call: Callable[[Session], T]) -> T
             return call(session)
         except ERRORS as exc:
             if is_busy(exc) and not (session and session.timed_out):
-                raise backend.unavailable(exc, doing) from exc  # rolled back; session usable
+                # rolled back; the session is usable
+                raise backend.errors.translate(exc, doing, backend.where) from exc
             backend.sessions.forget()
             if session is not None and session.timed_out:
-                raise BackendUnavailable(
-                    f"Database {backend.database!r} did not answer within the timeout "
-                    f"(lock alias {backend.alias!r}); its connection was cut."
-                ) from exc
+                raise did_not_answer(backend.where) from exc
             if last or not connection_lost(exc):
-                raise backend.unavailable(exc, doing) from exc
+                raise backend.errors.translate(exc, doing, backend.where) from exc
             # The session was gone (terminated, the server restarted): once more.
     raise AssertionError("unreachable")
 

@@ -24,8 +24,8 @@ from ...exceptions import BackendUnavailable, ConnectionInUse, LockLost, Unsuppo
 from ...handle import Lock
 from ...holders import current_holder
 from ..base import Acquisition, ExcInfo, Grant, LockInfo, LockPage, Miss
-from .backend import DatabaseBackend, is_busy, server_wait
-from .sessions import ERRORS, connection_lost
+from .backend import DatabaseBackend, server_wait
+from .errors import ERRORS, is_busy, session_ended
 from .sql import (
     ENSURE_ROW,
     PG_TX_GRANT_WAITED,
@@ -109,7 +109,7 @@ class TransactionBackend(DatabaseBackend, mode="transaction"):
         try:
             probe = sqlite3.connect(str(path), timeout=0, isolation_level=None)
         except sqlite3.Error as exc:
-            raise BackendUnavailable(f"Could not open SQLite database {path!r}: {exc}") from exc
+            raise self.errors.translate(exc, f"opening {path!r}", self.where) from exc
         try:
             probe.execute("BEGIN IMMEDIATE")
             probe.execute("ROLLBACK")
@@ -117,7 +117,8 @@ class TransactionBackend(DatabaseBackend, mode="transaction"):
         except sqlite3.OperationalError as exc:
             if "locked" in str(exc) or "busy" in str(exc):
                 return True
-            raise BackendUnavailable(f"SQLite database {path!r} failed: {exc}") from exc
+            raise self.errors.translate(
+                exc, f"probing the write lock of {path!r}", self.where) from exc
         finally:
             probe.close()
 
@@ -228,22 +229,13 @@ class _TxAcquisition(Acquisition):
     def _take(self, wait: float | None) -> Grant | None:
         """Open the atomic block and take the row lock (waiting ``wait`` s; None: not)."""
 
-    def _enter(self) -> transaction.Atomic:
-        atomic = transaction.atomic(using=self.backend.database)
-        try:
-            atomic.__enter__()
-        except ERRORS as exc:
-            raise self.backend.unavailable(exc, "opening the transaction") from exc
-        return atomic
-
-    def _abort(self, atomic: transaction.Atomic, exc: BaseException, doing: str) -> None:
-        """Roll the block back after ``exc``; raise unless it means "held elsewhere"."""
-        try:
-            atomic.__exit__(type(exc), exc, exc.__traceback__)
-        except ERRORS as error:
-            raise self.backend.unavailable(error, doing) from error
+    @staticmethod
+    def _abort(atomic: transaction.Atomic, exc: BaseException) -> None:
+        """Roll the block back after ``exc`` (a client error); raise it again unless it
+        means "held elsewhere" (``_take`` translates it, or the rollback's own error)."""
+        atomic.__exit__(type(exc), exc, exc.__traceback__)
         if not is_busy(exc):
-            raise self.backend.unavailable(exc, doing) from exc
+            raise exc
 
     def _granted(self, atomic: transaction.Atomic, fencing: int, acquired_at: Any) -> Grant:
         self.atomic = atomic
@@ -303,12 +295,13 @@ class _TxAcquisition(Acquisition):
         try:
             atomic.__exit__(*exc_info)  # commit, or roll back on an exception
         except ERRORS as exc:
-            if self._session_ended(exc):
+            if session_ended(exc):
                 raise LockLost(
                     f"{self.lock!r}: the database session holding the lock ended; its "
                     f"transaction did not commit: {exc}"
                 ) from exc
-            raise self.backend.unavailable(exc, "committing the lock's transaction") from exc
+            raise self.backend.errors.translate(
+                exc, "committing the lock's transaction", self.backend.where) from exc
         return True
 
     def extend(self, ttl: float) -> Grant | None:
@@ -318,44 +311,40 @@ class _TxAcquisition(Acquisition):
             with self.connection.cursor() as cursor:
                 cursor.execute("SELECT 1")
         except ERRORS as exc:
-            if self._session_ended(exc):
+            if session_ended(exc):
                 raise LockLost(
                     f"{self.lock!r}: the database session holding the lock ended: {exc}"
                 ) from exc
-            raise self.backend.unavailable(exc, "checking the lock's session") from exc
+            raise self.backend.errors.translate(
+                exc, "checking the lock's session", self.backend.where) from exc
         return Grant(self.lock.fencing_token, self.lock.acquired_at, None)
-
-    @staticmethod
-    def _session_ended(exc: BaseException) -> bool:
-        """Whether ``exc`` says the session that held the transaction is gone (the
-        server then rolled the transaction back and freed the lock)."""
-        if isinstance(exc, sqlite3.Error) or isinstance(exc.__cause__, sqlite3.Error):
-            return False
-        return connection_lost(exc)
 
 
 class PgTxAcquisition(_TxAcquisition):
     def _take(self, wait: float | None) -> Grant | None:
         lock = self.lock
         while True:
-            atomic = self._enter()
             try:
-                with self.connection.cursor() as cursor:
-                    if wait is None:
-                        cursor.execute(PG_TX_NOWAIT, [lock.key])
-                        # The UPDATE keeps the row lock NOWAIT took.
-                        row = self._grant_row(cursor) if cursor.fetchone() else None
-                    else:
-                        row = self._grant_waited(cursor, wait)
+                atomic = transaction.atomic(using=self.backend.database)
+                atomic.__enter__()
+                try:
+                    with self.connection.cursor() as cursor:
+                        if wait is None:
+                            cursor.execute(PG_TX_NOWAIT, [lock.key])
+                            # The UPDATE keeps the row lock NOWAIT took.
+                            row = self._grant_row(cursor) if cursor.fetchone() else None
+                        else:
+                            row = self._grant_waited(cursor, wait)
+                except ERRORS as exc:
+                    self._abort(atomic, exc)
+                    return None
+                if row is None:
+                    atomic.__exit__(None, None, None)
             except ERRORS as exc:
-                self._abort(atomic, exc, "acquiring a lock")
-                return None
+                raise self.backend.errors.translate(
+                    exc, "acquiring a lock", self.backend.where) from exc
             if row is not None:
                 return self._granted(atomic, *row)
-            try:
-                atomic.__exit__(None, None, None)
-            except ERRORS as exc:
-                raise self.backend.unavailable(exc, "acquiring a lock") from exc
             # First use of the name: commit its row where everyone sees it, then lock it.
             if not self._create_row():
                 return None
@@ -413,7 +402,7 @@ class SqliteTxAcquisition(_TxAcquisition):
                     except ERRORS as exc:
                         if is_busy(exc):
                             return None
-                        raise self.backend.unavailable(exc, "opening the transaction") from exc
+                        raise
                     try:
                         params = [lock.host, lock.pid, lock.holder_field, lock.key]
                         cursor.execute(SQLITE.tx_grant, params)
@@ -423,12 +412,13 @@ class SqliteTxAcquisition(_TxAcquisition):
                             cursor.execute(SQLITE.tx_grant, params)
                             row = cursor.fetchone()
                     except ERRORS as exc:
-                        self._abort(atomic, exc, "acquiring a lock")
+                        self._abort(atomic, exc)
                         return None
                 finally:
                     cursor.execute(f"PRAGMA busy_timeout = {int(previous)}")
         except ERRORS as exc:
-            raise self.backend.unavailable(exc, "acquiring a lock") from exc
+            raise self.backend.errors.translate(
+                exc, "acquiring a lock", self.backend.where) from exc
         return self._granted(atomic, *row)
 
 

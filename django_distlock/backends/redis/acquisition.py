@@ -8,12 +8,10 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from redis.exceptions import RedisError
-
 from ...backoff import remaining
 from ...exceptions import BackendUnavailable
 from ..base import Acquisition, ExcInfo, Grant, Miss
-from .client import NoConnection, unavailable
+from .client import NoConnection
 from .giveback import GIVE_BACKS
 from .keys import Keys, Packed
 from .scripts import SCRIPTS
@@ -282,8 +280,6 @@ class RedisAcquisition(Acquisition):
                     raise BackendUnavailable(
                         f"Redis did not confirm the wake-up subscription within {bound:.3g} s"
                     ) from exc
-                except (RedisError, OSError) as exc:
-                    raise unavailable(exc) from exc
                 self._hub = hub
                 self._event = self._hub.register(self.token)
             assert self._event is not None

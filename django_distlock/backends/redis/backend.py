@@ -33,7 +33,8 @@ from ..base import (
 from .acquisition import SERVER_TICK, Calls, RedisAcquisition
 from .batch import run_each
 from .caches import cache_problem
-from .client import CLIENT_ERRORS, Redis, host_port, socket_timeout, unavailable
+from .client import Redis, host_port, socket_timeout
+from .errors import REDIS_ERRORS, did_not_answer
 from .hub import Hubs
 from .keys import Keys, make_keys, tag_base
 from .kinds import WRITER, KindAcquisition, kind_calls, share_keys
@@ -126,6 +127,7 @@ class RedisBackend(BaseLockBackend):
     """
 
     acquisition_class = RedisAcquisition
+    errors = REDIS_ERRORS
     distributed = True
     supports_fencing = True
     supports_expiry = True
@@ -289,17 +291,18 @@ class RedisBackend(BaseLockBackend):
         client = self.redis.sync()
         try:
             if self.redis.cluster:
-                found = client.info("memory", target_nodes=client.PRIMARIES)
+                found = self.redis.command("info", "memory", target_nodes=client.PRIMARIES)
             else:
                 found = {"": self._info_memory(client, timeout)}
-        except ResponseError:  # INFO disabled (renamed): it cannot be known
+        except BackendUnavailable as exc:
+            if not isinstance(exc.__cause__, ResponseError):
+                raise
+            # INFO disabled (renamed): it cannot be known
             logger.warning(
                 "DISTLOCK[%r]: Redis refused INFO; cannot tell whether it evicts lock keys.",
                 self.alias,
             )
             return None
-        except CLIENT_ERRORS as exc:
-            raise unavailable(exc) from exc
         for node, info in found.items():
             policy, limit = str(info.get("maxmemory_policy")), int(info.get("maxmemory", 0))
             if policy != "noeviction" and limit > 0:
@@ -316,14 +319,10 @@ class RedisBackend(BaseLockBackend):
         most ``timeout`` seconds (redis-py's own ``info()`` waits for the socket's
         timeout: none by default, so a frozen server held the first acquire for ever).
 
-        :raises ResponseError: when the server refuses ``INFO``.
+        :raises BackendUnavailable: when Redis fails, or refuses ``INFO`` (chained to
+            its ``ResponseError``).
         """
-        try:
-            raw = self.redis.wire.exchange(client.connection_pool, INFO_MEMORY, 1, timeout)[0]
-        except BackendUnavailable as exc:
-            if isinstance(exc.__cause__, ResponseError):
-                raise exc.__cause__ from None
-            raise
+        raw = self.redis.wire.exchange(client.connection_pool, INFO_MEMORY, 1, timeout)[0]
         text = raw.decode() if isinstance(raw, bytes) else str(raw)
         return dict(line.split(":", 1) for line in text.splitlines() if ":" in line
                     and not line.startswith("#"))
@@ -353,9 +352,7 @@ class RedisBackend(BaseLockBackend):
             async with asyncio.timeout(timeout):
                 await asyncio.to_thread(self._check_server, timeout)
         except TimeoutError as exc:
-            raise BackendUnavailable(
-                f"Redis did not answer INFO within {timeout:.3g} s (frozen or unreachable?)"
-            ) from exc
+            raise did_not_answer(timeout, "INFO") from exc
 
     def _check_server(self, timeout: float | None = None) -> None:
         """The first acquire of this alias in the process asks whether the server
@@ -370,10 +367,7 @@ class RedisBackend(BaseLockBackend):
 
     def is_locked(self, name: str) -> bool:
         keys = self.keys_for(self.make_key(name))
-        try:
-            return bool(self.redis.sync().exists(keys.lock))
-        except CLIENT_ERRORS as exc:
-            raise unavailable(exc) from exc
+        return bool(self.redis.command("exists", keys.lock))
 
     def _count_held(self, prefix: str, limit: int) -> HeldCount:
         # Read-only scripts per tag, each reading at most COUNT_CHUNK index entries (so no
@@ -506,10 +500,7 @@ class RedisBackend(BaseLockBackend):
             ``ALLOW_EVICTION``).
         """
         started = time.monotonic()
-        try:
-            self.redis.sync().ping()
-        except CLIENT_ERRORS as exc:
-            raise unavailable(exc) from exc
+        self.redis.command("ping")
         latency = time.monotonic() - started
         if not self.allow_eviction:
             problem = self.eviction_problem()

@@ -14,7 +14,8 @@ from typing import Any
 
 from redis.exceptions import NoScriptError
 
-from .client import CLIENT_ERRORS, Redis, unavailable
+from .client import Redis
+from .errors import CLIENT_ERRORS, REDIS_ERRORS
 from .scripts import Script
 
 Call = tuple[tuple[str, ...], tuple[Any, ...]]
@@ -43,12 +44,12 @@ def run_each(redis: Redis, script: Script, calls: Sequence[Call]) -> list[Any]:
             pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args, **where)
         replies = pipe.execute(raise_on_error=False)
     except CLIENT_ERRORS as exc:
-        raise unavailable(exc) from exc
+        raise REDIS_ERRORS.translate(exc) from exc
     for index, reply in enumerate(replies):
         if isinstance(reply, NoScriptError):  # flushed, restarted, failed over
             replies[index] = redis.run(script, *calls[index])
         elif isinstance(reply, CLIENT_ERRORS):
-            raise unavailable(reply) from reply
+            raise REDIS_ERRORS.translate(reply) from reply
         elif isinstance(reply, BaseException):
             raise reply
     return list(replies)

@@ -21,16 +21,17 @@ import redis
 import redis.asyncio
 import redis.asyncio.cluster
 import redis.cluster
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import NoScriptError
 from redis.utils import get_lib_version
 
 from ...backoff import remaining
 from ...exceptions import BackendUnavailable
 from .caches import async_client_like, cache_client
+from .errors import CLIENT_ERRORS, REDIS_ERRORS, did_not_answer
 from .keys import TIME_COMMAND, Packed, bulk
 from .scripts import Script
 from .sentinel import close_sentinels, is_sentinel, master_client
-from .wire import CLIENT_ERRORS, KeptConnections, Sent, unavailable
+from .wire import KeptConnections, Sent
 
 _resolve_driver_info: Any
 _SENTINEL: Any
@@ -43,14 +44,12 @@ except ImportError:  # pragma: no cover - an older redis-py
 _lib_version = functools.cache(get_lib_version)
 
 __all__ = [
-    "CLIENT_ERRORS",
     "NoConnection",
     "Redis",
     "Sent",
     "host_port",
     "node_url",
     "socket_timeout",
-    "unavailable",
 ]
 
 #: Connections per loop when the client is a cluster's (redis.asyncio's default per node).
@@ -125,7 +124,7 @@ class Redis:
                     try:
                         self._sync = self._build_sync()
                     except CLIENT_ERRORS as exc:  # a cluster client connects at once
-                        raise unavailable(exc) from exc
+                        raise REDIS_ERRORS.translate(exc, "connecting") from exc
                 client = self._sync
         return client
 
@@ -307,11 +306,9 @@ class Redis:
                 async with asyncio.timeout(timeout):
                     seconds, micros = await client.time()
             except TimeoutError as exc:
-                raise BackendUnavailable(
-                    f"Redis did not answer within {timeout:.3g} s (frozen or unreachable?)"
-                ) from exc
-            except RedisError as exc:
-                raise unavailable(exc) from exc
+                raise did_not_answer(timeout) from exc
+            except CLIENT_ERRORS as exc:
+                raise REDIS_ERRORS.translate(exc) from exc
         self.observe(int(seconds) * 1000 + int(micros) // 1000)
 
     def block_then_call(
@@ -336,10 +333,7 @@ class Redis:
         client = self.sync()
         pool = getattr(client, "connection_pool", None)
         if pool is None:
-            try:
-                client.blpop([key], timeout=timeout)
-            except CLIENT_ERRORS as exc:
-                raise unavailable(exc) from exc
+            self.command("blpop", [key], timeout=timeout)
             return None
         block = b"*3\r\n$5\r\nBLPOP\r\n%s%s" % (bulk(key), bulk(f"{timeout:.3f}"))
         try:
@@ -370,9 +364,7 @@ class Redis:
                 async with asyncio.timeout(timeout):
                     return await self._acall(client, packed, args)
             except TimeoutError as exc:
-                raise BackendUnavailable(
-                    f"Redis did not answer within {timeout:.3g} s (frozen or unreachable?)"
-                ) from exc
+                raise did_not_answer(timeout) from exc
 
     async def _acall(self, client: Any, packed: Packed, args: tuple[str | int, ...]) -> Any:
         pool = getattr(client, "connection_pool", None)
@@ -380,27 +372,21 @@ class Redis:
             return await self._arun(client, packed.script, packed.keys, (*packed.args, *args))
         try:
             conn = await pool.get_connection()
-        except CLIENT_ERRORS as exc:
-            raise unavailable(exc) from exc
-        try:
-            await conn.send_packed_command([packed.command(args)], check_health=False)
-            return await conn.read_response()
-        except NoScriptError:
-            pass
-        except CLIENT_ERRORS as exc:
-            await conn.disconnect()
-            raise unavailable(exc) from exc
-        except BaseException:
-            await conn.disconnect()  # cancelled mid-reply: the connection is out of step
-            raise
-        finally:
-            await pool.release(conn)
-        try:
+            try:
+                await conn.send_packed_command([packed.command(args)], check_health=False)
+                return await conn.read_response()
+            except NoScriptError:
+                pass
+            except BaseException:
+                await conn.disconnect()  # failed or cancelled mid-reply: out of step
+                raise
+            finally:
+                await pool.release(conn)
             return await client.execute_command(
                 "EVAL", packed.script.text, len(packed.keys), *packed.keys, *packed.args, *args
             )
         except CLIENT_ERRORS as exc:
-            raise unavailable(exc) from exc
+            raise REDIS_ERRORS.translate(exc) from exc
 
     def run(self, script: Script, keys: tuple[str, ...], args: tuple[Any, ...]) -> Any:
         """Run ``script`` by SHA; load it on ``NOSCRIPT`` (flushed, restarted, failed
@@ -414,7 +400,18 @@ class Redis:
         except NoScriptError:
             return self._eval(client, script, keys, args)
         except CLIENT_ERRORS as exc:
-            raise unavailable(exc) from exc
+            raise REDIS_ERRORS.translate(exc) from exc
+
+    def command(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """The sync client's method ``name`` called with ``args`` (``"exists"``,
+        ``"ping"``, ``"info"``: the calls off the hot path that are not scripts).
+
+        :raises BackendUnavailable: when Redis fails.
+        """
+        try:
+            return getattr(self.sync(), name)(*args, **kwargs)
+        except CLIENT_ERRORS as exc:
+            raise REDIS_ERRORS.translate(exc) from exc
 
     @staticmethod
     def _eval(client: Any, script: Script, keys: tuple[str, ...], args: tuple[Any, ...]) -> Any:
@@ -422,7 +419,7 @@ class Redis:
         try:
             return client.execute_command("EVAL", script.text, len(keys), *keys, *args)
         except CLIENT_ERRORS as exc:
-            raise unavailable(exc) from exc
+            raise REDIS_ERRORS.translate(exc) from exc
 
     async def arun(self, script: Script, keys: tuple[str, ...], args: tuple[Any, ...]) -> Any:
         """Async :meth:`run`."""
@@ -443,7 +440,7 @@ class Redis:
             except NoScriptError:
                 return await client.execute_command("EVAL", script.text, len(keys), *keys, *args)
         except CLIENT_ERRORS as exc:
-            raise unavailable(exc) from exc
+            raise REDIS_ERRORS.translate(exc) from exc
 
 
 def pin_driver_info(client: Any) -> None:

@@ -19,7 +19,7 @@ import secrets
 import weakref
 from typing import Any
 
-from .client import CLIENT_ERRORS
+from .errors import CLIENT_ERRORS, REDIS_ERRORS
 
 logger = logging.getLogger("django_distlock")
 
@@ -44,7 +44,8 @@ class Hub:
     async def ready(self) -> None:
         """Return once the channel is subscribed (the first call starts the hub).
 
-        :raises RedisError: when the first subscription fails.
+        :raises BackendUnavailable: when the first subscription fails (chained to the
+            client's error).
         """
         if self._ready is None:
             loop = asyncio.get_running_loop()
@@ -92,7 +93,9 @@ class Hub:
                 if not self._ready.done() and turn < len(self.clients):
                     continue  # the first subscription: the next node at once
                 if not self._ready.done():
-                    self._ready.set_exception(exc)
+                    error = REDIS_ERRORS.translate(exc, "subscribing to the wake-up channel")
+                    error.__cause__ = exc
+                    self._ready.set_exception(error)
                     self._ready = None  # the next waiter tries again
                     return
                 logger.warning("Redis lock wake-up channel lost; resubscribing", exc_info=True)

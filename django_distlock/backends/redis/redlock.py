@@ -33,7 +33,8 @@ from ..base import (
     check_option_keys,
 )
 from .acquisition import Calls
-from .client import CLIENT_ERRORS, Redis, Sent, unavailable
+from .client import Redis, Sent
+from .errors import REDIS_ERRORS
 from .keys import Packed, make_keys
 from .scripts import SCRIPTS
 
@@ -150,6 +151,7 @@ class RedlockBackend(BaseLockBackend):
     """
 
     acquisition_class = RedlockAcquisition
+    errors = REDIS_ERRORS
     distributed = True
     supports_expiry = True
     supports_force_release = True
@@ -256,13 +258,7 @@ class RedlockBackend(BaseLockBackend):
     def is_locked(self, name: str) -> bool:
         lock_key = self.calls_for(self.make_key(name)).keys.lock
 
-        def exists(master: Redis) -> int:
-            try:
-                return int(master.sync().exists(lock_key))
-            except CLIENT_ERRORS as exc:
-                raise unavailable(exc) from exc
-
-        replies, _ = self.on_masters(exists)
+        replies, _ = self.on_masters(lambda master: int(master.command("exists", lock_key)))
         return sum(replies) >= self.quorum
 
     def _force_release(self, key: str, owner: str) -> Freed | None:
@@ -279,13 +275,7 @@ class RedlockBackend(BaseLockBackend):
     def health(self) -> float:
         started = time.monotonic()
 
-        def ping(master: Redis) -> None:
-            try:
-                master.sync().ping()
-            except CLIENT_ERRORS as exc:
-                raise unavailable(exc) from exc
-
-        self.on_masters(ping)
+        self.on_masters(lambda master: master.command("ping"))
         return time.monotonic() - started
 
     def close(self) -> None:

@@ -28,7 +28,8 @@ from ...backoff import remaining
 from ...exceptions import BackendUnavailable, InvalidBackendOptions, NotReplicated
 from ..base import Grant
 from .acquisition import READ_GRACE, Calls, RedisAcquisition
-from .client import CLIENT_ERRORS, NoConnection, unavailable
+from .client import NoConnection
+from .errors import CLIENT_ERRORS, REDIS_ERRORS, did_not_answer
 from .keys import TIME_COMMAND, Packed, bulk
 
 if TYPE_CHECKING:
@@ -257,26 +258,20 @@ class ReplicatedAcquisition(RedisAcquisition):
             pool = client.connection_pool
             try:
                 conn = await pool.get_connection()
-            except CLIENT_ERRORS as exc:
-                raise unavailable(exc) from exc
-            try:
-                async with asyncio.timeout(timeout):
-                    await conn.send_packed_command([payload], check_health=False)
-                    reply = await conn.read_response()
-                    acked = await conn.read_response()
+                try:
+                    async with asyncio.timeout(timeout):
+                        await conn.send_packed_command([payload], check_health=False)
+                        reply = await conn.read_response()
+                        acked = await conn.read_response()
+                except BaseException:
+                    await conn.disconnect()  # failed or cancelled mid-reply: out of step
+                    raise
+                finally:
+                    await pool.release(conn)
             except TimeoutError as exc:
-                await conn.disconnect()
-                raise BackendUnavailable(
-                    f"Redis did not answer within {timeout or 0:.3g} s (frozen or unreachable?)"
-                ) from exc
+                raise did_not_answer(timeout) from exc
             except CLIENT_ERRORS as exc:
-                await conn.disconnect()
-                raise unavailable(exc) from exc
-            except BaseException:
-                await conn.disconnect()  # cancelled mid-reply: the connection is out of step
-                raise
-            finally:
-                await pool.release(conn)
+                raise REDIS_ERRORS.translate(exc) from exc
         return reply, int(acked)
 
     def _confirm(self, reply: Any, acked: int, ms: int) -> None:

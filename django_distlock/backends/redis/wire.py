@@ -12,22 +12,13 @@ import os
 from collections import deque
 from typing import Any, NamedTuple
 
-from redis.exceptions import (
-    ConnectionError,
-    MaxConnectionsError,
-    NoScriptError,
-    RedisClusterException,
-    RedisError,
-)
+from redis.exceptions import ConnectionError, MaxConnectionsError, NoScriptError
 
-from ...exceptions import BackendUnavailable
+from .errors import CLIENT_ERRORS, REDIS_ERRORS
 
 #: Connections the hot path keeps out of the pool between calls (per alias and process):
 #: a pool's get and release cost about 7 us a call (a lock, a readiness poll, metrics).
 KEPT = 8
-#: What redis-py raises when Redis fails: a cluster client's RedisClusterException
-#: (no startup node reachable, a slot not covered) is not a RedisError.
-CLIENT_ERRORS = (RedisError, RedisClusterException)
 
 
 class Sent(NamedTuple):
@@ -96,7 +87,7 @@ class KeptConnections:
                 if kept and isinstance(exc, ConnectionError):
                     conn, kept = None, False
                     continue
-                raise unavailable(exc) from exc
+                raise REDIS_ERRORS.translate(exc) from exc
             except BaseException:
                 drop(pool, conn)
                 raise
@@ -124,7 +115,7 @@ class KeptConnections:
             if sent.kept and isinstance(exc, ConnectionError):
                 return self.receive(self.send(pool, sent.payload, True, sent.spare), replies,
                                     timeout)
-            raise unavailable(exc) from exc
+            raise REDIS_ERRORS.translate(exc) from exc
         except BaseException:
             drop(pool, conn)  # interrupted mid-reply: the connection is out of step
             raise
@@ -168,8 +159,3 @@ def drop(pool: Any, conn: Any) -> None:
     if conn is not None:
         conn.disconnect()
         pool.release(conn)
-
-
-def unavailable(exc: BaseException) -> BackendUnavailable:
-    """The :class:`BackendUnavailable` for a redis-py error (chain it: ``from exc``)."""
-    return BackendUnavailable(f"Redis failed: {type(exc).__name__}: {exc}")

@@ -51,7 +51,8 @@ from ...exceptions import BackendUnavailable
 from ...values import short_owner
 from ..base import Acquisition, ExcInfo, Grant, Miss
 from .ahead import AheadWatches
-from .client import ERRORS, delete_guid, on_done, unavailable
+from .client import delete_guid, on_done
+from .errors import ERRORS, ZOOKEEPER_ERRORS
 from .paths import MARKER, READ_MARKER, blocker, contenders, downgrade_marker, guid_of
 
 if TYPE_CHECKING:
@@ -227,7 +228,7 @@ class ZooKeeperAcquisition(AheadWatches, ThreadHops):
                     include_data=True,
                 )
             except ERRORS as exc:
-                raise unavailable(exc, "creating a contender node") from exc
+                raise ZOOKEEPER_ERRORS.translate(exc, "creating a contender node") from exc
             self._uncertain = True  # until its answer is known
             on_done(result, self._late_create)
             try:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from kazoo.exceptions import ConnectionLoss, NoNodeError, SessionExpiredError
 
 from ...exceptions import BackendUnavailable
-from .client import ERRORS
+from .errors import ERRORS
 
 if TYPE_CHECKING:
     from kazoo.interfaces import IAsyncResult

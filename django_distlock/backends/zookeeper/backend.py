@@ -26,6 +26,7 @@ from ..base import (
 from ..shared_reads import read_once
 from .acquisition import ZooKeeperAcquisition
 from .client import Client
+from .errors import ZOOKEEPER_ERRORS
 from .options import parse
 from .paths import GATE, LEASE_MARKER, contenders, decode, encode, holders
 from .reentrant import Holds, ReentrantAcquisition
@@ -66,6 +67,7 @@ class ZooKeeperBackend(BaseLockBackend):
     """
 
     acquisition_class = ZooKeeperAcquisition
+    errors = ZOOKEEPER_ERRORS
     distributed = True
     supports_fencing = True
     supports_listing = True

@@ -17,8 +17,6 @@ from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (
     BadVersionError,
     ConnectionLoss,
-    KazooException,
-    NoAuthError,
     NodeExistsError,
     NoNodeError,
     NotEmptyError,
@@ -29,6 +27,7 @@ from kazoo.protocol.serialization import Create, Create2
 from kazoo.security import ACL, Id, make_acl, make_digest_acl
 
 from ...exceptions import BackendUnavailable, TooManyLocks
+from .errors import ERRORS, ZOOKEEPER_ERRORS
 from .options import ZooKeeperSettings
 from .paths import guid_of
 
@@ -37,8 +36,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("django_distlock")
 
-#: What a kazoo call may raise that means "the server failed or is unreachable".
-ERRORS: tuple[type[BaseException], ...] = (KazooException, KazooTimeoutError)
 _CONTAINER = 4  # CreateMode.CONTAINER's flag
 
 
@@ -47,21 +44,6 @@ class _CreateContainer(Create2):
     child is gone (kazoo's ``create()`` has no container mode)."""
 
     type = 19
-
-
-def unavailable(exc: BaseException, what: str = "") -> BackendUnavailable:
-    """The BackendUnavailable that stands for a kazoo error (raise it ``from exc``)."""
-    if isinstance(exc, KazooTimeoutError):
-        why = "ZooKeeper did not answer in time (no server reachable, or no quorum)"
-    elif isinstance(exc, NoAuthError):
-        why = "ZooKeeper refused access (the node's ACL does not grant OPTIONS['AUTH'] it)"
-    elif isinstance(exc, SessionExpiredError):
-        why = "the ZooKeeper session expired"
-    elif isinstance(exc, ConnectionLoss):
-        why = "the connection to ZooKeeper was lost"
-    else:
-        why = f"ZooKeeper failed: {type(exc).__name__}: {exc}"
-    return BackendUnavailable(f"{why}{' while ' + what if what else ''}.")
 
 
 class Watcher(Protocol):
@@ -140,11 +122,11 @@ class Client:
         try:
             connected = kazoo.start_async().wait(timeout=s.connect_timeout)
         except ERRORS as exc:
-            raise unavailable(exc, f"connecting to {s.hosts}") from exc
+            raise ZOOKEEPER_ERRORS.translate(exc, f"connecting to {s.hosts}") from exc
         if not connected or not kazoo.connected:
             threading.Thread(target=_discard, args=(kazoo,), daemon=True).start()
             timeout = KazooTimeoutError("Connection time-out")
-            raise unavailable(timeout, f"connecting to {s.hosts}") from timeout
+            raise ZOOKEEPER_ERRORS.translate(timeout, f"connecting to {s.hosts}") from timeout
         return kazoo
 
     def connected(self) -> bool:
@@ -189,7 +171,7 @@ class Client:
         except (NoNodeError, NodeExistsError, NotEmptyError, BadVersionError):
             raise
         except ERRORS as exc:
-            raise unavailable(exc, what) from exc
+            raise ZOOKEEPER_ERRORS.translate(exc, what) from exc
 
     def call(
         self, what: str, method: str, *args: Any, until: float | None = None, **kwargs: Any
@@ -210,7 +192,7 @@ class Client:
             try:
                 result = getattr(self.get(), method + "_async")(*args, **kwargs)
             except ERRORS as exc:
-                raise unavailable(exc, what) from exc
+                raise ZOOKEEPER_ERRORS.translate(exc, what) from exc
             try:
                 return self.wait(result, what, until)
             except BackendUnavailable as exc:

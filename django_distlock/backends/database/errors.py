@@ -1,0 +1,118 @@
+"""How the database fails, and what each failure becomes (:data:`DATABASE_ERRORS`, the
+backend's ``errors``), with the classifications the backend acts on before it translates:
+:func:`is_busy` (held by someone else, or not in time: a miss, not a failure),
+:func:`connection_lost` (the session is gone: once more on a new one) and
+:func:`session_ended` (transaction mode: the holding transaction was rolled back).
+
+The client boundary is where a statement runs (``DatabaseBackend.run()``, the lease
+mode's ``_call()`` and attempts, the share statements, the transaction mode's
+``_take()``): it catches :data:`ERRORS`, classifies where a failure may mean something
+else, cleans up (forgets or closes a session) and raises
+``DATABASE_ERRORS.translate(exc, doing, backend.where) from exc``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+
+from django.db import DatabaseError, Error
+
+from ...exceptions import BackendUnavailable, DistLockError, LockConfigurationError
+from ..base import ErrorMap
+
+
+def _client_errors() -> tuple[type[BaseException], ...]:
+    """Django's database errors and the raw drivers' (lease statements on PostgreSQL)."""
+    errors: list[type[BaseException]] = [Error]
+    for module in ("psycopg", "psycopg2"):
+        with contextlib.suppress(ImportError):
+            errors.append(__import__(module).Error)
+    return tuple(errors)
+
+
+#: What a database call may raise that means "the server or the connection failed".
+ERRORS = _client_errors()
+
+MIGRATE = "run `manage.py migrate django_distlock`"
+#: SQLSTATEs of a session the server ended (admin_shutdown, crash_shutdown, ...).
+_SESSION_ENDED = frozenset({"57P01", "57P02", "57P03", "57P05"})
+
+
+def sqlstate(exc: BaseException) -> str | None:
+    """The SQLSTATE of a database error (psycopg 3 or 2), looking through Django's wrapper."""
+    for err in (exc, exc.__cause__):
+        code = getattr(err, "sqlstate", None) or getattr(err, "pgcode", None)
+        if code:
+            return str(code)
+    return None
+
+
+def is_busy(exc: BaseException) -> bool:
+    """Whether a database error means "held by someone else, or not in time" rather than
+    a failure: a lock wait or a statement that ran out of time."""
+    if sqlstate(exc) in ("55P03", "57014"):  # lock_not_available, query_canceled
+        return True
+    message = str(exc).lower()
+    return isinstance(exc, DatabaseError) and (
+        "database is locked" in message or "database table is locked" in message
+    )
+
+
+def connection_lost(exc: BaseException | None) -> bool:
+    """Whether a database error says the connection is gone (its session ended, the
+    server restarted): its locks went with it, and a new connection may succeed."""
+    if exc is None:
+        return False
+    code = sqlstate(exc)
+    if code is not None:
+        return code.startswith("08") or code in _SESSION_ENDED
+    return any(
+        type(err).__name__ in ("OperationalError", "InterfaceError")
+        and type(err).__module__.split(".")[0] in ("psycopg", "psycopg2", "django")
+        for err in (exc, exc.__cause__)
+    )
+
+
+def session_ended(exc: BaseException) -> bool:
+    """Whether ``exc`` says the session that held a transaction is gone (the server then
+    rolled the transaction back and freed its row locks); never on SQLite, whose
+    "connection" is a file."""
+    if isinstance(exc, sqlite3.Error) or isinstance(exc.__cause__, sqlite3.Error):
+        return False
+    return connection_lost(exc)
+
+
+class DatabaseErrors(ErrorMap):
+    """Every database error is :class:`BackendUnavailable`, with what to do when the
+    schema is missing: an undefined function (SQLSTATE 42883) lacks the procedures, an
+    undefined table (42P01, SQLite's "no such table") the app's tables; both say to
+    migrate. ``where`` names the database and the lock alias (``backend.where``)."""
+
+    def translate(
+        self, exc: BaseException, doing: str = "", where: str = ""
+    ) -> DistLockError | LockConfigurationError:
+        code = sqlstate(exc)
+        message = str(exc)
+        if code == "42883":  # undefined_function
+            hint = f" The database lacks django-distlock's procedures: {MIGRATE}."
+        elif code == "42P01" or "no such table" in message:  # undefined_table
+            hint = (
+                " The lock table is missing: add 'django_distlock' to INSTALLED_APPS and "
+                f"{MIGRATE}."
+            )
+        else:
+            hint = ""
+        during = f" while {doing}" if doing else ""
+        return BackendUnavailable(f"{where or 'The database'} failed{during}: {message}{hint}")
+
+
+def did_not_answer(where: str) -> BackendUnavailable:
+    """The error for a statement whose connection the watchdog cut: the database did not
+    answer by the call's deadline (raise it ``from`` the client's error)."""
+    return BackendUnavailable(f"{where} did not answer within the timeout; its connection "
+                              "was cut.")
+
+
+#: The database backend's error map (``DatabaseBackend.errors``).
+DATABASE_ERRORS = DatabaseErrors(ERRORS)
