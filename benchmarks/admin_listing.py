@@ -180,7 +180,7 @@ def time_counts(aliases: list[str], repeat: int) -> None:
     """Print the median and max time of ``count_held()`` per alias, at the page's cap and
     at the largest cap, with what it answered."""
     from django_distlock import locks
-    from django_distlock.backends.counting import COUNT_CAP, MAX_COUNT_CAP
+    from django_distlock.backends.base import COUNT_CAP, MAX_COUNT_CAP
     from django_distlock.contrib.admin.operations.totals import describe
 
     print()

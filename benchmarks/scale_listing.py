@@ -152,7 +152,7 @@ def admin_pages(target: Target, depth: int, repeat: int) -> dict[str, Any]:
 
 def measure(target: Target, size: int, reps: int, depth: int = DEPTH) -> dict[str, Any]:
     """Fill ``size`` locks, time the listing, the count and the page, delete them."""
-    from django_distlock.backends.counting import COUNT_CAP, MAX_COUNT_CAP
+    from django_distlock.backends.base import COUNT_CAP, MAX_COUNT_CAP
     from django_distlock.contrib.admin.operations.totals import describe
 
     values: dict[str, Any] = {"locks": size}

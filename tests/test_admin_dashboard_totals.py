@@ -15,7 +15,7 @@ from django.test import Client, override_settings
 from django.urls import reverse
 
 from django_distlock import locks
-from django_distlock.backends.counting import HeldCount
+from django_distlock.backends.base import HeldCount
 from django_distlock.contrib.admin import views
 from django_distlock.contrib.admin.operations import listing, totals
 from django_distlock.handle import Lock

@@ -281,7 +281,7 @@ def test_a_count_reads_the_index_a_chunk_per_script(
     backend: RedisBackend, unique, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # An uncapped count of a million locks was one script holding Redis 1.2 s.
-    from django_distlock.backends.counting import HeldCount
+    from django_distlock.backends.base import HeldCount
     from django_distlock.backends.redis import backend as module
 
     prefix = unique("chunks") + "/"

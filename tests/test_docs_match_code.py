@@ -1,8 +1,8 @@
 """The docs name what the code has.
 
 - docs/architecture.md, "Adding a backend": its two tables name every capability flag,
-  declaration and hook a backend writes (read off ``BaseLockBackend``, the mixins it is
-  made of, and ``Acquisition``), and nothing that is not one; its text names each
+  declaration and hook a backend writes (read off ``BaseLockBackend``
+  and ``Acquisition``), and nothing that is not one; its text names each
   class-level declaration of the package's own backends (``DatabaseBackend.modes``,
   ``for_vendor``...), and every ``Class.attribute`` it writes exists.
 - docs/architecture.md, "Package layout": every module of the package is in the table.

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import json
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -63,12 +64,13 @@ from ..values import (
     validate_waiters_limit,
 )
 from .acquisition import Acquisition
-from .counting import CountingMixin, HeldCount
-from .kinds import KindsMixin
-from .ordering import AgeOrderMixin
 
 __all__ = [
+    "AGE_ORDERS",
+    "COUNT_CAP",
     "FEATURE_HOOKS",
+    "MAX_COUNT_CAP",
+    "MAX_LEASES",
     "Acquisition",
     "BaseLockBackend",
     "ErrorMap",
@@ -79,8 +81,11 @@ __all__ = [
     "LockInfo",
     "LockPage",
     "Miss",
+    "OrderedPage",
     "WaiterInfo",
     "check_option_keys",
+    "make_cursor",
+    "read_cursor",
     "validate_owner_id",
     "validate_page_args",
 ]
@@ -175,7 +180,63 @@ class ErrorMap:
             raise self.translate(exc, doing, where) from exc
 
 
-class BaseLockBackend(KindsMixin, CountingMixin, AgeOrderMixin, abc.ABC):
+#: The default cap of :meth:`BaseLockBackend.count_held`: counting stops there.
+COUNT_CAP = 10_000
+
+#: The largest cap a caller may ask for.
+MAX_COUNT_CAP = 1_000_000
+
+@dataclass(frozen=True, slots=True)
+class HeldCount:
+    """How many lock names are held now (a name held by several readers or permits
+    counts once)."""
+
+    #: Locks counted.
+    count: int
+    #: True: exactly ``count``. False: at least ``count`` (counting stopped at the cap,
+    #: or at the backend's budget of entries read).
+    exact: bool
+    #: Where the backend knows one cheaply, at most this many (None: no ceiling known).
+    at_most: int | None = None
+
+
+#: The orders: held longest first (``acquired``), expiring soonest first (``expires``).
+AGE_ORDERS = ("acquired", "expires")
+
+@dataclass(frozen=True, slots=True)
+class OrderedPage:
+    """One page of held locks in an age order, with a cursor after each of them."""
+
+    locks: list[LockInfo]
+    #: ``cursors[i]`` continues the listing after ``locks[i]`` (a merge of several
+    #: aliases' pages stops anywhere in a page).
+    cursors: list[str]
+    #: False: the listing ended with this page.
+    more: bool
+
+def make_cursor(at: str, key: str) -> str:
+    """The cursor after the row of ``key`` whose order column reads ``at`` (as stored)."""
+    return json.dumps([at, key], separators=(",", ":"))
+
+def read_cursor(cursor: str) -> tuple[str, str]:
+    """The (order column as stored, key) a cursor of :func:`make_cursor` carries.
+
+    :raises ValueError: for a value that is not one.
+    """
+    try:
+        at, key = json.loads(cursor)
+    except (ValueError, TypeError) as exc:
+        raise ValueError("cursor must be a cursor returned by held_locks_by_age().") from exc
+    if not isinstance(at, str) or not isinstance(key, str):
+        raise ValueError("cursor must be a cursor returned by held_locks_by_age().")
+    return at, key
+
+
+#: Most leases ``semaphore()`` accepts.
+MAX_LEASES = 10_000
+
+
+class BaseLockBackend(abc.ABC):
     """Base class of lock backends, built by the ``locks`` registry from one alias.
 
     :param alias: the key of this backend in the ``DISTLOCK`` setting.
@@ -229,7 +290,7 @@ class BaseLockBackend(KindsMixin, CountingMixin, AgeOrderMixin, abc.ABC):
     leases_join_transaction: ClassVar[bool] = False
     #: ``lock(name, reentrant=True)`` works: the same owner acquires again, counted.
     supports_reentrancy: ClassVar[bool] = False
-    # supports_read_write and supports_semaphore: see KindsMixin (kinds.py).
+    # supports_read_write and supports_semaphore: with read_lock() and semaphore() below.
     #: The holder of a write lock takes the read side of its name at once (a downgrade:
     #: ``read_lock(name)`` in the same thread or task, kept after the write's release).
     #: Where False, that ``read_lock`` raises :class:`~..exceptions.SelfDeadlock` at once
@@ -576,3 +637,164 @@ class BaseLockBackend(KindsMixin, CountingMixin, AgeOrderMixin, abc.ABC):
     def close(self) -> None:
         """Release the connections and threads this backend holds in this process."""
         return None
+
+    # The kinds beside the exclusive lock: read-write locks and semaphores.
+
+    #: ``read_lock(name)`` and ``write_lock(name)`` work: readers share, a writer excludes
+    #: readers and writers (and exclusive locks of the name); a waiting writer keeps later
+    #: readers out.
+    supports_read_write: ClassVar[bool] = False
+
+    #: ``semaphore(name, limit)`` works: up to ``limit`` holders at once.
+    supports_semaphore: ClassVar[bool] = False
+
+    def read_lock(self, name: str, **options: Any) -> Lock:
+        """Build a handle on the shared (read) side of the read-write lock ``name``.
+
+        Takes the options of :meth:`lock`. Readers hold it together; a writer that
+        came first keeps later readers out (writers are not starved).
+
+        :raises UnsupportedOperation: when ``supports_read_write`` is False.
+        """
+        return self._kind_lock("read", name, options)
+
+    def write_lock(self, name: str, **options: Any) -> Lock:
+        """Build a handle on the exclusive (write) side of the read-write lock ``name``;
+        it also excludes ``lock(name)``. Takes the options of :meth:`lock`.
+
+        :raises UnsupportedOperation: when ``supports_read_write`` is False.
+        """
+        return self._kind_lock("write", name, options)
+
+    def _kind_lock(self, kind: str, name: str, options: dict[str, Any]) -> Lock:
+        if not self.supports_read_write:
+            raise UnsupportedOperation(
+                f"{type(self).__name__} (alias {self.alias!r}) has no read-write locks."
+            )
+        if options.get("reentrant"):
+            raise UnsupportedOperation("Read-write locks are not reentrant.")
+        return self._new_lock(name, kind, None, **options)
+
+    def semaphore(self, name: str, limit: int, **options: Any) -> Lock:
+        """Build a handle on one of the ``limit`` leases of the counting semaphore
+        ``name`` (every client of a name must use the same ``limit``). Takes the
+        options of :meth:`lock`; waiters are served in arrival order where the backend
+        is fair (docs/kinds.md: not on SQLite, nor for asyncio tasks on PostgreSQL).
+
+        :raises UnsupportedOperation: when ``supports_semaphore`` is False.
+        :raises TypeError, ValueError: for a ``limit`` that is not an int from 1 to 10,000.
+        """
+        if not self.supports_semaphore:
+            raise UnsupportedOperation(
+                f"{type(self).__name__} (alias {self.alias!r}) has no semaphores."
+            )
+        if isinstance(limit, bool) or not isinstance(limit, int):
+            raise TypeError("limit must be an int.")
+        if not 1 <= limit <= MAX_LEASES:
+            raise ValueError(f"limit must be between 1 and {MAX_LEASES}, got {limit}.")
+        if options.get("reentrant"):
+            raise UnsupportedOperation("Semaphores are not reentrant.")
+        return self._new_lock(name, "semaphore", limit, **options)
+
+    # How many locks are held: count_held() and its hook. A count is exact, or a floor
+    # ("at least N") when the backend stopped at the cap, and, where the backend can tell
+    # cheaply, has a ceiling too (Redis' listing index keeps the entries of leases that
+    # ended until a listing passes them). A count is never a guess presented as exact.
+
+    #: :meth:`count_held` counts the locks held now (the backend implements
+    #: :meth:`_count_held`).
+    supports_counting: ClassVar[bool] = False
+
+    def count_held(self, prefix: str = "", limit: int = COUNT_CAP) -> HeldCount:
+        """Count the locks held now whose name starts with ``prefix``, up to ``limit``.
+
+        The cost grows with ``limit`` (at most), never past it: where more are held,
+        the answer is ``HeldCount(limit, exact=False)`` ("at least ``limit``").
+
+        :param prefix: the start of the names counted ("": all).
+        :param limit: where counting stops, from 1 to 1,000,000.
+        :returns: the count, exact or a floor (see :class:`HeldCount`).
+        :raises UnsupportedOperation: when ``supports_counting`` is False.
+        :raises TypeError, ValueError: for bad arguments (before any I/O).
+        :raises BackendUnavailable: when the server fails, or at once while the
+            alias' circuit is open (``FAIL_FAST``).
+        """
+        prefix, _, _ = validate_page_args(prefix, 1, None)
+        if isinstance(limit, bool) or not isinstance(limit, int):
+            raise TypeError("limit must be an int.")
+        if not 1 <= limit <= MAX_COUNT_CAP:
+            raise ValueError(f"limit must be between 1 and {MAX_COUNT_CAP}, got {limit}.")
+        self.refuse_unless("supports_counting", "count held locks")
+        # A prefix longer than a long name's stored head counts on the head: at most.
+        counted = self.circuit.call(
+            "count held locks", self._count_held, stored_prefix(prefix), limit
+        )
+        if stored_prefix(prefix) != prefix:
+            return HeldCount(0, False, counted.count if counted.exact else counted.at_most)
+        return counted
+
+    def _count_held(self, prefix: str, limit: int) -> HeldCount:
+        """The backend's count behind :meth:`count_held` (where ``supports_counting``):
+        the arguments are checked already; count at most ``limit`` (a larger count is
+        ``HeldCount(limit, False)``)."""
+        raise NotImplementedError  # never called: see BaseLockBackend._check_implementation()
+
+    # Held locks by age: held_locks_by_age() and its hook. A backend offers it
+    # (supports_age_order) only where an index of its server gives the order, so that a
+    # page costs what a page of held_locks() costs: the database's lease mode (the lock
+    # table's indexes on (acquired_at, name) and (expires_at, name) over the held rows).
+    # Redis' listing index is ordered by name, ZooKeeper keeps a lock's age in its node's
+    # stat (one read per lock), and a transaction-mode lock is a row locked by an open
+    # transaction: for those, an order by age would read every lock held, so they do not
+    # offer it (the admin says so beside the merged view).
+
+    #: :meth:`held_locks_by_age` pages through the held locks by age, each page costing
+    #: what a page of ``held_locks()`` does (the backend implements
+    #: :meth:`_held_locks_by_age`).
+    supports_age_order: ClassVar[bool] = False
+
+    def held_locks_by_age(
+        self, order: str, prefix: str = "", limit: int = 50, cursor: str | None = None
+    ) -> OrderedPage:
+        """Return one page of the locks held now, held longest first (``order``
+        ``"acquired"``) or expiring soonest first (``"expires"``), ties in key order.
+
+        Without a ``prefix`` the cost grows with ``limit``, not with the locks held.
+        With one, the page also reads past the held locks outside it that come earlier
+        in the order. Held longest first also reads past leases that ended without a
+        release (until their holder's name is taken again or pruned).
+
+        :param order: ``"acquired"`` or ``"expires"``.
+        :param prefix: the start of the names listed ("": all).
+        :param limit: the most locks on the page, from 1 to 1,000.
+        :param cursor: one of a previous page's ``cursors`` (None: the first page).
+        :returns: the page.
+        :raises UnsupportedOperation: when ``supports_age_order`` is False.
+        :raises TypeError, ValueError: for bad arguments (before any I/O).
+        :raises BackendUnavailable: when the server fails, or at once while the
+            alias' circuit is open (``FAIL_FAST``).
+        """
+        prefix, limit, cursor = validate_page_args(prefix, limit, cursor)
+        if order not in AGE_ORDERS:
+            raise ValueError(f"order must be one of {AGE_ORDERS}, got {order!r}.")
+        after = read_cursor(cursor) if cursor is not None else None
+        self.refuse_unless("supports_age_order", "list held locks by age")
+        matched = stored_prefix(prefix)
+        page = self.circuit.call(
+            "list held locks", self._held_locks_by_age, order, matched, limit, after
+        )
+        if matched == prefix:
+            return page
+        # Longer than a long name's stored head (see held_locks()): matched here.
+        kept = [i for i, info in enumerate(page.locks) if listed_under(info.name, prefix)]
+        return OrderedPage(
+            [page.locks[i] for i in kept], [page.cursors[i] for i in kept], page.more
+        )
+
+    def _held_locks_by_age(
+        self, order: str, prefix: str, limit: int, after: tuple[str, str] | None
+    ) -> OrderedPage:
+        """The backend's ordered listing behind :meth:`held_locks_by_age` (where
+        ``supports_age_order``): the arguments are checked already; ``after`` is the
+        (order column as stored, key) of the last row read."""
+        raise NotImplementedError  # never called: see BaseLockBackend._check_implementation()

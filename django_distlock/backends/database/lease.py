@@ -33,9 +33,9 @@ from ..base import (
     LockInfo,
     LockPage,
     Miss,
+    OrderedPage,
     WaiterInfo,
 )
-from ..ordering import OrderedPage
 from .backend import DatabaseBackend, server_wait
 from .errors import ERRORS, connection_lost, did_not_answer, is_busy
 from .ordered import held_by_age

@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from ..ordering import OrderedPage, make_cursor
+from ..base import OrderedPage, make_cursor
 from .sql import _COLUMNS, _NOW, TABLE, upper_bound
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 
-from django_distlock.backends.counting import COUNT_CAP
+from django_distlock.backends.base import COUNT_CAP
 from django_distlock.backends.shared_reads import shared_reads
 from django_distlock.exceptions import DistLockError, InvalidLockName, LockConfigurationError
 from django_distlock.handler import locks

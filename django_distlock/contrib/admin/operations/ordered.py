@@ -19,8 +19,7 @@ from typing import Any
 
 from django.core import signing
 
-from django_distlock.backends.base import BaseLockBackend
-from django_distlock.backends.ordering import AGE_ORDERS
+from django_distlock.backends.base import AGE_ORDERS, BaseLockBackend
 from django_distlock.exceptions import DistLockError, UnsupportedOperation
 from django_distlock.handler import locks
 from django_distlock.values import LockInfo, validate_page_args

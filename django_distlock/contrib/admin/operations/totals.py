@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from django_distlock.backends.counting import COUNT_CAP, HeldCount
+from django_distlock.backends.base import COUNT_CAP, HeldCount
 from django_distlock.exceptions import DistLockError, LockConfigurationError, UnsupportedOperation
 from django_distlock.handler import locks
 
