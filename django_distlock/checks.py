@@ -7,6 +7,7 @@ holds the checks of its options.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from django.apps import apps
@@ -22,7 +23,7 @@ AUDIT_APP = "django_distlock.contrib.audit"
 
 def audit_app_missing(params: Any) -> bool:
     """Whether an alias' settings ask for the audit trail that no installed app keeps."""
-    audits = hasattr(params, "get") and params.get("AUDIT") not in (None, False)
+    audits = isinstance(params, Mapping) and params.get("AUDIT") not in (None, False)
     return audits and not apps.is_installed(AUDIT_APP)
 
 

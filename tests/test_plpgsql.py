@@ -110,3 +110,36 @@ def test_the_migration_imports_nothing_of_the_package() -> None:
 
     for path in Path(package).parent.glob("0*.py"):
         assert not re.search(r"^\s*(from|import) django_distlock", path.read_text(), re.M), path
+
+
+@on_pg
+def test_the_migration_unapplied_leaves_nothing_and_applies_again() -> None:
+    """``migrate django_distlock zero`` drops every routine of the file (whatever its
+    signature), its tables and sequence; ``migrate`` installs them again."""
+    from django.db.migrations.executor import MigrationExecutor
+
+    require_pg()
+    connection = connections["pg"]
+    relations = (
+        "SELECT to_regclass('django_distlock_epoch'), to_regclass('django_distlock_fencing'),"
+        " to_regclass('django_distlock_share_waiter'), to_regclass('django_distlock_lock')"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute("SET lock_timeout = '10s'")  # a session holding a table fails the test
+    executor = MigrationExecutor(connection)
+    leaves = executor.loader.graph.leaf_nodes()
+    try:
+        executor.migrate([("django_distlock", None)])
+        assert installed() == {}
+        with connection.cursor() as cursor:
+            cursor.execute(relations)
+            assert cursor.fetchone() == (None, None, None, None)
+    finally:
+        executor = MigrationExecutor(connection)
+        executor.migrate(leaves)
+        with connection.cursor() as cursor:
+            cursor.execute("RESET lock_timeout")
+    assert sorted(installed()) == sorted(definitions())
+    with connection.cursor() as cursor:
+        cursor.execute(relations)
+        assert all(cursor.fetchone())

@@ -186,6 +186,7 @@ COUNT_CAP = 10_000
 #: The largest cap a caller may ask for.
 MAX_COUNT_CAP = 1_000_000
 
+
 @dataclass(frozen=True, slots=True)
 class HeldCount:
     """How many lock names are held now (a name held by several readers or permits
@@ -203,6 +204,7 @@ class HeldCount:
 #: The orders: held longest first (``acquired``), expiring soonest first (``expires``).
 AGE_ORDERS = ("acquired", "expires")
 
+
 @dataclass(frozen=True, slots=True)
 class OrderedPage:
     """One page of held locks in an age order, with a cursor after each of them."""
@@ -214,9 +216,11 @@ class OrderedPage:
     #: False: the listing ended with this page.
     more: bool
 
+
 def make_cursor(at: str, key: str) -> str:
     """The cursor after the row of ``key`` whose order column reads ``at`` (as stored)."""
     return json.dumps([at, key], separators=(",", ":"))
+
 
 def read_cursor(cursor: str) -> tuple[str, str]:
     """The (order column as stored, key) a cursor of :func:`make_cursor` carries.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from django.contrib import admin
@@ -35,10 +36,7 @@ class HeldLockAdmin(admin.ModelAdmin):
         site = self.admin_site
 
         def wrap(view: Any) -> Any:
-            def bound(request: HttpRequest) -> HttpResponse:
-                return view(request, site)
-
-            return site.admin_view(bound)
+            return site.admin_view(partial(view, site=site))
 
         return [
             path("held/", wrap(views.held_locks_view), name="django_distlock_held_locks"),

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from django.contrib import admin
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest
 from django.urls import URLPattern, path
 
 from . import activity
@@ -36,15 +37,8 @@ class LockEventAdmin(admin.ModelAdmin):
         return super().has_module_permission(request) or activity.can_view(request)
 
     def get_urls(self) -> list[URLPattern]:
-        site = self.admin_site
-
-        def wrap(view: Any) -> Any:
-            def bound(request: HttpRequest) -> HttpResponse:
-                return view(request, site)
-
-            return site.admin_view(bound)
-
+        view = self.admin_site.admin_view(partial(activity.activity_view, site=self.admin_site))
         return [
-            path("activity/", wrap(activity.activity_view), name="django_distlock_activity"),
+            path("activity/", view, name="django_distlock_activity"),
             *super().get_urls(),
         ]

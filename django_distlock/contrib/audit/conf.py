@@ -26,7 +26,7 @@ class AuditSettings:
     #: Fraction of the holds recorded (each a row, written at its release or loss), 0 to 1.
     sample: float = 1.0
     #: Days a purge keeps (None: all). Only a scheduled purge deletes: ``manage.py
-    #: distlock purge`` under cron, or the Celery task ``purge_audit`` under beat.
+    #: distlock_audit purge`` under cron, or the Celery task ``purge_audit`` under beat.
     retention_days: float | None = 30.0
 
 

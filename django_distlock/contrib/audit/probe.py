@@ -3,7 +3,6 @@ writable, or its events would be dropped."""
 
 from __future__ import annotations
 
-from django.apps import apps
 from django.db import DatabaseError, connections, router, transaction
 
 from django_distlock.exceptions import BackendUnavailable, LockConfigurationError
@@ -18,8 +17,6 @@ def check_audit_table(alias: str) -> None:
 
     :raises BackendUnavailable: when the table's database fails, or is not migrated.
     """
-    if not apps.is_installed("django_distlock.contrib.audit"):
-        return  # INSTALLED_APPS overridden since: the core's probe reports it
     try:
         if audit_for(alias) is None:
             return

@@ -1,4 +1,4 @@
-"""Deleting old rows of the audit trail (``manage.py distlock purge``, the Celery task
+"""Deleting old rows of the audit trail (``manage.py distlock_audit purge``, the Celery task
 ``django_distlock.contrib.audit.tasks.purge_audit``).
 
 A routine purge keeps the operators' actions (force releases, purges:
