@@ -10,15 +10,17 @@ from .exceptions import SelfDeadlock
 from .handle import Lock
 from .handler import DEFAULT_LOCK_ALIAS, locks
 from .multilock import MultiLock
-from .values import DEFAULT, LockInfo, LockPage, WaiterInfo
+from .values import DEFAULT, Holder, LockInfo, LockOptions, LockPage, WaiterInfo
 
 __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT",
     "DEFAULT_LOCK_ALIAS",
+    "Holder",
     "Lock",
     "LockInfo",
+    "LockOptions",
     "LockPage",
     "MultiLock",
     "SelfDeadlock",

@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import logging
-import os
-import secrets
-import socket
 import time
+from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from . import holders, signals
-from .context import current_context
 from .exceptions import (
     BackendUnavailable,
     DistLockError,
@@ -19,29 +15,28 @@ from .exceptions import (
     LockNotAcquired,
     LockTimeout,
 )
-from .state import HandleState
+from .hold import Hold
 from .steps import ATTEMPT, CLOSE, EXTEND, RELEASE, WAIT, Core, arun, run
 from .values import (
     DEFAULT,
     Grant,
+    Holder,
+    LockOptions,
     _Default,
-    join_holder,
-    validate_timeout,
     validate_ttl,
 )
 
 if TYPE_CHECKING:
-    from .backends.base import Acquisition, BaseLockBackend
+    from .backends.base import BaseLockBackend
 
-__all__ = ["Lock"]
+__all__ = ["Lock", "hold_of"]
 
 logger = logging.getLogger("django_distlock")
 
-_HOST = socket.gethostname()
 _NO_EXC: tuple[None, None, None] = (None, None, None)
 
 
-class Lock(HandleState):
+class Lock:
     """A handle on one named lock; one acquisition at a time.
 
     Ownership lives here, not in a thread-local: a handle acquired in one
@@ -50,11 +45,21 @@ class Lock(HandleState):
     wait for it through another handle: that raises :class:`SelfDeadlock` at
     once, even when another thread is meant to release the first handle. The
     token (128 bits from :mod:`secrets`) is never shown; :attr:`owner_id` is a
-    short non-secret id of it. What the handle holds, and how that changes,
-    is :class:`~django_distlock.state.HandleState`'s (``state.py``); the calls
-    to the backend are here: the acquire loop, extend and the watchdog's renew
-    step each written once for sync and async (``steps.py``), the release (the
-    hot path) as two thin shells over shared steps.
+    short non-secret id of it.
+
+    Example::
+
+        lease = locks["default"].lock(f"stock:{sku}", ttl=30, timeout=5)
+        with lease:                  # or: if lease.acquire(): ... lease.release()
+            if lease.lost:           # the lease ran out: do not write
+                ...
+            Product.objects.filter(sku=sku).update(fenced_by=lease.fencing_token)
+
+    What the handle holds, and how that changes, is its
+    :class:`~django_distlock.hold.Hold`'s (``hold.py``), which backends and the
+    watchdog use; the calls to the backend are here: the acquire loop and extend
+    each written once for sync and async (``steps.py``), the release (the hot path)
+    as two thin shells over shared steps.
     """
 
     def __init__(
@@ -73,38 +78,124 @@ class Lock(HandleState):
         kind: str = "exclusive",
         limit: int | None = None,
     ) -> None:
+        #: The backend this handle's lock lives on (``backend.alias`` is its alias).
+        #:
+        #: Example: ``if lease.backend.supports_fencing: ...``
         self.backend = backend
+        #: The lock's name, as given to ``lock()``. Example: ``"stock:42"``.
         self.name = name
+        #: The backend's key for :attr:`name`: what its server stores, and what listings
+        #: and the admin show as the lock's key. Example: ``"u:stock:42"`` on Redis.
         self.key = key
-        self.ttl = ttl
-        self.timeout = timeout
-        self.blocking = blocking
-        #: Whether acquiring again while held counts up instead of failing (see
-        #: ``supports_reentrancy``); every acquisition needs its own release.
-        self.reentrant = reentrant
-        self._owner_token = owner_token
-        #: Whether the watchdog renews the lease every third of ``ttl`` while held
-        #: (``renewal.py``), for at most ``max_hold`` seconds from the grant.
-        self.auto_renew = auto_renew
-        self.max_hold = max_hold
-        #: What the handle takes: ``"exclusive"`` (``lock()``), ``"read"`` or ``"write"``
-        #: (``read_lock()``/``write_lock()``, where ``supports_read_write``), or one lease
-        #: of a ``"semaphore"`` (``semaphore()``, where ``supports_semaphore``).
+        #: ``"exclusive"`` (``lock()``), ``"read"`` or ``"write"`` (``read_lock()``,
+        #: ``write_lock()``), or ``"semaphore"`` (``semaphore()``).
+        #:
+        #: Example: ``locks["redis"].read_lock("report").kind == "read"``.
         self.kind = kind
-        #: How many holders a ``"semaphore"`` handle's name admits (``semaphore()``).
-        self.limit = limit
-        #: Holder metadata of the current acquisition: host, pid, thread/task.
-        self.host = _HOST
-        self.pid: int | None = None
-        self.thread = ""
-        #: What the holder is doing (request path, task name; see ``context.py``), or "".
-        self.context = ""
-        #: The thread label and the context as backends store them (``join_holder``).
-        self.holder_field = ""
-        super().__init__()
+        self._hold = Hold(
+            self, backend, name, key, kind=kind, limit=limit, ttl=ttl, timeout=timeout,
+            blocking=blocking, reentrant=reentrant, auto_renew=auto_renew, max_hold=max_hold,
+            owner_token=owner_token,
+        )
+
+    # -- what the handle holds (no I/O) ----------------------------------------
+
+    @property
+    def options(self) -> LockOptions:
+        """The options the handle was built with, the alias' defaults applied.
+
+        Example: ``locks["redis"].lock("x").options.ttl`` is the alias' ``TTL``.
+        """
+        hold = self._hold
+        return LockOptions(
+            ttl=hold.ttl, timeout=hold.timeout, blocking=hold.blocking,
+            reentrant=hold.reentrant, auto_renew=hold.auto_renew, max_hold=hold.max_hold,
+            limit=hold.limit,
+        )
+
+    @property
+    def fencing_token(self) -> int | None:
+        """The fencing token of the current (or last) grant, None before any (or where
+        the backend has none: ``supports_fencing``). It grows with every grant of the
+        name: pass it with each write so that storage refuses an older holder's.
+
+        Example: ``Order.objects.filter(pk=pk, fence__lt=lease.fencing_token).update(...)``.
+        """
+        return self._hold.fencing_token
+
+    @property
+    def acquired_at(self) -> datetime | None:
+        """Server time of the current (or last) grant (None before any).
+
+        Example: ``log.info("held since %s", lease.acquired_at)``.
+        """
+        return self._hold.acquired_at
+
+    @property
+    def expires_at(self) -> datetime | None:
+        """Server time the current lease ends; None when it does not expire.
+
+        Example: ``lease.expires_at - lease.acquired_at`` is the TTL granted.
+        """
+        return self._hold.expires_at
+
+    @property
+    def held(self) -> bool:
+        """Whether this handle believes it holds the lock (no I/O); never in a process
+        forked from the one that acquired it.
+
+        Example: ``if lease.held: lease.release()``.
+        """
+        return self._hold.held
+
+    @property
+    def held_for(self) -> float | None:
+        """Seconds since the current (or last) grant on this process' clock; None before.
+
+        Example: ``if lease.held_for > 20: lease.extend()``.
+        """
+        return self._hold.held_for
+
+    @property
+    def lost(self) -> bool:
+        """Whether the lock this handle held is known, or must be assumed, gone.
+
+        True after the backend reported the loss, and also once the TTL has
+        run out on this process' monotonic clock, counted from the sending of
+        the request that was granted (plus the time the server says it waited
+        before granting): past that point the server may have given the lock
+        to someone else, so the holder must not assume it still has it.
+
+        Example: ``if lease.lost: raise RuntimeError("stop: the lock is gone")``.
+        """
+        return self._hold.lost
+
+    @property
+    def owner_id(self) -> str | None:
+        """A short, non-secret id of the owner token of the current (or last) grant, as
+        listings show it (None before any).
+
+        Example: find this handle in ``locks["default"].held_locks()`` by ``info.owner``.
+        """
+        return self._hold.owner_id
+
+    @property
+    def holder(self) -> Holder:
+        """Who acquired the lock through this handle: host, pid, thread (and task), and
+        what it was doing (``context``), as listings show it.
+
+        Example: ``lease.holder.pid == os.getpid()`` after ``acquire()``.
+        """
+        hold = self._hold
+        return Holder(host=hold.host, pid=hold.pid, thread=hold.thread, context=hold.context)
+
+    def __repr__(self) -> str:
+        return repr(self._hold)
 
     def locked(self) -> bool:
         """Return whether anyone holds this lock now (asks the backend).
+
+        Example: ``if not lease.locked(): schedule_rebuild()``.
 
         :raises BackendUnavailable: when the server fails.
         """
@@ -125,34 +216,44 @@ class Lock(HandleState):
         :raises SelfDeadlock: if, blocking, this thread already holds the lock
             through another handle.
         :raises BackendUnavailable: when the server fails.
+
+        Example::
+
+            if lease.acquire(timeout=2):
+                try: ...
+                finally: lease.release()
         """
-        if run(self._acquiring(*self._begin(blocking, timeout), False)):
+        if run(self._acquiring(*self._hold.begin(blocking, timeout), False)):
             return True
-        self._send(signals.lock_not_acquired, waited=time.monotonic() - self._started)
+        self._hold.not_acquired()
         return False
 
     async def aacquire(
         self, blocking: bool | None = None, timeout: float | _Default | None = DEFAULT
     ) -> bool:
-        """Async :meth:`acquire`: waits never block the event loop."""
-        if await arun(self._acquiring(*self._begin(blocking, timeout), True)):
+        """Async :meth:`acquire`: waits never block the event loop.
+
+        Example: ``if await lease.aacquire(timeout=2): ...``.
+        """
+        if await arun(self._acquiring(*self._hold.begin(blocking, timeout), True)):
             return True
-        self._send(signals.lock_not_acquired, waited=time.monotonic() - self._started)
+        self._hold.not_acquired()
         return False
 
     def _acquiring(self, blocking: bool, deadline: float | None, asynchronous: bool) -> Core[bool]:
         """The acquire loop (see ``steps.py``): attempt, wait, attempt again, until a
         grant whose lease is still valid, a miss when not blocking, or the deadline."""
+        hold = self._hold
         circuit = self.backend.circuit
         if circuit.cause is not None:  # FAIL_FAST: the server failed lately (circuit.py)
             try:
                 circuit.check("acquire", self.name)
             except BackendUnavailable:
-                self._busy = False
+                hold.busy = False
                 raise
         try:
             while True:
-                acquisition = self.backend.acquisition(self, self._new_token(), blocking, deadline)
+                acquisition = self.backend.acquisition(hold, hold.new_token(), blocking, deadline)
                 granted = False
                 try:
                     sent = time.monotonic()
@@ -173,7 +274,7 @@ class Lock(HandleState):
                 finally:
                     if not granted:
                         yield CLOSE, acquisition, None
-                if self._granted(acquisition, result, sent, asynchronous):
+                if hold.granted(acquisition, result, sent, asynchronous):
                     circuit.answered()
                     return True
                 try:  # give back a grant whose lease ended before it reached us
@@ -186,46 +287,7 @@ class Lock(HandleState):
             circuit.failed(exc)
             raise
         finally:
-            self._busy = False
-
-    def _begin(
-        self, blocking: bool | None, timeout: float | _Default | None
-    ) -> tuple[bool, float | None]:
-        blocking = self.blocking if blocking is None else blocking
-        if not isinstance(blocking, bool):
-            raise TypeError("blocking must be True or False.")
-        timeout = self.timeout if isinstance(timeout, _Default) else validate_timeout(timeout)
-        task = holders.running_task()  # once: outside a loop, asking raises (slow)
-        holder = holders.holder_of(task)
-        with self._mutex:
-            if self._busy or (self._token is not None and not self.reentrant):
-                raise DistLockError(
-                    f"{self!r} is already acquired or being acquired; a handle holds one "
-                    "acquisition at a time (build another handle with .lock(), or pass "
-                    "reentrant=True)."
-                )
-            if self._token is not None:
-                self._check_process()
-            else:
-                if blocking and not self.reentrant and self.kind in ("exclusive", "write"):
-                    holders.refuse(self, holder)
-                elif blocking and self.kind == "read" and not self.backend.supports_downgrade:
-                    holders.refuse(self, holder, only=("exclusive", "write"))
-                self._holder = holder
-            self._busy = True
-        if self._token is None:
-            self.pid = os.getpid()
-            self.thread = holders.label_of(task)
-            self.context = current_context()
-            self.holder_field = join_holder(self.thread, self.context)
-        self._started = time.monotonic()
-        deadline = None if timeout is None or not blocking else self._started + timeout
-        return blocking, deadline
-
-    def _new_token(self) -> str:
-        """The owner token of the next acquisition: the held one when acquiring again,
-        the explicit owner's, or 128 new random bits."""
-        return self._token or self._owner_token or secrets.token_hex(16)
+            hold.busy = False
 
     # -- release and extend ----------------------------------------------------
 
@@ -242,33 +304,37 @@ class Lock(HandleState):
             retry that finds the lock already free returns (and sends
             ``lock_released``): the first release went through, or the lease it
             asked to end ended by itself. See ``docs/architecture.md``.
+
+        Example: ``lease.release()`` (a ``with`` block calls it at its end).
         """
         self._release(_NO_EXC)
 
     def _release(self, exc_info: Any) -> None:
         # Not through steps.run(): the release is the hot path, and its shells are thin.
-        acquisition, inner = self._take()
+        hold = self._hold
+        acquisition, inner = hold.take()
         try:
             released = acquisition.release(exc_info)
         except BaseException as exc:
-            if self._after_release_error(acquisition, inner, exc):
+            if hold.release_failed(acquisition, inner, exc):
                 raise
             return
-        self._released(released, inner)
+        hold.released(released, inner)
 
     async def arelease(self) -> None:
-        """Async :meth:`release`."""
+        """Async :meth:`release`. Example: ``await lease.arelease()``."""
         await self._arelease(_NO_EXC)
 
     async def _arelease(self, exc_info: Any) -> None:
-        acquisition, inner = self._take()
+        hold = self._hold
+        acquisition, inner = hold.take()
         try:
             released = await acquisition.arelease(exc_info)
         except BaseException as exc:
-            if self._after_release_error(acquisition, inner, exc):
+            if hold.release_failed(acquisition, inner, exc):
                 raise
             return
-        self._released(released, inner)
+        hold.released(released, inner)
 
     def extend(self, ttl: float | _Default = DEFAULT) -> None:
         """Make the lease end ``ttl`` seconds from now (default: the handle's ``ttl``).
@@ -276,55 +342,26 @@ class Lock(HandleState):
         :raises LockNotHeld: if this handle does not hold the lock.
         :raises LockLost: if the lease already ended or was taken away.
         :raises BackendUnavailable: when the server fails.
+
+        Example: ``if lease.held_for > 20: lease.extend(30)``.
         """
         run(self._extending(ttl))
 
     async def aextend(self, ttl: float | _Default = DEFAULT) -> None:
-        """Async :meth:`extend`."""
+        """Async :meth:`extend`. Example: ``await lease.aextend(30)``."""
         await arun(self._extending(ttl))
 
     def _extending(self, ttl: float | _Default) -> Core[None]:
-        ttl = self.ttl if isinstance(ttl, _Default) else validate_ttl(ttl)
-        acquisition = self._extendable()
+        hold = self._hold
+        ttl = hold.ttl if isinstance(ttl, _Default) else validate_ttl(ttl)
+        acquisition = hold.extendable()
         sent = time.monotonic()
         try:
             grant = yield EXTEND, acquisition, ttl
         except LockLost:
-            self.mark_lost()
+            hold.mark_lost()
             raise
-        self._extended(acquisition, grant, ttl, sent)
-
-    # -- the watchdog's side (renewal.py) --------------------------------------
-
-    def renew(self, acquisition: Acquisition, ttl: float) -> bool | None:
-        """The watchdog's extend of ``acquisition`` (the renewal thread's).
-
-        :param acquisition: the acquisition to renew.
-        :param ttl: the new lease's length in seconds.
-        :returns: True when renewed, False when the lease turned out gone (marked
-            lost), None when ``acquisition`` is no longer held (released meanwhile:
-            not a loss).
-        :raises BackendUnavailable: what the backend's ``extend`` raises, but LockLost.
-        """
-        return run(self._renewing(acquisition, ttl))
-
-    async def arenew(self, acquisition: Acquisition, ttl: float) -> bool | None:
-        """Async :meth:`renew` (an event loop's renewal task); same parameters and result.
-
-        :param acquisition: the acquisition to renew.
-        :param ttl: the new lease's length in seconds.
-        :returns: as :meth:`renew`.
-        :raises BackendUnavailable: what the backend's ``aextend`` raises, but LockLost.
-        """
-        return await arun(self._renewing(acquisition, ttl))
-
-    def _renewing(self, acquisition: Acquisition, ttl: float) -> Core[bool | None]:
-        until, sent = self.valid_until, time.monotonic()
-        try:
-            grant = yield EXTEND, acquisition, ttl
-        except LockLost:
-            grant = None
-        return self._renewed(acquisition, grant, ttl, sent, until)
+        hold.extended(acquisition, grant, ttl, sent)
 
     # -- context managers ------------------------------------------------------
 
@@ -368,15 +405,21 @@ class Lock(HandleState):
 
     def _not_acquired(self) -> LockNotAcquired:
         alias = self.backend.alias
-        if self.blocking:
+        if self._hold.blocking:
             return LockTimeout(
-                f"Lock {self.name!r} on {alias!r} was not acquired within {self.timeout} s.",
+                f"Lock {self.name!r} on {alias!r} was not acquired within {self._hold.timeout} s.",
                 name=self.name,
                 alias=alias,
             )
         return LockNotAcquired(
             f"Lock {self.name!r} on {alias!r} is held by someone else.", name=self.name, alias=alias
         )
+
+
+def hold_of(lock: Lock) -> Hold:
+    """The :class:`~django_distlock.hold.Hold` of ``lock``: the seam for the library's
+    own layers (fenced writes, the Celery app, the testing kit), not the user's API."""
+    return lock._hold
 
 
 def _past(deadline: float | None) -> bool:

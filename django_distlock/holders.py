@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from .exceptions import SelfDeadlock
 
 if TYPE_CHECKING:
-    from .state import HandleState
+    from .hold import Hold
 
 __all__ = [
     "SelfDeadlock", "current_holder", "hold", "holder_label", "holder_of", "label_of",
@@ -34,12 +34,12 @@ Key = tuple[str, str]
 
 #: The handles that hold a lock in this process, per (alias, key), held weakly, each
 #: with the holder that acquired it.
-_held: dict[Key, dict[weakref.ref[HandleState], object]] = {}
+_held: dict[Key, dict[weakref.ref[Hold], object]] = {}
 _held_mutex = threading.Lock()
 #: Entries of handles that were garbage-collected, removed under ``_held_mutex`` by the
 #: next registry operation (a weakref callback runs anywhere, even while that mutex is
 #: held by its own thread, so it only appends here).
-_collected: deque[tuple[Key, weakref.ref[HandleState]]] = deque()
+_collected: deque[tuple[Key, weakref.ref[Hold]]] = deque()
 #: Each thread's holder identity (see :func:`current_holder`).
 _thread_identity = threading.local()
 
@@ -119,7 +119,7 @@ def _purge_collected() -> None:
         _discard(key, ref)
 
 
-def _discard(key: Key, ref: weakref.ref[HandleState]) -> None:
+def _discard(key: Key, ref: weakref.ref[Hold]) -> None:
     """Drop one entry (call with ``_held_mutex``)."""
     refs = _held.get(key)
     if refs is not None:
@@ -128,7 +128,7 @@ def _discard(key: Key, ref: weakref.ref[HandleState]) -> None:
             del _held[key]
 
 
-def refuse(handle: HandleState, holder: object, only: tuple[str, ...] = ()) -> None:
+def refuse(handle: Hold, holder: object, only: tuple[str, ...] = ()) -> None:
     """Raise if ``holder`` holds ``handle``'s lock through another live handle.
 
     :param handle: the handle about to wait.
@@ -159,7 +159,7 @@ def refuse(handle: HandleState, holder: object, only: tuple[str, ...] = ()) -> N
                 )
 
 
-def hold(handle: HandleState, holder: object) -> weakref.ref[HandleState]:
+def hold(handle: Hold, holder: object) -> weakref.ref[Hold]:
     """Record that ``holder`` holds ``handle``'s lock (at its grant).
 
     :param handle: the handle that was granted its lock.
@@ -177,7 +177,7 @@ def hold(handle: HandleState, holder: object) -> weakref.ref[HandleState]:
     return ref
 
 
-def let_go(handle: HandleState, ref: weakref.ref[HandleState]) -> None:
+def let_go(handle: Hold, ref: weakref.ref[Hold]) -> None:
     """Drop the entry :func:`hold` made (the release, a loss, a release that raised).
 
     :param handle: the handle.

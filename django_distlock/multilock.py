@@ -51,8 +51,9 @@ class MultiLock:
         self.backend = backend
         #: The handles, in the order they are acquired.
         self.handles: list[Lock] = [handles[key] for key in sorted(handles)]
-        self.timeout = self.handles[0].timeout
-        self.blocking = self.handles[0].blocking
+        first = self.handles[0].options
+        self.timeout = first.timeout
+        self.blocking = first.blocking
         self._taken: list[Lock] = []
         #: A member found lost by a release that left others to release again: raised
         #: once they are released.

@@ -31,7 +31,7 @@ from .values import MIN_TTL, validate_ttl
 
 if TYPE_CHECKING:
     from .backends.base import Acquisition
-    from .handle import Lock
+    from .hold import Hold
 
 logger = logging.getLogger("django_distlock")
 
@@ -51,7 +51,7 @@ class Renewal:
     def __init__(
         self,
         schedule: Schedule,
-        handle: Lock,
+        handle: Hold,
         acquisition: Acquisition,
         due: float,
         hold_until: float | None,
@@ -69,7 +69,7 @@ class Renewal:
         """Renew no more (any thread; idempotent)."""
         self.schedule.discard(self)
 
-    def plan(self, now: float) -> tuple[Lock, Acquisition, float] | float | None:
+    def plan(self, now: float) -> tuple[Hold, Acquisition, float] | float | None:
         """What a due entry needs: renew ``(handle, acquisition, ttl)``, wait until a
         later time (a float), or nothing more (None)."""
         handle, acquisition = self._handle(), self._acquisition()
@@ -99,7 +99,7 @@ class Renewal:
                 return None
         return handle, acquisition, ttl
 
-    def after(self, handle: Lock, renewed: bool | None, error: Exception | None) -> float | None:
+    def after(self, handle: Hold, renewed: bool | None, error: Exception | None) -> float | None:
         """The next due time after a renewal attempt, or None when renewing is over."""
         now = time.monotonic()
         if error is not None:
@@ -129,7 +129,7 @@ def validate_max_hold(max_hold: object) -> float | None:
         raise type(exc)(str(exc).replace("ttl must", "max_hold must", 1)) from None
 
 
-def _retry_delay(handle: Lock) -> float:
+def _retry_delay(handle: Hold) -> float:
     return min(MAX_RETRY_DELAY, handle.ttl / 10)
 
 
@@ -151,7 +151,7 @@ class Schedule:
         """How many handles are scheduled."""
         return len(self._entries)
 
-    def scheduled(self, handle: Lock) -> bool:
+    def scheduled(self, handle: Hold) -> bool:
         """Whether ``handle`` is scheduled for renewal here."""
         entry = handle.renewal
         return entry is not None and entry.schedule is self and entry in self._entries
@@ -209,7 +209,7 @@ class ThreadSchedule(Schedule):
         self._cond = threading.Condition(self._mutex)
         self._thread: threading.Thread | None = None
 
-    def add(self, handle: Lock, acquisition: Acquisition, due: float,
+    def add(self, handle: Hold, acquisition: Acquisition, due: float,
             hold_until: float | None) -> Renewal:
         if self._pid != os.getpid():
             self._reset()  # a forked child: no thread, nothing of the parent's
@@ -263,7 +263,7 @@ class LoopSchedule(Schedule):
         self._task: asyncio.Task[None] | None = None
         self._wakeup: asyncio.Future[None] | None = None
 
-    def add(self, handle: Lock, acquisition: Acquisition, due: float,
+    def add(self, handle: Hold, acquisition: Acquisition, due: float,
             hold_until: float | None) -> Renewal:
         """Schedule ``handle`` (in the loop's thread)."""
         entry = Renewal(self, handle, acquisition, due, hold_until)
@@ -339,7 +339,7 @@ def loop_schedule() -> LoopSchedule:
         return schedule
 
 
-def watch(handle: Lock, acquisition: Acquisition, asynchronous: bool) -> Renewal | None:
+def watch(handle: Hold, acquisition: Acquisition, asynchronous: bool) -> Renewal | None:
     """Schedule the renewals of ``handle``'s new grant; None if its lease does not expire.
 
     :param asynchronous: renew in the running event loop's task (``aacquire()``),

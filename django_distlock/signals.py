@@ -2,8 +2,9 @@
 
 Each lock event is sent with ``sender`` = the backend class and the keyword
 arguments ``backend``, ``alias``, ``name`` and ``fencing_token``; those sent by
-a lock handle also carry ``handle`` (its ``host``, ``pid``, ``thread``,
-``owner_id`` and ``held_for`` describe the holder). ``lock_acquired`` and
+a lock handle also carry ``handle``, the :class:`~django_distlock.Lock` (its
+``holder``, ``owner_id`` and ``held_for`` describe the holder; None for a loss found
+after the handle was dropped unreleased). ``lock_acquired`` and
 ``lock_not_acquired`` carry ``waited`` (seconds spent in ``acquire()``);
 ``lock_force_released`` carries no token and no handle but ``by_operator``
 (True within :func:`by_operator`, where an operator signal below describes the

@@ -161,6 +161,36 @@ class LockInfo:
         _split_holder(self)
 
 
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """Who acquired a handle's lock, as :attr:`Lock.holder <django_distlock.Lock.holder>`
+    shows it (and as listings show other holders: :class:`LockInfo`)."""
+
+    host: str
+    #: None before the handle's first acquire.
+    pid: int | None
+    #: The thread's name, and the asyncio task's (``"thread/task"``).
+    thread: str
+    #: What the holder was doing (request path, task name; ``holder_context()``), or "".
+    context: str
+
+
+@dataclass(frozen=True, slots=True)
+class LockOptions:
+    """The options a handle was built with (``lock()``, ``read_lock()``, ``semaphore()``,
+    the decorator), after the alias' defaults were applied; see :meth:`lock()
+    <django_distlock.backends.base.BaseLockBackend.lock>` for each."""
+
+    ttl: float
+    timeout: float | None
+    blocking: bool
+    reentrant: bool
+    auto_renew: bool
+    max_hold: float | None
+    #: How many holders a semaphore admits (None for other kinds).
+    limit: int | None
+
+
 #: Most waiters :meth:`~django_distlock.backends.base.BaseLockBackend.waiters` returns.
 MAX_WAITERS = 1000
 

@@ -12,6 +12,8 @@ import sys
 import time
 from typing import Any
 
+from django_distlock.handle import hold_of
+
 
 def _setup() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
@@ -32,12 +34,12 @@ def _answer(alias: str, handles: dict[str, Any], line: str) -> dict[str, Any]:
         won = bool(handle.acquire(blocking=False))
         if won:
             handles[name] = handle
-        return {"won": won, "valid_until": handle.valid_until}
+        return {"won": won, "valid_until": hold_of(handle).valid_until}
     handle = handles[name]
     if command == "release":
         handles.pop(name).release()
         return {"released": True}
-    return {"valid_until": handle.valid_until, "lost": handle.lost}
+    return {"valid_until": hold_of(handle).valid_until, "lost": handle.lost}
 
 
 def main() -> None:

@@ -22,6 +22,7 @@ from django.conf import settings
 from django.db import connections
 
 from django_distlock import locks
+from django_distlock.handle import hold_of
 from django_distlock.testing.history import HistoryRecorder, HistoryReport, check, load
 from tests.testapp.models import FencedItem
 
@@ -176,7 +177,8 @@ class B:
         try:
             if self.handle.acquire(timeout=self.timeout):
                 self.granted_at = time.monotonic()
-                self.rec.granted(self.op, self.handle.fencing_token, self.handle.valid_until)
+                until = hold_of(self.handle).valid_until
+                self.rec.granted(self.op, self.handle.fencing_token, until)
             else:
                 self.rec.failed(self.op)
         except BaseException as exc:

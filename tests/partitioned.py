@@ -20,6 +20,8 @@ import threading
 import time
 from typing import Any
 
+from django_distlock.handle import hold_of
+
 
 def _configure() -> None:
     """The test settings, with a ``storage`` database and a ZooKeeper host order kept."""
@@ -78,22 +80,22 @@ class Client:
         handle = locks[alias].lock(name, ttl=ttl, auto_renew=auto_renew)
         self.op = self.rec.invoke(name)
         assert handle.acquire(timeout=timeout), "not granted"
-        self.rec.granted(self.op, handle.fencing_token, handle.valid_until)
+        self.rec.granted(self.op, handle.fencing_token, hold_of(handle).valid_until)
         self.handle, self.seen = handle, {}
-        return {"token": handle.fencing_token, "valid_until": handle.valid_until}
+        return {"token": handle.fencing_token, "valid_until": hold_of(handle).valid_until}
 
     def extend(self) -> dict[str, Any]:
         self.handle.extend()
-        return {"valid_until": self.handle.valid_until}
+        return {"valid_until": hold_of(self.handle).valid_until}
 
     def end(self) -> dict[str, Any]:
         """Record the end of the hold (a loss first, when seen), as ``hold()`` would."""
         handle, now = self.handle, time.monotonic()
-        if handle.valid_until is not None:
-            self.rec.renewed(self.op, handle.valid_until)
+        if hold_of(handle).valid_until is not None:
+            self.rec.renewed(self.op, hold_of(handle).valid_until)
         for what in ("lost", "unsure"):
             if what in self.seen or getattr(handle, what):
-                at = min(self.seen.get(what, now), handle.valid_until or now)
+                at = min(self.seen.get(what, now), hold_of(handle).valid_until or now)
                 getattr(self.rec, what)(self.op, at)
         self.rec.released(self.op)
         return {}
@@ -150,8 +152,8 @@ class Client:
 
     def status(self) -> dict[str, Any]:
         handle = self.handle
-        return {"lost": handle.lost, "unsure": handle.unsure, "seen": self.seen,
-                "valid_until": handle.valid_until, "now": time.monotonic()}
+        return {"lost": handle.lost, "unsure": hold_of(handle).unsure, "seen": self.seen,
+                "valid_until": hold_of(handle).valid_until, "now": time.monotonic()}
 
 
 def main() -> None:

@@ -29,7 +29,7 @@ from django_distlock.contrib.admin import views
 from django_distlock.contrib.admin.operations import listing
 from django_distlock.contrib.audit.models import LockEvent
 from django_distlock.contrib.audit.recorder import NOT_FREED
-from django_distlock.handle import Lock
+from django_distlock.handle import Lock, hold_of
 
 from .conftest import (
     DATABASES,
@@ -99,13 +99,13 @@ def test_lists_the_locks_of_every_listing_alias(boss: Client, held: dict[str, Lo
         assert f'data-alias="{alias}" data-name="dash:{alias}"' in page
         if listing.lock_kind(locks[alias]) != "transaction":  # its row lock has no owner id
             assert f"owner {handle.owner_id}" in page
-        assert handle._token not in page  # type: ignore[attr-defined]
+        assert hold_of(handle).acquisition.token not in page  # type: ignore[union-attr]
     assert "sqlite-tx (SQLite (transaction)) cannot list its locks." in page
     assert "distlock-countdown" in page and "distlock_admin/countdown.js" in page
 
 
 def test_owner_tokens_are_never_shown(boss: Client, held: dict[str, Lock]) -> None:
-    tokens = [h._token for h in held.values()]  # type: ignore[attr-defined]
+    tokens = [hold_of(h).acquisition.token for h in held.values()]  # type: ignore[union-attr]
     assert all(len(t) == 32 for t in tokens)
     for url in [reverse(LIST)] + [f"{reverse(DETAIL)}?alias={a}&name=dash:{a}" for a in held]:
         page = boss.get(url).content.decode()

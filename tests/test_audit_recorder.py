@@ -69,7 +69,7 @@ def test_a_hold_is_one_row_with_its_wait_and_hold_times(audited: None) -> None:
     assert released.held is not None and released.held >= 0.05
     assert released.acquired_at is not None
     assert abs((released.at - released.acquired_at).total_seconds() - released.held) < 0.01
-    assert released.host == handle.host and released.pid == handle.pid
+    assert released.host == handle.holder.host and released.pid == handle.holder.pid
     assert released.owner == owner and released.fencing_token == handle.fencing_token
     # The activity buckets were counted in the same write: one acquisition, one hold.
     minute = LockActivity.objects.get(span=60, alias="locmem", prefix="audit:", acquired=1)

@@ -29,6 +29,7 @@ from django_distlock.exceptions import (
     LockLost,
     UnsupportedOperation,
 )
+from django_distlock.handle import hold_of
 from django_distlock.testing import HistoryRecorder, LockContract, check, load
 
 from .conftest import CACHE_ALIASES, DATABASES, in_thread, require_memcached, require_redis
@@ -132,7 +133,7 @@ def test_an_expired_lease_retaken_is_neither_released_nor_extended(alias: str,
     backend, name = locks[alias], unique("expired")
     first = backend.lock(name, ttl=0.2)
     assert first.acquire()
-    acquisition = first.acquisition
+    acquisition = hold_of(first).acquisition
     assert acquisition is not None
     time.sleep(0.3)  # past the lease on this process' clock (the server's may be later)
     second = backend.lock(name, ttl=30)
@@ -195,8 +196,8 @@ def test_a_grant_rebuilt_from_its_token_in_another_process_extends_and_releases(
     backend, name = locks[alias], unique("rebuilt")
     handle = backend.lock(name, ttl=30)
     assert handle.acquire()
-    assert handle.acquisition is not None
-    token = handle.acquisition.token
+    assert hold_of(handle).acquisition is not None
+    token = hold_of(handle).acquisition.token
     results, exitcodes = run_forked(_extend_and_release, (alias, name, token), 1, timeout=30)
     assert exitcodes == [0] and results == [(True, True, True)]
     assert not backend.is_locked(name)
@@ -213,8 +214,8 @@ def test_a_grant_rebuilt_from_its_token_leaves_a_later_owner_s_lock(alias: str,
     backend, name = locks[alias], unique("rebuilt-retaken")
     first = backend.lock(name, ttl=30)
     assert first.acquire()
-    assert first.acquisition is not None
-    token = first.acquisition.token
+    assert hold_of(first).acquisition is not None
+    token = hold_of(first).acquisition.token
     assert backend.force_release(name) is True
     second = backend.lock(name, ttl=30)
     assert second.acquire(blocking=False) is True
@@ -296,8 +297,8 @@ def test_a_rebuilt_grant_on_a_stopped_memcached_raises_backend_unavailable(
     with _on(private_memcached):
         holder = locks["cache-private"].lock(name, ttl=60)
         assert holder.acquire()
-        assert holder.acquisition is not None
-        token = holder.acquisition.token
+        assert hold_of(holder).acquisition is not None
+        token = hold_of(holder).acquisition.token
         private_memcached.kill()
         with pytest.raises(BackendUnavailable):
             _rebuilt("cache-private", name, token).extend(60)

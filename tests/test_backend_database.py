@@ -24,6 +24,7 @@ from django_distlock.exceptions import (
     LockConfigurationError,
     LockLost,
 )
+from django_distlock.handle import hold_of
 from django_distlock.testing import LockContract
 
 from .conftest import (
@@ -147,7 +148,7 @@ def test_postgres_release_from_another_thread_gives_back_the_generation_lock(uni
     assert advisory_locks(backend, idle.key, 1) == 0
     busy = backend.lock(unique("busy"), ttl=30)
     assert busy.acquire()
-    session = busy._acquisition.granted_on
+    session = hold_of(busy).acquisition.granted_on
     with session.mutex:  # the acquiring thread is in the middle of a statement
         in_thread(busy.release)
     assert not busy.held and session.orphans == [(busy.key, 1)]

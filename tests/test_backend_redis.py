@@ -182,8 +182,8 @@ def test_holder_metadata_comes_from_the_server_clock(backend: RedisBackend, uniq
         info = next(i for i in backend.held_locks(prefix=handle.name) if i.name == handle.name)
         owner = handle.owner_id
     assert owner is not None and info.owner == owner  # shown short, never the token
-    assert info.pid == os.getpid() and info.host == handle.host
-    assert info.thread == handle.thread
+    assert info.pid == os.getpid() and info.host == handle.holder.host
+    assert info.thread == handle.holder.thread
     assert info.fencing_token == handle.fencing_token
     assert abs((info.expires_at - info.acquired_at).total_seconds() - 30) < 2
 

@@ -31,6 +31,7 @@ from django_distlock.exceptions import (
     TooManyLocks,
     UnsupportedOperation,
 )
+from django_distlock.handle import hold_of
 from django_distlock.testing import LockContract
 
 from .conftest import eventually, in_thread, require_zookeeper
@@ -214,7 +215,7 @@ def test_listing_shows_holder_and_waiters(zk, unique) -> None:
         [info] = zk.held_locks(prefix=name).locks
         assert info.waiters == 2 and info.owner == handle.owner_id
         assert info.pid == os.getpid() and info.fencing_token == handle.fencing_token
-        assert info.expires_at is None and info.thread == handle.thread
+        assert info.expires_at is None and info.thread == handle.holder.thread
     finally:
         handle.release()
         for waiter in waiters:
@@ -318,11 +319,11 @@ def test_expired_session_marks_the_holder_lost(zk, unique) -> None:
 def test_suspended_marks_the_holder_unsure(zk, unique) -> None:
     name = unique()
     with zk.lock(name) as handle:
-        assert handle.unsure is False
+        assert hold_of(handle).unsure is False
         zk.client._state_changed(KazooState.SUSPENDED)
-        assert handle.unsure is True and not handle.lost
+        assert hold_of(handle).unsure is True and not handle.lost
         zk.client._state_changed(KazooState.CONNECTED)
-        assert handle.unsure is False and handle.held
+        assert hold_of(handle).unsure is False and handle.held
 
 
 def test_forked_child_gets_its_own_session(zk, unique) -> None:

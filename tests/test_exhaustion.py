@@ -22,6 +22,7 @@ from django.db import connections
 from redis.exceptions import MaxConnectionsError
 
 from django_distlock.exceptions import BackendUnavailable, DistLockError, LockNotAcquired
+from django_distlock.handle import hold_of
 from django_distlock.testing.history import HistoryRecorder, check, load
 
 from .conftest import DATABASES, eventually, require_pg, require_redis
@@ -109,9 +110,9 @@ def _hold_recorded(rec: HistoryRecorder, handle: Any) -> None:
         if isinstance(exc.__cause__, MaxConnectionsError):
             rec.failed(op, exc)
         else:
-            rec.unknown(op, handle.ttl)
+            rec.unknown(op, handle.options.ttl)
         raise
-    rec.granted(op, handle.fencing_token, handle.valid_until)
+    rec.granted(op, handle.fencing_token, hold_of(handle).valid_until)
     time.sleep(0.01)
     rec.released(op)  # before the release, as rec.hold() records it
     handle.release()

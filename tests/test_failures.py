@@ -16,7 +16,7 @@ from django_distlock import locks
 from django_distlock.backends.database.sessions import WATCHDOG_GRACE
 from django_distlock.backends.redis import RedisBackend
 from django_distlock.exceptions import BackendUnavailable, LockLost, LockNotHeld
-from django_distlock.handle import Lock
+from django_distlock.handle import Lock, hold_of
 from django_distlock.testing.signals import signals_sent
 
 from .conftest import DATABASES, eventually, in_thread, psycopg_params, require_pg
@@ -56,7 +56,7 @@ def test_postgres_a_retried_attempt_finds_its_own_grant(unique) -> None:
     backend = locks["pg-lease"]
     handle = backend.lock(unique(), ttl=30)
     assert handle.acquire()
-    acquisition = handle._acquisition
+    acquisition = hold_of(handle).acquisition
     assert acquisition is not None
     again = acquisition.attempt()  # the same owner token, as a retry sends it
     assert again.fencing_token == handle.fencing_token + 1

@@ -16,7 +16,8 @@ from django_distlock import locks
 from django_distlock.backends import base
 from django_distlock.backends.locmem import LocMemBackend
 from django_distlock.exceptions import LockNotAcquired
-from django_distlock.handle import Lock
+from django_distlock.handle import Lock, hold_of
+from django_distlock.hold import Hold
 
 
 def _run(target) -> int:
@@ -99,15 +100,44 @@ def test_a_new_task_reusing_a_finished_tasks_id_holds_nothing(unique) -> None:
 
 # -- the seam -----------------------------------------------------------------------
 
-#: The modules that make up the handle: the class and its state half.
-HANDLE_MODULES = {"handle.py", "state.py"}
+#: The modules that make up the handle: the user's class and its state component.
+HANDLE_MODULES = {"handle.py", "hold.py"}
+
+#: The user's API of a Lock (docs/api.md documents each, with an example); the seam
+#: for backends and the watchdog is the Hold's (``hold_of(lock)``), not the Lock's.
+LOCK_API = {
+    "acquire", "aacquire", "release", "arelease", "extend", "aextend", "locked",
+    "backend", "name", "key", "kind", "options",
+    "fencing_token", "acquired_at", "expires_at", "held", "held_for", "lost", "owner_id",
+    "holder",
+}
 
 
 def _private_names() -> set[str]:
-    """The private members of a Lock: its instance attributes and its methods."""
+    """The private members of a Lock and its Hold: instance attributes and methods."""
     handle = locks["locmem"].lock("private-names")
-    names = set(vars(handle)) | set(dir(Lock))
+    names = set(vars(handle)) | set(dir(Lock)) | set(vars(hold_of(handle))) | set(dir(Hold))
     return {name for name in names if name.startswith("_") and not name.startswith("__")}
+
+
+def test_a_lock_shows_the_users_api_only() -> None:
+    """Every public member of a Lock is documented user API (no member exists for the
+    backends or the watchdog), and each has an example in its docstring."""
+    handle = locks["locmem"].lock("public-names")
+    public = {name for name in set(vars(handle)) | set(dir(Lock)) if not name.startswith("_")}
+    assert public == LOCK_API
+    source = Path(django_distlock.__file__).with_name("handle.py").read_text()
+    for name in sorted(LOCK_API):
+        member = getattr(Lock, name, None)
+        doc = getattr(member, "__doc__", None)
+        if doc is None or isinstance(member, str | type(None)) or name in vars(handle):
+            # An instance attribute: documented by the ``#:`` lines right above it.
+            above = source.split(f"        self.{name} = ", 1)[0].splitlines()
+            comment = []
+            while above and above[-1].strip().startswith("#:"):
+                comment.append(above.pop())
+            doc = "\n".join(comment)
+        assert "Example" in doc, name
 
 
 def _private_reads(source: str, names: set[str]) -> list[str]:
@@ -123,7 +153,8 @@ def _private_reads(source: str, names: set[str]) -> list[str]:
 
 def test_no_module_outside_the_handle_reads_a_private_member_of_a_lock() -> None:
     """The watchdog, the backends and the testing kit use the handle's public seam
-    (``valid_until``, ``acquisition``, ``renew()``, ...), never ``lock._valid_until``."""
+    (``hold_of(lock).valid_until``, ``.acquisition``, ``.renew()``, ...), never
+    ``hold._valid_until``."""
     names = _private_names()
     assert {"_valid_until", "_acquisition", "_token", "_lost", "_mutex"} <= names
     root = Path(django_distlock.__file__).parent
@@ -160,7 +191,7 @@ def test_kind_and_limit_are_given_at_construction(monkeypatch: pytest.MonkeyPatc
     class Recording(Lock):
         def __init__(self, *args: object, **kwargs: object) -> None:
             super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-            built.append((self.kind, self.limit))
+            built.append((self.kind, self.options.limit))
 
     monkeypatch.setattr(base, "Lock", Recording)
     backend = _KindsBackend("kinds", {})
@@ -172,8 +203,8 @@ def test_kind_and_limit_are_given_at_construction(monkeypatch: pytest.MonkeyPatc
     ]
     expected = [("exclusive", None), ("read", None), ("write", None), ("semaphore", 3)]
     assert built == expected
-    assert [(handle.kind, handle.limit) for handle in handles] == expected
-    assert handles[2].ttl == 5 and handles[3].timeout == 1
+    assert [(handle.kind, handle.options.limit) for handle in handles] == expected
+    assert handles[2].options.ttl == 5 and handles[3].options.timeout == 1
 
 
 def test_lock_takes_kind_and_limit() -> None:
@@ -181,9 +212,9 @@ def test_lock_takes_kind_and_limit() -> None:
         locks["locmem"], "n", "k", ttl=1, timeout=None, blocking=True,
         kind="semaphore", limit=2,
     )
-    assert (handle.kind, handle.limit) == ("semaphore", 2)
+    assert (handle.kind, handle.options.limit) == ("semaphore", 2)
     default = Lock(locks["locmem"], "n", "k", ttl=1, timeout=None, blocking=True)
-    assert (default.kind, default.limit) == ("exclusive", None)
+    assert (default.kind, default.options.limit) == ("exclusive", None)
 
 
 def test_self_deadlock_is_a_lock_not_acquired() -> None:

@@ -25,6 +25,7 @@ import pytest
 from django_distlock import locks
 from django_distlock.backends.database.sessions import WATCHDOG_GRACE
 from django_distlock.exceptions import BackendUnavailable, LockLost
+from django_distlock.handle import hold_of
 from django_distlock.testing.history import check, load
 
 from .conftest import DATABASES, eventually
@@ -188,7 +189,8 @@ def _lost_only_when_ended(handle: Any, exc: BaseException) -> None:
     """A loss reported only once the handle's lease had ended (the releases come one after
     another under the fault: the later ones may find their leases over, and say so)."""
     if isinstance(exc, LockLost):
-        assert handle.valid_until is not None and time.monotonic() >= handle.valid_until, exc
+        until = hold_of(handle).valid_until
+        assert until is not None and time.monotonic() >= until, exc
     else:
         assert isinstance(exc, BackendUnavailable) and exc.__cause__ is not None, exc
 

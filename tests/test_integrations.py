@@ -19,6 +19,7 @@ from django_distlock import locks
 from django_distlock.contrib import prometheus
 from django_distlock.contrib.audit.models import LockEvent
 from django_distlock.contrib.health_check import LockBackends
+from django_distlock.handle import hold_of
 
 from .conftest import DATABASES, require_pg
 from .tables import table_missing
@@ -88,7 +89,7 @@ def test_prometheus_counts_lock_events(registry: CollectorRegistry, unique: Any)
     handle = backend.lock(name)
     assert handle.acquire()
     backend.force_release(name)
-    handle.mark_lost()
+    hold_of(handle).mark_lost()
     labels = {"alias": "locmem"}
 
     def value(metric: str) -> float | None:

@@ -14,6 +14,7 @@ import pytest
 from django_distlock import distlock, locks, signals
 from django_distlock.backends.redis import RedisBackend
 from django_distlock.exceptions import BackendUnavailable, LockLost, LockNotHeld, LockTimeout
+from django_distlock.handle import hold_of
 
 from .conftest import in_thread, require_redis, require_zookeeper
 from .private_redis import Server
@@ -91,7 +92,7 @@ def test_a_lost_member_is_reported_after_releasing_the_others(backend, unique) -
     a, b = unique("a"), unique("b")
     multi = backend.multi_lock([a, b])
     multi.acquire()
-    multi.handles[0].mark_lost()
+    hold_of(multi.handles[0]).mark_lost()
     assert multi.lost
     with pytest.raises(LockLost):
         multi.release()

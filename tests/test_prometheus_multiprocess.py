@@ -28,6 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from django_distlock import locks
 from django_distlock.contrib import prometheus
+from django_distlock.handle import hold_of
 
 from .conftest import require_redis
 
@@ -261,7 +262,7 @@ def test_the_gauges_follow_holds(registry: CollectorRegistry, unique: Any) -> No
     assert _value(registry, held) == 1 and _value(registry, oldest) >= first_at
     second.release()
     assert _value(registry, held) == 1  # the outer hold remains
-    second.mark_lost()  # lost: the hold is over
+    hold_of(second).mark_lost()  # lost: the hold is over
     assert _value(registry, held) == 0 and _value(registry, oldest) == math.inf
     # A handle dropped while held stops counting at the next event.
     dropped = backend.lock(unique("c"), ttl=30)

@@ -37,6 +37,7 @@ from django_distlock.exceptions import (
     NotReplicated,
     UnsupportedOperation,
 )
+from django_distlock.handle import hold_of
 from django_distlock.testing.checker import HistoryReport, check
 from django_distlock.testing.history import HistoryRecorder, load
 
@@ -249,12 +250,12 @@ def test_a_grant_not_acknowledged_is_undone(tmp_path: Path, unique) -> None:
             s.gate.open()
             handle = backend.lock(name, ttl=10)
             assert handle.acquire(blocking=False)
-            until = handle.valid_until
+            until = hold_of(handle).valid_until
             s.gate.hold()
             # An extension not acknowledged: refused, the lease keeps its replicated end.
             with pytest.raises(NotReplicated, match="previous end"):
                 handle.extend(30)
-            assert handle.valid_until == until and not handle.lost
+            assert hold_of(handle).valid_until == until and not handle.lost
             handle.release()  # a release does not wait for the replicas
             assert not backend.is_locked(name)
             s.gate.open()
@@ -300,7 +301,7 @@ def _failover_round(
         handle = backend.lock(name, ttl=TTL, blocking=False)
         op = recorder.invoke(name)
         assert handle.acquire()
-        recorder.granted(op, handle.fencing_token, handle.valid_until)
+        recorder.granted(op, handle.fencing_token, hold_of(handle).valid_until)
         holders.append((op, handle))
     killed = s.kill_master()
     s.gate.cut()  # what it held is lost with the master

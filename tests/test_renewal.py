@@ -27,6 +27,7 @@ from django_distlock.exceptions import (
     LockLost,
     UnsupportedOperation,
 )
+from django_distlock.handle import hold_of
 from django_distlock.renewal import THREADS, LoopSchedule, ThreadSchedule, loop_schedule
 
 from .conftest import DATABASES, in_thread, psycopg_params, require_pg
@@ -131,7 +132,7 @@ def test_a_release_racing_a_renewal_is_not_a_loss(unique, lost_events) -> None:
 
     class SlowBackend(LocMemBackend):
         def acquisition(self, *args: Any) -> Slow:
-            return Slow(self, *args)
+            return Slow(*args)
 
     backend = SlowBackend("slow", {"LOCATION": "slow"})
     name = unique()
@@ -140,7 +141,7 @@ def test_a_release_racing_a_renewal_is_not_a_loss(unique, lost_events) -> None:
     released.set()
     time.sleep(0.1)
     assert not handle.lost and not handle.held and lost_events == []
-    assert not THREADS.scheduled(handle)
+    assert not THREADS.scheduled(hold_of(handle))
 
 
 # -- failures ------------------------------------------------------------------------------
@@ -159,7 +160,7 @@ class _Unreachable(LocMemAcquisition):
 
 class _UnreachableBackend(LocMemBackend):
     def acquisition(self, *args: Any) -> _Unreachable:
-        return _Unreachable(self, *args)
+        return _Unreachable(*args)
 
 
 def test_unreachable_server_retried_until_the_lease_ends(unique, lost_events, caplog) -> None:
@@ -172,16 +173,16 @@ def test_unreachable_server_retried_until_the_lease_ends(unique, lost_events, ca
     try:
         with pytest.raises(LockLost), backend.lock(name, ttl=1, auto_renew=True) as handle:
             _Unreachable.down.set()
-            ends = handle.valid_until
+            ends = hold_of(handle).valid_until
             assert ends is not None
             time.sleep(0.7)  # the first renewal and its retries failed
             assert not handle.lost and lost_events == []
             assert len(_Unreachable.calls) >= 3
-            while not handle.marked_lost and time.monotonic() < ends + 0.5:
+            while not hold_of(handle).marked_lost and time.monotonic() < ends + 0.5:
                 time.sleep(0.01)
-            assert handle.marked_lost and lost_events == [name]
+            assert hold_of(handle).marked_lost and lost_events == [name]
             assert time.monotonic() >= ends  # not before the lease would have ended
-            assert not THREADS.scheduled(handle)
+            assert not THREADS.scheduled(hold_of(handle))
             calls = len(_Unreachable.calls)
             time.sleep(0.15)
             assert len(_Unreachable.calls) == calls  # renewing stopped
@@ -199,7 +200,7 @@ def test_a_renewal_that_raises_anything_does_not_kill_the_thread(unique, lost_ev
 
     class BrokenBackend(LocMemBackend):
         def acquisition(self, *args: Any) -> Broken:
-            return Broken(self, *args)
+            return Broken(*args)
 
     backend = BrokenBackend("broken", {"LOCATION": "broken"})
     name = unique()
@@ -231,7 +232,7 @@ def test_a_forked_child_renews_nothing_of_its_parents(unique) -> None:
     if pid == 0:  # the child
         code = 0
         try:
-            if renewal_threads() or len(THREADS) or THREADS.scheduled(parent_copied):
+            if renewal_threads() or len(THREADS) or THREADS.scheduled(hold_of(parent_copied)):
                 code = 1
             own = locks["sqlite-lease"].lock(unique("child"), ttl=0.6, auto_renew=True)
             if not own.acquire():
@@ -245,7 +246,7 @@ def test_a_forked_child_renews_nothing_of_its_parents(unique) -> None:
         except BaseException:
             code = 5
         os._exit(code)
-    parent_copied.stop_renewal()  # the parent stops; the child must not take over
+    hold_of(parent_copied).stop_renewal()  # the parent stops; the child must not take over
     time.sleep(1.0)
     assert not backend.is_locked(copied)  # nobody renewed it
     assert parent_kept.held and backend.is_locked(kept)
@@ -364,9 +365,9 @@ def test_postgres_renewal_reconnects_after_its_session_is_terminated(unique) -> 
 
 def test_auto_renew_setting_of_an_alias() -> None:
     backend = LocMemBackend("renewing", {"AUTO_RENEW": True, "TTL": 5})
-    assert backend.lock("a").auto_renew is True
-    assert backend.lock("a", auto_renew=False).auto_renew is False
-    assert LocMemBackend("plain", {}).lock("a").auto_renew is False
+    assert backend.lock("a").options.auto_renew is True
+    assert backend.lock("a", auto_renew=False).options.auto_renew is False
+    assert LocMemBackend("plain", {}).lock("a").options.auto_renew is False
     with pytest.raises(InvalidBackendOptions, match="AUTO_RENEW"):
         LocMemBackend("bad", {"AUTO_RENEW": "yes"})
 

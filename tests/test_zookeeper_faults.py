@@ -24,6 +24,7 @@ import pytest
 from django_distlock import locks
 from django_distlock.backends.zookeeper import ZooKeeperBackend
 from django_distlock.exceptions import BackendUnavailable, LockLost
+from django_distlock.handle import hold_of
 
 from .conftest import eventually, require_zookeeper
 from .figures import record
@@ -183,7 +184,7 @@ def test_sigstopped_holder_comes_back_lost(unique) -> None:
     assert proc.exitcode == 0
     parent = backend.parent_of(backend.make_key(name))
     children = backend.client.get().get_children(parent)
-    assert children == [newcomer._acquisition.node]  # type: ignore[union-attr]
+    assert children == [hold_of(newcomer).acquisition.node]  # type: ignore[union-attr]
     assert newcomer.held and newcomer.fencing_token > old_token
     newcomer.extend()  # still there
     newcomer.release()
@@ -269,7 +270,7 @@ def _survives(ensemble: Ensemble, victim: dict, backend: ZooKeeperBackend,
     assert eventually(lambda: len(kazoo.get_children(parent)) == 2)
     session = kazoo.client_id[0]
     watch = threading.Thread(target=lambda: unsure_seen.append(
-        eventually(lambda: holder.unsure, 10)))
+        eventually(lambda: hold_of(holder).unsure, 10)))
     watch.start()
     ensemble.kill(victim)
     other = ensemble.backend("other")  # another session, on any server still up
@@ -277,7 +278,7 @@ def _survives(ensemble: Ensemble, victim: dict, backend: ZooKeeperBackend,
     record("server-killed", f"zk ({label})", overlaps=int(second))
     assert second is False  # never two holders
     watch.join(15)
-    assert eventually(lambda: not holder.unsure, 15)
+    assert eventually(lambda: not hold_of(holder).unsure, 15)
     assert holder.held and not holder.lost
     assert kazoo.client_id[0] == session
     assert len(kazoo.get_children(parent)) == 2  # no duplicate contender
@@ -305,7 +306,7 @@ def test_two_of_three_down_is_a_clear_error_in_time(ensemble) -> None:
     assert holder.acquire()
     for entry in ensemble.entries[:2]:
         ensemble.kill(entry)
-    assert eventually(lambda: holder.unsure, 10)  # it cannot know: stop writing
+    assert eventually(lambda: hold_of(holder).unsure, 10)  # it cannot know: stop writing
     started = time.monotonic()
     with pytest.raises(BackendUnavailable, match="ZooKeeper") as info:
         backend.lock("other").acquire(timeout=1)

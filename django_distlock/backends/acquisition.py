@@ -22,8 +22,7 @@ from ..exceptions import DistLockError
 from ..values import ExcInfo, Grant, Miss
 
 if TYPE_CHECKING:
-    from ..handle import Lock
-    from .base import BaseLockBackend
+    from ..hold import Hold
 
 T = TypeVar("T")
 logger = logging.getLogger("django_distlock")
@@ -53,20 +52,20 @@ class Acquisition(abc.ABC):
     whose default runs the sync method in a worker thread; a backend with a
     native async client overrides them. A backend that learns by itself that
     the lock is gone (a session lost, a renewal refused) calls
-    ``self.lock.mark_lost()``.
+    ``self.hold.mark_lost()``.
     """
 
     def __init__(
         self,
-        backend: BaseLockBackend,
-        lock: Lock,
+        hold: Hold,
         token: str,
         blocking: bool,
         deadline: float | None,
     ) -> None:
-        self.backend = backend
-        #: The handle; read ``lock.key``, ``lock.ttl`` and the holder fields from it.
-        self.lock = lock
+        self.backend = hold.backend
+        #: What the handle asks for and holds: read ``hold.key``, ``hold.ttl``,
+        #: ``hold.kind``, ``hold.limit`` and the holder fields from it.
+        self.hold = hold
         #: The owner token of this acquisition (128 bits from :mod:`secrets`, never shown).
         self.token = token
         #: Whether the handle will wait after a miss (an attempt may then skip asking the
@@ -156,7 +155,7 @@ class Acquisition(abc.ABC):
         try:
             self.release((None, None, None))
         except DistLockError:
-            logger.warning("Releasing %r after its task was cancelled failed", self.lock,
+            logger.warning("Releasing %r after its task was cancelled failed", self.hold,
                            exc_info=True)
 
     async def async_wait(self, miss: Miss) -> Grant | None:

@@ -37,6 +37,7 @@ from ..exceptions import (
     UnsupportedOperation,
 )
 from ..handle import Lock
+from ..hold import Hold
 from ..multilock import MultiLock
 from ..names import (
     MAX_PREFIX_LENGTH,
@@ -491,19 +492,19 @@ class BaseLockBackend(abc.ABC):
             )
 
     def acquisition(
-        self, lock: Lock, token: str, blocking: bool, deadline: float | None
+        self, hold: Hold, token: str, blocking: bool, deadline: float | None
     ) -> Acquisition:
-        """Return a new :class:`Acquisition` of ``lock`` for the owner ``token`` (no I/O):
-        ``acquisition_class(self, lock, token, blocking, deadline)``.
+        """Return a new :class:`Acquisition` of ``hold`` for the owner ``token`` (no I/O):
+        ``acquisition_class(hold, token, blocking, deadline)``.
 
-        :param lock: the handle acquiring.
+        :param hold: what the handle acquiring asks for (:class:`~django_distlock.hold.Hold`).
         :param token: the owner token of this acquisition.
         :param blocking: whether the handle will wait after a miss.
         :param deadline: when it stops waiting (:func:`time.monotonic`; None: never).
         :returns: the acquisition, not yet attempted.
         """
         assert self.acquisition_class is not None  # see _check_implementation()
-        return self.acquisition_class(self, lock, token, blocking, deadline)
+        return self.acquisition_class(hold, token, blocking, deadline)
 
     def in_caller_transaction(self) -> bool:
         """Whether a lease taken now, in this thread, would be written in the caller's
@@ -622,8 +623,8 @@ class BaseLockBackend(abc.ABC):
         :raises BackendUnavailable: when the server fails.
         """
 
-    def check_fenced_write(self, lock: Lock, using: str) -> None:
-        """Refuse, before any query, a write fenced by ``lock`` (a handle of this backend)
+    def check_fenced_write(self, hold: Hold, using: str) -> None:
+        """Refuse, before any query, a write fenced by ``hold`` (a handle's, of this backend)
         on the database ``using`` that this backend's locks cannot fence; by default none
         (the fencing token alone guards the write).
 

@@ -142,7 +142,7 @@ class LocMemAcquisition(Acquisition):
     backend: LocMemBackend
 
     def attempt(self) -> Grant | Miss:
-        store, lock = self.backend.store, self.lock
+        store, lock = self.backend.store, self.hold
         with store.cond:
             entry = store.current(lock.key)
             if entry is not None:
@@ -160,7 +160,7 @@ class LocMemAcquisition(Acquisition):
 
     def wait(self, miss: Miss) -> Grant | None:
         """Sleep until a release notifies, the holder's lease ends, or the deadline."""
-        store, key, lock = self.backend.store, self.lock.key, self.lock
+        store, key, lock = self.backend.store, self.hold.key, self.hold
         if self._since is None:  # the first wait of this acquisition: its arrival
             self._since = datetime.now(UTC)
         with store.cond:
@@ -184,17 +184,17 @@ class LocMemAcquisition(Acquisition):
     def release(self, exc_info: ExcInfo) -> bool:
         store = self.backend.store
         with store.cond:
-            entry = store.current(self.lock.key)
+            entry = store.current(self.hold.key)
             if entry is None or entry.owner != self.token:
                 return False
-            del store.held[self.lock.key]
-            store.freed(self.lock.key)
+            del store.held[self.hold.key]
+            store.freed(self.hold.key)
         return True
 
     def extend(self, ttl: float) -> Grant | None:
         store = self.backend.store
         with store.cond:
-            entry = store.current(self.lock.key)
+            entry = store.current(self.hold.key)
             if entry is None or entry.owner != self.token:
                 return None
             entry.expires = time.monotonic() + ttl
@@ -211,7 +211,7 @@ class LocMemAcquisition(Acquisition):
     async def async_wait(self, miss: Miss) -> Grant | None:
         """Wait until a release wakes this task (one task per release), the holder's lease
         ends, the deadline, or :data:`ASYNC_RECHECK` (a lease that ended by itself)."""
-        store, key, lock = self.backend.store, self.lock.key, self.lock
+        store, key, lock = self.backend.store, self.hold.key, self.hold
         if self._since is None:
             self._since = datetime.now(UTC)
         woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()

@@ -32,6 +32,7 @@ from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from ..handle import hold_of
 from .checker import (
     Event,
     HistoryError,
@@ -209,7 +210,7 @@ class HistoryRecorder:
         ``lost`` or ``unsure`` at the exit records that, at the time its lease could
         have ended. Every exception propagates.
         """
-        op = self.invoke(handle.name, handle.kind, handle.limit)
+        op = self.invoke(handle.name, handle.kind, handle.options.limit)
         try:
             handle.__enter__()
         except BaseException as exc:
@@ -228,7 +229,7 @@ class HistoryRecorder:
     @asynccontextmanager
     async def ahold(self, handle: Any) -> AsyncIterator[Any]:
         """``async with recorder.ahold(handle):``, the async :meth:`hold`."""
-        op = self.invoke(handle.name, handle.kind, handle.limit)
+        op = self.invoke(handle.name, handle.kind, handle.options.limit)
         try:
             await handle.__aenter__()
         except BaseException as exc:
@@ -248,21 +249,21 @@ class HistoryRecorder:
         from django_distlock.exceptions import BackendUnavailable
 
         if isinstance(exc, BackendUnavailable):
-            self.unknown(op, handle.ttl if handle.backend.supports_expiry else None)
+            self.unknown(op, handle.options.ttl if handle.backend.supports_expiry else None)
         else:
             self.failed(op, exc)
 
     def _granted(self, op: Op, handle: Any) -> float | None:
-        until: float | None = handle.valid_until  # the handle's conservative lease end
+        until: float | None = hold_of(handle).valid_until  # the handle's conservative lease end
         self.granted(op, handle.fencing_token, until)
         return until
 
     def _exit(self, op: Op, handle: Any, until: float | None) -> None:
         now = time.monotonic()
-        latest = handle.valid_until
+        latest = hold_of(handle).valid_until
         if latest is not None and until is not None and latest > until:
             self.renewed(op, latest)
-        if handle.lost or handle.unsure:
+        if handle.lost or hold_of(handle).unsure:
             at = now if latest is None else min(now, latest)
             (self.lost if handle.lost else self.unsure)(op, at)
         self.released(op)

@@ -24,17 +24,17 @@ class CacheAcquisition(Acquisition):
 
     def _key(self) -> str:
         if self._cache_key is None:  # once per acquisition: the cache's prefix, a digest
-            self._cache_key = self.backend.driver().key(self.lock.key)
+            self._cache_key = self.backend.driver().key(self.hold.key)
         return self._cache_key
 
     def attempt(self) -> Grant | Miss:
         driver = self.backend.driver()
         now = datetime.now(UTC)
-        stored, result = driver.add(self._key(), self.token, self.lock.ttl, self.blocking)
+        stored, result = driver.add(self._key(), self.token, self.hold.ttl, self.blocking)
         if not stored:
             return Miss(result)
         self._stamp, self._acquired_at = result, now
-        return Grant(None, now, now + timedelta(seconds=self.lock.ttl))
+        return Grant(None, now, now + timedelta(seconds=self.hold.ttl))
 
     def release(self, exc_info: ExcInfo) -> bool:
         return self.backend.driver().release(self._key(), self.token, self._stamp)

@@ -14,7 +14,7 @@ from django.core import checks
 from django.db import connections
 
 from ...exceptions import InvalidBackendOptions, UnsupportedOperation
-from ...handle import Lock
+from ...hold import Hold
 from ..base import Acquisition, BaseLockBackend, check_option_keys
 from .errors import DATABASE_ERRORS, ERRORS, MIGRATE, connection_lost
 from .sessions import SessionFactory, ThreadSessions
@@ -126,14 +126,14 @@ class DatabaseBackend(BaseLockBackend):
         )
 
     def acquisition(
-        self, lock: Lock, token: str, blocking: bool, deadline: float | None
+        self, hold: Hold, token: str, blocking: bool, deadline: float | None
     ) -> Acquisition:
-        if lock.kind != "exclusive":
-            return self.kind_acquisition(lock, token, blocking, deadline)
-        return self.acquisitions[self.dialect.vendor](self, lock, token, blocking, deadline)
+        if hold.kind != "exclusive":
+            return self.kind_acquisition(hold, token, blocking, deadline)
+        return self.acquisitions[self.dialect.vendor](hold, token, blocking, deadline)
 
     def kind_acquisition(
-        self, lock: Lock, token: str, blocking: bool, deadline: float | None
+        self, hold: Hold, token: str, blocking: bool, deadline: float | None
     ) -> Acquisition:
         """The acquisition of a reader, a writer or a permit (lease mode); never reached in
         a mode whose ``supports_read_write`` and ``supports_semaphore`` are False.
@@ -141,7 +141,7 @@ class DatabaseBackend(BaseLockBackend):
         :raises UnsupportedOperation: in such a mode.
         """
         raise UnsupportedOperation(
-            f"{type(self).__name__} (alias {self.alias!r}) has no {lock.kind} locks."
+            f"{type(self).__name__} (alias {self.alias!r}) has no {hold.kind} locks."
         )
 
     # -- running statements -------------------------------------------------------

@@ -22,7 +22,7 @@ from django.db import connections
 
 from ...backoff import remaining
 from ...exceptions import BackendUnavailable
-from ...handle import Lock
+from ...hold import Hold
 from ...values import short_owner
 from ..base import (
     Acquisition,
@@ -85,9 +85,9 @@ class LeaseBackend(DatabaseBackend, mode="lease"):
         self.async_pool = AsyncSessions(self.session_factory, self.async_sessions)
 
     def kind_acquisition(
-        self, lock: Lock, token: str, blocking: bool, deadline: float | None
+        self, hold: Hold, token: str, blocking: bool, deadline: float | None
     ) -> Acquisition:
-        return KindAcquisition(self, lock, token, blocking, deadline)
+        return KindAcquisition(hold, token, blocking, deadline)
 
     def is_locked(self, name: str) -> bool:
         return bool(self.run(self.dialect.is_locked, [self.make_key(name)], "checking a lock"))
@@ -180,7 +180,7 @@ class SqliteLeaseAcquisition(Acquisition):
     backend: LeaseBackend
 
     def attempt(self) -> Grant | Miss:
-        lock, dialect = self.lock, self.backend.dialect
+        lock, dialect = self.hold, self.backend.dialect
         ttl = sqlite_ttl(lock.ttl)
         params = [lock.key, self.token, ttl, lock.host, lock.pid, lock.holder_field]
         assert dialect.retry_after is not None  # SQLite's
@@ -202,12 +202,12 @@ class SqliteLeaseAcquisition(Acquisition):
         return Grant(fencing, as_datetime(acquired_at), as_datetime(expires_at))
 
     def release(self, exc_info: ExcInfo) -> bool:
-        params = [self.lock.key, self.token]
+        params = [self.hold.key, self.token]
         rows = self.backend.run(self.backend.dialect.release, params, "releasing a lock")
         return bool(rows and rows[0][0])
 
     def extend(self, ttl: float) -> Grant | None:
-        params = [sqlite_ttl(ttl), self.lock.key, self.token]
+        params = [sqlite_ttl(ttl), self.hold.key, self.token]
         return _extended(self.backend.run(self.backend.dialect.extend, params, "extending a lock"))
 
 
@@ -254,20 +254,20 @@ class PgLeaseAcquisition(Acquisition):
         """Until when a release may wait for the server (monotonic; the watchdog adds its
         grace): the lease's local end, after which the lock frees itself; a release of a
         lease already over gets the grace alone."""
-        until = self.lock.valid_until
+        until = self.hold.valid_until
         now = time.monotonic()
-        return max(now, now + self.lock.ttl if until is None else until)
+        return max(now, now + self.hold.ttl if until is None else until)
 
     def extend(self, ttl: float) -> Grant | None:
         # A frozen server must not hold an extend (the renewal thread's, say) past the
         # lease it extends: after that, there is nothing left to extend.
-        until = self.lock.valid_until
+        until = self.hold.valid_until
         until = time.monotonic() + ttl if until is None else until
 
         def extend_on(session: Session) -> Grant | None:
             with self._watched(session, until):
                 return self._call(session, "extending a lock", lambda: _extended(
-                    session.execute(POSTGRESQL.extend, [ttl, self.lock.key, self.token])
+                    session.execute(POSTGRESQL.extend, [ttl, self.hold.key, self.token])
                     .fetchall()))
 
         return self._retried(extend_on, until)
@@ -390,7 +390,7 @@ class PgLeaseAcquisition(Acquisition):
         try:
             self.release((None, None, None))
         except Exception:
-            logger.warning("Releasing %r after its task was cancelled failed", self.lock,
+            logger.warning("Releasing %r after its task was cancelled failed", self.hold,
                            exc_info=True)
 
     # -- the statements ----------------------------------------------------------
@@ -427,11 +427,11 @@ class PgLeaseAcquisition(Acquisition):
             WATCHDOG.done(ident)
 
     def _attempt_on(self, session: Session) -> Grant | Miss:
-        lock = self.lock
-        if self.queued or (self.blocking and session.contended(lock.key)):
+        hold = self.hold
+        if self.queued or (self.blocking and session.contended(hold.key)):
             return Miss()  # known contended: the wait queues (and grants if free)
-        params = pg_acquire_params(lock.key, self.token, lock.ttl, lock.host, lock.pid,
-                                       lock.holder_field)
+        params = pg_acquire_params(hold.key, self.token, hold.ttl, hold.host, hold.pid,
+                                       hold.holder_field)
         try:
             with session.mutex, self._watched(session):
                 row = session.execute(POSTGRESQL.acquire, params).fetchone()
@@ -449,10 +449,10 @@ class PgLeaseAcquisition(Acquisition):
         return self._grant(session, fencing, acquired_at, expires_at, generation, 0.0)
 
     def _wait_on(self, session: Session, call: Call) -> Grant | None:
-        lock = self.lock
+        hold = self.hold
         self.queued = True
-        session.note_contended(lock.key)
-        params = [lock.key, self.token, lock.ttl, lock.host, lock.pid, lock.holder_field,
+        session.note_contended(hold.key)
+        params = [hold.key, self.token, hold.ttl, hold.host, hold.pid, hold.holder_field,
                   server_wait(self.deadline)]
         try:
             with session.mutex, self._watched(session), call.running_on(session):
@@ -504,7 +504,7 @@ class PgLeaseAcquisition(Acquisition):
             if released is not None:
                 return released
         generation = self.generation if held_on is session else None
-        params = pg_release_params(self.lock.key, self.token, generation)
+        params = pg_release_params(self.hold.key, self.token, generation)
         with self._watched(session, bound := self._release_bound()):
             rows = self._call(session, "releasing a lock", lambda: retry_row_waits(
                 lambda: session.execute(POSTGRESQL.release, params).fetchall(), bound))
@@ -515,10 +515,10 @@ class PgLeaseAcquisition(Acquisition):
         if not session.usable:
             return None  # its connection is gone, and its locks with it
         if not session.mutex.acquire(blocking=False):
-            session.orphans.append((self.lock.key, self.generation))
+            session.orphans.append((self.hold.key, self.generation))
             return None
         try:
-            params = pg_release_params(self.lock.key, self.token, self.generation)
+            params = pg_release_params(self.hold.key, self.token, self.generation)
             with self._watched(session, bound := self._release_bound()):
                 row = retry_row_waits(
                     lambda: session.execute(POSTGRESQL.release, params).fetchone(), bound)

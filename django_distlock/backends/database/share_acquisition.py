@@ -59,9 +59,9 @@ class KindAcquisition(Acquisition):
         #: SQLite's statements (PostgreSQL calls its routines instead).
         self.sql = SQLITE_SHARES
         self.pg = self.backend.vendor == "postgresql"
-        lock = self.lock
+        hold = self.hold
         #: The owner as the row stores it (a writer's token carries a suffix).
-        self.owner = self.token + WRITER_SUFFIX if lock.kind == "write" else self.token
+        self.owner = self.token + WRITER_SUFFIX if hold.kind == "write" else self.token
         self.marked = False
         #: PostgreSQL: this acquisition heads the name's queue (its session holds it).
         self.queued = False
@@ -97,10 +97,10 @@ class KindAcquisition(Acquisition):
         return await super().aattempt()
 
     def _pg_attempt(self) -> Grant | Miss | SemaphoreLimitMismatch:
-        lock = self.lock
-        params = {"key": lock.key, "owner": self.owner, "kind": lock.kind, "ttl": lock.ttl,
-                  "limit": lock.limit, "host": lock.host, "pid": lock.pid,
-                  "thread": lock.holder_field, "pass": self.queued or self.barging,
+        hold = self.hold
+        params = {"key": hold.key, "owner": self.owner, "kind": hold.kind, "ttl": hold.ttl,
+                  "limit": hold.limit, "host": hold.host, "pid": hold.pid,
+                  "thread": hold.holder_field, "pass": self.queued or self.barging,
                   "head": self.queued, "mark": self._marks()}
         [row] = pg_call(self.backend, "acquiring a lock", PG_GRANT, params, self.deadline)
         granted, fencing, acquired_at, expires_at, retry_after, stored, generation = row
@@ -108,7 +108,7 @@ class KindAcquisition(Acquisition):
             self.queued = False  # the call left the queue: the next waiter heads it
             self.marked = False  # a writer's grant cleared its mark
             # This session holds the share's bell, or the writer's generation lock.
-            if generation is not None or lock.kind != "write":
+            if generation is not None or hold.kind != "write":
                 self.granted_on, self.generation = self.backend.sessions.current(), generation
             return Grant(fencing, as_datetime(acquired_at), as_datetime(expires_at))
         if stored is not None:
@@ -121,19 +121,19 @@ class KindAcquisition(Acquisition):
         """Whether a miss of this writer marks the row: one that will wait and heads the
         queue, or polls (an asyncio task). A first attempt of a thread must not: it will
         queue behind the head, which its mark would keep out."""
-        return self.lock.kind == "write" and self.blocking and (self.queued or self.barging)
+        return self.hold.kind == "write" and self.blocking and (self.queued or self.barging)
 
     def _params(self) -> dict[str, Any]:
-        lock = self.lock
-        return {"key": lock.key, "owner": self.owner, "ttl": sqlite_ttl(lock.ttl),
-                "host": lock.host, "pid": lock.pid, "thread": lock.holder_field,
-                "limit": lock.limit, "kind": lock.kind, "sentinel": SENTINEL.get(lock.kind)}
+        hold = self.hold
+        return {"key": hold.key, "owner": self.owner, "ttl": sqlite_ttl(hold.ttl),
+                "host": hold.host, "pid": hold.pid, "thread": hold.holder_field,
+                "limit": hold.limit, "kind": hold.kind, "sentinel": SENTINEL.get(hold.kind)}
 
     def _attempt(self, run: Run, params: dict[str, Any]) -> Grant | Miss | SemaphoreLimitMismatch:
         """SQLite: one attempt, statement by statement, in one transaction."""
         sql = self.sql
         run(sql.lock_row, params)
-        if self.lock.kind == "write":
+        if self.hold.kind == "write":
             rows = run(sql.grant_write, params)
             if rows:
                 self.marked = False  # the grant cleared the writer's mark
@@ -150,16 +150,16 @@ class KindAcquisition(Acquisition):
         retry_after, stored = found[0] if found else (None, None)
         if stored is not None:
             return self._mismatch(stored)
-        if self.lock.kind == "write" and self.blocking:
+        if self.hold.kind == "write" and self.blocking:
             # Keep new readers out while this writer waits (writers are not starved).
             run(sql.mark_intent, params)
             self.marked = True
         return Miss(retry_after)
 
     def _mismatch(self, stored: int) -> SemaphoreLimitMismatch:
-        given = self.lock.limit
+        given = self.hold.limit
         return SemaphoreLimitMismatch(
-            f"The stored limit of the semaphore {self.lock.name!r} is {stored}; this "
+            f"The stored limit of the semaphore {self.hold.name!r} is {stored}; this "
             f"client gave {given}: every client of a semaphore must use the same limit "
             "(the stored one binds while any permit of the name is held).",
             stored=int(stored), given=given,
@@ -179,10 +179,10 @@ class KindAcquisition(Acquisition):
     def _join(self) -> None:
         """Sleep in the server behind the waiters before this one until it heads the
         name's queue (the head's grant, or its giving up, wakes the next one)."""
-        lock = self.lock
-        params = {"key": lock.key, "wait": server_wait(self.deadline)}
-        who = {"key": lock.key, "kind": lock.kind, "owner": short_owner(self.token),
-               "host": lock.host, "pid": lock.pid, "thread": lock.holder_field}
+        hold = self.hold
+        params = {"key": hold.key, "wait": server_wait(self.deadline)}
+        who = {"key": hold.key, "kind": hold.kind, "owner": short_owner(self.token),
+               "host": hold.host, "pid": hold.pid, "thread": hold.holder_field}
         try:
             pg_call(self.backend, "waiting for a lock", PG_ENQUEUE, who, self.deadline)
             rows = pg_call(self.backend, "waiting for a lock", PG_JOIN, params, self.deadline)
@@ -224,7 +224,7 @@ class KindAcquisition(Acquisition):
             return
         queued, marked = self.queued, self.marked
         self.queued = self.marked = False
-        params = {"key": self.lock.key, "queued": queued, "owner": self.owner if marked else None}
+        params = {"key": self.hold.key, "queued": queued, "owner": self.owner if marked else None}
         with contextlib.suppress(BackendUnavailable):  # its session is gone, the mark lapses
             if self.pg:
                 pg_call(self.backend, "leaving a lock's queue", PG_LEAVE, params)
@@ -235,9 +235,9 @@ class KindAcquisition(Acquisition):
     # -- holding -------------------------------------------------------------------
 
     def release(self, exc_info: ExcInfo) -> bool:
-        if self.lock.kind == "write":
+        if self.hold.kind == "write":
             return self._release_write()
-        params = {"key": self.lock.key, "owner": self.owner}
+        params = {"key": self.hold.key, "owner": self.owner}
         if self.pg:
             rows = pg_call(self.backend, "releasing a lock", PG_RELEASE,
                            {**params, "bell": self._held_here()}, self._bound())
@@ -257,9 +257,9 @@ class KindAcquisition(Acquisition):
         and wakes the head of the name's queue)."""
         if self.pg:
             generation = self.generation if self._held_here() else None
-            statement, args = POSTGRESQL.release, [self.lock.key, self.owner, generation]
+            statement, args = POSTGRESQL.release, [self.hold.key, self.owner, generation]
         else:
-            statement, args = SQLITE.release, [self.lock.key, self.owner]
+            statement, args = SQLITE.release, [self.hold.key, self.owner]
         rows = self.backend.run(statement, args, "releasing a lock")
         return bool(rows and rows[0][0])
 
@@ -274,12 +274,12 @@ class KindAcquisition(Acquisition):
             return True
         if held_on.usable:
             lock_id = SHARES_BELL if self.generation is None else self.generation
-            held_on.orphans.append((self.lock.key, lock_id))
+            held_on.orphans.append((self.hold.key, lock_id))
         return False
 
     def extend(self, ttl: float) -> Grant | None:
-        key = self.lock.key
-        if self.lock.kind == "write":
+        key = self.hold.key
+        if self.hold.kind == "write":
             dialect = POSTGRESQL if self.pg else SQLITE
             ttl_arg: float | str = ttl if self.pg else sqlite_ttl(ttl)
             rows = self.backend.run(dialect.extend, [ttl_arg, key, self.owner],
@@ -307,7 +307,7 @@ class KindAcquisition(Acquisition):
         """Until when a release or an extend waits for a frozen server: the lease's end;
         a call for a lease already over gets the watchdog's grace from now (as the
         exclusive release: watched until a past moment, every call would be cut at once)."""
-        until = self.lock.valid_until
+        until = self.hold.valid_until
         return None if until is None else max(time.monotonic(), until)
 
 

@@ -21,7 +21,7 @@ from django.db import connections, transaction
 
 from ...backoff import remaining
 from ...exceptions import BackendUnavailable, ConnectionInUse, LockLost, UnsupportedOperation
-from ...handle import Lock
+from ...hold import Hold
 from ...holders import current_holder
 from ..base import Acquisition, ExcInfo, Grant, LockInfo, LockPage, Miss
 from .backend import DatabaseBackend, server_wait
@@ -96,10 +96,10 @@ class TransactionBackend(DatabaseBackend, mode="transaction"):
         ]
         return LockPage(infos, rows[-1][0] if len(rows) == limit else None)
 
-    def check_fenced_write(self, lock: Lock, using: str) -> None:
+    def check_fenced_write(self, hold: Hold, using: str) -> None:
         """Refuse, before any query, a fenced write of ``lock`` outside the transaction
         that holds it (see ``_TxAcquisition.check_fenced_write``)."""
-        acquisition = lock.acquisition
+        acquisition = hold.acquisition
         if isinstance(acquisition, _TxAcquisition):
             acquisition.check_fenced_write(using)
 
@@ -187,14 +187,14 @@ class _TxAcquisition(Acquisition):
         if others:
             names = ", ".join(repr(self.backend.name_of(key)) for key in others)
             raise ConnectionInUse(
-                f"{self.lock!r}: this thread's connection to {self.backend.database!r} is "
+                f"{self.hold!r}: this thread's connection to {self.backend.database!r} is "
                 f"in the transaction of another task's transaction-mode lock ({names}); "
                 "asyncio tasks of one event loop share that connection, so one of them at "
                 "a time may hold transaction-mode locks (a blocking acquire of a task waits "
                 "for it). Nothing was sent. Retry after it is released, or use lease mode "
                 "for locks that tasks hold concurrently."
             )
-        return self.lock.key in stack.keys
+        return self.hold.key in stack.keys
 
     async def aattempt(self) -> Grant | Miss:
         self.owner = current_holder()  # the task, seen from its loop
@@ -241,7 +241,7 @@ class _TxAcquisition(Acquisition):
         self.atomic = atomic
         self.thread = threading.get_ident()
         self.raw = self.connection.connection
-        self.backend.stack.keys.append(self.lock.key)
+        self.backend.stack.keys.append(self.hold.key)
         self.backend.stack.owners.append(self.owner or current_holder())
         return Grant(fencing, as_datetime(acquired_at), None)
 
@@ -256,7 +256,7 @@ class _TxAcquisition(Acquisition):
         """
         if using != self.backend.database or self.thread != threading.get_ident():
             raise UnsupportedOperation(
-                f"{self.lock!r}: a transaction-mode lock fences only the writes of its own "
+                f"{self.hold!r}: a transaction-mode lock fences only the writes of its own "
                 f"transaction: on database {self.backend.database!r}, by the thread that "
                 f"acquired it, inside its block (this write: database {using!r}"
                 f"{'' if self.thread == threading.get_ident() else ', another thread'})."
@@ -265,15 +265,15 @@ class _TxAcquisition(Acquisition):
         raw = connection.connection
         if (self.atomic is None or raw is None or raw is not self.raw
                 or not connection.in_atomic_block or getattr(raw, "closed", False)):
-            self.lock.mark_lost()
+            self.hold.mark_lost()
             raise LockLost(
-                f"{self.lock!r}: the transaction that held the lock is gone (its connection "
+                f"{self.hold!r}: the transaction that held the lock is gone (its connection "
                 "was closed or replaced); a fenced write with it is refused."
             )
 
     def _check_thread(self, doing: str) -> transaction.Atomic:
         if self.atomic is None:
-            raise UnsupportedOperation(f"{self.lock!r} has no open transaction.")
+            raise UnsupportedOperation(f"{self.hold!r} has no open transaction.")
         if self.thread != threading.get_ident():
             raise UnsupportedOperation(
                 f"A transaction-mode lock is its thread's open transaction; it must be {doing} "
@@ -284,7 +284,7 @@ class _TxAcquisition(Acquisition):
     def release(self, exc_info: ExcInfo) -> bool:
         atomic = self._check_thread("released")
         stack = self.backend.stack.keys
-        if stack[-1] != self.lock.key:
+        if stack[-1] != self.hold.key:
             raise UnsupportedOperation(
                 "Transaction-mode locks are nested atomic blocks: release them in the "
                 f"reverse order of acquisition ({stack[-1]!r} first)."
@@ -297,7 +297,7 @@ class _TxAcquisition(Acquisition):
         except ERRORS as exc:
             if session_ended(exc):
                 raise LockLost(
-                    f"{self.lock!r}: the database session holding the lock ended; its "
+                    f"{self.hold!r}: the database session holding the lock ended; its "
                     f"transaction did not commit: {exc}"
                 ) from exc
             raise self.backend.errors.translate(
@@ -313,16 +313,16 @@ class _TxAcquisition(Acquisition):
         except ERRORS as exc:
             if session_ended(exc):
                 raise LockLost(
-                    f"{self.lock!r}: the database session holding the lock ended: {exc}"
+                    f"{self.hold!r}: the database session holding the lock ended: {exc}"
                 ) from exc
             raise self.backend.errors.translate(
                 exc, "checking the lock's session", self.backend.where) from exc
-        return Grant(self.lock.fencing_token, self.lock.acquired_at, None)
+        return Grant(self.hold.fencing_token, self.hold.acquired_at, None)
 
 
 class PgTxAcquisition(_TxAcquisition):
     def _take(self, wait: float | None) -> Grant | None:
-        lock = self.lock
+        hold = self.hold
         while True:
             try:
                 atomic = transaction.atomic(using=self.backend.database)
@@ -330,7 +330,7 @@ class PgTxAcquisition(_TxAcquisition):
                 try:
                     with self.connection.cursor() as cursor:
                         if wait is None:
-                            cursor.execute(PG_TX_NOWAIT, [lock.key])
+                            cursor.execute(PG_TX_NOWAIT, [hold.key])
                             # The UPDATE keeps the row lock NOWAIT took.
                             row = self._grant_row(cursor) if cursor.fetchone() else None
                         else:
@@ -353,8 +353,8 @@ class PgTxAcquisition(_TxAcquisition):
                 wait = max(min(wait, left if left is not None else wait), 0.001)
 
     def _grant_row(self, cursor: Any) -> tuple[int, Any] | None:
-        lock = self.lock
-        cursor.execute(POSTGRESQL.tx_grant, [lock.host, lock.pid, lock.holder_field, lock.key])
+        hold = self.hold
+        cursor.execute(POSTGRESQL.tx_grant, [hold.host, hold.pid, hold.holder_field, hold.key])
         row: tuple[int, Any] | None = cursor.fetchone()
         return row
 
@@ -362,11 +362,11 @@ class PgTxAcquisition(_TxAcquisition):
         """Take the row lock waiting at most ``wait`` s: two round trips, as before the
         bounds were put back (the grant's statement restores them). On a failure the
         rollback of the block restores them (a savepoint's too)."""
-        lock = self.lock
+        hold = self.hold
         limit = f"{max(1, math.ceil(wait * 1000))}ms"
         cursor.execute(PG_TX_TIMEOUTS, [limit, limit])
         previous = list(cursor.fetchone()[:2])
-        cursor.execute(PG_TX_GRANT_WAITED, [lock.host, lock.pid, lock.holder_field, lock.key,
+        cursor.execute(PG_TX_GRANT_WAITED, [hold.host, hold.pid, hold.holder_field, hold.key,
                                             *previous])
         row = cursor.fetchone()
         if row is None:  # no row yet (a name's first use): nothing ran the reset
@@ -378,7 +378,7 @@ class PgTxAcquisition(_TxAcquisition):
         """Create the name's row (committed, apart from the caller's transaction);
         False if another creator held it up past the row-lock wait (a miss)."""
         try:
-            self.backend.run(ENSURE_ROW, [self.lock.key], "creating a lock row", fetch=False)
+            self.backend.run(ENSURE_ROW, [self.hold.key], "creating a lock row", fetch=False)
         except BackendUnavailable as exc:
             if exc.__cause__ is not None and is_busy(exc.__cause__):
                 return False
@@ -389,7 +389,7 @@ class PgTxAcquisition(_TxAcquisition):
 class SqliteTxAcquisition(_TxAcquisition):
     def _take(self, wait: float | None) -> Grant | None:
         busy_ms = 0 if wait is None else min(math.ceil(wait * 1000), 2**31 - 1)
-        lock = self.lock
+        hold = self.hold
         try:
             with self.connection.cursor() as cursor:
                 cursor.execute("PRAGMA busy_timeout")
@@ -404,11 +404,11 @@ class SqliteTxAcquisition(_TxAcquisition):
                             return None
                         raise
                     try:
-                        params = [lock.host, lock.pid, lock.holder_field, lock.key]
+                        params = [hold.host, hold.pid, hold.holder_field, hold.key]
                         cursor.execute(SQLITE.tx_grant, params)
                         row = cursor.fetchone()
                         if row is None:  # first use of the name; the write lock is ours
-                            cursor.execute(SQLITE_ENSURE_ROW, [lock.key])
+                            cursor.execute(SQLITE_ENSURE_ROW, [hold.key])
                             cursor.execute(SQLITE.tx_grant, params)
                             row = cursor.fetchone()
                     except ERRORS as exc:

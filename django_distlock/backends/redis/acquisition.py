@@ -17,7 +17,7 @@ from .keys import Keys, Packed
 from .scripts import SCRIPTS
 
 if TYPE_CHECKING:
-    from ...handle import Lock
+    from ...hold import Hold
     from .backend import RedisBackend
 
 #: Longest a waiter blocks before it asks again (and so renews its place in the
@@ -81,16 +81,15 @@ class RedisAcquisition(Acquisition):
 
     def __init__(
         self,
-        backend: RedisBackend,
-        lock: Lock,
+        hold: Hold,
         token: str,
         blocking: bool,
         deadline: float | None,
     ) -> None:
-        super().__init__(backend, lock, token, blocking, deadline)
-        self.calls = backend.calls_for(lock.key)
+        super().__init__(hold, token, blocking, deadline)
+        self.calls = self.backend.calls_for(hold.key)
         self.keys = self.calls.keys
-        self._ttl_ms = max(int(lock.ttl * 1000), 1)
+        self._ttl_ms = max(int(hold.ttl * 1000), 1)
         self._queued = False
         self._event: asyncio.Event | None = None
         self._hub: Any = None
@@ -100,8 +99,8 @@ class RedisAcquisition(Acquisition):
         self._failed = False
         #: The token is this acquisition's own (not a held lock's acquired again, nor an
         #: explicit owner's): a lock held under it can only be what an attempt got.
-        self._fresh = lock.fresh_token
-        redis = backend.redis
+        self._fresh = hold.fresh_token
+        redis = self.backend.redis
         #: How the acquire script is sent: the client's own calls, bound here so that the
         #: hot path has no extra layer (:mod:`.replication` puts ``WAIT`` behind them).
         self._call: Callable[..., Any] = redis.call
@@ -111,15 +110,15 @@ class RedisAcquisition(Acquisition):
     # -- the scripts' arguments and replies ----------------------------------
 
     def _acquire_args(self, signal: str, not_after: int) -> tuple[str | int, ...]:
-        lock = self.lock
+        hold = self.hold
         flags = self.backend.flags
-        if lock.reentrant:
+        if hold.reentrant:
             flags += "r"
         if self.blocking:
             flags += "j"
         if self._queued:
             flags += "q"
-        holder = f"{lock.host} {lock.pid} {lock.holder_field}"
+        holder = f"{hold.host} {hold.pid} {hold.holder_field}"
         return (self.token, self._ttl_ms, holder, flags, signal, not_after)
 
     def _not_after(self, sent: float, read_timeout: float) -> int:
@@ -154,13 +153,13 @@ class RedisAcquisition(Acquisition):
         """How long an attempt waits for its reply: until the deadline (or, without
         one, the lease it asks for), plus :data:`READ_GRACE`."""
         left = remaining(self.deadline)
-        return max(self.lock.ttl if left is None else left, 0.0) + READ_GRACE
+        return max(self.hold.ttl if left is None else left, 0.0) + READ_GRACE
 
     def _until_lease_end(self) -> float:
         """How long a release or extend waits for its reply: until the lease ends on
         this process' clock, plus :data:`READ_GRACE` (after that it is gone anyway)."""
-        until = self.lock.valid_until
-        left = self.lock.ttl if until is None else until - time.monotonic()
+        until = self.hold.valid_until
+        left = self.hold.ttl if until is None else until - time.monotonic()
         return max(left, 0.0) + READ_GRACE
 
     def _released(self, reply: Any) -> bool:
@@ -247,7 +246,7 @@ class RedisAcquisition(Acquisition):
     def _give_back_later(self) -> None:
         """Hand an abandoned attempt's give-back to the process' give-back thread, to
         be tried until the lease that attempt could have got has ended."""
-        until = time.monotonic() + self.lock.ttl + READ_GRACE
+        until = time.monotonic() + self.hold.ttl + READ_GRACE
         GIVE_BACKS.add(self.backend.redis, self.calls, self.token, self._fresh, until)
 
     def release(self, exc_info: ExcInfo) -> bool:

@@ -18,7 +18,7 @@ from ...exceptions import (
     LockConfigurationError,
     UnsupportedOperation,
 )
-from ...handle import Lock
+from ...hold import Hold
 from ...values import short_owner
 from ..base import (
     Acquisition,
@@ -265,19 +265,19 @@ class RedisBackend(BaseLockBackend):
     # -- the contract -----------------------------------------------------------
 
     def acquisition(
-        self, lock: Lock, token: str, blocking: bool, deadline: float | None
+        self, hold: Hold, token: str, blocking: bool, deadline: float | None
     ) -> Acquisition:
-        if lock.kind != "exclusive" and self.replication is not None:  # before any call
+        if hold.kind != "exclusive" and self.replication is not None:  # before any call
             raise UnsupportedOperation(
                 f"DISTLOCK[{self.alias!r}]: OPTIONS['WAIT_REPLICAS'] covers exclusive "
-                f"locks only; a {lock.kind} lock is not offered with it (use an alias "
+                f"locks only; a {hold.kind} lock is not offered with it (use an alias "
                 "without WAIT_REPLICAS)."
             )
-        if lock.kind != "exclusive":
-            return KindAcquisition(self, lock, token, blocking, deadline)
+        if hold.kind != "exclusive":
+            return KindAcquisition(hold, token, blocking, deadline)
         if self.replication is not None:
-            return ReplicatedAcquisition(self, lock, token, blocking, deadline)
-        return super().acquisition(lock, token, blocking, deadline)
+            return ReplicatedAcquisition(hold, token, blocking, deadline)
+        return super().acquisition(hold, token, blocking, deadline)
 
     def eviction_problem(self, timeout: float | None = None) -> str | None:
         """Ask the server (each master of a cluster) whether it may evict keys when

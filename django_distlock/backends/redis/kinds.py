@@ -21,8 +21,7 @@ from .keys import Keys, Packed
 from .kindscripts import KIND_SCRIPTS, LIMIT_MISMATCH
 
 if TYPE_CHECKING:
-    from ...handle import Lock
-    from .backend import RedisBackend
+    from ...hold import Hold
 
 #: What the writer's holder field starts with: the listing tells a writer from ``lock()``.
 WRITER = "w@"
@@ -72,20 +71,19 @@ class KindAcquisition(RedisAcquisition):
 
     def __init__(
         self,
-        backend: RedisBackend,
-        lock: Lock,
+        hold: Hold,
         token: str,
         blocking: bool,
         deadline: float | None,
     ) -> None:
-        super().__init__(backend, lock, token, blocking, deadline)
-        self.calls = backend.kind_calls_for(lock.key, lock.kind)
+        super().__init__(hold, token, blocking, deadline)
+        self.calls = self.backend.kind_calls_for(hold.key, hold.kind)
         #: The semaphore's limit; 0 for a read lock (no limit).
-        self.limit = lock.limit or 0
+        self.limit = hold.limit or 0
 
     def _acquire_args(self, signal: str, not_after: int) -> tuple[str | int, ...]:
         token, ttl, holder, *rest = super()._acquire_args(signal, not_after)
-        if self.lock.kind == "write":
+        if self.hold.kind == "write":
             return (token, ttl, WRITER + str(holder), *rest)
         return (token, ttl, holder, *rest, self.limit)
 
@@ -93,7 +91,7 @@ class KindAcquisition(RedisAcquisition):
         if reply[0] == 0 and reply[1] == LIMIT_MISMATCH:
             stored = int(reply[2])
             raise SemaphoreLimitMismatch(
-                f"The stored limit of the semaphore {self.lock.name!r} is {stored}; this "
+                f"The stored limit of the semaphore {self.hold.name!r} is {stored}; this "
                 f"client gave {self.limit}: every client of a semaphore must use the same "
                 "limit (the stored one goes once no permit is held).",
                 stored=stored,

@@ -39,7 +39,7 @@ from .keys import Packed, make_keys
 from .scripts import SCRIPTS
 
 if TYPE_CHECKING:
-    from ...handle import Lock
+    from ...hold import Hold
 
 _OPTIONS = {"NODE_TIMEOUT"}
 _SCHEMES = ("redis://", "rediss://", "unix://")
@@ -69,14 +69,13 @@ class RedlockAcquisition(Acquisition):
 
     def __init__(
         self,
-        backend: RedlockBackend,
-        lock: Lock,
+        hold: Hold,
         token: str,
         blocking: bool,
         deadline: float | None,
     ) -> None:
-        super().__init__(backend, lock, token, blocking, deadline)
-        self.calls = backend.calls_for(lock.key)
+        super().__init__(hold, token, blocking, deadline)
+        self.calls = self.backend.calls_for(hold.key)
         #: An attempt may have been granted on some masters and not given back: its
         #: grant did not reach the handle (a task cancelled while the attempt ran in
         #: its worker thread), or it is still running.
@@ -86,7 +85,7 @@ class RedlockAcquisition(Acquisition):
         return ttl * DRIFT + DRIFT_FLOOR
 
     def attempt(self) -> Grant | Miss:
-        lock, calls = self.lock, self.calls
+        lock, calls = self.hold, self.calls
         ttl_ms = max(int(lock.ttl * 1000), 1)
         args = (self.token, ttl_ms, f"{lock.host} {lock.pid} {lock.holder_field}", "", "")
         started = time.monotonic()

@@ -33,7 +33,7 @@ from .errors import CLIENT_ERRORS, REDIS_ERRORS, did_not_answer
 from .keys import TIME_COMMAND, Packed, bulk
 
 if TYPE_CHECKING:
-    from ...handle import Lock
+    from ...hold import Hold
     from .backend import RedisBackend
 
 #: Most replicas ``WAIT_REPLICAS`` may name.
@@ -140,13 +140,13 @@ class ReplicatedAcquisition(RedisAcquisition):
 
     def __init__(
         self,
-        backend: RedisBackend,
-        lock: Lock,
+        hold: Hold,
         token: str,
         blocking: bool,
         deadline: float | None,
     ) -> None:
-        super().__init__(backend, lock, token, blocking, deadline)
+        super().__init__(hold, token, blocking, deadline)
+        backend = self.backend
         assert backend.replication is not None
         self.replication: Replication = backend.replication
         self.acquire_eval, self.extend_eval = _eval_calls(backend, self.calls)
@@ -165,7 +165,7 @@ class ReplicatedAcquisition(RedisAcquisition):
 
         :raises NotReplicated: when a grant was not acknowledged (it is undone).
         """
-        ms = self.replication.wait_ms(self.deadline, self.lock.ttl, self.cap)
+        ms = self.replication.wait_ms(self.deadline, self.hold.ttl, self.cap)
         payload = self.acquire_eval.command(args) + self.replication.command(ms)
         reply, acked = self._exchange(payload, 2, _plus(timeout, ms))
         self._confirm(reply, acked, ms)
@@ -180,7 +180,7 @@ class ReplicatedAcquisition(RedisAcquisition):
         read_timeout: float | None,
     ) -> tuple[int, Any] | None:
         """``TIME``, ``BLPOP``, the acquire script and ``WAIT``, written at once."""
-        ms = self.replication.wait_ms(self.deadline, self.lock.ttl, self.cap)
+        ms = self.replication.wait_ms(self.deadline, self.hold.ttl, self.cap)
         block = b"*3\r\n$5\r\nBLPOP\r\n%s%s" % (bulk(signal), bulk(f"{bound:.3f}"))
         payload = (
             TIME_COMMAND + block + self.acquire_eval.command(args) + self.replication.command(ms)
@@ -199,7 +199,7 @@ class ReplicatedAcquisition(RedisAcquisition):
         timeout: float | None,
     ) -> Any:
         """Async :meth:`_acquire`."""
-        ms = self.replication.wait_ms(self.deadline, self.lock.ttl, self.cap)
+        ms = self.replication.wait_ms(self.deadline, self.hold.ttl, self.cap)
         payload = self.acquire_eval.command(args) + self.replication.command(ms)
         reply, acked = await self._aexchange(payload, _plus(timeout, ms), deadline)
         if reply[0] == 1 and acked < self.replication.replicas:

@@ -58,17 +58,17 @@ from .paths import MARKER, READ_MARKER, blocker, contenders, downgrade_marker, g
 if TYPE_CHECKING:
     from kazoo.interfaces import IAsyncResult
 
-    from ...handle import Lock
+    from ...hold import Hold
     from .backend import ZooKeeperBackend
 
 #: How often a create is tried (within CONNECT_TIMEOUT) before giving up.
 CREATE_TRIES = 5
 
 
-def holder_data(token: str, lock: Lock) -> bytes:
+def holder_data(token: str, hold: Hold) -> bytes:
     """The holder identity stored in a contender node (listings show it)."""
-    owner, pid = short_owner(token), lock.pid or ""
-    return f"1 {lock.kind} {owner} {pid} {lock.host} {lock.holder_field}".encode()
+    owner, pid = short_owner(token), hold.pid or ""
+    return f"1 {hold.kind} {owner} {pid} {hold.host} {hold.holder_field}".encode()
 
 
 class ThreadHops(Acquisition):
@@ -102,15 +102,14 @@ class ZooKeeperAcquisition(AheadWatches, ThreadHops):
 
     def __init__(
         self,
-        backend: ZooKeeperBackend,
-        lock: Lock,
+        hold: Hold,
         token: str,
         blocking: bool,
         deadline: float | None,
     ) -> None:
-        super().__init__(backend, lock, token, blocking, deadline)
-        self.client = backend.client
-        self.parent = backend.parent_of(lock.key)
+        super().__init__(hold, token, blocking, deadline)
+        self.client = self.backend.client
+        self.parent = self.backend.parent_of(hold.key)
         #: Public in node names, so not the owner token.
         self.guid = uuid.uuid4().hex
         self.node: str | None = None  # our contender's name, once created
@@ -131,7 +130,7 @@ class ZooKeeperAcquisition(AheadWatches, ThreadHops):
         self._own_watch = False
         self._own_gone = False  # our node was found gone while waiting
         #: What the node's name says it takes (see :mod:`.paths`).
-        self.marker = READ_MARKER if lock.kind == "read" else MARKER
+        self.marker = READ_MARKER if hold.kind == "read" else MARKER
         #: A reader's own held write node, when it takes the read side of it (a downgrade).
         self.downgrading: str | None = None
         self.granted = False
@@ -169,7 +168,7 @@ class ZooKeeperAcquisition(AheadWatches, ThreadHops):
             self.next_in_line = self.second is None
             return Miss(None)
         raise BackendUnavailable(
-            f"ZooKeeper kept dropping the contender node of {self.lock.name!r} (session "
+            f"ZooKeeper kept dropping the contender node of {self.hold.name!r} (session "
             "ending while queued)."
         )
 
@@ -180,18 +179,18 @@ class ZooKeeperAcquisition(AheadWatches, ThreadHops):
 
     def _grant(self) -> Grant:
         self.granted = True
-        self.lock.unsure = False
-        if self.lock.kind == "write":
+        self.hold.unsure = False
+        if self.hold.kind == "write":
             self.backend.writers[self.parent] = self
         return Grant(self.fencing, datetime.now(UTC), None)
 
     def _create_contender(self) -> None:
         """Create our node; a reader whose holder holds the write side takes its read side
         at once (a downgrade: Curator's and kazoo's rule for the write holder's thread)."""
-        writer = self.backend.writers.get(self.parent) if self.lock.kind == "read" else None
+        writer = self.backend.writers.get(self.parent) if self.hold.kind == "read" else None
         if (
-            writer is None or not writer.granted or writer.node is None or not writer.lock.held
-            or writer.lock.holder != self.lock.holder or not writer._same_session()
+            writer is None or not writer.granted or writer.node is None or not writer.hold.held
+            or writer.hold.holder != self.hold.holder or not writer._same_session()
         ):
             self._create()
             return
@@ -205,7 +204,7 @@ class ZooKeeperAcquisition(AheadWatches, ThreadHops):
         try:
             self.client.call(
                 "marking the downgrade", "set", f"{self.parent}/{writer.node}",
-                holder_data(writer.token, writer.lock),
+                holder_data(writer.token, writer.hold),
             )
         except NoNodeError:
             self._delete()
@@ -217,7 +216,7 @@ class ZooKeeperAcquisition(AheadWatches, ThreadHops):
         """Create our contender node; after a connection loss, look for it by GUID first."""
         path = f"{self.parent}/{self.guid}{self.marker}"
         self.client.claim(self, path)
-        data = holder_data(self.token, self.lock)
+        data = holder_data(self.token, self.hold)
         until = time.monotonic() + self.client.settings.connect_timeout
         for _ in range(CREATE_TRIES):
             if self._uncertain and self._adopt(until):
@@ -256,7 +255,7 @@ class ZooKeeperAcquisition(AheadWatches, ThreadHops):
             self._uncertain = False
             return
         raise BackendUnavailable(
-            f"Could not create the contender node of {self.lock.name!r} in ZooKeeper."
+            f"Could not create the contender node of {self.hold.name!r} in ZooKeeper."
         )
 
     def _adopt(self, until: float) -> bool:
@@ -453,7 +452,7 @@ class ZooKeeperAcquisition(AheadWatches, ThreadHops):
         stat = self.client.call("reading our node", "exists", f"{self.parent}/{self.node}")
         if stat is None:
             return None
-        return Grant(self.fencing, self.lock.acquired_at, None)
+        return Grant(self.fencing, self.hold.acquired_at, None)
 
     # -- the session ----------------------------------------------------------------
 
@@ -462,15 +461,15 @@ class ZooKeeperAcquisition(AheadWatches, ThreadHops):
         CONNECTED: it does; LOST: it does not (``mark_lost``). Waiters wake up."""
         if self.granted:
             if state == KazooState.SUSPENDED:
-                self.lock.unsure = True
+                self.hold.unsure = True
             elif state == KazooState.CONNECTED:
-                self.lock.unsure = False
+                self.hold.unsure = False
             else:
-                self.lock.unsure = False
+                self.hold.unsure = False
                 self.client.watchers.discard(self)
                 if self.backend.writers.get(self.parent) is self:
                     del self.backend.writers[self.parent]
-                self.lock.mark_lost()
+                self.hold.mark_lost()
             return
         if state == KazooState.LOST:
             self._wake_up()

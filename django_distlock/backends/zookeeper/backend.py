@@ -13,7 +13,7 @@ from django.core import checks
 from kazoo.exceptions import NoNodeError
 
 from ...exceptions import InvalidBackendOptions
-from ...handle import Lock
+from ...hold import Hold
 from ..base import (
     Acquisition,
     BaseLockBackend,
@@ -122,14 +122,14 @@ class ZooKeeperBackend(BaseLockBackend):
     # -- the contract -----------------------------------------------------------
 
     def acquisition(
-        self, lock: Lock, token: str, blocking: bool, deadline: float | None
+        self, hold: Hold, token: str, blocking: bool, deadline: float | None
     ) -> Acquisition:
         self._usable()
-        if lock.kind == "semaphore":
-            return SemaphoreAcquisition(self, lock, token, blocking, deadline)
-        if lock.reentrant:
-            return ReentrantAcquisition(self, lock, token, blocking, deadline)
-        return super().acquisition(lock, token, blocking, deadline)
+        if hold.kind == "semaphore":
+            return SemaphoreAcquisition(hold, token, blocking, deadline)
+        if hold.reentrant:
+            return ReentrantAcquisition(hold, token, blocking, deadline)
+        return super().acquisition(hold, token, blocking, deadline)
 
     def _contenders(self, parent: str) -> list[str]:
         try:

@@ -107,9 +107,9 @@ class ReentrantAcquisition(ZooKeeperAcquisition):
         if hold is not None:
             if not self._still_held(hold):
                 holds.drop(self.hold_key, hold)  # its node is gone: the hold is over
-                if self.lock.acquisition is not None:  # this handle held it: lost
-                    self.lock.mark_lost()
-                    raise LockLost(f"{self.lock!r} was lost before it was acquired again.")
+                if self.hold.acquisition is not None:  # this handle held it: lost
+                    self.hold.mark_lost()
+                    raise LockLost(f"{self.hold!r} was lost before it was acquired again.")
             elif holds.join(self.hold_key, hold):  # (not released meanwhile)
                 self._ride(hold)
                 return Grant(hold.fencing, hold.acquired_at, None)
@@ -135,8 +135,8 @@ class ReentrantAcquisition(ZooKeeperAcquisition):
         self.node, self.fencing, self.session = hold.node, hold.fencing, hold.session
         self._hold = hold
         self.granted = True
-        self.lock.unsure = False
-        if self.lock.acquisition is None:  # another handle: it hears of the session too
+        self.hold.unsure = False
+        if self.hold.acquisition is None:  # another handle: it hears of the session too
             self.client.watchers.add(self)
 
     def _started(self) -> None:
@@ -174,7 +174,7 @@ class ReentrantAcquisition(ZooKeeperAcquisition):
 
     def release(self, exc_info: ExcInfo) -> bool:
         last, ended = self.backend.holds.leave(self.hold_key, self.node)
-        if self.lock.acquisition is None:  # this handle holds no more
+        if self.hold.acquisition is None:  # this handle holds no more
             self.client.watchers.discard(self)
         if not last:
             return True  # another acquisition still holds the node

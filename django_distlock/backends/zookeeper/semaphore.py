@@ -30,7 +30,7 @@ from .acquisition import CREATE_TRIES, ThreadHops, ZooKeeperAcquisition, wait_un
 from .paths import GATE, LEASE_MARKER
 
 if TYPE_CHECKING:
-    from ...handle import Lock
+    from ...hold import Hold
     from .backend import ZooKeeperBackend
 
 
@@ -39,25 +39,24 @@ class SemaphoreAcquisition(ThreadHops):
 
     def __init__(
         self,
-        backend: ZooKeeperBackend,
-        lock: Lock,
+        hold: Hold,
         token: str,
         blocking: bool,
         deadline: float | None,
     ) -> None:
-        super().__init__(backend, lock, token, blocking, deadline)
-        assert lock.limit is not None
-        self.limit = lock.limit
-        self.client = backend.client
-        self.parent = backend.parent_of(lock.key)
-        self.gate = ZooKeeperAcquisition(backend, lock, token, blocking, deadline)
+        super().__init__(hold, token, blocking, deadline)
+        assert hold.limit is not None
+        self.limit = hold.limit
+        self.client = self.backend.client
+        self.parent = self.backend.parent_of(hold.key)
+        self.gate = ZooKeeperAcquisition(hold, token, blocking, deadline)
         self.gate.parent = f"{self.parent}/{GATE}"
-        self.lease = ZooKeeperAcquisition(backend, lock, token, blocking, deadline)
+        self.lease = ZooKeeperAcquisition(hold, token, blocking, deadline)
         self.lease.marker = LEASE_MARKER
         self._gate_held = False
         # The mzxid of the node whose limit matched ours (known from an earlier acquisition
         # of this process: no read then, the gate holder's listing still compares it).
-        self._checked: int | None = backend.checked_limits.get((self.parent, self.limit))
+        self._checked: int | None = self.backend.checked_limits.get((self.parent, self.limit))
         self._changed = threading.Event()
         self._async_changed: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
 
@@ -112,7 +111,7 @@ class SemaphoreAcquisition(ThreadHops):
             if stored != given:
                 text = stored.decode(errors="replace")
                 raise SemaphoreLimitMismatch(
-                    f"The stored limit of the semaphore {self.lock.name!r} is {text}; this "
+                    f"The stored limit of the semaphore {self.hold.name!r} is {text}; this "
                     f"client gave {self.limit}: every client of a semaphore must use "
                     "the same limit (the stored one goes with the semaphore's node, once no "
                     "lease or waiter is left).",
@@ -122,7 +121,7 @@ class SemaphoreAcquisition(ThreadHops):
             self.backend.remember_limit(self.parent, self.limit, stat.mzxid)
             return
         raise BackendUnavailable(
-            f"ZooKeeper kept removing the node of the semaphore {self.lock.name!r}."
+            f"ZooKeeper kept removing the node of the semaphore {self.hold.name!r}."
         )
 
     def _open_gate(self) -> None:

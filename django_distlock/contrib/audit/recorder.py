@@ -34,6 +34,8 @@ from django.utils import timezone
 
 from django_distlock import signals
 from django_distlock.exceptions import LockConfigurationError
+from django_distlock.handle import hold_of
+from django_distlock.hold import Hold
 
 from . import buckets
 from .conf import audit_for, audited_aliases
@@ -218,8 +220,8 @@ def _drain_at_exit(**_: Any) -> None:
         )
 
 
-def _row(kind: str, alias: str, name: str, handle: Any) -> dict[str, Any]:
-    """The fields of an event of ``handle`` (None: none known), at now."""
+def _row(kind: str, alias: str, name: str, handle: Hold | None) -> dict[str, Any]:
+    """The fields of an event of ``handle``'s hold (None: none known), at now."""
     row: dict[str, Any] = {"at": timezone.now(), "kind": kind, "alias": alias, "name": name}
     if handle is not None:
         row.update(owner=handle.owner_id or "", host=handle.host, pid=handle.pid)
@@ -235,7 +237,10 @@ def _receiver(kind: str) -> Any:
             return
         if config is None:
             return
-        handle = kwargs.get("handle")
+        # Keyed by the handle's Hold, which lives as long as the acquisition does (a
+        # handle dropped while it holds leaves its lock held until the lease ends).
+        lock = kwargs.get("handle")
+        handle = None if lock is None else hold_of(lock)
         if kind == LockEvent.FORCE_RELEASED and kwargs.get("by_operator"):
             return  # the operator signal sent after it records who and why
         ends = handle is not None and kind in (LockEvent.RELEASED, LockEvent.LOST)

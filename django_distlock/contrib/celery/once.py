@@ -36,7 +36,7 @@ from celery.result import EagerResult
 
 from django_distlock.decorators import _template_function as template_function
 from django_distlock.exceptions import AlreadyQueued, UnsupportedOperation
-from django_distlock.handle import Lock
+from django_distlock.handle import Lock, hold_of
 from django_distlock.handler import DEFAULT_LOCK_ALIAS, locks
 from django_distlock.values import validate_ttl
 
@@ -136,7 +136,7 @@ class QueueOnce(Task):
                 f"{self.name} is already queued or running with these arguments (lock "
                 f"{name!r} on {backend.alias!r} is held).", name=name, alias=backend.alias,
             )
-        acquisition = handle.acquisition
+        acquisition = hold_of(handle).acquisition
         assert acquisition is not None
         headers[HEADER] = {
             "alias": backend.alias, "name": name, "token": acquisition.token,
@@ -206,7 +206,7 @@ def _acquisition(grant: dict[str, Any]) -> Any:
     what the worker extends and releases."""
     backend = locks[grant["alias"]]
     handle = backend.lock(grant["name"], ttl=float(grant["ttl"]), blocking=False)
-    return backend.acquisition(handle, grant["token"], False, None)
+    return backend.acquisition(hold_of(handle), grant["token"], False, None)
 
 
 def _hand_off(handle: Lock) -> None:
@@ -214,7 +214,7 @@ def _hand_off(handle: Lock) -> None:
     PostgreSQL lease the granting session also holds the grant's generation lock
     (what wakes a waiter in the server at the release): have the session give it back
     before its next statement, as it does for a lease released through another one."""
-    acquisition = handle.acquisition
+    acquisition = hold_of(handle).acquisition
     session = getattr(acquisition, "granted_on", None)
     generation = getattr(acquisition, "generation", None)
     if acquisition is not None and session is not None and generation is not None:

@@ -39,6 +39,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from django_distlock.context import enter, leave
 from django_distlock.exceptions import DistLockError, LeaseInTransaction, LockLost
+from django_distlock.handle import hold_of
 from django_distlock.handler import DEFAULT_LOCK_ALIAS, locks
 from django_distlock.names import validate_name
 from django_distlock.values import MIN_TTL, validate_ttl
@@ -277,7 +278,7 @@ def _keep_for(handle: Lock, job: ScheduledJob) -> float:
 
 def _after(exc: DistLockError, handle: Lock, job: ScheduledJob, on_lost: OnLost) -> None:
     """Keeping or releasing the lock after the run raised ``exc``."""
-    handle.stop_renewal()
+    hold_of(handle).stop_renewal()
     if isinstance(exc, LockLost):  # the lease ended first: another node may have run it
         if on_lost == "raise":
             raise exc

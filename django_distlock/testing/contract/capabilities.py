@@ -85,12 +85,12 @@ class CapabilityChecks(ContractBase):
             assert {info.context for info in infos} == {""}
             return
         assert [info.context for info in infos[:2]] == ["", "GET /orders/7/pay"]
-        assert {info.thread for info in infos} == {plain.thread}
+        assert {info.thread for info in infos} == {plain.holder.thread}
         context = infos[2].context
         assert context.startswith("GET /x???/éé") and context.endswith("…")
-        assert len(plain.thread) + 1 + len(context) <= 255 and context == hostile.context[
-            : len(context) - 1
-        ] + "…"
+        thread, hostile_context = plain.holder.thread, hostile.holder.context
+        assert len(thread) + 1 + len(context) <= 255
+        assert context == hostile_context[: len(context) - 1] + "…"
 
     def check_count_held(self, backend: BaseLockBackend) -> None:
         """``supports_counting``: the locks held under a prefix, exact up to the cap and

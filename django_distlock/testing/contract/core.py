@@ -20,6 +20,7 @@ from ...exceptions import (
     LockTimeout,
     SelfDeadlock,
 )
+from ...handle import hold_of
 from .support import (
     BAD_NAMES,
     BAD_TYPES,
@@ -225,7 +226,8 @@ class CoreChecks(ContractBase):
         first, second = backend.lock(name), backend.lock(self.unique("other"))
         assert first.acquire() and second.acquire()
         assert first.owner_id != second.owner_id
-        token = first.acquisition.token if first.acquisition else ""
+        acquisition = hold_of(first).acquisition
+        token = acquisition.token if acquisition else ""
         assert len(token) == 32  # 128 bits
         assert token not in repr(first)
         second.release()
@@ -273,8 +275,8 @@ class CoreChecks(ContractBase):
     def check_mark_lost_makes_the_exit_raise(self, backend: BaseLockBackend) -> None:
         name = self.unique()
         with self.events(backend) as events, raises(LockLost), backend.lock(name) as handle:
-            handle.mark_lost()
-            handle.mark_lost()  # once is enough
+            hold_of(handle).mark_lost()
+            hold_of(handle).mark_lost()  # once is enough
             assert handle.lost and not handle.held
         assert events.count(("lock_lost", name)) == 1
         assert in_thread(lambda: acquire_release(backend, name)) is True  # released anyway
@@ -284,7 +286,7 @@ class CoreChecks(ContractBase):
     ) -> None:
         name = self.unique()
         with raises(LockLost), backend.lock(name) as handle:
-            handle.mark_lost()  # (a session ended, a renewal failed, a force release)
+            hold_of(handle).mark_lost()  # (a session ended, a renewal failed, a force release)
             # the thread may wait for the name again: not a SelfDeadlock
             other = backend.lock(name)
             if other.acquire(timeout=0.2):

@@ -9,6 +9,7 @@ import time
 
 from ...backends.base import BaseLockBackend
 from ...exceptions import LockLost, UnsupportedOperation
+from ...handle import hold_of
 from ...renewal import THREADS, loop_schedule
 from .support import ContractBase, acquire_release, close_async_connections, in_thread, raises
 
@@ -45,13 +46,13 @@ class RenewalChecks(ContractBase):
         with self.events(backend) as events:
             handle = backend.lock(name, ttl=SHORT_TTL, auto_renew=True)
             assert handle.acquire()
-            assert THREADS.scheduled(handle)
+            assert THREADS.scheduled(hold_of(handle))
             for _ in range(2):
                 time.sleep(0.65)
                 assert handle.held and not handle.lost
                 assert in_thread(lambda: backend.lock(name).acquire(blocking=False)) is False
             handle.release()
-            assert not THREADS.scheduled(handle)
+            assert not THREADS.scheduled(hold_of(handle))
             assert in_thread(lambda: backend.lock(name).locked()) is False
             time.sleep(0.4)  # past a renewal period: a late renewal would show
             assert in_thread(lambda: acquire_release(backend, name)) is True
@@ -68,12 +69,13 @@ class RenewalChecks(ContractBase):
                 seen = []
                 async with backend.lock(name, ttl=SHORT_TTL, auto_renew=True) as handle:
                     schedule = loop_schedule()
-                    assert schedule.scheduled(handle) and not THREADS.scheduled(handle)
+                    hold = hold_of(handle)
+                    assert schedule.scheduled(hold) and not THREADS.scheduled(hold)
                     for _ in range(2):
                         await asyncio.sleep(0.65)
                         other = backend.lock(name)
                         seen.append(handle.held and not await other.aacquire(blocking=False))
-                seen.append(not schedule.scheduled(handle))
+                seen.append(not schedule.scheduled(hold_of(handle)))
                 await asyncio.sleep(0.4)
                 free = backend.lock(name)
                 seen.append(await free.aacquire(blocking=False))
@@ -99,10 +101,10 @@ class RenewalChecks(ContractBase):
         ):
             assert in_thread(lambda: backend.force_release(name)) is True
             deadline = time.monotonic() + SHORT_TTL  # before the lease would have ended
-            while not handle.marked_lost and time.monotonic() < deadline:
+            while not hold_of(handle).marked_lost and time.monotonic() < deadline:
                 time.sleep(0.01)
-            assert handle.marked_lost, "the renewal did not notice"
-            assert not THREADS.scheduled(handle)
+            assert hold_of(handle).marked_lost, "the renewal did not notice"
+            assert not THREADS.scheduled(hold_of(handle))
         assert events.count(("lock_lost", name)) == 1
 
     def check_auto_renew_stops_at_max_hold(self, backend: BaseLockBackend) -> None:
@@ -116,7 +118,7 @@ class RenewalChecks(ContractBase):
         assert handle.held
         assert in_thread(lambda: backend.lock(name).acquire(blocking=False)) is False
         time.sleep(0.6)  # past the cap
-        assert handle.lost and not THREADS.scheduled(handle)
+        assert handle.lost and not THREADS.scheduled(hold_of(handle))
         assert in_thread(lambda: acquire_release(backend, name)) is True
         with raises(LockLost):
             handle.release()

@@ -8,7 +8,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import models
 
 from django_distlock.exceptions import LockLost, LockNotHeld, UnsupportedOperation
-from django_distlock.handle import Lock
+from django_distlock.handle import Lock, hold_of
 
 from ..version import VersionField
 
@@ -122,7 +122,7 @@ def check_fence_scope(fence: Lock | int, using: str) -> None:
     :raises UnsupportedOperation: when the backend cannot fence a write on ``using``.
     """
     if isinstance(fence, Lock):
-        fence.backend.check_fenced_write(fence, using)
+        fence.backend.check_fenced_write(hold_of(fence), using)
 
 
 def version_field_of(model: type[models.Model]) -> Field[Any, Any] | None:

@@ -1,47 +1,92 @@
-"""The state of a lock handle, and its changes: what :class:`~django_distlock.handle.Lock`
-holds (the acquisition, its grant, the lease's local end, the reentrant depth), and
-whether it is lost or its release unsure. Every change happens under the handle's
-mutex and sends its signal here; the calls that reach the backend are the handle's
-(``handle.py``), which is the only class built on this one.
+"""What a lock handle holds: the request (name, kind, TTL, holder metadata) and the
+state of its acquisition (the grant, the lease's local end, the reentrant depth, lost
+or not), changed only under its mutex, each change sending its signal here.
+
+:class:`Hold` is the seam between the user's :class:`~django_distlock.handle.Lock`
+and the rest of the library: a backend's :class:`~django_distlock.backends.base.Acquisition`
+reads the request from it and calls :meth:`Hold.mark_lost`; the watchdog
+(``renewal.py``) renews through it. The user sees none of it: ``Lock`` (``handle.py``)
+makes the calls to the backend and shows the documented API.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import secrets
+import socket
 import threading
 import time
 import weakref
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from . import holders, signals
-from .exceptions import LockLost, LockNotHeld
+from .context import current_context
+from .exceptions import DistLockError, LockLost, LockNotHeld
 from .renewal import Renewal, watch
-from .values import Grant, short_owner
+from .steps import EXTEND, Core, arun, run
+from .values import Grant, _Default, join_holder, short_owner, validate_timeout
 
 if TYPE_CHECKING:
     from .backends.base import Acquisition, BaseLockBackend
-    from .handle import Lock
 
 logger = logging.getLogger("django_distlock")
 
+_HOST = socket.gethostname()
 
-class HandleState:
-    """The state half of :class:`~django_distlock.handle.Lock` (see the module)."""
 
-    # The handle's options, set by ``Lock.__init__`` before this one runs.
-    backend: BaseLockBackend
-    name: str
-    key: str
-    kind: str
-    ttl: float
-    auto_renew: bool
-    _owner_token: str | None
-    #: The process that acquired (the handle's holder metadata).
-    pid: int | None
+class Hold:
+    """What one lock handle holds (see the module): built by the handle, read by its
+    backend's acquisitions, renewed by the watchdog."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        handle: object,
+        backend: BaseLockBackend,
+        name: str,
+        key: str,
+        *,
+        kind: str,
+        limit: int | None,
+        ttl: float,
+        timeout: float | None,
+        blocking: bool,
+        reentrant: bool,
+        auto_renew: bool,
+        max_hold: float | None,
+        owner_token: str | None,
+    ) -> None:
+        #: The user's handle, for the signals (weakly: a dropped handle is let go).
+        self._handle = weakref.ref(handle)
+        self.backend = backend
+        self.name = name
+        #: The backend's key for ``name``.
+        self.key = key
+        #: ``"exclusive"``, ``"read"``, ``"write"`` or ``"semaphore"``.
+        self.kind = kind
+        #: How many holders a ``"semaphore"`` name admits (else None).
+        self.limit = limit
+        #: The lease's length in seconds (the handle's ``ttl``).
+        self.ttl = ttl
+        #: How long, and whether, ``acquire()`` waits by default.
+        self.timeout = timeout
+        self.blocking = blocking
+        #: Whether acquiring again while held counts up instead of failing.
+        self.reentrant = reentrant
+        #: Whether the watchdog renews the lease while held, for at most ``max_hold``
+        #: seconds from the grant.
+        self.auto_renew = auto_renew
+        self.max_hold = max_hold
+        self._owner_token = owner_token
+        #: Holder metadata of the current acquisition: host, pid, thread/task, and what
+        #: the holder is doing (request path, task name; ``context.py``), or "".
+        self.host = _HOST
+        self.pid: int | None = None
+        self.thread = ""
+        self.context = ""
+        #: The thread label and the context as backends store them (``join_holder``).
+        self.holder_field = ""
         #: The watchdog's entry while it renews this handle's lease (else None).
         self.renewal: Renewal | None = None
         #: Set by a backend while it cannot tell whether the lock is still held (a
@@ -54,7 +99,8 @@ class HandleState:
         self._owner_id: str | None = None
         self._grant: Grant | None = None
         self._lost = False
-        self._busy = False
+        #: An acquire is under way (``Lock.acquire``'s loop clears it at its end).
+        self.busy = False
         self._valid_until: float | None = None  # monotonic, conservative
         self._lost_at_release = False
         #: A release sent while the lease was valid raised (BackendUnavailable): it may
@@ -148,14 +194,15 @@ class HandleState:
         listings show it (None before any)."""
         return self._owner_id
 
-    def _check_process(self) -> None:
+    def check_process(self) -> None:
+        """Raise LockNotHeld in a process forked from the one that acquired."""
         if self.pid != os.getpid():
             raise LockNotHeld(
                 f"{self!r} was acquired by process {self.pid}; this process ({os.getpid()}) "
                 "was forked from it and cannot use, release or extend that lease."
             )
 
-    def __repr__(self) -> str:
+    def __repr__(self) -> str:  # the user's handle shows this one
         state = "lost" if self._lost else "held" if self._token else "free"
         name = self.name if len(self.name) <= 100 else self.name[:100] + "…"
         return (
@@ -205,9 +252,13 @@ class HandleState:
             alias=self.backend.alias,
             name=self.name,
             fencing_token=self.fencing_token,
-            handle=self,
+            handle=self._handle(),
             **extra,
         )
+
+    def not_acquired(self) -> None:
+        """Send :data:`~django_distlock.signals.lock_not_acquired` (an acquire missed)."""
+        self._send(signals.lock_not_acquired, waited=time.monotonic() - self._started)
 
     def _send_lost(self) -> None:
         """Record the loss found by a release; signal it unless it was known already."""
@@ -230,9 +281,56 @@ class HandleState:
         if entry is not None:
             entry.stop()
 
-    # -- grant and release -----------------------------------------------------
+    # -- acquire, release, extend (the handle's steps) -------------------------
 
-    def _granted(
+    def begin(
+        self, blocking: bool | None, timeout: float | _Default | None
+    ) -> tuple[bool, float | None]:
+        """Start an acquire (``Lock.acquire``'s arguments); return whether it blocks, and
+        its deadline on :func:`time.monotonic`'s clock (None: none).
+
+        :raises TypeError, ValueError: for a bad ``blocking`` or ``timeout``.
+        :raises DistLockError: if an acquire is under way, or the handle holds the lock
+            and is not reentrant.
+        :raises SelfDeadlock: if, blocking, the same thread or task holds the name
+            through another handle.
+        """
+        blocking = self.blocking if blocking is None else blocking
+        if not isinstance(blocking, bool):
+            raise TypeError("blocking must be True or False.")
+        timeout = self.timeout if isinstance(timeout, _Default) else validate_timeout(timeout)
+        task = holders.running_task()  # once: outside a loop, asking raises (slow)
+        holder = holders.holder_of(task)
+        with self._mutex:
+            if self.busy or (self._token is not None and not self.reentrant):
+                raise DistLockError(
+                    f"{self!r} is already acquired or being acquired; a handle holds one "
+                    "acquisition at a time (build another handle with .lock(), or pass "
+                    "reentrant=True)."
+                )
+            if self._token is not None:
+                self.check_process()
+            else:
+                if blocking and not self.reentrant and self.kind in ("exclusive", "write"):
+                    holders.refuse(self, holder)
+                elif blocking and self.kind == "read" and not self.backend.supports_downgrade:
+                    holders.refuse(self, holder, only=("exclusive", "write"))
+                self._holder = holder
+            self.busy = True
+        if self._token is None:
+            self.pid = os.getpid()
+            self.thread = holders.label_of(task)
+            self.context = current_context()
+            self.holder_field = join_holder(self.thread, self.context)
+        self._started = started = time.monotonic()
+        return blocking, None if timeout is None or not blocking else started + timeout
+
+    def new_token(self) -> str:
+        """The owner token of the next acquisition: the held one when acquiring again,
+        the explicit owner's, or 128 new random bits."""
+        return self._token or self._owner_token or secrets.token_hex(16)
+
+    def granted(
         self, acquisition: Acquisition, grant: Grant, sent: float, asynchronous: bool
     ) -> bool:
         """Record a grant; False if its lease already ran out on this process' clock."""
@@ -259,20 +357,20 @@ class HandleState:
             self._release_unsure = False
             self._valid_until = valid_until
         if self.auto_renew:
-            self.renewal = watch(cast("Lock", self), acquisition, asynchronous)
+            self.renewal = watch(self, acquisition, asynchronous)
         self._held_ref = holders.hold(self, self._holder)
         self._granted_at = time.monotonic()
         self._send(signals.lock_acquired, waited=self._granted_at - self._started)
         return True
 
-    def _take(self) -> tuple[Acquisition, bool]:
+    def take(self) -> tuple[Acquisition, bool]:
         """Start a release: the acquisition, and whether an outer acquisition of a
         reentrant handle stays held after it."""
         with self._mutex:
             acquisition = self._acquisition
             if self._token is None or acquisition is None:
                 raise LockNotHeld(f"{self!r} is not held by this handle.")
-            self._check_process()
+            self.check_process()
             # Seen as lost during the release: keep it, so the release raises (not after
             # a release sent in time that raised: a lease that ended since is no loss).
             self._lost_at_release = not self._release_unsure and (
@@ -294,7 +392,7 @@ class HandleState:
     def _expired_locally(self) -> bool:
         return self._valid_until is not None and time.monotonic() >= self._valid_until
 
-    def _after_release_error(
+    def release_failed(
         self, acquisition: Acquisition, inner: bool, exc: BaseException
     ) -> bool:
         """After the backend's release raised ``exc``: return whether to raise it."""
@@ -325,7 +423,8 @@ class HandleState:
             self._forget()
         return True
 
-    def _released(self, released: bool, inner: bool) -> None:
+    def released(self, released: bool, inner: bool) -> None:
+        """After the backend's release returned ``released``: record it, or raise LockLost."""
         lost = not released or self._lost_at_release
         if inner and not lost:
             self._send(signals.lock_released)
@@ -353,19 +452,18 @@ class HandleState:
         )
         self._send(signals.lock_released)
 
-
-    def _extendable(self) -> Acquisition:
+    def extendable(self) -> Acquisition:
         """Start an extend: the acquisition held, or raise LockNotHeld or LockLost."""
         acquisition = self._acquisition
         if self._token is None or acquisition is None:
             raise LockNotHeld(f"{self!r} is not held by this handle.")
-        self._check_process()
+        self.check_process()
         if self.lost:
             self.mark_lost()
             raise LockLost(f"{self!r} was lost.")
         return acquisition
 
-    def _extended(
+    def extended(
         self, acquisition: Acquisition, grant: Grant | None, ttl: float, sent: float
     ) -> None:
         if grant is None:
@@ -406,7 +504,7 @@ class HandleState:
         self, acquisition: Acquisition, grant: Grant | None, ttl: float, sent: float,
         until: float | None,
     ) -> bool | None:
-        """After the watchdog's extend: what :meth:`~django_distlock.handle.Lock.renew`
+        """After the watchdog's extend: what :meth:`renew`
         returns."""
         if grant is None:
             return False if self._lose(acquisition, "a renewal found its lease gone") else None
@@ -423,3 +521,33 @@ class HandleState:
             expires = grant.expires_at is not None
             self._valid_until = sent + grant.granted_after + ttl if expires else None
         return True
+
+    def renew(self, acquisition: Acquisition, ttl: float) -> bool | None:
+        """The watchdog's extend of ``acquisition`` (the renewal thread's).
+
+        :param acquisition: the acquisition to renew.
+        :param ttl: the new lease's length in seconds.
+        :returns: True when renewed, False when the lease turned out gone (marked
+            lost), None when ``acquisition`` is no longer held (released meanwhile:
+            not a loss).
+        :raises BackendUnavailable: what the backend's ``extend`` raises, but LockLost.
+        """
+        return run(self._renewing(acquisition, ttl))
+
+    async def arenew(self, acquisition: Acquisition, ttl: float) -> bool | None:
+        """Async :meth:`renew` (an event loop's renewal task); same parameters and result.
+
+        :param acquisition: the acquisition to renew.
+        :param ttl: the new lease's length in seconds.
+        :returns: as :meth:`renew`.
+        :raises BackendUnavailable: what the backend's ``aextend`` raises, but LockLost.
+        """
+        return await arun(self._renewing(acquisition, ttl))
+
+    def _renewing(self, acquisition: Acquisition, ttl: float) -> Core[bool | None]:
+        until, sent = self._valid_until, time.monotonic()
+        try:
+            grant = yield EXTEND, acquisition, ttl
+        except LockLost:
+            grant = None
+        return self._renewed(acquisition, grant, ttl, sent, until)
