@@ -15,6 +15,7 @@ from .context import describer, enter, leave
 from .exceptions import BackendUnavailable, DistLockError, LockLost, LockNotAcquired
 from .handle import Lock
 from .handler import DEFAULT_LOCK_ALIAS, locks
+from .kinds import Kind
 from .multilock import MultiLock
 from .names import validate_name
 from .renewal import validate_max_hold
@@ -141,8 +142,8 @@ def distlock(
         where = _describe(key, func)
         _check_options(where, using, ttl, timeout, blocking, on_fail)
         _check_renewal(where, auto_renew, max_hold)
-        _check_kind(where, kind, limit)
-        if isinstance(key, list | tuple) and kind != "exclusive":
+        lock_kind = _check_kind(where, kind, limit)
+        if isinstance(key, list | tuple) and lock_kind is not Kind.EXCLUSIVE:
             raise ValueError(f"{where}: a list of names takes exclusive locks only (kind).")
         _check_policy(where, "on_lost", on_lost, ("raise", "log"))
         _check_policy(where, "on_unavailable", on_unavailable, ("raise", "skip"))
@@ -164,7 +165,7 @@ def distlock(
             @functools.wraps(func)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
                 held = _handle(
-                    using, kind, limit, name_of(args, kwargs), ttl=ttl, timeout=timeout,
+                    using, lock_kind, limit, name_of(args, kwargs), ttl=ttl, timeout=timeout,
                     blocking=blocking, auto_renew=auto_renew, max_hold=max_hold,
                 )
                 context = enter(describe(args))
@@ -198,7 +199,7 @@ def distlock(
             @functools.wraps(func)
             def sync_wrapper(*args: Any, **kwargs: Any) -> Any:
                 held = _handle(
-                    using, kind, limit, name_of(args, kwargs), ttl=ttl, timeout=timeout,
+                    using, lock_kind, limit, name_of(args, kwargs), ttl=ttl, timeout=timeout,
                     blocking=blocking, auto_renew=auto_renew, max_hold=max_hold,
                 )
                 context = enter(describe(args))
@@ -310,34 +311,24 @@ def _check_options(
     _check_policy(where, "on_fail", on_fail, ("raise", "skip"))
 
 
-_KINDS = ("exclusive", "read", "write", "semaphore")
-
-
-def _check_kind(where: str, kind: object, limit: object) -> None:
-    if kind not in _KINDS:
-        raise ValueError(f"{where}: kind must be one of {_KINDS}, not {kind!r}.")
-    if (kind == "semaphore") != (limit is not None):
+def _check_kind(where: str, kind: object, limit: object) -> Kind:
+    checked = Kind.parse(kind, where)
+    if checked.takes_limit != (limit is not None):
         raise ValueError(f"{where}: limit= goes with kind='semaphore', and only with it.")
+    return checked
 
 
 def _handle(
-    using: str, kind: str, limit: int | None, name: str | list[str], **options: Any
+    using: str, kind: Kind, limit: int | None, name: str | list[str], **options: Any
 ) -> Lock | MultiLock:
     """The handle of one call: the alias' lock of that kind, or the multi-lock of a list
     of names."""
     backend = locks[using]
     if isinstance(name, list | tuple):
-        if kind != "exclusive":
+        if kind is not Kind.EXCLUSIVE:
             raise ValueError("A list of lock names takes exclusive locks only (kind).")
         return backend.multi_lock(name, **options)
-    if kind == "read":
-        return backend.read_lock(name, **options)
-    if kind == "write":
-        return backend.write_lock(name, **options)
-    if kind == "semaphore":
-        assert limit is not None
-        return backend.semaphore(name, limit, **options)
-    return backend.lock(name, **options)
+    return backend.lock_of_kind(kind, name, limit, **options)
 
 
 def _check_renewal(where: str, auto_renew: object, max_hold: object) -> None:

@@ -16,6 +16,7 @@ from .exceptions import (
     LockTimeout,
 )
 from .hold import Hold
+from .kinds import Kind
 from .steps import ATTEMPT, CLOSE, EXTEND, RELEASE, WAIT, Core, arun, run
 from .values import (
     DEFAULT,
@@ -75,9 +76,10 @@ class Lock:
         owner_token: str | None = None,
         auto_renew: bool = False,
         max_hold: float | None = None,
-        kind: str = "exclusive",
+        kind: Kind | str = Kind.EXCLUSIVE,
         limit: int | None = None,
     ) -> None:
+        kind = Kind(kind)
         #: The backend this handle's lock lives on (``backend.alias`` is its alias).
         #:
         #: Example: ``if lease.backend.supports_fencing: ...``

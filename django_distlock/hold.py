@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from . import holders, signals
 from .context import current_context
 from .exceptions import DistLockError, LockLost, LockNotHeld
+from .kinds import Kind
 from .renewal import Renewal, watch
 from .steps import EXTEND, Core, arun, run
 from .values import Grant, _Default, join_holder, short_owner, validate_timeout
@@ -47,7 +48,7 @@ class Hold:
         name: str,
         key: str,
         *,
-        kind: str,
+        kind: Kind,
         limit: int | None,
         ttl: float,
         timeout: float | None,
@@ -311,10 +312,8 @@ class Hold:
             if self._token is not None:
                 self.check_process()
             else:
-                if blocking and not self.reentrant and self.kind in ("exclusive", "write"):
-                    holders.refuse(self, holder)
-                elif blocking and self.kind == "read" and not self.backend.supports_downgrade:
-                    holders.refuse(self, holder, only=("exclusive", "write"))
+                if blocking and not (self.reentrant and self.kind.excludes):
+                    holders.refuse(self, holder, self.backend.supports_downgrade)
                 self._holder = holder
             self.busy = True
         if self._token is None:

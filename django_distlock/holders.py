@@ -128,13 +128,14 @@ def _discard(key: Key, ref: weakref.ref[Hold]) -> None:
             del _held[key]
 
 
-def refuse(handle: Hold, holder: object, only: tuple[str, ...] = ()) -> None:
-    """Raise if ``holder`` holds ``handle``'s lock through another live handle.
+def refuse(handle: Hold, holder: object, downgrade: bool) -> None:
+    """Raise if ``holder`` holds ``handle``'s lock through another live handle, of a kind
+    that ``handle``'s would wait for (:meth:`~django_distlock.kinds.Kind.waits_for_own`:
+    a reader is blocked by its own write lock, not by its own read lock).
 
     :param handle: the handle about to wait.
     :param holder: who is acquiring (:func:`current_holder`).
-    :param only: the kinds of the other handle that block (empty: every kind), e.g. a
-        reader is blocked by its own write lock but not by its own read lock.
+    :param downgrade: whether the backend lets a writer take its own name's read side.
     :raises SelfDeadlock: if the wait could only end at the timeout.
     """
     key = (handle.backend.alias, handle.key)
@@ -148,7 +149,7 @@ def refuse(handle: Hold, holder: object, only: tuple[str, ...] = ()) -> None:
             if other is None or not other.held:  # ran out, lost, being released
                 _discard(key, ref)
             elif other is not handle and other_holder == holder and (
-                not only or other.kind in only
+                handle.kind.waits_for_own(other.kind, downgrade)
             ):
                 raise SelfDeadlock(
                     f"This thread (or task) already holds lock {handle.name!r} on "

@@ -18,8 +18,9 @@ from django.test import SimpleTestCase, TransactionTestCase, override_settings
 
 from django_distlock import locks, signals
 from django_distlock.backends.base import BaseLockBackend, Freed, LockPage
-from django_distlock.backends.locmem import LocMemBackend
+from django_distlock.backends.locmem import LocMemAcquisition, LocMemBackend
 from django_distlock.exceptions import UnsupportedOperation
+from django_distlock.kinds import Kind
 from django_distlock.testing.contract import BackendContractTests, check_names
 
 pytestmark = pytest.mark.django_versions
@@ -100,7 +101,8 @@ class ClaimsReentrancy(LocMemBackend):
 
 
 class ClaimsReadWrite(LocMemBackend):
-    supports_read_write = True
+    # its readers take the exclusive lock: they do not share
+    kinds = {kind: LocMemAcquisition for kind in (Kind.EXCLUSIVE, Kind.READ, Kind.WRITE)}
 
 
 class ClaimsDowngrade(ClaimsReadWrite):
@@ -108,7 +110,8 @@ class ClaimsDowngrade(ClaimsReadWrite):
 
 
 class ClaimsSemaphores(LocMemBackend):
-    supports_semaphore = True
+    # its permits take the exclusive lock: one holder, whatever the limit
+    kinds = {Kind.EXCLUSIVE: LocMemAcquisition, Kind.SEMAPHORE: LocMemAcquisition}
 
 
 class ClaimsDistributed(LocMemBackend):
@@ -218,7 +221,11 @@ def test_the_refusal_says_why_where_the_backend_says() -> None:
 
 
 class NoAcquisition(LocMemBackend):
-    acquisition_class = None
+    kinds = {}
+
+
+class FlagBesideItsTable(LocMemBackend):
+    supports_semaphore = True  # the flag is read from kinds, which serves no semaphore
 
 
 class ListsNothing(LocMemBackend):
@@ -226,7 +233,9 @@ class ListsNothing(LocMemBackend):
 
 
 def test_a_backend_class_missing_a_promised_hook_cannot_be_built() -> None:
-    with pytest.raises(TypeError, match=r"acquisition_class or acquisition\(\)"):
+    with pytest.raises(TypeError, match=r"an acquisition class for Kind.EXCLUSIVE in kinds"):
         NoAcquisition("x", {})
+    with pytest.raises(TypeError, match=r"supports_semaphore set beside its kinds table"):
+        FlagBesideItsTable("x", {})
     with pytest.raises(TypeError, match=r"_held_locks\(\) \(supports_listing is True\)"):
         ListsNothing("x", {})

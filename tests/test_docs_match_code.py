@@ -23,6 +23,7 @@ import django_distlock
 from django_distlock.backends.acquisition import Acquisition
 from django_distlock.backends.base import FEATURE_HOOKS, BaseLockBackend
 from django_distlock.handler import LockHandler
+from django_distlock.kinds import KindFlag
 from django_distlock.testing.contract import FLAGS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -105,10 +106,11 @@ def _does_nothing(body: list[ast.stmt]) -> bool:
 
 
 def flags() -> set[str]:
-    """The capability flags: the base's class attributes whose value is a bool."""
+    """The capability flags: the base's class attributes whose value is a bool, or is
+    read from the kinds table (a KindFlag)."""
     return {
         name for klass in _own_classes(BaseLockBackend) for name, value in vars(klass).items()
-        if isinstance(value, bool)
+        if isinstance(value, bool | KindFlag)
     }
 
 
@@ -116,8 +118,8 @@ def declarations() -> set[str]:
     """The base's other public class attributes with a value (not methods)."""
     return {
         name for klass in _own_classes(BaseLockBackend) for name, value in vars(klass).items()
-        if not name.startswith("_") and not callable(value) and not isinstance(value, bool)
-        and not isinstance(value, property | classmethod | staticmethod)
+        if not name.startswith("_") and not callable(value)
+        and not isinstance(value, bool | KindFlag | property | classmethod | staticmethod)
     }
 
 
@@ -175,7 +177,7 @@ def test_the_definitions_find_what_the_base_declares() -> None:
     assert feature_hooks() == set(FEATURE_HOOKS.values()), (
         "a hook that raises NotImplementedError is not in base.FEATURE_HOOKS (or the reverse)")
     assert set(FEATURE_HOOKS) <= flags()
-    assert {"acquisition_class", "why_unsupported"} <= declarations()
+    assert {"kinds", "why_unsupported"} <= declarations()
     assert {"is_locked", "health", "check", "close", "check_fenced_write",
             "in_caller_transaction"} <= overridable(BaseLockBackend)
     assert {"attempt", "release", "extend", "close", "aattempt"} <= overridable(Acquisition)

@@ -14,10 +14,11 @@ import pytest
 import django_distlock
 from django_distlock import locks
 from django_distlock.backends import base
-from django_distlock.backends.locmem import LocMemBackend
+from django_distlock.backends.locmem import LocMemAcquisition, LocMemBackend
 from django_distlock.exceptions import LockNotAcquired
 from django_distlock.handle import Lock, hold_of
 from django_distlock.hold import Hold
+from django_distlock.kinds import Kind
 
 
 def _run(target) -> int:
@@ -179,8 +180,7 @@ def test_the_private_read_check_can_fail() -> None:
 class _KindsBackend(LocMemBackend):
     """Builds read-write and semaphore handles (none is acquired here: no I/O)."""
 
-    supports_read_write = True
-    supports_semaphore = True
+    kinds = {kind: LocMemAcquisition for kind in Kind}
 
 
 def test_kind_and_limit_are_given_at_construction(monkeypatch: pytest.MonkeyPatch) -> None:

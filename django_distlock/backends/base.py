@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import inspect
 import json
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from ..exceptions import (
 )
 from ..handle import Lock
 from ..hold import Hold
+from ..kinds import Kind, KindFlag
 from ..multilock import MultiLock
 from ..names import (
     MAX_PREFIX_LENGTH,
@@ -79,6 +81,7 @@ __all__ = [
     "Freed",
     "Grant",
     "HeldCount",
+    "Kind",
     "LockInfo",
     "LockPage",
     "Miss",
@@ -255,13 +258,15 @@ class BaseLockBackend(abc.ABC):
     An optional feature is a ``supports_*`` flag plus a hook: where the flag is
     False the public method refuses (:class:`UnsupportedOperation`) before any I/O.
     A backend implements :meth:`is_locked`, :meth:`health`, names its
-    :attr:`acquisition_class`, and implements the hook of each flag of
+    :attr:`kinds` table, and implements the hook of each flag of
     :data:`FEATURE_HOOKS` it sets.
     """
 
-    #: The :class:`Acquisition` class :meth:`acquisition` builds (a backend that picks
-    #: one per lock overrides :meth:`acquisition` instead).
-    acquisition_class: ClassVar[type[Acquisition] | None] = None
+    #: The kinds of lock the backend serves, each with the :class:`Acquisition` class
+    #: :meth:`acquisition` builds for it (Django's ``*_class`` way); it must serve
+    #: :attr:`Kind.EXCLUSIVE <django_distlock.kinds.Kind.EXCLUSIVE>`. An option that
+    #: changes the table picks a subclass, as one that changes a flag does.
+    kinds: ClassVar[Mapping[Kind, type[Acquisition]]] = MappingProxyType({})
     #: The client's errors and what each becomes (:class:`ErrorMap`, in the backend's
     #: ``errors.py``); the base's catches nothing (a backend without a client).
     errors: ClassVar[ErrorMap] = ErrorMap()
@@ -394,12 +399,12 @@ class BaseLockBackend(abc.ABC):
             on a backend without it.
         """
         return self._new_lock(
-            name, "exclusive", None, ttl=ttl, timeout=timeout, blocking=blocking,
+            name, Kind.EXCLUSIVE, None, ttl=ttl, timeout=timeout, blocking=blocking,
             reentrant=reentrant, owner=owner, auto_renew=auto_renew, max_hold=max_hold,
         )
 
     def _new_lock(
-        self, name: str, kind: str, limit: int | None, *, ttl: float | _Default = DEFAULT,
+        self, name: str, kind: Kind, limit: int | None, *, ttl: float | _Default = DEFAULT,
         timeout: float | _Default | None = DEFAULT, blocking: bool = True,
         reentrant: bool | _Default = DEFAULT, owner: str | None = None,
         auto_renew: bool | _Default = DEFAULT, max_hold: float | None = None,
@@ -473,8 +478,13 @@ class BaseLockBackend(abc.ABC):
             f"{hook}() ({flag} is True)" for flag, hook in FEATURE_HOOKS.items()
             if getattr(cls, flag) and getattr(cls, hook) is getattr(BaseLockBackend, hook)
         ]
-        if cls.acquisition_class is None and cls.acquisition is BaseLockBackend.acquisition:
-            missing.insert(0, "acquisition_class or acquisition()")
+        if Kind.EXCLUSIVE not in cls.kinds:
+            missing.insert(0, "an acquisition class for Kind.EXCLUSIVE in kinds")
+        missing += [
+            f"{flag} set beside its kinds table (declare the kind in kinds)"
+            for flag in ("supports_read_write", "supports_semaphore")
+            if not isinstance(inspect.getattr_static(cls, flag), KindFlag)
+        ]
         if missing:
             raise TypeError(f"Can't instantiate {cls.__name__}: it lacks {', '.join(missing)}.")
 
@@ -495,7 +505,7 @@ class BaseLockBackend(abc.ABC):
         self, hold: Hold, token: str, blocking: bool, deadline: float | None
     ) -> Acquisition:
         """Return a new :class:`Acquisition` of ``hold`` for the owner ``token`` (no I/O):
-        ``acquisition_class(hold, token, blocking, deadline)``.
+        that of the :attr:`kinds` table for ``hold.kind``.
 
         :param hold: what the handle acquiring asks for (:class:`~django_distlock.hold.Hold`).
         :param token: the owner token of this acquisition.
@@ -503,8 +513,7 @@ class BaseLockBackend(abc.ABC):
         :param deadline: when it stops waiting (:func:`time.monotonic`; None: never).
         :returns: the acquisition, not yet attempted.
         """
-        assert self.acquisition_class is not None  # see _check_implementation()
-        return self.acquisition_class(hold, token, blocking, deadline)
+        return self.kinds[hold.kind](hold, token, blocking, deadline)
 
     def in_caller_transaction(self) -> bool:
         """Whether a lease taken now, in this thread, would be written in the caller's
@@ -647,11 +656,12 @@ class BaseLockBackend(abc.ABC):
 
     #: ``read_lock(name)`` and ``write_lock(name)`` work: readers share, a writer excludes
     #: readers and writers (and exclusive locks of the name); a waiting writer keeps later
-    #: readers out.
-    supports_read_write: ClassVar[bool] = False
+    #: readers out. Read from :attr:`kinds` (``Kind.READ`` and ``Kind.WRITE``).
+    supports_read_write = KindFlag(Kind.READ, Kind.WRITE)
 
-    #: ``semaphore(name, limit)`` works: up to ``limit`` holders at once.
-    supports_semaphore: ClassVar[bool] = False
+    #: ``semaphore(name, limit)`` works: up to ``limit`` holders at once. Read from
+    #: :attr:`kinds` (``Kind.SEMAPHORE``).
+    supports_semaphore = KindFlag(Kind.SEMAPHORE)
 
     def read_lock(self, name: str, **options: Any) -> Lock:
         """Build a handle on the shared (read) side of the read-write lock ``name``.
@@ -661,7 +671,7 @@ class BaseLockBackend(abc.ABC):
 
         :raises UnsupportedOperation: when ``supports_read_write`` is False.
         """
-        return self._kind_lock("read", name, options)
+        return self.lock_of_kind(Kind.READ, name, **options)
 
     def write_lock(self, name: str, **options: Any) -> Lock:
         """Build a handle on the exclusive (write) side of the read-write lock ``name``;
@@ -669,16 +679,7 @@ class BaseLockBackend(abc.ABC):
 
         :raises UnsupportedOperation: when ``supports_read_write`` is False.
         """
-        return self._kind_lock("write", name, options)
-
-    def _kind_lock(self, kind: str, name: str, options: dict[str, Any]) -> Lock:
-        if not self.supports_read_write:
-            raise UnsupportedOperation(
-                f"{type(self).__name__} (alias {self.alias!r}) has no read-write locks."
-            )
-        if options.get("reentrant"):
-            raise UnsupportedOperation("Read-write locks are not reentrant.")
-        return self._new_lock(name, kind, None, **options)
+        return self.lock_of_kind(Kind.WRITE, name, **options)
 
     def semaphore(self, name: str, limit: int, **options: Any) -> Lock:
         """Build a handle on one of the ``limit`` leases of the counting semaphore
@@ -689,17 +690,37 @@ class BaseLockBackend(abc.ABC):
         :raises UnsupportedOperation: when ``supports_semaphore`` is False.
         :raises TypeError, ValueError: for a ``limit`` that is not an int from 1 to 10,000.
         """
-        if not self.supports_semaphore:
+        return self.lock_of_kind(Kind.SEMAPHORE, name, limit, **options)
+
+    def lock_of_kind(
+        self, kind: Kind | str, name: str, limit: int | None = None, **options: Any
+    ) -> Lock:
+        """Build a handle of ``kind``: what :meth:`lock`, :meth:`read_lock`,
+        :meth:`write_lock` or :meth:`semaphore` build, for a caller that holds the kind
+        as a value (``@distlock(kind=...)``). Takes the options of :meth:`lock`.
+
+        :param kind: a :class:`~django_distlock.kinds.Kind` or its value (``"read"``).
+        :param limit: a semaphore's leases (``Kind.SEMAPHORE`` only).
+        :raises UnsupportedOperation: for a kind not in the backend's :attr:`kinds`, or
+            ``reentrant=True`` with a semaphore.
+        :raises TypeError, ValueError: for a bad kind or ``limit``.
+        """
+        kind = Kind.parse(kind, "lock_of_kind()")
+        if kind not in self.kinds:
+            reason = self.why_unsupported.get(kind.flag, f"{kind.flag} is False")
             raise UnsupportedOperation(
-                f"{type(self).__name__} (alias {self.alias!r}) has no semaphores."
+                f"{type(self).__name__} (alias {self.alias!r}) has no {kind.family}: {reason}."
             )
-        if isinstance(limit, bool) or not isinstance(limit, int):
-            raise TypeError("limit must be an int.")
-        if not 1 <= limit <= MAX_LEASES:
-            raise ValueError(f"limit must be between 1 and {MAX_LEASES}, got {limit}.")
-        if options.get("reentrant"):
-            raise UnsupportedOperation("Semaphores are not reentrant.")
-        return self._new_lock(name, "semaphore", limit, **options)
+        if kind.takes_limit:
+            if isinstance(limit, bool) or not isinstance(limit, int):
+                raise TypeError("limit must be an int.")
+            if not 1 <= limit <= MAX_LEASES:
+                raise ValueError(f"limit must be between 1 and {MAX_LEASES}, got {limit}.")
+        elif limit is not None:
+            raise ValueError(f"limit= goes with semaphores only, not {kind.family}.")
+        if options.get("reentrant") and not kind.reentrant_ok:
+            raise UnsupportedOperation(f"{kind.family.capitalize()} are not reentrant.")
+        return self._new_lock(name, kind, limit, **options)
 
     # How many locks are held: count_held() and its hook. A count is exact, or a floor
     # ("at least N") when the backend stopped at the cap, and, where the backend can tell

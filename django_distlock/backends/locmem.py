@@ -13,7 +13,7 @@ It is also the worked example of a backend. A backend is two classes:
   sleep until a release notifies; the default backs off with jitter) and
   ``close``, and async twins where the client has native async calls;
 - a :class:`~django_distlock.backends.base.BaseLockBackend` subclass naming it
-  as ``acquisition_class``, with :meth:`is_locked` and :meth:`health`, and,
+  in its ``kinds`` table, with :meth:`is_locked` and :meth:`health`, and,
   for each optional feature it sets a ``supports_*`` flag for, the hook:
   ``_held_locks`` (``supports_listing``), ``_waiters`` (``supports_waiters``),
   ``_force_release`` (``supports_force_release``).
@@ -40,6 +40,7 @@ from django.core import checks
 
 from ..backoff import remaining
 from ..exceptions import UnsupportedOperation
+from ..kinds import Kind
 from ..values import WaiterInfo, short_owner
 from .base import (
     Acquisition,
@@ -258,7 +259,7 @@ class LocMemAcquisition(Acquisition):
 class LocMemBackend(BaseLockBackend):
     """Locks in this process' memory; see the module docstring (not for production)."""
 
-    acquisition_class = LocMemAcquisition
+    kinds = {Kind.EXCLUSIVE: LocMemAcquisition}
     supports_fencing = True
     supports_expiry = True
     supports_listing = True

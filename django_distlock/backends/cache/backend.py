@@ -10,6 +10,7 @@ from typing import Any
 from django.core import checks
 
 from ...exceptions import InvalidBackendOptions, LockConfigurationError
+from ...kinds import Kind
 from ..base import BaseLockBackend, Freed, check_option_keys
 from .acquisition import CacheAcquisition
 from .driver import Driver
@@ -27,7 +28,7 @@ class CacheBackend(BaseLockBackend):
     use). See docs/cache.md for what it does not promise: evictions, restarts.
     """
 
-    acquisition_class = CacheAcquisition
+    kinds = {Kind.EXCLUSIVE: CacheAcquisition}
     errors = CACHE_ERRORS
     distributed = True
     supports_expiry = True

@@ -14,8 +14,7 @@ from django.core import checks
 from django.db import connections
 
 from ...exceptions import InvalidBackendOptions, UnsupportedOperation
-from ...hold import Hold
-from ..base import Acquisition, BaseLockBackend, check_option_keys
+from ..base import BaseLockBackend, check_option_keys
 from .errors import DATABASE_ERRORS, ERRORS, MIGRATE, connection_lost
 from .sessions import SessionFactory, ThreadSessions
 from .sql import POSTGRESQL, SQLITE, TABLE, Dialect
@@ -47,8 +46,6 @@ class DatabaseBackend(BaseLockBackend):
     #: ``OPTIONS["MODE"]`` → the class that serves it (filled by the subclasses).
     modes: ClassVar[dict[str, type[DatabaseBackend]]] = {}
     mode: ClassVar[str]
-    #: Vendor → the :class:`Acquisition` class of this mode on it.
-    acquisitions: ClassVar[dict[str, type[Acquisition]]]
 
     def __init_subclass__(cls, mode: str = "", **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -123,25 +120,6 @@ class DatabaseBackend(BaseLockBackend):
         raise UnsupportedOperation(
             f"The database backend serves PostgreSQL and SQLite, not {self.vendor!r} "
             f"(DATABASES[{self.database!r}])."
-        )
-
-    def acquisition(
-        self, hold: Hold, token: str, blocking: bool, deadline: float | None
-    ) -> Acquisition:
-        if hold.kind != "exclusive":
-            return self.kind_acquisition(hold, token, blocking, deadline)
-        return self.acquisitions[self.dialect.vendor](hold, token, blocking, deadline)
-
-    def kind_acquisition(
-        self, hold: Hold, token: str, blocking: bool, deadline: float | None
-    ) -> Acquisition:
-        """The acquisition of a reader, a writer or a permit (lease mode); never reached in
-        a mode whose ``supports_read_write`` and ``supports_semaphore`` are False.
-
-        :raises UnsupportedOperation: in such a mode.
-        """
-        raise UnsupportedOperation(
-            f"{type(self).__name__} (alias {self.alias!r}) has no {hold.kind} locks."
         )
 
     # -- running statements -------------------------------------------------------

@@ -22,7 +22,7 @@ from django.db import connections
 
 from ...backoff import remaining
 from ...exceptions import BackendUnavailable
-from ...hold import Hold
+from ...kinds import Kind
 from ...values import short_owner
 from ..base import (
     Acquisition,
@@ -47,7 +47,7 @@ from .sessions import (
     Session,
     retry_row_waits,
 )
-from .share_acquisition import KindAcquisition
+from .share_acquisition import DatabaseKindAcquisition, DatabaseWriteAcquisition
 from .shares import force_release, kind_of_owner, with_shares
 from .sql import (
     PG_WAIT,
@@ -71,8 +71,6 @@ class LeaseBackend(DatabaseBackend, mode="lease"):
     supports_listing = True
     supports_counting = True
     supports_force_release = True
-    supports_read_write = True
-    supports_semaphore = True
     supports_waiters = True
     supports_age_order = True
 
@@ -83,11 +81,6 @@ class LeaseBackend(DatabaseBackend, mode="lease"):
     def __init__(self, alias: str, params: Mapping[str, Any]) -> None:
         super().__init__(alias, params)
         self.async_pool = AsyncSessions(self.session_factory, self.async_sessions)
-
-    def kind_acquisition(
-        self, hold: Hold, token: str, blocking: bool, deadline: float | None
-    ) -> Acquisition:
-        return KindAcquisition(hold, token, blocking, deadline)
 
     def is_locked(self, name: str) -> bool:
         return bool(self.run(self.dialect.is_locked, [self.make_key(name)], "checking a lock"))
@@ -538,4 +531,15 @@ def _extended(rows: list[Any]) -> Grant | None:
     return Grant(fencing, as_datetime(acquired_at), as_datetime(expires_at))
 
 
-LeaseBackend.acquisitions = {"postgresql": PgLeaseAcquisition, "sqlite": SqliteLeaseAcquisition}
+def _kinds(exclusive: type[Acquisition]) -> dict[Kind, type[Acquisition]]:
+    return {
+        Kind.EXCLUSIVE: exclusive,
+        Kind.READ: DatabaseKindAcquisition,
+        Kind.WRITE: DatabaseWriteAcquisition,
+        Kind.SEMAPHORE: DatabaseKindAcquisition,
+    }
+
+
+# Set here, below the acquisition classes (the backends come first in this module).
+LeaseBackend.kinds = _kinds(PgLeaseAcquisition)
+SqliteLeaseBackend.kinds = _kinds(SqliteLeaseAcquisition)

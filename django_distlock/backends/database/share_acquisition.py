@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ...backoff import remaining
 from ...exceptions import BackendUnavailable, SemaphoreLimitMismatch
@@ -49,19 +49,21 @@ if TYPE_CHECKING:
 HEAD_POLL = 2.0
 
 
-class KindAcquisition(Acquisition):
-    """One acquisition of a reader, a writer or a permit."""
+class DatabaseKindAcquisition(Acquisition):
+    """One acquisition of a reader or a permit (a share of the name's row)."""
 
     backend: LeaseBackend
+    #: A write lock's (:class:`DatabaseWriteAcquisition`): its owner carries a suffix in
+    #: the row, it marks its intent while it waits, and it holds the row alone.
+    writer: ClassVar[bool] = False
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         #: SQLite's statements (PostgreSQL calls its routines instead).
         self.sql = SQLITE_SHARES
         self.pg = self.backend.vendor == "postgresql"
-        hold = self.hold
         #: The owner as the row stores it (a writer's token carries a suffix).
-        self.owner = self.token + WRITER_SUFFIX if hold.kind == "write" else self.token
+        self.owner = self.token + WRITER_SUFFIX if self.writer else self.token
         self.marked = False
         #: PostgreSQL: this acquisition heads the name's queue (its session holds it).
         self.queued = False
@@ -108,7 +110,7 @@ class KindAcquisition(Acquisition):
             self.queued = False  # the call left the queue: the next waiter heads it
             self.marked = False  # a writer's grant cleared its mark
             # This session holds the share's bell, or the writer's generation lock.
-            if generation is not None or hold.kind != "write":
+            if generation is not None or not self.writer:
                 self.granted_on, self.generation = self.backend.sessions.current(), generation
             return Grant(fencing, as_datetime(acquired_at), as_datetime(expires_at))
         if stored is not None:
@@ -121,7 +123,7 @@ class KindAcquisition(Acquisition):
         """Whether a miss of this writer marks the row: one that will wait and heads the
         queue, or polls (an asyncio task). A first attempt of a thread must not: it will
         queue behind the head, which its mark would keep out."""
-        return self.hold.kind == "write" and self.blocking and (self.queued or self.barging)
+        return self.writer and self.blocking and (self.queued or self.barging)
 
     def _params(self) -> dict[str, Any]:
         hold = self.hold
@@ -133,7 +135,7 @@ class KindAcquisition(Acquisition):
         """SQLite: one attempt, statement by statement, in one transaction."""
         sql = self.sql
         run(sql.lock_row, params)
-        if self.hold.kind == "write":
+        if self.writer:
             rows = run(sql.grant_write, params)
             if rows:
                 self.marked = False  # the grant cleared the writer's mark
@@ -150,7 +152,7 @@ class KindAcquisition(Acquisition):
         retry_after, stored = found[0] if found else (None, None)
         if stored is not None:
             return self._mismatch(stored)
-        if self.hold.kind == "write" and self.blocking:
+        if self.writer and self.blocking:
             # Keep new readers out while this writer waits (writers are not starved).
             run(sql.mark_intent, params)
             self.marked = True
@@ -235,7 +237,7 @@ class KindAcquisition(Acquisition):
     # -- holding -------------------------------------------------------------------
 
     def release(self, exc_info: ExcInfo) -> bool:
-        if self.hold.kind == "write":
+        if self.writer:
             return self._release_write()
         params = {"key": self.hold.key, "owner": self.owner}
         if self.pg:
@@ -279,7 +281,7 @@ class KindAcquisition(Acquisition):
 
     def extend(self, ttl: float) -> Grant | None:
         key = self.hold.key
-        if self.hold.kind == "write":
+        if self.writer:
             dialect = POSTGRESQL if self.pg else SQLITE
             ttl_arg: float | str = ttl if self.pg else sqlite_ttl(ttl)
             rows = self.backend.run(dialect.extend, [ttl_arg, key, self.owner],
@@ -318,3 +320,9 @@ def _listens(raw: Any) -> bool:
     except ImportError:
         return False
     return isinstance(raw, psycopg.Connection)
+
+
+class DatabaseWriteAcquisition(DatabaseKindAcquisition):
+    """One acquisition of a write lock (lease mode)."""
+
+    writer = True

@@ -23,6 +23,7 @@ from ...backoff import remaining
 from ...exceptions import BackendUnavailable, ConnectionInUse, LockLost, UnsupportedOperation
 from ...hold import Hold
 from ...holders import current_holder
+from ...kinds import Kind
 from ..base import Acquisition, ExcInfo, Grant, LockInfo, LockPage, Miss
 from .backend import DatabaseBackend, server_wait
 from .errors import ERRORS, is_busy, session_ended
@@ -422,4 +423,6 @@ class SqliteTxAcquisition(_TxAcquisition):
         return self._granted(atomic, *row)
 
 
-TransactionBackend.acquisitions = {"postgresql": PgTxAcquisition, "sqlite": SqliteTxAcquisition}
+# Set here, below the acquisition classes (the backends come first in this module).
+TransactionBackend.kinds = {Kind.EXCLUSIVE: PgTxAcquisition}
+SqliteTransactionBackend.kinds = {Kind.EXCLUSIVE: SqliteTxAcquisition}

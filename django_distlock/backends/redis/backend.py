@@ -16,12 +16,10 @@ from ...exceptions import (
     BackendUnavailable,
     InvalidBackendOptions,
     LockConfigurationError,
-    UnsupportedOperation,
 )
-from ...hold import Hold
+from ...kinds import Kind
 from ...values import short_owner
 from ..base import (
-    Acquisition,
     BaseLockBackend,
     Freed,
     HeldCount,
@@ -37,7 +35,13 @@ from .client import Redis, host_port, socket_timeout
 from .errors import REDIS_ERRORS, did_not_answer
 from .hub import Hubs
 from .keys import Keys, make_keys, tag_base
-from .kinds import WRITER, KindAcquisition, kind_calls, share_keys
+from .kinds import (
+    WRITER,
+    RedisKindAcquisition,
+    RedisWriteAcquisition,
+    kind_calls,
+    share_keys,
+)
 from .kindscripts import KIND_SCRIPTS
 from .replication import ReplicatedAcquisition, Replication, replication_options
 from .scripts import SCRIPTS
@@ -126,7 +130,12 @@ class RedisBackend(BaseLockBackend):
     keeps no listing index). See ``docs/redis.md``.
     """
 
-    acquisition_class = RedisAcquisition
+    kinds = {
+        Kind.EXCLUSIVE: RedisAcquisition,
+        Kind.READ: RedisKindAcquisition,
+        Kind.WRITE: RedisWriteAcquisition,
+        Kind.SEMAPHORE: RedisKindAcquisition,
+    }
     errors = REDIS_ERRORS
     distributed = True
     supports_fencing = True
@@ -135,16 +144,17 @@ class RedisBackend(BaseLockBackend):
     supports_counting = True
     supports_force_release = True
     supports_reentrancy = True
-    supports_read_write = True
-    supports_semaphore = True
     supports_waiters = True
 
     def __new__(cls, alias: str, params: Mapping[str, Any]) -> RedisBackend:
-        # LISTING changes capabilities, so it picks the class (docs/architecture.md).
+        # LISTING and WAIT_REPLICAS change capabilities, so they pick the class
+        # (docs/architecture.md); a bad WAIT_REPLICAS is refused by __init__.
         if cls is RedisBackend:
             options = params.get("OPTIONS")
-            if isinstance(options, Mapping) and options.get("LISTING") is False:
-                cls = UnlistedRedisBackend
+            if isinstance(options, Mapping):
+                unlisted = options.get("LISTING") is False
+                replicated = options.get("WAIT_REPLICAS", 0) not in (0, None)
+                cls = _VARIANTS[unlisted, replicated]
         return super().__new__(cls)
 
     def __init__(self, alias: str, params: Mapping[str, Any]) -> None:
@@ -217,7 +227,7 @@ class RedisBackend(BaseLockBackend):
         self.redis = Redis(urls[0] if urls else None, cache, cluster, tuple(urls[1:]))
         self.hubs = Hubs()
         self._calls: dict[str, Calls] = {}
-        self._kind_calls: dict[tuple[str, str], Calls] = {}
+        self._kind_calls: dict[tuple[str, bool], Calls] = {}
         self._max_block: float | None = None
 
     # -- keys ---------------------------------------------------------------
@@ -236,18 +246,19 @@ class RedisBackend(BaseLockBackend):
             calls = self._calls[key] = Calls.of(keys, self.listing)
         return calls
 
-    def kind_calls_for(self, key: str, kind: str) -> Calls:
-        """The packed script calls of a read lock, write lock or semaphore (memoised).
+    def kind_calls_for(self, key: str, writer: bool) -> Calls:
+        """The packed script calls of a read lock or semaphore, or of a write lock
+        (memoised).
 
         :param key: the lock's storage key.
-        :param kind: ``"read"``, ``"write"`` or ``"semaphore"``.
+        :param writer: a write lock's.
         :returns: the calls (see :func:`.kinds.kind_calls`).
         """
-        calls = self._kind_calls.get((key, kind))
+        calls = self._kind_calls.get((key, writer))
         if calls is None:
             if len(self._kind_calls) >= _KEYS_CACHE:
                 self._kind_calls.clear()
-            calls = self._kind_calls[key, kind] = kind_calls(self.keys_for(key), kind)
+            calls = self._kind_calls[key, writer] = kind_calls(self.keys_for(key), writer)
         return calls
 
     @property
@@ -263,21 +274,6 @@ class RedisBackend(BaseLockBackend):
         return self._max_block
 
     # -- the contract -----------------------------------------------------------
-
-    def acquisition(
-        self, hold: Hold, token: str, blocking: bool, deadline: float | None
-    ) -> Acquisition:
-        if hold.kind != "exclusive" and self.replication is not None:  # before any call
-            raise UnsupportedOperation(
-                f"DISTLOCK[{self.alias!r}]: OPTIONS['WAIT_REPLICAS'] covers exclusive "
-                f"locks only; a {hold.kind} lock is not offered with it (use an alias "
-                "without WAIT_REPLICAS)."
-            )
-        if hold.kind != "exclusive":
-            return KindAcquisition(hold, token, blocking, deadline)
-        if self.replication is not None:
-            return ReplicatedAcquisition(hold, token, blocking, deadline)
-        return super().acquisition(hold, token, blocking, deadline)
 
     def eviction_problem(self, timeout: float | None = None) -> str | None:
         """Ask the server (each master of a cluster) whether it may evict keys when
@@ -571,6 +567,41 @@ class UnlistedRedisBackend(RedisBackend):
     supports_listing = False
     supports_counting = False
     why_unsupported = {"supports_listing": _NO_INDEX, "supports_counting": _NO_INDEX}
+
+
+_EXCLUSIVE_ONLY = (
+    "OPTIONS['WAIT_REPLICAS'] covers exclusive locks only (use an alias without "
+    "WAIT_REPLICAS for read-write locks and semaphores)"
+)
+
+
+class ReplicatedRedisBackend(RedisBackend):
+    """A Redis alias with ``OPTIONS["WAIT_REPLICAS"]`` (:class:`RedisBackend` builds it
+    for that option): every grant and extension of its exclusive locks waits for that
+    many replicas (:mod:`.replication`); it serves no other kind."""
+
+    kinds = {Kind.EXCLUSIVE: ReplicatedAcquisition}
+    why_unsupported = {
+        "supports_read_write": _EXCLUSIVE_ONLY,
+        "supports_semaphore": _EXCLUSIVE_ONLY,
+    }
+
+
+class UnlistedReplicatedRedisBackend(UnlistedRedisBackend, ReplicatedRedisBackend):
+    """``LISTING = False`` and ``WAIT_REPLICAS`` together."""
+
+    why_unsupported = {
+        **UnlistedRedisBackend.why_unsupported, **ReplicatedRedisBackend.why_unsupported
+    }
+
+
+#: The class of (LISTING is False, WAIT_REPLICAS given).
+_VARIANTS: dict[tuple[bool, bool], type[RedisBackend]] = {
+    (False, False): RedisBackend,
+    (True, False): UnlistedRedisBackend,
+    (False, True): ReplicatedRedisBackend,
+    (True, True): UnlistedReplicatedRedisBackend,
+}
 
 
 def _as_bytes(value: bytes | str) -> bytes:

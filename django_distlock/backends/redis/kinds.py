@@ -12,7 +12,7 @@ give-back of a cancelled attempt and renewal are :class:`.RedisAcquisition`'s.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ...exceptions import SemaphoreLimitMismatch
 from ..base import Grant, Miss
@@ -37,16 +37,16 @@ def share_keys(keys: Keys) -> tuple[str, str]:
     return base + "h:" + keys.member, base + "d:" + keys.member
 
 
-def kind_calls(keys: Keys, kind: str) -> Calls:
+def kind_calls(keys: Keys, writer: bool) -> Calls:
     """The packed script calls of one name for a kind of lock.
 
     :param keys: the name's keys.
-    :param kind: ``"read"``, ``"write"`` or ``"semaphore"``.
+    :param writer: a write lock's (else a read lock's or a semaphore's).
     :returns: the calls (a write lock's are the exclusive lock's but for ``leave``).
     """
     k = keys
     leave = Packed(KIND_SCRIPTS["leave"], (k.lock, k.queue, k.waiters), ())
-    if kind == "write":
+    if writer:
         return Calls.of(keys)._replace(leave=leave)
     holders, data = share_keys(keys)
     return Calls(
@@ -66,8 +66,12 @@ def kind_calls(keys: Keys, kind: str) -> Calls:
     )
 
 
-class KindAcquisition(RedisAcquisition):
-    """One acquisition of a read lock, a write lock or a semaphore's permit."""
+class RedisKindAcquisition(RedisAcquisition):
+    """One acquisition of a read lock or a semaphore's permit (a share of the name)."""
+
+    #: A write lock's (:class:`RedisWriteAcquisition`): the exclusive lock's scripts,
+    #: leaving the kinds' queue.
+    writer: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -77,14 +81,12 @@ class KindAcquisition(RedisAcquisition):
         deadline: float | None,
     ) -> None:
         super().__init__(hold, token, blocking, deadline)
-        self.calls = self.backend.kind_calls_for(hold.key, hold.kind)
+        self.calls = self.backend.kind_calls_for(hold.key, self.writer)
         #: The semaphore's limit; 0 for a read lock (no limit).
         self.limit = hold.limit or 0
 
     def _acquire_args(self, signal: str, not_after: int) -> tuple[str | int, ...]:
         token, ttl, holder, *rest = super()._acquire_args(signal, not_after)
-        if self.hold.kind == "write":
-            return (token, ttl, WRITER + str(holder), *rest)
         return (token, ttl, holder, *rest, self.limit)
 
     def _result(self, reply: Any, granted_after: float = 0.0) -> Grant | Miss:
@@ -98,3 +100,14 @@ class KindAcquisition(RedisAcquisition):
                 given=self.limit,
             )
         return super()._result(reply, granted_after)
+
+
+class RedisWriteAcquisition(RedisKindAcquisition):
+    """One acquisition of a write lock: the exclusive lock's grant, its holder marked as
+    a writer (which readers and the listing read), in the kinds' queue."""
+
+    writer = True
+
+    def _acquire_args(self, signal: str, not_after: int) -> tuple[str | int, ...]:
+        token, ttl, holder, *rest = RedisAcquisition._acquire_args(self, signal, not_after)
+        return (token, ttl, WRITER + str(holder), *rest)

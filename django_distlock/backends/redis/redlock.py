@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from ...exceptions import BackendUnavailable, InvalidBackendOptions
+from ...kinds import Kind
 from ..base import (
     Acquisition,
     BaseLockBackend,
@@ -149,7 +150,7 @@ class RedlockBackend(BaseLockBackend):
     ``docs/redis.md``.
     """
 
-    acquisition_class = RedlockAcquisition
+    kinds = {Kind.EXCLUSIVE: RedlockAcquisition}
     errors = REDIS_ERRORS
     distributed = True
     supports_expiry = True

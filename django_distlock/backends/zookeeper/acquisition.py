@@ -39,7 +39,7 @@ import asyncio
 import time
 import uuid
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from asgiref.sync import sync_to_async
 from kazoo.client import KazooState
@@ -75,6 +75,8 @@ class ThreadHops(Acquisition):
     """kazoo is thread-based: the async twins run the sync steps in a worker thread of
     their own (not the shared one: a blocking call must not hold up the other tasks')."""
 
+    backend: ZooKeeperBackend
+
     async def aattempt(self) -> Grant | Miss:
         return await sync_to_async(self.attempt, thread_sensitive=False)()
 
@@ -98,7 +100,17 @@ async def wait_until(event: asyncio.Event, deadline: float | None) -> None:
 
 
 class ZooKeeperAcquisition(AheadWatches, ThreadHops):
+    """An exclusive lock's acquisition (kazoo's ``Lock``); the read and write sides of
+    a read-write lock are the subclasses below, which differ in class attributes only
+    (kazoo's ``_NODE_NAME`` and ``_EXCLUDE_NAMES`` way)."""
+
     backend: ZooKeeperBackend
+    #: What our node's name says it takes (see :mod:`.paths`).
+    node_marker: ClassVar[str] = MARKER
+    #: A read lock's: it may take the read side of its own holder's write node.
+    reader: ClassVar[bool] = False
+    #: A write lock's: readers of its holder find it (``backend.writers``).
+    writer: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -108,6 +120,7 @@ class ZooKeeperAcquisition(AheadWatches, ThreadHops):
         deadline: float | None,
     ) -> None:
         super().__init__(hold, token, blocking, deadline)
+        self.backend.usable()  # settings the checks report: refused before any call
         self.client = self.backend.client
         self.parent = self.backend.parent_of(hold.key)
         #: Public in node names, so not the owner token.
@@ -130,7 +143,7 @@ class ZooKeeperAcquisition(AheadWatches, ThreadHops):
         self._own_watch = False
         self._own_gone = False  # our node was found gone while waiting
         #: What the node's name says it takes (see :mod:`.paths`).
-        self.marker = READ_MARKER if hold.kind == "read" else MARKER
+        self.marker = self.node_marker
         #: A reader's own held write node, when it takes the read side of it (a downgrade).
         self.downgrading: str | None = None
         self.granted = False
@@ -180,14 +193,14 @@ class ZooKeeperAcquisition(AheadWatches, ThreadHops):
     def _grant(self) -> Grant:
         self.granted = True
         self.hold.unsure = False
-        if self.hold.kind == "write":
+        if self.writer:
             self.backend.writers[self.parent] = self
         return Grant(self.fencing, datetime.now(UTC), None)
 
     def _create_contender(self) -> None:
         """Create our node; a reader whose holder holds the write side takes its read side
         at once (a downgrade: Curator's and kazoo's rule for the write holder's thread)."""
-        writer = self.backend.writers.get(self.parent) if self.hold.kind == "read" else None
+        writer = self.backend.writers.get(self.parent) if self.reader else None
         if (
             writer is None or not writer.granted or writer.node is None or not writer.hold.held
             or writer.hold.holder != self.hold.holder or not writer._same_session()
@@ -489,3 +502,16 @@ class ZooKeeperAcquisition(AheadWatches, ThreadHops):
         if not self._gone:
             return None
         return await sync_to_async(self._after_predecessor, thread_sensitive=False)(True)
+
+
+class ZooKeeperReadAcquisition(ZooKeeperAcquisition):
+    """The read side of a read-write lock: waits only for the write nodes ahead."""
+
+    node_marker = READ_MARKER
+    reader = True
+
+
+class ZooKeeperWriteAcquisition(ZooKeeperAcquisition):
+    """The write side of a read-write lock: waits for every node ahead."""
+
+    writer = True

@@ -14,6 +14,7 @@ from kazoo.exceptions import NoNodeError
 
 from ...exceptions import InvalidBackendOptions
 from ...hold import Hold
+from ...kinds import Kind
 from ..base import (
     Acquisition,
     BaseLockBackend,
@@ -24,7 +25,11 @@ from ..base import (
     WaiterInfo,
 )
 from ..shared_reads import read_once
-from .acquisition import ZooKeeperAcquisition
+from .acquisition import (
+    ZooKeeperAcquisition,
+    ZooKeeperReadAcquisition,
+    ZooKeeperWriteAcquisition,
+)
 from .client import Client
 from .errors import ZOOKEEPER_ERRORS
 from .options import parse
@@ -66,16 +71,19 @@ class ZooKeeperBackend(BaseLockBackend):
     locks count their owner's acquisitions in this process (``reentrant.py``).
     """
 
-    acquisition_class = ZooKeeperAcquisition
+    kinds = {
+        Kind.EXCLUSIVE: ZooKeeperAcquisition,
+        Kind.READ: ZooKeeperReadAcquisition,
+        Kind.WRITE: ZooKeeperWriteAcquisition,
+        Kind.SEMAPHORE: SemaphoreAcquisition,
+    }
     errors = ZOOKEEPER_ERRORS
     distributed = True
     supports_fencing = True
     supports_listing = True
     supports_counting = True
     supports_force_release = True
-    supports_read_write = True
     supports_downgrade = True
-    supports_semaphore = True
     supports_reentrancy = True
     supports_waiters = True
 
@@ -114,7 +122,7 @@ class ZooKeeperBackend(BaseLockBackend):
             self.checked_limits.clear()
         self.checked_limits[parent, limit] = mzxid
 
-    def _usable(self) -> None:
+    def usable(self) -> None:
         """Refuse, before any server call, what the system checks report."""
         if self.settings.problems:
             raise InvalidBackendOptions(self.settings.problems[0].message)
@@ -124,10 +132,7 @@ class ZooKeeperBackend(BaseLockBackend):
     def acquisition(
         self, hold: Hold, token: str, blocking: bool, deadline: float | None
     ) -> Acquisition:
-        self._usable()
-        if hold.kind == "semaphore":
-            return SemaphoreAcquisition(hold, token, blocking, deadline)
-        if hold.reentrant:
+        if hold.reentrant:  # an owner's node, shared by its acquisitions (reentrant.py)
             return ReentrantAcquisition(hold, token, blocking, deadline)
         return super().acquisition(hold, token, blocking, deadline)
 
@@ -139,7 +144,7 @@ class ZooKeeperBackend(BaseLockBackend):
 
     def is_locked(self, name: str) -> bool:
         parent = self.parent_of(self.make_key(name))
-        self._usable()
+        self.usable()
         return bool(self._contenders(parent))
 
     def _parent_names(self) -> list[str]:
@@ -160,7 +165,7 @@ class ZooKeeperBackend(BaseLockBackend):
         """One page of held locks. ZooKeeper lists a node's children whole and unsorted,
         so this reads the names of every lock parent under ``ROOT`` (:meth:`_parent_names`),
         then only the page's parents and holders, a batch of async calls at a time."""
-        self._usable()
+        self.usable()
         names = self._parent_names()
         low = self.key_prefix + prefix
         after = decode(cursor) if cursor is not None else None
@@ -190,7 +195,7 @@ class ZooKeeperBackend(BaseLockBackend):
         read, as async calls sent together, for at most :data:`COUNT_READS` parents
         (about 0.2 ms each): past that the count is "at least" those found held, "at
         most" the parents."""
-        self._usable()
+        self.usable()
         names = self._parent_names()
         low = self.key_prefix + prefix
         keys = [key for key in map(decode, names) if key.startswith(low)]
@@ -250,7 +255,7 @@ class ZooKeeperBackend(BaseLockBackend):
         """The contenders after the holders (a semaphore's: those at its gate), their
         nodes read in one batch. ZooKeeper lists children whole: the listing's cost
         grows with the contenders, the reads with ``limit``."""
-        self._usable()
+        self.usable()
         parent = self.parent_of(key)
         queue = self._contenders(parent)
         if queue and LEASE_MARKER in queue[0]:
@@ -277,7 +282,7 @@ class ZooKeeperBackend(BaseLockBackend):
 
     def _force_release(self, key: str, owner: str) -> Freed | None:
         parent = self.parent_of(key)
-        self._usable()
+        self.usable()
         queue = self._contenders(parent)
         if not queue:
             return None
@@ -294,7 +299,7 @@ class ZooKeeperBackend(BaseLockBackend):
         return Freed(stat.czxid)
 
     def health(self) -> float:
-        self._usable()
+        self.usable()
         self.client.get()
         started = time.monotonic()
         self.client.call("checking health", "exists", self.settings.root)

@@ -47,7 +47,7 @@ class SemaphoreAcquisition(ThreadHops):
         super().__init__(hold, token, blocking, deadline)
         assert hold.limit is not None
         self.limit = hold.limit
-        self.client = self.backend.client
+        self.client = self.backend.client  # (its gate and lease check the settings)
         self.parent = self.backend.parent_of(hold.key)
         self.gate = ZooKeeperAcquisition(hold, token, blocking, deadline)
         self.gate.parent = f"{self.parent}/{GATE}"
