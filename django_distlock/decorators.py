@@ -39,6 +39,7 @@ def lock(
     ttl: float | _Default = DEFAULT,
     timeout: float | _Default | None = DEFAULT,
     blocking: bool = True,
+    reentrant: bool | _Default = DEFAULT,
     auto_renew: bool | _Default = DEFAULT,
     max_hold: float | None = None,
 ) -> Lock:
@@ -47,9 +48,10 @@ def lock(
     ``with lock("order:42", ttl=30, timeout=5) as h:`` acquires or raises
     :class:`~django_distlock.exceptions.LockTimeout` (or
     :class:`~django_distlock.exceptions.LockNotAcquired` when not blocking),
-    and releases on exit. ``auto_renew`` and ``max_hold`` are
-    :meth:`~django_distlock.backends.base.BaseLockBackend.lock`'s: the lease is
-    renewed while the block runs, and the exit raises
+    and releases on exit. ``reentrant``, ``auto_renew`` and ``max_hold`` are
+    :meth:`~django_distlock.backends.base.BaseLockBackend.lock`'s: a reentrant
+    block nested in another of the same name (in the same thread or task) enters at
+    once; the lease is renewed while the block runs, and the exit raises
     :class:`~django_distlock.exceptions.LockLost` if a renewal found it gone.
 
     :raises InvalidLockAlias: for an unknown alias.
@@ -57,8 +59,8 @@ def lock(
     :raises UnsupportedOperation: for ``auto_renew=True`` on locks that do not expire.
     """
     return locks[using].lock(
-        name, ttl=ttl, timeout=timeout, blocking=blocking, auto_renew=auto_renew,
-        max_hold=max_hold,
+        name, ttl=ttl, timeout=timeout, blocking=blocking, reentrant=reentrant,
+        auto_renew=auto_renew, max_hold=max_hold,
     )
 
 
@@ -73,6 +75,7 @@ def distlock(
     on_unavailable: OnFail = "raise",
     skip_value: Any = None,
     on_lost: OnLost = "raise",
+    reentrant: bool | _Default = DEFAULT,
     auto_renew: bool | _Default = DEFAULT,
     max_hold: float | None = None,
     kind: str = "exclusive",
@@ -119,6 +122,12 @@ def distlock(
         ``on_lost(exc, result, *args, **kwargs)`` and its result returned.
         Not consulted when the function raised (its exception propagates).
         See ``docs/decorator.md`` for the trade-off.
+    :param reentrant: a call made while the same thread or task holds the name
+        through a reentrant handle (a locked function calling another that locks the
+        same name) enters at once, counted, with no server call; the lock is free
+        after the outermost call returns. Default: the alias' ``REENTRANT``; without
+        it such a nested call raises
+        :class:`~django_distlock.exceptions.SelfDeadlock`.
     :param auto_renew: renew the lease every third of ``ttl`` while the function
         runs (default: the alias' ``AUTO_RENEW``); a renewal that finds the lease
         gone makes the call end as ``on_lost`` says. On an alias whose locks do
@@ -143,6 +152,10 @@ def distlock(
         _check_options(where, using, ttl, timeout, blocking, on_fail)
         _check_renewal(where, auto_renew, max_hold)
         lock_kind = _check_kind(where, kind, limit)
+        if not isinstance(reentrant, bool | _Default):
+            raise TypeError(f"{where}: reentrant must be True or False, not {reentrant!r}.")
+        if reentrant is True and not lock_kind.reentrant_ok:
+            raise ValueError(f"{where}: {lock_kind.family} are not reentrant.")
         if isinstance(key, list | tuple) and lock_kind is not Kind.EXCLUSIVE:
             raise ValueError(f"{where}: a list of names takes exclusive locks only (kind).")
         _check_policy(where, "on_lost", on_lost, ("raise", "log"))
@@ -166,7 +179,8 @@ def distlock(
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
                 held = _handle(
                     using, lock_kind, limit, name_of(args, kwargs), ttl=ttl, timeout=timeout,
-                    blocking=blocking, auto_renew=auto_renew, max_hold=max_hold,
+                    blocking=blocking, reentrant=reentrant, auto_renew=auto_renew,
+                    max_hold=max_hold,
                 )
                 context = enter(describe(args))
                 try:
@@ -200,7 +214,8 @@ def distlock(
             def sync_wrapper(*args: Any, **kwargs: Any) -> Any:
                 held = _handle(
                     using, lock_kind, limit, name_of(args, kwargs), ttl=ttl, timeout=timeout,
-                    blocking=blocking, auto_renew=auto_renew, max_hold=max_hold,
+                    blocking=blocking, reentrant=reentrant, auto_renew=auto_renew,
+                    max_hold=max_hold,
                 )
                 context = enter(describe(args))
                 try:

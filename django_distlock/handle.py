@@ -8,11 +8,13 @@ from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from . import holders
 from .exceptions import (
     BackendUnavailable,
     DistLockError,
     LockLost,
     LockNotAcquired,
+    LockNotHeld,
     LockTimeout,
 )
 from .hold import Hold
@@ -94,11 +96,16 @@ class Lock:
         #:
         #: Example: ``locks["redis"].read_lock("report").kind == "read"``.
         self.kind = kind
-        self._hold = Hold(
+        #: The handle's own Hold, and the one it acquires through now: its own, or, for
+        #: a reentrant handle whose holder held the name already, that hold (counted).
+        self._own = self._hold = Hold(
             self, backend, name, key, kind=kind, limit=limit, ttl=ttl, timeout=timeout,
             blocking=blocking, reentrant=reentrant, auto_renew=auto_renew, max_hold=max_hold,
             owner_token=owner_token,
         )
+        self._reentrant = reentrant
+        #: A reentrant handle's acquisitions not yet released.
+        self._count = 0
 
     # -- what the handle holds (no I/O) ----------------------------------------
 
@@ -108,7 +115,7 @@ class Lock:
 
         Example: ``locks["redis"].lock("x").options.ttl`` is the alias' ``TTL``.
         """
-        hold = self._hold
+        hold = self._own
         return LockOptions(
             ttl=hold.ttl, timeout=hold.timeout, blocking=hold.blocking,
             reentrant=hold.reentrant, auto_renew=hold.auto_renew, max_hold=hold.max_hold,
@@ -148,7 +155,8 @@ class Lock:
 
         Example: ``if lease.held: lease.release()``.
         """
-        return self._hold.held
+        hold = self._hold
+        return hold.held and (not self._reentrant or self._count > 0)
 
     @property
     def held_for(self) -> float | None:
@@ -214,9 +222,14 @@ class Lock:
         :param timeout: seconds to wait; None waits forever (default: the
             handle's ``timeout``). How a backend waits (woken by the server, or
             retries with exponential backoff and jitter) is its own.
-        :raises DistLockError: if this handle already holds the lock.
+        A reentrant handle (``reentrant=True``) whose thread or task holds the name
+        already, through it or another reentrant handle, counts one more acquisition
+        at once, with no server call; each needs its release.
+
+        :raises DistLockError: if this handle already holds the lock (and is not
+            reentrant, or is acquired from another thread or task).
         :raises SelfDeadlock: if, blocking, this thread already holds the lock
-            through another handle.
+            through another handle (not a reentrant one).
         :raises BackendUnavailable: when the server fails.
 
         Example::
@@ -225,7 +238,13 @@ class Lock:
                 try: ...
                 finally: lease.release()
         """
-        if run(self._acquiring(*self._hold.begin(blocking, timeout), False)):
+        if self._reentrant:
+            if self._reenter():
+                return True
+            if run(self._acquiring(*self._hold.begin(blocking, timeout), False)):
+                self._count = 1
+                return True
+        elif run(self._acquiring(*self._hold.begin(blocking, timeout), False)):
             return True
         self._hold.not_acquired()
         return False
@@ -237,10 +256,41 @@ class Lock:
 
         Example: ``if await lease.aacquire(timeout=2): ...``.
         """
-        if await arun(self._acquiring(*self._hold.begin(blocking, timeout), True)):
+        if self._reentrant:
+            if self._reenter():
+                return True
+            if await arun(self._acquiring(*self._hold.begin(blocking, timeout), True)):
+                self._count = 1
+                return True
+        elif await arun(self._acquiring(*self._hold.begin(blocking, timeout), True)):
             return True
         self._hold.not_acquired()
         return False
+
+    def _reenter(self) -> bool:
+        """A reentrant handle: count one more acquisition of a hold that this thread or
+        task holds through a reentrant handle of the name (this one or another), with
+        no server call; False when there is none."""
+        hold = self._hold
+        if not (self._count and hold.reenter(self)):
+            own = self._own
+            found = holders.reentry(own, holders.current_holder())
+            if found is None or not found.reenter(self):
+                # A hold that ended (lost, or its lease ran out): this handle holds none.
+                self._hold, self._count = own, 0
+                return False
+            self._hold = found
+        self._count += 1
+        return True
+
+    def _uncount(self) -> None:
+        """A reentrant handle's release: one acquisition fewer (back to its own hold
+        after the last)."""
+        if not self._count:
+            raise LockNotHeld(f"{self!r} is not held by this handle.")
+        self._count -= 1
+        if not self._count:
+            self._hold = self._own
 
     def _acquiring(self, blocking: bool, deadline: float | None, asynchronous: bool) -> Core[bool]:
         """The acquire loop (see ``steps.py``): attempt, wait, attempt again, until a
@@ -314,14 +364,25 @@ class Lock:
     def _release(self, exc_info: Any) -> None:
         # Not through steps.run(): the release is the hot path, and its shells are thin.
         hold = self._hold
+        if self._reentrant:
+            self._uncount()
         acquisition, inner = hold.take()
+        if inner:  # a reentrant hold's other acquisitions keep it: no server call
+            hold.released(True, True, self)
+            return
         try:
             released = acquisition.release(exc_info)
         except BaseException as exc:
             if hold.release_failed(acquisition, inner, exc):
+                self._recount(hold, exc)
                 raise
             return
-        hold.released(released, inner)
+        hold.released(released, inner, self)
+
+    def _recount(self, hold: Hold, exc: BaseException) -> None:
+        """A reentrant handle's last release raised and may be retried: it holds again."""
+        if self._reentrant and not isinstance(exc, LockLost):
+            self._hold, self._count = hold, self._count + 1
 
     async def arelease(self) -> None:
         """Async :meth:`release`. Example: ``await lease.arelease()``."""
@@ -329,14 +390,20 @@ class Lock:
 
     async def _arelease(self, exc_info: Any) -> None:
         hold = self._hold
+        if self._reentrant:
+            self._uncount()
         acquisition, inner = hold.take()
+        if inner:
+            hold.released(True, True, self)
+            return
         try:
             released = await acquisition.arelease(exc_info)
         except BaseException as exc:
             if hold.release_failed(acquisition, inner, exc):
+                self._recount(hold, exc)
                 raise
             return
-        hold.released(released, inner)
+        hold.released(released, inner, self)
 
     def extend(self, ttl: float | _Default = DEFAULT) -> None:
         """Make the lease end ``ttl`` seconds from now (default: the handle's ``ttl``).

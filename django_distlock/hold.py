@@ -244,7 +244,8 @@ class Hold:
         self._send(signals.lock_lost)
         return True
 
-    def _send(self, signal: Any, **extra: Any) -> None:
+    def _send(self, signal: Any, handle: object = None, **extra: Any) -> None:
+        """Send ``signal`` for ``handle`` (None: the handle that built this hold)."""
         if not signal.receivers:  # the common case: build no arguments for nobody
             return
         signal.send(
@@ -253,7 +254,7 @@ class Hold:
             alias=self.backend.alias,
             name=self.name,
             fencing_token=self.fencing_token,
-            handle=self._handle(),
+            handle=self._handle() if handle is None else handle,
             **extra,
         )
 
@@ -292,9 +293,10 @@ class Hold:
 
         :raises TypeError, ValueError: for a bad ``blocking`` or ``timeout``.
         :raises DistLockError: if an acquire is under way, or the handle holds the lock
-            and is not reentrant.
+            (a reentrant handle's acquire by its holder counts before it gets here).
+        :raises LockLost: if the handle held the lock and lost it, unreleased.
         :raises SelfDeadlock: if, blocking, the same thread or task holds the name
-            through another handle.
+            through another handle (not a reentrant one: that acquire counts).
         """
         blocking = self.blocking if blocking is None else blocking
         if not isinstance(blocking, bool):
@@ -303,31 +305,53 @@ class Hold:
         task = holders.running_task()  # once: outside a loop, asking raises (slow)
         holder = holders.holder_of(task)
         with self._mutex:
-            if self.busy or (self._token is not None and not self.reentrant):
+            if self.busy or self._token is not None:
+                if self._lost and not self.busy:
+                    raise LockLost(f"{self!r} was lost; release() it before acquiring again.")
                 raise DistLockError(
                     f"{self!r} is already acquired or being acquired; a handle holds one "
                     "acquisition at a time (build another handle with .lock(), or pass "
-                    "reentrant=True)."
+                    "reentrant=True: its holder's thread or task then acquires it again, "
+                    "counted)."
                 )
-            if self._token is not None:
-                self.check_process()
-            else:
-                if blocking and not (self.reentrant and self.kind.excludes):
-                    holders.refuse(self, holder, self.backend.supports_downgrade)
-                self._holder = holder
+            if blocking:
+                holders.refuse(self, holder, self.backend.supports_downgrade)
+            self._holder = holder
             self.busy = True
-        if self._token is None:
-            self.pid = os.getpid()
-            self.thread = holders.label_of(task)
-            self.context = current_context()
-            self.holder_field = join_holder(self.thread, self.context)
+        self.pid = os.getpid()
+        self.thread = holders.label_of(task)
+        self.context = current_context()
+        self.holder_field = join_holder(self.thread, self.context)
         self._started = started = time.monotonic()
         return blocking, None if timeout is None or not blocking else started + timeout
 
     def new_token(self) -> str:
-        """The owner token of the next acquisition: the held one when acquiring again,
-        the explicit owner's, or 128 new random bits."""
-        return self._token or self._owner_token or secrets.token_hex(16)
+        """The owner token of the next acquisition: the explicit owner's, or 128 new
+        random bits."""
+        return self._owner_token or secrets.token_hex(16)
+
+    @property
+    def shares_owner(self) -> bool:
+        """Whether the handle was given an ``owner`` that handles share (the server
+        counts their acquisitions: ``supports_shared_owner``)."""
+        return self._owner_token is not None
+
+    def reenter(self, handle: object) -> bool:
+        """Count one more acquisition of this hold by its holder (a reentrant handle's
+        acquire, :meth:`Lock.acquire <django_distlock.Lock.acquire>`): no server call.
+
+        :param handle: the handle acquiring (the signal's ``handle``).
+        :returns: False when the hold is no longer held here (released, lost, a lease
+            run out, a forked child): the handle acquires as usual.
+        """
+        with self._mutex:
+            if self._token is None or self._lost or self.pid != os.getpid():
+                return False
+            if self._expired_locally():
+                return False
+            self._depth += 1
+        self._send(signals.lock_acquired, handle, waited=0.0)
+        return True
 
     def granted(
         self, acquisition: Acquisition, grant: Grant, sent: float, asynchronous: bool
@@ -339,15 +363,7 @@ class Hold:
             if time.monotonic() >= valid_until:
                 return False
         with self._mutex:
-            self._depth += 1
-            again = self._depth > 1  # acquired again: the first acquisition object releases
-            if again:
-                self._grant = grant
-                self._valid_until = valid_until
-        if again:
-            self._send(signals.lock_acquired, waited=time.monotonic() - self._started)
-            return True
-        with self._mutex:
+            self._depth = 1
             self._acquisition = acquisition
             self._token = acquisition.token
             self._owner_id = short_owner(acquisition.token)
@@ -422,25 +438,30 @@ class Hold:
             self._forget()
         return True
 
-    def released(self, released: bool, inner: bool) -> None:
-        """After the backend's release returned ``released``: record it, or raise LockLost."""
+    def released(self, released: bool, inner: bool, handle: object) -> None:
+        """After the backend's release returned ``released`` (an inner release of a
+        reentrant hold calls no server: True), for ``handle``: record it, or raise
+        LockLost."""
         lost = not released or self._lost_at_release
-        if inner and not lost:
-            self._send(signals.lock_released)
+        if inner:  # the hold's other acquisitions keep it (lost or not) until the last
+            if lost:
+                self._send_lost()
+                raise LockLost(f"{self!r} was lost before this release.")
+            self._send(signals.lock_released, handle)
             return
         with self._mutex:
             self._clear()
         self._forget()
         if lost and self._release_unsure and not inner:
-            self._already_released()
+            self._already_released(handle)
             return
         if lost:
             self._send_lost()
             raise LockLost(f"{self!r} was no longer held when released: its lease ended.")
         self._release_unsure = False
-        self._send(signals.lock_released)
+        self._send(signals.lock_released, handle)
 
-    def _already_released(self) -> None:
+    def _already_released(self, handle: object = None) -> None:
         """A retried release found the lock gone after a release that was sent while the
         lease was valid and raised: that release went through, or the lease ended after
         the holder let go. Either way no critical section ran unprotected: no loss."""
@@ -449,7 +470,7 @@ class Hold:
             "%r was already released when release() was retried: the release that raised "
             "went through, or its lease ended after it was sent.", self,
         )
-        self._send(signals.lock_released)
+        self._send(signals.lock_released, handle)
 
     def extendable(self) -> Acquisition:
         """Start an extend: the acquisition held, or raise LockNotHeld or LockLost."""

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SelfDeadlock", "current_holder", "hold", "holder_label", "holder_of", "label_of",
-    "let_go", "refuse", "running_task",
+    "let_go", "reentry", "refuse", "running_task",
 ]
 
 Key = tuple[str, str]
@@ -158,6 +158,30 @@ def refuse(handle: Hold, holder: object, downgrade: bool) -> None:
                     name=handle.name,
                     alias=handle.backend.alias,
                 )
+
+
+def reentry(handle: Hold, holder: object) -> Hold | None:
+    """Return the hold of ``handle``'s name and kind on its alias that ``holder`` holds
+    through a reentrant handle, for ``handle`` (reentrant too) to count itself in.
+
+    :param handle: the hold of the reentrant handle acquiring.
+    :param holder: who is acquiring (:func:`current_holder`).
+    :returns: the hold, or None.
+    """
+    key = (handle.backend.alias, handle.key)
+    with _held_mutex:
+        _purge_collected()
+        refs = _held.get(key)
+        if not refs:
+            return None
+        for ref, other_holder in refs.items():
+            other = ref()
+            if (
+                other is not None and other_holder == holder and other.reentrant
+                and other.kind is handle.kind and other.held
+            ):
+                return other
+    return None
 
 
 def hold(handle: Hold, holder: object) -> weakref.ref[Hold]:

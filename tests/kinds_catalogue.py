@@ -37,8 +37,6 @@ SAME_AS = {
     "zk-auth": "'zk' with an ACL: the recipes are the same",
 }
 KIND_ALIASES = ["sqlite-lease", "pg-lease", "redis", "redis-unfair", "redis-cluster", "zk"]
-#: Those of them with reentrant locks too (a test checks the flags).
-REENTRANT_ALIASES = ["redis", "redis-unfair", "redis-cluster", "zk"]
 
 
 def kinds_offered(backend: BaseLockBackend) -> list[str]:
@@ -51,15 +49,12 @@ def of_kind(backend: BaseLockBackend, kind: str, name: str, **options: Any) -> A
     """A handle of ``kind`` on ``name`` (a semaphore of LIMIT permits)."""
     if kind == "semaphore":
         return backend.semaphore(name, LIMIT, **options)
-    if kind == "reentrant":
-        return backend.lock(name, reentrant=True, **options)
     return getattr(backend, f"{kind}_lock")(name, **options)
 
 
 #: The kind that waits while a holder of the key's kind holds (a semaphore: its LIMIT
 #: permits all held).
-BLOCKED_BY = {"read": "write", "write": "read", "semaphore": "semaphore",
-              "reentrant": "reentrant"}
+BLOCKED_BY = {"read": "write", "write": "read", "semaphore": "semaphore"}
 
 
 def hold_all(backend: BaseLockBackend, kind: str, name: str, **options: Any) -> list[Any]:
@@ -77,8 +72,8 @@ def hold_all(backend: BaseLockBackend, kind: str, name: str, **options: Any) -> 
 
 def free_for_all(backend: BaseLockBackend, kind: str, name: str) -> bool:
     """Whether nothing of ``name`` is held: a write lock (read/write), LIMIT permits
-    (semaphore) or a reentrant lock taken at once, and given back."""
-    taker = kind if kind in ("semaphore", "reentrant") else "write"
+    (semaphore) taken at once, and given back."""
+    taker = kind if kind == "semaphore" else "write"
     handles = [of_kind(backend, taker, name, ttl=30)
                for _ in range(LIMIT if kind == "semaphore" else 1)]
     got = [handle for handle in handles if handle.acquire(blocking=False)]

@@ -7,18 +7,20 @@ import logging
 from types import SimpleNamespace
 
 import pytest
+from django.conf import settings
 from django.contrib.auth.models import User
 from django.http import HttpResponse
 from django.test import AsyncClient, Client, RequestFactory, override_settings
 from django.urls import path
 
-from django_distlock import distlock, lock, locks
+from django_distlock import distlock, lock, locks, signals
 from django_distlock.exceptions import (
     InvalidLockAlias,
     InvalidLockName,
     LockLost,
     LockNotAcquired,
     LockTimeout,
+    SelfDeadlock,
 )
 from django_distlock.http import conflict_response, locked_response
 from django_distlock.values import DEFAULT
@@ -185,6 +187,66 @@ def test_lock_context_manager() -> None:
     with lock("ctx", using=ALIAS, ttl=5, timeout=1) as handle:
         assert handle.held and held_elsewhere("ctx")
     assert not handle.held
+
+
+def test_a_locked_function_calling_another_that_locks_the_name() -> None:
+    """Seed 001's reentrant use: with ``reentrant=True`` the inner call enters at once
+    (counted: its lock_acquired carries the outer grant's fencing token) and the name
+    is free after the outer call; without it the inner call raises SelfDeadlock."""
+    acquired: list[tuple[str, int | None]] = []
+
+    def remember(sender, name, fencing_token, **kwargs):
+        acquired.append((name, fencing_token))
+
+    @distlock("account:{account_id}", using=ALIAS, reentrant=True, timeout=1)
+    def debit(account_id):
+        return "debited"
+
+    @distlock("account:{account_id}", using=ALIAS, reentrant=True, timeout=1)
+    def transfer(account_id):
+        assert held_elsewhere(f"account:{account_id}")
+        return debit(account_id)
+
+    signals.lock_acquired.connect(remember)
+    try:
+        assert transfer("7") == "debited"
+    finally:
+        signals.lock_acquired.disconnect(remember)
+    mine = [token for name, token in acquired if name == "account:7"]
+    assert len(mine) == 2 and mine[0] == mine[1] is not None
+    assert not held_elsewhere("account:7")
+
+    @distlock("account:{account_id}", using=ALIAS, timeout=1)
+    def plain(account_id):
+        return debit(account_id)  # reentrant inside, but the outer hold is not
+
+    with pytest.raises(SelfDeadlock):
+        plain("8")
+    assert not held_elsewhere("account:8")
+
+
+def test_nested_reentrant_blocks_and_the_alias_default() -> None:
+    with lock("nest", using=ALIAS, reentrant=True) as outer:
+        with lock("nest", using=ALIAS, reentrant=True, timeout=0) as inner:
+            assert inner.fencing_token == outer.fencing_token
+        assert outer.held and held_elsewhere("nest")
+    assert not held_elsewhere("nest")
+    reentrant = {**settings.DISTLOCK[ALIAS], "REENTRANT": True}
+    with override_settings(DISTLOCK={**settings.DISTLOCK, "r": reentrant}):
+
+        @distlock("nest:{n}", using="r", timeout=1)
+        def inner(n):
+            return n
+
+        @distlock("nest:{n}", using="r", timeout=1)
+        def outer_call(n):
+            return inner(n)
+
+        assert outer_call(3) == 3
+        with pytest.raises(TypeError, match="reentrant must be True or False"):
+            distlock("x:{n}", using="r", reentrant="yes")(inner)
+        with pytest.raises(ValueError, match="semaphores are not reentrant"):
+            distlock("x:{n}", using="r", kind="semaphore", limit=2, reentrant=True)(inner)
 
 
 # -- item 11: everything static is checked when decorating --------------------------

@@ -303,7 +303,7 @@ def test_a_guessed_owner_id_frees_nothing(alias: str) -> None:
                 guess = secrets.token_hex(4)
                 if guess != listed:
                     assert in_thread(lambda g=guess: backend.force_release(name, owner=g)) is False
-        if backend.supports_reentrancy:
+        if backend.supports_shared_owner:
             # The short id a listing shows, passed as an explicit owner: another owner.
             other = backend.lock(name, reentrant=True, owner=str(listed))
             assert in_thread(lambda: other.acquire(blocking=False)) is False

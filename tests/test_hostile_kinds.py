@@ -4,7 +4,7 @@ semaphores on every backend that offers them.
 1. a mixed run: asyncio tasks, threads and forked processes taking readers, writers
    and permits; the recorded history checked (writers overlap nothing, readers never a
    writer, at most LIMIT permits, writers' tokens grow in grant order);
-2. ``aacquire()`` of each kind (reentrant locks too, where offered) cancelled at
+2. ``aacquire()`` of each kind cancelled at
    random points while a holder of the conflicting kind comes and goes: nothing is
    left held;
 3. a release of each kind that fails (the server frozen): a library exception within
@@ -34,7 +34,6 @@ from .kinds_catalogue import (
     KIND_ALIASES,
     KINDS,
     NO_KINDS,
-    REENTRANT_ALIASES,
     SAME_AS,
     free_for_all,
     hold_all,
@@ -70,9 +69,6 @@ def test_every_alias_has_its_kinds_run_or_a_reason(alias: str) -> None:
     if offered:
         assert (alias in KIND_ALIASES) != (alias in SAME_AS), alias
         assert offered == KINDS, (alias, offered)  # every alias with kinds has all three
-    if alias in KIND_ALIASES:
-        reentrant = locks[alias].supports_reentrancy
-        assert reentrant == (alias in REENTRANT_ALIASES), (alias, reentrant)
 
 
 # -- 1. a mixed run of readers, writers and permits ---------------------------------
@@ -100,16 +96,15 @@ def test_a_mixed_run_of_kinds_never_overlaps(alias: str, unique, tmp_path: Path)
 # -- 2. cancelled acquires of each kind ------------------------------------------------
 
 
-CANCELLED = [(alias, kind) for alias in KIND_ALIASES for kind in KINDS] + [
-    (alias, "reentrant") for alias in REENTRANT_ALIASES]
+# (A reentrant handle's first acquire is an exclusive one, and its others make no call.)
+CANCELLED = [(alias, kind) for alias in KIND_ALIASES for kind in KINDS]
 
 
 @pytest.mark.parametrize(("alias", "kind"), CANCELLED)
 def test_cancelled_acquires_of_a_kind_leave_nothing_held(alias: str, kind: str, unique) -> None:
     """A holder of the conflicting kind (all LIMIT permits, for a semaphore) comes and
     goes while ``aacquire()``s of ``kind`` are cancelled; afterwards the name is free
-    (a leaked reader, permit or reentrant count would keep the writer, the LIMIT
-    permits or a new owner out)."""
+    (a leaked reader or permit would keep the writer or the LIMIT permits out)."""
     require(alias)
     backend, name = locks[alias], unique(f"cancelled-{kind}")
     stop, cycles, missed = threading.Event(), [0], []

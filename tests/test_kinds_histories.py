@@ -54,9 +54,7 @@ ALIASES = _aliases()
 
 def kinds_of(backend: BaseLockBackend) -> list[str]:
     """The kinds of lock the backend's flags say it offers."""
-    kinds = ["exclusive"]
-    if backend.supports_reentrancy:
-        kinds.append("reentrant")
+    kinds = ["exclusive"]  # (reentrant handles count in the process: no server kind)
     if backend.supports_read_write:
         kinds += ["read", "write"]
     if backend.supports_semaphore:
@@ -65,9 +63,7 @@ def kinds_of(backend: BaseLockBackend) -> list[str]:
 
 
 def handle_of(backend: BaseLockBackend, kind: str, name: str, **options: Any) -> Lock:
-    """A handle of ``kind`` on ``name`` (a reentrant one with a new owner each time)."""
-    if kind == "reentrant":
-        return backend.lock(name, reentrant=True, **options)
+    """A handle of ``kind`` on ``name``."""
     if kind in ("read", "write"):
         return getattr(backend, f"{kind}_lock")(name, **options)  # type: ignore[no-any-return]
     if kind == "semaphore":
@@ -81,8 +77,7 @@ def _name(base: str, kind: str) -> str:
 
 def _taker(path: Path, alias: str, base: str, start: Any, out: Any) -> None:
     """One of the 8 processes: for RUN_FOR seconds, take each kind's lock in turn (read
-    or, every third turn, write), hold it a millisecond (a reentrant one is acquired
-    again inside), and record every hold."""
+    or, every third turn, write), hold it a millisecond, and record every hold."""
     rec, backend = HistoryRecorder(path), locks[alias]
     kinds = [kind for kind in kinds_of(backend) if kind != "write"]
     start.wait()
@@ -94,9 +89,6 @@ def _taker(path: Path, alias: str, base: str, start: Any, out: Any) -> None:
                 kind = "write"
             handle = handle_of(backend, kind, _name(base, kind), timeout=30)
             with rec.hold(handle):
-                if kind == "reentrant":
-                    assert handle.acquire(blocking=False), "acquiring again waited"
-                    handle.release()
                 time.sleep(0.001)
             taken += 1
     out.put(taken)
@@ -115,18 +107,16 @@ def test_holds_of_8_processes_never_overlap(alias: str, tmp_path: Path, unique) 
     report.raise_if_bad()
     assert report.processes == WORKERS and report.holds == sum(taken)
     taken_kinds = {e["kind"] for e in events if e["ev"] == "invoke"}
-    assert taken_kinds == {"exclusive", *kinds} - {"reentrant"}, "every kind was taken"
+    assert taken_kinds == set(kinds), "every kind was taken"
 
 
 # -- a holder killed while holding ---------------------------------------------------
 
 
 def _victim(path: Path, alias: str, kind: str, name: str, ttl: float, held: Any) -> None:
-    """Take ``kind`` on ``name`` (a reentrant lock twice), say so, and wait to be
-    SIGKILLed."""
+    """Take ``kind`` on ``name``, say so, and wait to be SIGKILLed."""
     rec = HistoryRecorder(path)
-    with rec.hold(handle_of(locks[alias], kind, name, ttl=ttl, timeout=30)) as handle:
-        assert kind != "reentrant" or handle.acquire(blocking=False)
+    with rec.hold(handle_of(locks[alias], kind, name, ttl=ttl, timeout=30)):
         held.set()
         time.sleep(120)
 

@@ -1,5 +1,6 @@
-"""ZooKeeper's reentrant locks (Curator's ``InterProcessMutex`` count) and the write
-lock's downgrade to its read side, against the ensemble that scripts/test starts."""
+"""ZooKeeper's reentrant locks (Curator's ``InterProcessMutex`` count, kept in the handle
+layer) and the write lock's downgrade to its read side, against the ensemble that
+scripts/test starts."""
 
 from __future__ import annotations
 
@@ -11,13 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.conf import settings
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
 from django_distlock import locks
 from django_distlock.backends.zookeeper import ZooKeeperBackend
-from django_distlock.exceptions import LockLost
+from django_distlock.exceptions import LockLost, UnsupportedOperation
 from django_distlock.testing.history import HistoryRecorder, check, load
 
 from .conftest import eventually, in_thread
@@ -33,77 +33,70 @@ def _children(backend: ZooKeeperBackend, name: str) -> list[str]:
 
 
 def test_an_inner_acquire_creates_no_second_node(zk, unique) -> None:
-    """Acquiring again (the same handle, or another handle of the owner) counts up on the
-    one node; it goes with the last release."""
-    name, owner = unique(), unique("owner")
+    """Acquiring again (the same handle, or another reentrant handle in the holding
+    thread) counts up on the one node; it goes with the last release."""
+    name = unique()
     claimed = zk.client.claimed  # bytes of node paths the session holds
-    outer = zk.lock(name, reentrant=True, owner=owner)
+    outer = zk.lock(name, reentrant=True)
     assert outer.acquire(blocking=False)
     node = _children(zk, name)
     assert outer.acquire(blocking=False)
-    other = zk.lock(name, reentrant=True, owner=owner)
-    assert in_thread(lambda: other.acquire(blocking=False)) is True
+    other = zk.lock(name, reentrant=True)
+    assert other.acquire(blocking=False)
     assert _children(zk, name) == node and len(node) == 1
     assert other.fencing_token == outer.fencing_token
     outer.release()
     outer.release()
     assert _children(zk, name) == node, "the other handle still holds it"
-    in_thread(other.release)
+    other.release()
     assert _children(zk, name) == []
     assert zk.client.claimed == claimed
 
 
-def test_an_owner_queued_before_the_grant_rides_on_it(zk, unique) -> None:
-    """A handle of the owner that queued while a stranger held is woken by the grant of
-    the owner's first handle, drops its node and shares that one."""
-    name, owner = unique(), unique("owner")
-    claimed = zk.client.claimed
-    stranger = zk.lock(name)
-    stranger.acquire()
-    first = zk.lock(name, reentrant=True, owner=owner, timeout=10)
-    second = zk.lock(name, reentrant=True, owner=owner, timeout=10)
+def test_another_thread_does_not_share_the_node(zk, unique) -> None:
+    """The count is the holding thread's: another thread's reentrant handle queues
+    behind it with its own node, and is granted at the last release."""
+    name = unique()
+    held = zk.lock(name, reentrant=True)
+    assert held.acquire()
+    waiter = zk.lock(name, reentrant=True, timeout=10)
     results: list[bool] = []
-    threads = [threading.Thread(target=lambda h=h: results.append(h.acquire()))
-               for h in (first, second)]
-    for count, thread in enumerate(threads, 2):
-        thread.start()
-        assert eventually(lambda count=count: len(_children(zk, name)) == count)
-    stranger.release()
-    for thread in threads:
-        thread.join(10)
-    assert results == [True, True]
-    assert len(_children(zk, name)) == 1
-    assert in_thread(lambda: zk.lock(name).acquire(blocking=False)) is False
-    in_thread(first.release)
-    in_thread(second.release)
+    thread = threading.Thread(target=lambda: results.append(waiter.acquire()))
+    thread.start()
+    assert eventually(lambda: len(_children(zk, name)) == 2)
+    assert held.acquire(blocking=False)  # the holder's count, not the waiter's node
+    held.release()
+    assert results == [] and len(_children(zk, name)) == 2
+    held.release()
+    thread.join(10)
+    assert results == [True]
+    in_thread(waiter.release)
     assert _children(zk, name) == []
-    assert zk.client.claimed == claimed
 
 
-def test_acquiring_again_after_a_force_release_is_lost(zk, unique) -> None:
-    """The inner acquire reads the node: one force-released is not held again."""
+def test_a_force_released_hold_is_lost_and_not_counted_again(zk, unique) -> None:
+    """The node's watch marks the hold lost; a later acquire of its handle raises
+    LockLost (release it first), and another reentrant handle of the thread takes a
+    node of its own."""
     name = unique()
     handle = zk.lock(name, reentrant=True)
     assert handle.acquire()
     assert zk.force_release(name)
+    assert eventually(lambda: handle.lost)
     with pytest.raises(LockLost):
         handle.acquire(blocking=False)
+    fresh = zk.lock(name, reentrant=True)
+    assert fresh.acquire(blocking=False) and fresh.fencing_token != handle.fencing_token
+    fresh.release()
+    with pytest.raises(LockLost):
+        handle.release()
     assert in_thread(lambda: zk.lock(name).acquire(blocking=False)) is True
 
 
-def test_another_session_with_the_owner_waits(zk, unique) -> None:
-    """The node belongs to this process' session: another session (another process)
-    with the same ``owner`` does not share it (it would go with our session)."""
-    name, owner = unique(), unique("owner")
-    held = zk.lock(name, reentrant=True, owner=owner)
-    assert held.acquire()
-    other = ZooKeeperBackend("zk-other", settings.DISTLOCK[zk.alias])
-    try:
-        waiter = other.lock(name, reentrant=True, owner=owner, timeout=0.3)
-        assert waiter.acquire() is False
-    finally:
-        other.close()
-    held.release()
+def test_an_owner_is_refused_saying_why(zk) -> None:
+    """A node belongs to one process' session: handles cannot share it by ``owner``."""
+    with pytest.raises(UnsupportedOperation, match="session"):
+        zk.lock("x", reentrant=True, owner="job-17")
 
 
 def test_async_acquisitions_nest_too(zk, unique) -> None:
@@ -121,20 +114,20 @@ def test_async_acquisitions_nest_too(zk, unique) -> None:
     assert not zk.is_locked(name)
 
 
-def test_an_expired_session_ends_every_share_of_the_hold(zk, unique) -> None:
-    """Both handles of the owner are lost with the session; the owner's next acquire
-    takes a new node in the new session instead of riding on the gone one."""
-    name, owner = unique(), unique("owner")
-    first = zk.lock(name, reentrant=True, owner=owner)
-    second = zk.lock(name, reentrant=True, owner=owner)
-    assert first.acquire() and in_thread(second.acquire)
+def test_an_expired_session_ends_every_count_of_the_hold(zk, unique) -> None:
+    """Both reentrant handles of the hold are lost with the session; the thread's next
+    acquire takes a new node in the new session instead of counting on the gone one."""
+    name = unique()
+    first = zk.lock(name, reentrant=True)
+    second = zk.lock(name, reentrant=True)
+    assert first.acquire() and second.acquire()
     session, password = zk.client.get().client_id
     other = KazooClient(hosts=os.environ["DISTLOCK_ZK_HOSTS"], client_id=(session, password))
     other.start(timeout=10)
     other.stop()
     other.close()
     assert eventually(lambda: first.lost and second.lost)
-    third = zk.lock(name, reentrant=True, owner=owner)
+    third = zk.lock(name, reentrant=True)
     assert third.acquire(timeout=5)
     assert len(_children(zk, name)) == 1 and third.fencing_token != first.fencing_token
     third.release()

@@ -100,7 +100,7 @@ __all__ = [
 #: ``distlock.E006`` reports it when that app is not installed.
 _PARAM_KEYS = frozenset(
     {"BACKEND", "LOCATION", "OPTIONS", "KEY_PREFIX", "TTL", "TIMEOUT", "AUTO_RENEW", "AUDIT",
-     "FAIL_FAST"}
+     "FAIL_FAST", "REENTRANT"}
 )
 
 
@@ -298,8 +298,10 @@ class BaseLockBackend(abc.ABC):
     #: transaction commits or rolls back with it: :meth:`in_caller_transaction` says
     #: when. False where leases live apart from the caller's transactions.
     leases_join_transaction: ClassVar[bool] = False
-    #: ``lock(name, reentrant=True)`` works: the same owner acquires again, counted.
-    supports_reentrancy: ClassVar[bool] = False
+    #: ``lock(name, reentrant=True, owner=...)`` works: handles given the same ``owner``,
+    #: in any thread or process, share one hold, counted by the server (reentrancy
+    #: within one thread or task needs no flag: the handle layer counts it).
+    supports_shared_owner: ClassVar[bool] = False
     # supports_read_write and supports_semaphore: with read_lock() and semaphore() below.
     #: The holder of a write lock takes the read side of its name at once (a downgrade:
     #: ``read_lock(name)`` in the same thread or task, kept after the write's release).
@@ -350,9 +352,11 @@ class BaseLockBackend(abc.ABC):
         if not isinstance(options, Mapping):
             raise InvalidBackendOptions(f"DISTLOCK[{alias!r}]['OPTIONS'] must be a dict.")
         self.options: Mapping[str, Any] = options
-        #: Whether ``lock()`` builds reentrant handles by default (backends that
-        #: support it read it from their options).
-        self.default_reentrant = False
+        reentrant = params.get("REENTRANT", False)
+        if not isinstance(reentrant, bool):
+            raise InvalidBackendOptions(f"DISTLOCK[{alias!r}]['REENTRANT'] must be True or False.")
+        #: Whether ``lock()`` builds reentrant handles by default (``REENTRANT``).
+        self.default_reentrant: bool = reentrant
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} alias={self.alias!r}>"
@@ -378,13 +382,15 @@ class BaseLockBackend(abc.ABC):
         :param timeout: how long ``acquire()`` and ``with`` wait by default,
             in seconds; None waits forever (default: the alias' ``TIMEOUT``).
         :param blocking: whether ``acquire()`` and ``with`` wait at all by default.
-        :param reentrant: let the owner acquire again while it holds the lock, each
-            acquisition counted and released in turn (Redisson's rule); the default
-            is the alias' option. Only where ``supports_reentrancy`` is True.
+        :param reentrant: let the thread or asyncio task that holds the lock acquire it
+            again, through this handle or another reentrant one, at once and with no
+            server call: each acquisition is counted, and the lock is free after the
+            last release (seed 001's, Curator's and Redisson's rule; every backend).
+            Default: the alias' ``REENTRANT``.
         :param owner: an owner id that handles share (``reentrant`` only): a handle
             with the same ``owner``, in any thread or process, acquires the lock
-            held under it again instead of waiting. Default: a new secret per
-            acquisition.
+            held under it again instead of waiting, counted by the server. Only where
+            ``supports_shared_owner`` is True. Default: a new secret per acquisition.
         :param auto_renew: renew the lease every third of ``ttl`` while the handle
             holds it (``docs/renewal.md``); a renewal that finds it gone marks the
             handle ``lost``. Default: the alias' ``AUTO_RENEW``. Only where
@@ -395,8 +401,8 @@ class BaseLockBackend(abc.ABC):
         :raises InvalidLockName: for a bad name.
         :raises TypeError, ValueError: for a bad ``ttl``, ``timeout``, ``owner``,
             ``auto_renew`` or ``max_hold``.
-        :raises UnsupportedOperation: for ``reentrant=True`` or ``auto_renew=True``
-            on a backend without it.
+        :raises UnsupportedOperation: for ``owner=`` or ``auto_renew=True`` on a backend
+            without it.
         """
         return self._new_lock(
             name, Kind.EXCLUSIVE, None, ttl=ttl, timeout=timeout, blocking=blocking,
@@ -417,18 +423,18 @@ class BaseLockBackend(abc.ABC):
         )
         if not isinstance(blocking, bool):
             raise TypeError("blocking must be True or False.")
-        reentrant = self.default_reentrant if isinstance(reentrant, _Default) else reentrant
-        if not isinstance(reentrant, bool):
+        if isinstance(reentrant, _Default):  # the alias' REENTRANT, for the kinds it fits
+            reentrant = self.default_reentrant and kind.reentrant_ok
+        elif not isinstance(reentrant, bool):
             raise TypeError("reentrant must be True or False.")
-        if reentrant and not self.supports_reentrancy:
-            raise UnsupportedOperation(
-                f"{type(self).__name__} (alias {self.alias!r}) has no reentrant locks."
-            )
+        elif reentrant and not kind.reentrant_ok:
+            raise UnsupportedOperation(f"{kind.family.capitalize()} are not reentrant.")
         owner_token = None
         if owner is not None:
             if not reentrant:
                 raise ValueError("owner= names the owner of a reentrant lock: pass reentrant=True.")
             owner_token = owner_token_of(owner)
+            self.refuse_unless("supports_shared_owner", "share a hold between handles by owner=")
         auto_renew = self.default_auto_renew if isinstance(auto_renew, _Default) else auto_renew
         if not isinstance(auto_renew, bool):
             raise TypeError("auto_renew must be True or False.")
@@ -718,8 +724,6 @@ class BaseLockBackend(abc.ABC):
                 raise ValueError(f"limit must be between 1 and {MAX_LEASES}, got {limit}.")
         elif limit is not None:
             raise ValueError(f"limit= goes with semaphores only, not {kind.family}.")
-        if options.get("reentrant") and not kind.reentrant_ok:
-            raise UnsupportedOperation(f"{kind.family.capitalize()} are not reentrant.")
         return self._new_lock(name, kind, limit, **options)
 
     # How many locks are held: count_held() and its hook. A count is exact, or a floor

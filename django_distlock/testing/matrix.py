@@ -73,7 +73,8 @@ _FAIR = {
 #: (row label, flag or None, how a class answers it).
 ROWS: tuple[tuple[str, str | None, Callable[[type], bool] | None], ...] = (
     ("exclusive", None, _always),
-    ("reentrant", "supports_reentrancy", _flag("supports_reentrancy")),
+    ("reentrant", None, _always),
+    ("shared owner", "supports_shared_owner", _flag("supports_shared_owner")),
     ("read-write", "supports_read_write", _flag("supports_read_write")),
     ("semaphore", "supports_semaphore", _flag("supports_semaphore")),
     ("downgrade", "supports_downgrade", _flag("supports_downgrade")),
@@ -93,19 +94,23 @@ _TX = "a transaction-mode lock is a server-side row lock held by one connection"
 _NO_DOWNGRADE = ("not built: the write lock's release would have to leave the name to "
                  "its holder's read share; that `read_lock` raises `SelfDeadlock` at once")
 _LOCAL = "one process' memory: it excludes threads and tasks of that process only"
+_NO_SHARED_OWNER = ("the server keeps no count of an owner's holds: only the reentrant "
+                    "handles of one thread or task share a hold")
 #: Why a "no" cell is no, by (column label, row label), where the backend's own
 #: ``why_unsupported`` does not say.
 REASONS: dict[tuple[str, str], str] = {
-    ("PostgreSQL lease", "reentrant"): "the lease row has one owner token; use Redis or "
-    "ZooKeeper for reentrant locks",
-    ("SQLite lease", "reentrant"): "the lease row has one owner token",
+    **{
+        (column, "shared owner"): _NO_SHARED_OWNER
+        for column in ("PostgreSQL lease", "SQLite lease", "PostgreSQL transaction",
+                       "SQLite transaction", "Redlock", "cache (`add`)", "locmem")
+    },
+    ("ZooKeeper", "shared owner"): "a node belongs to one process' session: only the "
+    "reentrant handles of one thread or task share a hold",
     ("SQLite lease", "fair"): "SQLite has no lock queue: waiters poll with backoff",
-    ("PostgreSQL transaction", "reentrant"): _TX + " (a nested one deadlocks on itself)",
     ("PostgreSQL transaction", "read-write"): "`FOR SHARE` readers would let a stream of "
     "readers starve a writer and show no owner (docs/database.md)",
     ("PostgreSQL transaction", "semaphore"): _TX,
     ("PostgreSQL transaction", "expiry/renewal"): "held until the transaction ends",
-    ("SQLite transaction", "reentrant"): "the lock is the database's single write lock",
     ("SQLite transaction", "read-write"): "the lock is the database's single write lock",
     ("SQLite transaction", "semaphore"): "the lock is the database's single write lock",
     ("SQLite transaction", "fair"): "SQLite's busy handler retries: no queue",
@@ -117,18 +122,14 @@ REASONS: dict[tuple[str, str], str] = {
     ("Redlock", "counting"): "no master knows which locks a majority holds",
     ("cache (`add`)", "counting"): "a cache cannot count its keys at a cost bounded by a "
     "cap (memcached cannot list keys at all)",
-    ("Redlock", "reentrant"): "a count on independent masters could disagree",
     ("Redlock", "fair"): "independent masters cannot share one queue: waiters retry",
     ("ZooKeeper", "expiry/renewal"): "a lock lives as long as its holder's session "
     "(ended SESSION_TIMEOUT after a crash); `ttl` is not used",
-    ("cache (`add`)", "reentrant"): "`add` stores one owner; a count would need a "
-    "compare-and-swap loop",
     ("cache (`add`)", "read-write"): "`add` takes one key; readers would need a counter "
     "that eviction can lose",
     ("cache (`add`)", "semaphore"): "a counter in a cache can be evicted apart from its "
     "holders",
     ("cache (`add`)", "fair"): "a cache has no queue: waiters poll with backoff and jitter",
-    ("locmem", "reentrant"): "not built (one process: use `threading.RLock`)",
     ("locmem", "read-write"): "not built (one process)",
     ("locmem", "semaphore"): "not built (one process: use `threading.BoundedSemaphore`)",
     ("locmem", "fair"): "a release wakes every waiter at once: the first to run wins",

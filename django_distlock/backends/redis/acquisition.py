@@ -112,7 +112,7 @@ class RedisAcquisition(Acquisition):
     def _acquire_args(self, signal: str, not_after: int) -> tuple[str | int, ...]:
         hold = self.hold
         flags = self.backend.flags
-        if hold.reentrant:
+        if hold.shares_owner:  # handles given one owner: the server counts them
             flags += "r"
         if self.blocking:
             flags += "j"

@@ -53,7 +53,7 @@ from .waiting import read_waiters
 INFO_MEMORY = b"*2\r\n$4\r\nINFO\r\n$6\r\nmemory\r\n"
 
 _OPTIONS = {
-    "ALLOW_EVICTION", "CACHE", "CLUSTER", "FAIR", "LISTING", "REENTRANT", "SHARDS", "WAIT_REPLICAS",
+    "ALLOW_EVICTION", "CACHE", "CLUSTER", "FAIR", "LISTING", "SHARDS", "WAIT_REPLICAS",
     "WAIT_TIMEOUT",
 }
 _SCHEMES = ("redis://", "rediss://", "unix://")
@@ -123,8 +123,7 @@ class RedisBackend(BaseLockBackend):
     ``WAIT_REPLICAS`` (default 0) makes every grant wait for that many replicas'
     acknowledgement, at most ``WAIT_TIMEOUT`` seconds (default 1).
     Options: ``FAIR``
-    (default True: waiters are served in arrival order), ``REENTRANT``
-    (default False: the default of ``lock(reentrant=...)``), ``SHARDS`` (how
+    (default True: waiters are served in arrival order), ``SHARDS`` (how
     many hash tags the index of a cluster is spread over; 1 on one server),
     ``LISTING`` (default True; False builds :class:`UnlistedRedisBackend`, which
     keeps no listing index). See ``docs/redis.md``.
@@ -143,7 +142,7 @@ class RedisBackend(BaseLockBackend):
     supports_listing = True
     supports_counting = True
     supports_force_release = True
-    supports_reentrancy = True
+    supports_shared_owner = True
     supports_waiters = True
 
     def __new__(cls, alias: str, params: Mapping[str, Any]) -> RedisBackend:
@@ -168,7 +167,7 @@ class RedisBackend(BaseLockBackend):
                 f"alias) and LOCATION (a redis:// URL); it has "
                 f"{'both' if cache is not None else 'neither'}."
             )
-        for flag in ("ALLOW_EVICTION", "CLUSTER", "FAIR", "LISTING", "REENTRANT"):
+        for flag in ("ALLOW_EVICTION", "CLUSTER", "FAIR", "LISTING"):
             if not isinstance(options.get(flag, False), bool):
                 raise InvalidBackendOptions(
                     f"DISTLOCK[{alias!r}]['OPTIONS'][{flag!r}] must be a bool."
@@ -205,7 +204,6 @@ class RedisBackend(BaseLockBackend):
         self.cache: str | None = cache
         self.shards: int = shards
         self.fair: bool = options.get("FAIR", True)
-        self.default_reentrant = options.get("REENTRANT", False)
         #: Accept a server that may evict lock keys (see :meth:`eviction_problem`).
         self.allow_eviction: bool = options.get("ALLOW_EVICTION", False)
         #: The server was asked whether it evicts keys (or eviction is accepted).

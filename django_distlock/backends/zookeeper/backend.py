@@ -13,10 +13,8 @@ from django.core import checks
 from kazoo.exceptions import NoNodeError
 
 from ...exceptions import InvalidBackendOptions
-from ...hold import Hold
 from ...kinds import Kind
 from ..base import (
-    Acquisition,
     BaseLockBackend,
     Freed,
     HeldCount,
@@ -34,7 +32,6 @@ from .client import Client
 from .errors import ZOOKEEPER_ERRORS
 from .options import parse
 from .paths import GATE, LEASE_MARKER, contenders, decode, encode, holders
-from .reentrant import Holds, ReentrantAcquisition
 from .semaphore import SemaphoreAcquisition
 
 _PARENTS_CACHE = 4096
@@ -62,13 +59,11 @@ class ZooKeeperBackend(BaseLockBackend):
     ``AUTH`` ((username, password): digest auth, and the nodes created get an ACL
     that gives that user all rights and nobody else any), ``ACL`` (more
     ``(scheme, id, perms)`` entries), ``CLIENT_OPTIONS`` (more ``KazooClient``
-    keyword arguments), ``REENTRANT`` (default False: whether ``lock()`` builds
-    reentrant handles by default).
+    keyword arguments).
 
     Locks are fair (first come, first served) and are held until released or
     until the holder's session ends; ``ttl`` is not used (``supports_expiry``
-    is False) and ``extend()`` only checks that the lock is still held. Reentrant
-    locks count their owner's acquisitions in this process (``reentrant.py``).
+    is False) and ``extend()`` only checks that the lock is still held.
     """
 
     kinds = {
@@ -84,21 +79,12 @@ class ZooKeeperBackend(BaseLockBackend):
     supports_counting = True
     supports_force_release = True
     supports_downgrade = True
-    supports_reentrancy = True
     supports_waiters = True
 
     def __init__(self, alias: str, params: Mapping[str, Any]) -> None:
         super().__init__(alias, params)
         self.settings = parse(alias, self.location, self.options)
         self.client = Client(self.settings)
-        reentrant = self.options.get("REENTRANT", False)
-        if not isinstance(reentrant, bool):
-            raise InvalidBackendOptions(
-                f"DISTLOCK[{alias!r}]['OPTIONS']['REENTRANT'] must be True or False."
-            )
-        self.default_reentrant = reentrant
-        #: This process' reentrant holds (``reentrant.py``).
-        self.holds = Holds()
         #: The write locks this process holds, by parent path (their holders may take
         #: the read side at once: a downgrade).
         self.writers: dict[str, ZooKeeperAcquisition] = {}
@@ -128,13 +114,6 @@ class ZooKeeperBackend(BaseLockBackend):
             raise InvalidBackendOptions(self.settings.problems[0].message)
 
     # -- the contract -----------------------------------------------------------
-
-    def acquisition(
-        self, hold: Hold, token: str, blocking: bool, deadline: float | None
-    ) -> Acquisition:
-        if hold.reentrant:  # an owner's node, shared by its acquisitions (reentrant.py)
-            return ReentrantAcquisition(hold, token, blocking, deadline)
-        return super().acquisition(hold, token, blocking, deadline)
 
     def _contenders(self, parent: str) -> list[str]:
         try:

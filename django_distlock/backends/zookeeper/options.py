@@ -14,7 +14,7 @@ from ..base import check_option_keys
 
 _OPTIONS = {
     "ROOT", "SESSION_TIMEOUT", "CONNECT_TIMEOUT", "AUTH", "ACL", "CLIENT_OPTIONS",
-    "MAX_SESSION_BYTES", "REENTRANT",
+    "MAX_SESSION_BYTES",
 }
 #: ZooKeeper's default ``jute.maxbuffer``. When a session ends, ZooKeeper 3.6+ writes one
 #: transaction naming all its ephemeral nodes; one larger than about twice this breaks the

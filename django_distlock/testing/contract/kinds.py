@@ -1,30 +1,42 @@
-"""The contract's checks of the kinds of lock a backend may offer (reentrant,
-read-write, semaphore, where its flags say so) and of ``multi_lock`` (every backend)."""
+"""The contract's checks of the kinds of lock a backend may offer (read-write,
+semaphore, a shared owner, where its flags say so), and of reentrant handles and
+``multi_lock`` (every backend)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from functools import partial
 
 from ...backends.base import BaseLockBackend
 from ...exceptions import LockNotHeld, SelfDeadlock
 from ...handle import Lock
-from .support import ContractBase, acquire_release, held_elsewhere, in_thread, raises
+from .support import (
+    ContractBase,
+    acquire_release,
+    close_async_connections,
+    held_elsewhere,
+    in_thread,
+    raises,
+)
 
 
 class KindChecks(ContractBase):
     """Reentrant locks, read-write locks, semaphores, multi-locks."""
 
     def check_reentrant_acquisitions_nest(self, backend: BaseLockBackend) -> None:
-        """``supports_reentrancy``: the holder acquires again at once, each acquisition
-        counted; the lock is free only after as many releases."""
-        if not backend.supports_reentrancy:
-            return  # the refusal: check_a_capability_it_lacks_is_refused_before_any_io
+        """Curator's ``testReentrant``, on every backend: the thread holding a name
+        through a reentrant handle acquires it again at once (three acquisitions in all,
+        one grant); another thread waits; the lock is free after the third release."""
         name = self.unique()
         handle = backend.lock(name, reentrant=True, ttl=30)
-        assert handle.acquire(blocking=False) and handle.acquire(blocking=False)
+        assert handle.acquire(blocking=False)
+        token = handle.fencing_token
+        assert handle.acquire(blocking=False) and handle.acquire(timeout=1)
+        assert handle.fencing_token == token  # counted: not granted again
         handle.release()
-        assert handle.held and backend.is_locked(name)
+        handle.release()
+        assert handle.held
         assert in_thread(lambda: backend.lock(name).acquire(blocking=False)) is False
         handle.release()
         assert not handle.held
@@ -32,11 +44,59 @@ class KindChecks(ContractBase):
         with raises(LockNotHeld):
             handle.release()
 
+    def check_reentrant_handles_of_one_thread_share_the_hold(
+        self, backend: BaseLockBackend
+    ) -> None:
+        """A locked function calling another that locks the same name: a second
+        reentrant handle, in the thread that holds the name, enters at once with the
+        same grant; the name is held until both are released, in either order. A
+        handle that is not reentrant still raises SelfDeadlock, and another thread's
+        reentrant handle waits."""
+        name = self.unique()
+        outer = backend.lock(name, reentrant=True, ttl=30)
+        assert outer.acquire(timeout=1)
+        inner = backend.lock(name, reentrant=True, ttl=30, timeout=1)
+        assert inner.acquire()
+        assert inner.held and outer.held and inner.fencing_token == outer.fencing_token
+        with raises(SelfDeadlock):
+            backend.lock(name, timeout=1).acquire()
+        outer.release()  # the outer first: the inner keeps the name
+        assert not outer.held and inner.held
+        other = backend.lock(name, reentrant=True)
+        assert in_thread(lambda: other.acquire(blocking=False)) is False
+        with raises(LockNotHeld):
+            outer.release()
+        inner.release()
+        assert not inner.held
+        assert in_thread(lambda: acquire_release(backend, name)) is True
+
+    def check_reentrant_tasks_nest_and_tasks_do_not_share(
+        self, backend: BaseLockBackend
+    ) -> None:
+        """The same for asyncio tasks: a task's nested ``async with`` of the name enters
+        at once; another task of the loop does not share the hold, it waits."""
+        name = self.unique()
+
+        async def main() -> list[bool]:
+            async with backend.lock(name, reentrant=True) as outer:
+                async with backend.lock(name, reentrant=True, timeout=1) as inner:
+                    same = inner.fencing_token == outer.fencing_token
+                    other = backend.lock(name, reentrant=True, timeout=0.2)
+                    other_got = await asyncio.ensure_future(other.aacquire())
+                still = outer.held and not inner.held
+            return [same, other_got, still]
+
+        try:
+            assert asyncio.run(main()) == [True, False, True]
+        finally:
+            close_async_connections()
+        assert in_thread(lambda: acquire_release(backend, name)) is True
+
     def check_reentrant_owner_is_shared_by_handles(self, backend: BaseLockBackend) -> None:
-        """``supports_reentrancy``: handles given the same ``owner`` share the lock, in
+        """``supports_shared_owner``: handles given the same ``owner`` share the lock, in
         any thread; another owner waits."""
-        if not backend.supports_reentrancy:
-            return
+        if not backend.supports_shared_owner:
+            return  # the refusal: check_a_capability_it_lacks_is_refused_before_any_io
         name, owner = self.unique(), self.unique("owner")
         first = backend.lock(name, reentrant=True, owner=owner)
         assert first.acquire()

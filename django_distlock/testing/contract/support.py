@@ -22,7 +22,7 @@ ODD_NAMES = ["a/b", "a/../b", "..", "/", "/etc/passwd", "spaces and ünïcode �
 #: Every capability flag a backend declares (as class attributes, each a bool).
 FLAGS = (
     "supports_fencing", "supports_expiry", "supports_listing", "supports_force_release",
-    "distributed", "supports_reentrancy", "supports_read_write", "supports_semaphore",
+    "distributed", "supports_shared_owner", "supports_read_write", "supports_semaphore",
     "supports_waiters", "supports_counting", "supports_downgrade", "supports_age_order",
     "leases_join_transaction",
 )
