@@ -25,12 +25,9 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from .exceptions import BackendUnavailable, InvalidBackendOptions
-
-if TYPE_CHECKING:
-    from .backends.base import BaseLockBackend
 
 logger = logging.getLogger("django_distlock")
 
@@ -65,8 +62,11 @@ def validate_fail_fast(alias: str, value: object) -> float:
 class Circuit:
     """The circuit of one alias in this process (see the module)."""
 
-    def __init__(self, backend: BaseLockBackend, period: float) -> None:
-        self.backend = backend
+    def __init__(self, alias: str, probe: Callable[[], object], period: float) -> None:
+        #: The lock alias (named in messages and the probe thread's name).
+        self.alias = alias
+        #: One round trip to the server (the backend's ``health()``).
+        self.probe = probe
         #: Seconds between probes while open; 0.0: the circuit never opens.
         self.period = period
         #: The failure that opened the circuit, while open (else None).
@@ -95,7 +95,7 @@ class Circuit:
             return
         what = f"{doing} {name!r}" if name else doing
         raise BackendUnavailable(
-            f"Lock alias {self.backend.alias!r} failed recently ({cause}); refused to "
+            f"Lock alias {self.alias!r} failed recently ({cause}); refused to "
             f"{what} at once, without a server call (FAIL_FAST: probing every "
             f"{self.period:g} s until the server answers)."
         ) from cause
@@ -135,14 +135,14 @@ class Circuit:
             self.cause = exc
             if self._probe is None:
                 self._probe = threading.Thread(
-                    target=self._probing, name=f"distlock-probe-{self.backend.alias}",
+                    target=self._probing, name=f"distlock-probe-{self.alias}",
                     daemon=True,
                 )
                 self._probe.start()
         if opening:
             logger.warning(
                 "Lock alias %r failed: acquires fail at once until the server answers "
-                "(probing every %g s)", self.backend.alias, self.period, exc_info=exc,
+                "(probing every %g s)", self.alias, self.period, exc_info=exc,
             )
 
     def answered(self) -> None:
@@ -156,12 +156,12 @@ class Circuit:
             if self.cause is None:
                 break
             try:
-                self.backend.health()
+                self.probe()
             except BackendUnavailable as exc:
                 self.cause = exc
                 continue
             except Exception as exc:  # a backend's bug must not kill the probe silently
-                logger.exception("Probing lock alias %r failed", self.backend.alias)
+                logger.exception("Probing lock alias %r failed", self.alias)
                 self.cause = exc
                 continue
             self._close()
@@ -171,14 +171,14 @@ class Circuit:
                 self._probe = None
             if self.cause is not None and self._probe is None:  # opened again as we left
                 self._probe = threading.Thread(target=self._probing, daemon=True,
-                                               name=f"distlock-probe-{self.backend.alias}")
+                                               name=f"distlock-probe-{self.alias}")
                 self._probe.start()
 
     def _close(self) -> None:
         with self._mutex:
             was_open, self.cause = self.cause is not None, None
         if was_open:
-            logger.info("Lock alias %r answers again: its circuit is closed", self.backend.alias)
+            logger.info("Lock alias %r answers again: its circuit is closed", self.alias)
 
     def _reset(self) -> None:
         with self._mutex:

@@ -347,7 +347,9 @@ class BaseLockBackend(abc.ABC):
         #: Whether ``lock()`` renews leases while held by default (``AUTO_RENEW``).
         self.default_auto_renew: bool = auto_renew
         #: Fails acquires and listings at once while the server is down (``FAIL_FAST``).
-        self.circuit = Circuit(self, validate_fail_fast(alias, params.get("FAIL_FAST", 0)))
+        self.circuit = Circuit(
+            alias, self.health, validate_fail_fast(alias, params.get("FAIL_FAST", 0))
+        )
         options = params.get("OPTIONS", {})
         if not isinstance(options, Mapping):
             raise InvalidBackendOptions(f"DISTLOCK[{alias!r}]['OPTIONS'] must be a dict.")

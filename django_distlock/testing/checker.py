@@ -9,6 +9,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..kinds import Kind
+
 __all__ = [
     "Event",
     "HistoryError",
@@ -174,11 +176,11 @@ def _overlaps(holds: list[Hold], valid: bool) -> list[Overlap]:
         if ends(h) <= h.start:
             continue
         now = active[h.name] = [a for a in active.get(h.name, []) if ends(a) > h.start]
-        sems = [a for a in now if a.kind == "semaphore"] if h.kind == "semaphore" else []
+        sems = [a for a in now if a.kind == Kind.SEMAPHORE] if h.kind == Kind.SEMAPHORE else []
         if h.limit is not None and len(sems) >= h.limit:
             found.append(Overlap(h.name, (*sems, h), h.start))
         for a in now:
-            if a not in sems and not (a.kind == h.kind == "read"):
+            if a not in sems and not (a.kind == h.kind == Kind.READ):
                 found.append(Overlap(h.name, (a, h), h.start))
         now.append(h)
     return found

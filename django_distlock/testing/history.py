@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from ..handle import hold_of
+from ..kinds import Kind
 from .checker import (
     Event,
     HistoryError,
@@ -60,7 +61,7 @@ __all__ = [
     "stock",
 ]
 
-KINDS = ("exclusive", "read", "write", "semaphore")
+KINDS = tuple(kind.value for kind in Kind)
 _opening = threading.Lock()
 
 
@@ -135,7 +136,7 @@ class HistoryRecorder:
         :param limit: a semaphore's limit.
         :raises ValueError: for an unknown kind or a semaphore without a limit.
         """
-        if kind not in KINDS or (kind == "semaphore") != (limit is not None):
+        if kind not in KINDS or Kind(kind).takes_limit != (limit is not None):
             raise ValueError(f"Bad kind {kind!r} / limit {limit!r} (a semaphore needs a limit).")
         if self._pid != os.getpid():
             self._open()
