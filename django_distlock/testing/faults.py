@@ -27,8 +27,8 @@ def make_lost(handle: Any) -> None:
     may take it at once. The handle is not told (no I/O reaches it): like a holder
     whose lease ended during a pause, it finds out at its next ``extend()`` or
     ``release()`` (the ``with`` exit), which raise
-    :class:`~django_distlock.exceptions.LockLost`; a ZooKeeper holder is told by its
-    node's watch and turns ``lost`` by itself.
+    :class:`~django_distlock.exceptions.LockLost` (a ZooKeeper holder too: its node
+    is not watched while held; only the end of its session tells it at once).
 
     :param handle: a :class:`~django_distlock.handle.Lock` that holds its lock.
     :raises LockNotHeld: when ``handle`` holds nothing.

@@ -104,8 +104,6 @@ REASONS: dict[tuple[str, str], str] = {
         for column in ("PostgreSQL lease", "SQLite lease", "PostgreSQL transaction",
                        "SQLite transaction", "Redlock", "cache (`add`)", "locmem")
     },
-    ("ZooKeeper", "shared owner"): "a node belongs to one process' session: only the "
-    "reentrant handles of one thread or task share a hold",
     ("SQLite lease", "fair"): "SQLite has no lock queue: waiters poll with backoff",
     ("PostgreSQL transaction", "read-write"): "`FOR SHARE` readers would let a stream of "
     "readers starve a writer and show no owner (docs/database.md)",
@@ -123,8 +121,6 @@ REASONS: dict[tuple[str, str], str] = {
     ("cache (`add`)", "counting"): "a cache cannot count its keys at a cost bounded by a "
     "cap (memcached cannot list keys at all)",
     ("Redlock", "fair"): "independent masters cannot share one queue: waiters retry",
-    ("ZooKeeper", "expiry/renewal"): "a lock lives as long as its holder's session "
-    "(ended SESSION_TIMEOUT after a crash); `ttl` is not used",
     ("cache (`add`)", "read-write"): "`add` takes one key; readers would need a counter "
     "that eviction can lose",
     ("cache (`add`)", "semaphore"): "a counter in a cache can be evicted apart from its "

@@ -79,6 +79,12 @@ class ZooKeeperBackend(BaseLockBackend):
     supports_counting = True
     supports_force_release = True
     supports_downgrade = True
+    why_unsupported = {
+        "supports_expiry": "a lock lives as long as its holder's session (ended "
+        "SESSION_TIMEOUT after a crash); `ttl` is not used",
+        "supports_shared_owner": "a node belongs to one process' session: only the "
+        "reentrant handles of one thread or task share a hold",
+    }
     supports_waiters = True
 
     def __init__(self, alias: str, params: Mapping[str, Any]) -> None:
