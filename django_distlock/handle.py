@@ -6,7 +6,7 @@ import logging
 import time
 from datetime import datetime
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Generic, Self, TypeVar
 
 from . import holders
 from .exceptions import (
@@ -17,7 +17,7 @@ from .exceptions import (
     LockNotHeld,
     LockTimeout,
 )
-from .hold import Hold
+from .hold import Hold, LockBackend
 from .kinds import Kind
 from .steps import ATTEMPT, CLOSE, EXTEND, RELEASE, WAIT, Core, arun, run
 from .values import (
@@ -29,8 +29,9 @@ from .values import (
     validate_ttl,
 )
 
-if TYPE_CHECKING:
-    from .backends.base import BaseLockBackend
+#: The class of a handle's backend (``BaseLockBackend.lock()`` returns a ``Lock`` of its
+#: own class, so ``lease.backend`` is typed as the backend it came from).
+B = TypeVar("B", bound=LockBackend)
 
 __all__ = ["Lock", "hold_of"]
 
@@ -39,7 +40,7 @@ logger = logging.getLogger("django_distlock")
 _NO_EXC: tuple[None, None, None] = (None, None, None)
 
 
-class Lock:
+class Lock(Generic[B]):
     """A handle on one named lock; one acquisition at a time.
 
     Ownership lives here, not in a thread-local: a handle acquired in one
@@ -67,7 +68,7 @@ class Lock:
 
     def __init__(
         self,
-        backend: BaseLockBackend,
+        backend: B,
         name: str,
         key: str,
         *,
@@ -85,7 +86,7 @@ class Lock:
         #: The backend this handle's lock lives on (``backend.alias`` is its alias).
         #:
         #: Example: ``if lease.backend.supports_fencing: ...``
-        self.backend = backend
+        self.backend: B = backend
         #: The lock's name, as given to ``lock()``. Example: ``"stock:42"``.
         self.name = name
         #: The backend's key for :attr:`name`: what its server stores, and what listings
@@ -434,7 +435,7 @@ class Lock:
 
     # -- context managers ------------------------------------------------------
 
-    def __enter__(self) -> Lock:
+    def __enter__(self) -> Self:
         if not self.acquire():
             raise self._not_acquired()
         return self
@@ -450,7 +451,7 @@ class Lock:
         except DistLockError:
             self._exit_failed(exc_type)
 
-    async def __aenter__(self) -> Lock:
+    async def __aenter__(self) -> Self:
         if not await self.aacquire():
             raise self._not_acquired()
         return self
@@ -485,7 +486,7 @@ class Lock:
         )
 
 
-def hold_of(lock: Lock) -> Hold:
+def hold_of(lock: Lock[Any]) -> Hold:
     """The :class:`~django_distlock.hold.Hold` of ``lock``: the seam for the library's
     own layers (fenced writes, the Celery app, the testing kit), not the user's API."""
     return lock._hold

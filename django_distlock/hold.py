@@ -19,7 +19,7 @@ import threading
 import time
 import weakref
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from . import holders, signals
 from .context import current_context
@@ -30,11 +30,38 @@ from .steps import EXTEND, Core, arun, run
 from .values import Grant, _Default, join_holder, short_owner, validate_timeout
 
 if TYPE_CHECKING:
-    from .backends.base import Acquisition, BaseLockBackend
+    from .backends.acquisition import Acquisition
+    from .circuit import Circuit
 
 logger = logging.getLogger("django_distlock")
 
 _HOST = socket.gethostname()
+
+
+class LockBackend(Protocol):
+    """What the handle layer uses of its backend (every
+    :class:`~django_distlock.backends.base.BaseLockBackend` is one): declared here so
+    that the handle layer does not name the backends' base class, which builds it."""
+
+    @property
+    def alias(self) -> str:
+        """The ``DISTLOCK`` alias."""
+
+    @property
+    def supports_downgrade(self) -> bool:
+        """Whether a write holder may take its name's read side at once."""
+
+    @property
+    def circuit(self) -> Circuit:
+        """The alias' ``FAIL_FAST`` circuit in this process."""
+
+    def acquisition(
+        self, hold: Hold, token: str, blocking: bool, deadline: float | None
+    ) -> Acquisition:
+        """A new acquisition of ``hold`` (no I/O)."""
+
+    def is_locked(self, name: str) -> bool:
+        """Whether anyone holds ``name`` now."""
 
 
 class Hold:
@@ -44,7 +71,7 @@ class Hold:
     def __init__(
         self,
         handle: object,
-        backend: BaseLockBackend,
+        backend: LockBackend,
         name: str,
         key: str,
         *,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .exceptions import (
     BackendUnavailable,
@@ -20,8 +20,19 @@ from .exceptions import (
 from .values import DEFAULT, _Default, validate_timeout
 
 if TYPE_CHECKING:
-    from .backends.base import BaseLockBackend
     from .handle import Lock
+
+
+class Builds(Protocol):
+    """What a multi-lock uses of its backend (every ``BaseLockBackend``)."""
+
+    @property
+    def alias(self) -> str:
+        """The ``DISTLOCK`` alias."""
+
+    @property
+    def lock(self) -> Callable[..., Lock[Any]]:
+        """Its ``lock(name, **options)``: a handle on the exclusive lock ``name``."""
 
 logger = logging.getLogger("django_distlock")
 
@@ -38,7 +49,7 @@ class MultiLock:
     """
 
     def __init__(
-        self, backend: BaseLockBackend, names: Iterable[str], options: dict[str, Any]
+        self, backend: Builds, names: Iterable[str], options: dict[str, Any]
     ) -> None:
         if isinstance(names, str):
             raise TypeError("multi_lock() takes a list of names, not one str.")

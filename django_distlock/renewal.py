@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 from .values import MIN_TTL, validate_ttl
 
 if TYPE_CHECKING:
-    from .backends.base import Acquisition
+    from .backends.acquisition import Acquisition
     from .hold import Hold
 
 logger = logging.getLogger("django_distlock")

@@ -13,12 +13,26 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Generator
-from typing import TYPE_CHECKING, Any, TypeVar
-
-if TYPE_CHECKING:
-    from .backends.base import Acquisition
+from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T")
+
+
+class Calls(Protocol):
+    """The calls a core's steps make: an :class:`~django_distlock.backends.acquisition.
+    Acquisition`'s (named here, not imported: the acquisitions sit above this core)."""
+
+    def attempt(self) -> Any: ...
+    def wait(self, miss: Any) -> Any: ...
+    def release(self, exc_info: Any) -> bool: ...
+    def extend(self, ttl: float) -> Any: ...
+    def close(self) -> None: ...
+    async def aattempt(self) -> Any: ...
+    async def async_wait(self, miss: Any) -> Any: ...
+    async def arelease(self, exc_info: Any) -> bool: ...
+    async def aextend(self, ttl: float) -> Any: ...
+    async def aclose(self) -> None: ...
+
 
 #: ``attempt()``; arg unused.
 ATTEMPT = 0
@@ -32,7 +46,7 @@ EXTEND = 3
 CLOSE = 4
 
 #: A step: the call, the acquisition to make it on, its argument.
-Step = tuple[int, "Acquisition", Any]
+Step = tuple[int, Calls, Any]
 #: A core: yields steps, receives their results, returns its own.
 Core = Generator[Step, Any, T]
 

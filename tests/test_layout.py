@@ -135,6 +135,95 @@ def _is_module(name: str) -> bool:
         return False
 
 
+# -- import circles: none in the core but pairs that are one concept ----------------
+
+#: Core modules that import each other (for types) because they are one concept, and why.
+CORE_PAIRS = {
+    frozenset({"django_distlock.hold", "django_distlock.holders"}):
+        "the registry of who holds what keeps Holds, which register and leave it",
+    frozenset({"django_distlock.hold", "django_distlock.renewal"}):
+        "a Hold starts its renewal; the watchdog renews a Hold",
+    frozenset({"django_distlock.hold", "django_distlock.backends.acquisition"}):
+        "an Acquisition is of a Hold; a Hold keeps the Acquisition it holds by",
+}
+#: The largest import circle inside each backend package: a ratchet (they are the
+#: backend's own modules, a backend class beside its acquisitions); never to grow.
+BACKEND_CIRCLES = {"redis": 6, "database": 5, "zookeeper": 3, "cache": 2}
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Each package module -> the package modules it imports (every form, types too)."""
+    paths = dict(modules())
+    graph: dict[str, set[str]] = {module: set() for module in paths}
+    for module, path in paths.items():
+        for _, target in imported(module, path):
+            while target and target not in graph:  # a name imported from a module
+                target = target.rpartition(".")[0]
+            if target and target != module:
+                graph[module].add(target)
+    return graph
+
+
+def circles(graph: dict[str, set[str]], pairs: set[frozenset[str]]) -> list[list[str]]:
+    """The import circles (strongly connected sets of 2+ modules) left once the edges
+    of the declared ``pairs`` are set aside, each sorted, largest first."""
+    edges = {m: {t for t in ts if frozenset({m, t}) not in pairs} for m, ts in graph.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(module: str) -> None:  # Tarjan's algorithm
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for target in edges[module]:
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            group = []
+            while True:
+                member = stack.pop()
+                group.append(member)
+                if member == module:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for module in sorted(edges):
+        if module not in index:
+            visit(module)
+    return sorted(found, key=len, reverse=True)
+
+
+def test_the_core_has_no_import_circle_but_its_declared_pairs() -> None:
+    """Type-only imports included: the handle layer names its backend through a
+    Protocol (``hold.LockBackend``), not the backends' base class that builds it."""
+    graph = import_graph()
+    left = circles(graph, set(CORE_PAIRS))
+    core = [group for group in left if not group[0].startswith("django_distlock.backends.")
+            or any(m.count(".") < 3 for m in group)]
+    assert core == []
+    paired = set().union(*CORE_PAIRS)
+    whole = [group for group in circles(graph, set()) if set(group) & paired]
+    assert len(whole) == 1 and set(whole[0]) <= paired, whole  # the pairs meet at hold
+    for group in left:
+        package = group[0].split(".")[2]
+        assert {m.split(".")[2] for m in group} == {package}, group
+        assert len(group) <= BACKEND_CIRCLES[package], (package, group)
+
+
+def test_the_circle_check_can_fail() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"e"}, "e": {"d"}}
+    assert circles(graph, set()) == [["a", "b", "c"], ["d", "e"]]
+    assert circles(graph, {frozenset({"d", "e"})}) == [["a", "b", "c"]]
+    assert circles(graph, {frozenset({"a", "b"})}) == [["d", "e"]]
+    # ... which is why a circle of the whole graph may hold only the pairs' modules:
+    assert circles(graph, set())[0] == ["a", "b", "c"]
+
+
 def test_the_core_imports_no_contrib_app() -> None:
     found = [line for module, path in modules() for line in core_to_contrib(module, path)]
     assert found == []

@@ -21,7 +21,7 @@ import json
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 from django.core import checks
 
@@ -376,7 +376,7 @@ class BaseLockBackend(abc.ABC):
         owner: str | None = None,
         auto_renew: bool | _Default = DEFAULT,
         max_hold: float | None = None,
-    ) -> Lock:
+    ) -> Lock[Self]:
         """Build a handle on the lock ``name``; no I/O happens until ``acquire()``.
 
         :param name: the lock's name; see :func:`django_distlock.names.validate_name`.
@@ -416,7 +416,7 @@ class BaseLockBackend(abc.ABC):
         timeout: float | _Default | None = DEFAULT, blocking: bool = True,
         reentrant: bool | _Default = DEFAULT, owner: str | None = None,
         auto_renew: bool | _Default = DEFAULT, max_hold: float | None = None,
-    ) -> Lock:
+    ) -> Lock[Self]:
         """Validate the options of :meth:`lock` and build a handle of ``kind``."""
         key = self.make_key(name)
         ttl = self.default_ttl if isinstance(ttl, _Default) else validate_ttl(ttl)
@@ -671,7 +671,7 @@ class BaseLockBackend(abc.ABC):
     #: :attr:`kinds` (``Kind.SEMAPHORE``).
     supports_semaphore = KindFlag(Kind.SEMAPHORE)
 
-    def read_lock(self, name: str, **options: Any) -> Lock:
+    def read_lock(self, name: str, **options: Any) -> Lock[Self]:
         """Build a handle on the shared (read) side of the read-write lock ``name``.
 
         Takes the options of :meth:`lock`. Readers hold it together; a writer that
@@ -681,7 +681,7 @@ class BaseLockBackend(abc.ABC):
         """
         return self.lock_of_kind(Kind.READ, name, **options)
 
-    def write_lock(self, name: str, **options: Any) -> Lock:
+    def write_lock(self, name: str, **options: Any) -> Lock[Self]:
         """Build a handle on the exclusive (write) side of the read-write lock ``name``;
         it also excludes ``lock(name)``. Takes the options of :meth:`lock`.
 
@@ -689,7 +689,7 @@ class BaseLockBackend(abc.ABC):
         """
         return self.lock_of_kind(Kind.WRITE, name, **options)
 
-    def semaphore(self, name: str, limit: int, **options: Any) -> Lock:
+    def semaphore(self, name: str, limit: int, **options: Any) -> Lock[Self]:
         """Build a handle on one of the ``limit`` leases of the counting semaphore
         ``name`` (every client of a name must use the same ``limit``). Takes the
         options of :meth:`lock`; waiters are served in arrival order where the backend
@@ -702,7 +702,7 @@ class BaseLockBackend(abc.ABC):
 
     def lock_of_kind(
         self, kind: Kind | str, name: str, limit: int | None = None, **options: Any
-    ) -> Lock:
+    ) -> Lock[Self]:
         """Build a handle of ``kind``: what :meth:`lock`, :meth:`read_lock`,
         :meth:`write_lock` or :meth:`semaphore` build, for a caller that holds the kind
         as a value (``@distlock(kind=...)``). Takes the options of :meth:`lock`.
