@@ -23,7 +23,7 @@ a permit left), so a writer's release lets the whole run of readers behind it in
 
 from __future__ import annotations
 
-from .scripts import _HEAD, _NOW, Script
+from .scripts import _FORCE_EXCLUSIVE, _NEXT_TOKEN, _NOW, _QUEUE, _START, Script
 
 #: The acquire script's reply (after a 0) when the stored semaphore limit differs.
 LIMIT_MISMATCH = -3
@@ -55,6 +55,7 @@ local function cover(lock, holders, data, now, marker)
   return true
 end
 """
+_PRELUDE = _QUEUE + _SHARES
 
 #: KEYS: lock, queue, waiters, seq, index, holders, data.
 #: ARGV: member, alive_ms, then per call: token, ttl_ms, meta, flags (as the exclusive
@@ -62,33 +63,23 @@ end
 #: Returns ``{1, fencing, acquired_ms, now_ms, 1}`` on a grant, ``{0, retry_after_ms}``
 #: on a miss, ``{0, -2}`` when run after ``not_after``, ``{0, -3, stored_limit}`` when
 #: the semaphore's stored limit is another.
-ACQUIRE = (
-    _NOW
-    + _HEAD
-    + _SHARES
-    + """
-local lock, queue, waiters, holders, data = KEYS[1], KEYS[2], KEYS[3], KEYS[6], KEYS[7]
+ACQUIRE = _PRELUDE + """
+local lock, holders, data = KEYS[1], KEYS[6], KEYS[7]
 local token, flags, limit = ARGV[3], ARGV[6], tonumber(ARGV[9])
-local now, now_us = now_ms()
-local not_after = tonumber(ARGV[8] or 0)
-if not_after > 0 and now > not_after then return {0, -2} end
+""" + _START + """
 local marker = (limit == 0 and READ or SEM) .. limit
-local function join()
-  if not string.find(flags, 'j', 1, true) then return end
-  local alive, keep = tonumber(ARGV[2]), tonumber(ARGV[2]) + 60000
-  redis.call('ZADD', queue, 'NX', now_us, token)
-  redis.call('HSET', waiters, token, string.format('%.0f ', now + alive) .. ARGV[7],
-    token .. ':m', (limit == 0 and 'r@' or 's@') .. ARGV[5])
-  redis.call('PEXPIRE', queue, keep)
-  redis.call('PEXPIRE', waiters, keep)
+local function miss(wait)
+  if string.find(flags, 'j', 1, true) then
+    join(token, now, now_us, ARGV[2], ARGV[7], (limit == 0 and 'r@' or 's@') .. ARGV[5])
+  end
+  return {0, wait}
 end
 local held = redis.call('GET', lock)
 if held and held ~= marker then
   if limit > 0 and string.sub(held, 1, 33) == SEM then
     return {0, -3, tonumber(string.sub(held, 34))}
   end
-  join()  -- a writer (an exclusive holder), or the other kind of share
-  return {0, redis.call('PTTL', lock)}
+  return miss(redis.call('PTTL', lock))  -- a writer (an exclusive holder), or other shares
 end
 prune(holders, data, now)
 local mine = redis.call('HGET', data, token)
@@ -99,47 +90,33 @@ if mine and tonumber(redis.call('ZSCORE', holders, token) or 0) > now then
 end
 local live = redis.call('ZCOUNT', holders, '(' .. now, '+inf')
 if limit > 0 and live >= limit then
-  join()
   local first = redis.call('ZRANGEBYSCORE', holders, '(' .. now, '+inf', 'WITHSCORES',
     'LIMIT', 0, 1)[2]
-  return {0, tonumber(first) - now}
+  return miss(tonumber(first) - now)
 end
 if string.find(flags, 'f', 1, true) then
-  local h, e = head(queue, waiters, now)
-  if h and h ~= token then
-    join()
-    return {0, tonumber(string.match(e, '^%d+')) - now}
-  end
+  local h, e = head(now)
+  if h and h ~= token then return miss(alive_for(e, now)) end
 end
 -- every grant takes the tag's next fencing token, as an exclusive grant does
-local fencing = now_us
-local last = tonumber(redis.call('SET', KEYS[4], string.format('%.0f', now_us), 'GET') or 0)
-if last >= now_us then
-  fencing = last + 1
-  redis.call('SET', KEYS[4], string.format('%.0f', fencing))
-end
+""" + _NEXT_TOKEN + """
 redis.call('ZADD', holders, string.format('%.0f', now + tonumber(ARGV[4])), token)
-redis.call('HSET', data, token, string.format('%.0f %.0f ', fencing, now) .. ARGV[5])
+redis.call('HSET', data, token, digits .. ' ' .. ms .. ' ' .. ARGV[5])
 cover(lock, holders, data, now, marker)
 if string.find(flags, 'i', 1, true) then redis.call('ZADD', KEYS[5], 0, ARGV[1]) end
 if string.find(flags, 'q', 1, true) then
-  forget(queue, waiters, token)
+  leave(token, ARGV[7])
   -- let the next waiter in as well: a reader behind this one, or a permit left
-  if limit == 0 or live + 1 < limit then wake_head(queue, waiters) end
+  if limit == 0 or live + 1 < limit then wake_head() end
 end
 return {1, fencing, now, now, 1}
 """
-)
 
 #: KEYS: lock, queue, waiters, index, holders, data. ARGV: member, token.
 #: Returns 1 when the share was held and is freed, 0 when it was not (or had ended).
 #: The last share's release frees the name and wakes the first waiter; a permit's
 #: release wakes it too (a permit came back).
-RELEASE = (
-    _NOW
-    + _HEAD
-    + _SHARES
-    + """
+RELEASE = _PRELUDE + """
 local lock, holders, data, token = KEYS[1], KEYS[5], KEYS[6], ARGV[2]
 local held = redis.call('GET', lock)
 local score = redis.call('ZSCORE', holders, token)
@@ -150,21 +127,17 @@ local now = now_ms()
 prune(holders, data, now)
 if not cover(lock, holders, data, now, nil) then
   redis.call('ZREM', KEYS[4], ARGV[1])
-  wake_head(KEYS[2], KEYS[3])
+  wake_head()
 elseif string.sub(held, 1, 33) == SEM then
-  wake_head(KEYS[2], KEYS[3])
+  wake_head()
 end
 if score and tonumber(score) > now then return 1 end
 return 0
 """
-)
 
 #: KEYS: lock, holders, data. ARGV: token, ttl_ms.
 #: Returns ``{fencing, acquired_ms, now_ms}``, or 0 if ``token`` holds no share now.
-EXTEND = (
-    _NOW
-    + _SHARES
-    + """
+EXTEND = _NOW + _SHARES + """
 if not shared(redis.call('GET', KEYS[1])) then return 0 end
 local now = now_ms()
 local score, mine = redis.call('ZSCORE', KEYS[2], ARGV[1]), redis.call('HGET', KEYS[3], ARGV[1])
@@ -174,32 +147,22 @@ cover(KEYS[1], KEYS[2], KEYS[3], now, nil)
 local f, a = string.match(mine, '^(%d+) (%d+)')
 return {tonumber(f), tonumber(a), now}
 """
-)
 
 #: KEYS: lock, queue, waiters. ARGV: token.
 #: A waiter leaves the queue; if the name is free or held in shares, the next live waiter
 #: is woken (it may get in now that this one is not ahead of it). Returns 1.
-LEAVE = (
-    _NOW
-    + _HEAD
-    + _SHARES
-    + """
-forget(KEYS[2], KEYS[3], ARGV[1])
+LEAVE = _PRELUDE + """
+leave(ARGV[1], signal(redis.call('HGET', waiters, ARGV[1])))
 local held = redis.call('GET', KEYS[1])
-if not held or shared(held) then wake_head(KEYS[2], KEYS[3]) end
+if not held or shared(held) then wake_head() end
 return 1
 """
-)
 
 #: KEYS: lock, queue, waiters, index, holders, data. ARGV: member, owner (a prefix of
 #: owner tokens, '' for every holder).
 #: Frees the exclusive holder (a writer) or the matching shares. Returns the largest
 #: fencing token freed, or 0 if nothing matched.
-FORCE_RELEASE = (
-    _NOW
-    + _HEAD
-    + _SHARES
-    + """
+FORCE_RELEASE = _PRELUDE + """
 local lock, holders, data, owner = KEYS[1], KEYS[5], KEYS[6], ARGV[2]
 local held = redis.call('GET', lock)
 if not held then
@@ -208,11 +171,7 @@ if not held then
   return 0
 end
 if not shared(held) then
-  if string.sub(held, 1, #owner) ~= owner then return 0 end
-  redis.call('DEL', lock)
-  redis.call('ZREM', KEYS[4], ARGV[1])
-  wake_head(KEYS[2], KEYS[3])
-  return tonumber(string.match(held, '^ %d+ (%d+)', 33))
+""" + _FORCE_EXCLUSIVE + """
 end
 local freed = 0
 for _, t in ipairs(redis.call('ZRANGE', holders, 0, -1)) do
@@ -227,17 +186,14 @@ if freed == 0 then return 0 end
 local now = now_ms()
 prune(holders, data, now)
 if not cover(lock, holders, data, now, nil) then redis.call('ZREM', KEYS[4], ARGV[1]) end
-wake_head(KEYS[2], KEYS[3])
+wake_head()
 return freed
 """
-)
 
 #: KEYS: holders, data. ARGV: limit.
 #: Returns a flat list ``token, pttl_ms, data, ...`` of up to ``limit`` live shares,
 #: the first to end first.
-SHARES = (
-    _NOW
-    + """
+SHARES = _NOW + """
 local now = now_ms()
 local out = {}
 local found = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf', 'WITHSCORES',
@@ -252,7 +208,6 @@ for i = 1, #found, 2 do
 end
 return out
 """
-)
 
 _TEXTS = {"acquire": ACQUIRE, "release": RELEASE, "extend": EXTEND, "leave": LEAVE,
           "force_release": FORCE_RELEASE, "shares": SHARES}

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from ...values import WaiterInfo, short_owner
 from .kinds import WRITER
-from .scripts import Script
+from .scripts import _NOW, Script
 
 if TYPE_CHECKING:
     from .backend import RedisBackend
@@ -24,14 +24,13 @@ if TYPE_CHECKING:
 #: leaving is dropped by the next acquire's walk of the queue, and not shown here).
 WAITERS = Script(
     "waiters",
-    """
-local t = redis.call('TIME')
-local now = t[1] * 1000 + math.floor(t[2] / 1000)
+    _NOW + """
+local now = now_ms()
 local ids = redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1, 'WITHSCORES')
 local out = {}
 for i = 1, #ids, 2 do
   local e = redis.call('HMGET', KEYS[2], ids[i], ids[i] .. ':m')
-  if e[1] and tonumber(string.match(e[1], '^%d+')) > now then
+  if e[1] and alive_for(e[1], now) > 0 then
     out[#out + 1] = ids[i]
     out[#out + 1] = ids[i + 1]
     out[#out + 1] = e[2] or ''
