@@ -143,3 +143,32 @@ def test_the_migration_unapplied_leaves_nothing_and_applies_again() -> None:
     with connection.cursor() as cursor:
         cursor.execute(relations)
         assert all(cursor.fetchone())
+
+
+@on_pg
+def test_the_helpers_on_a_grants_path_are_inlined() -> None:
+    """``django_distlock_reserved`` (in every share's grant) and
+    ``django_distlock_channel`` are SQL functions that the planner inlines, so that they
+    cost no call (the file's header): a plan shows their bodies, not their names."""
+    require_pg()
+    with connections["pg"].cursor() as cursor:
+        cursor.execute(
+            "EXPLAIN (VERBOSE) SELECT django_distlock_reserved(l.next_owner, l.next_epoch,"
+            " l.expires_at, l.next_ttl, clock_timestamp()), django_distlock_channel(l.name)"
+            " FROM django_distlock_lock l"
+        )
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "django_distlock_orphaned(" in plan and "md5(" in plan, plan
+    assert "django_distlock_reserved(" not in plan, plan
+    assert "django_distlock_channel(" not in plan, plan
+
+
+@on_pg
+def test_the_channel_is_the_one_the_head_listens_on() -> None:
+    """The server notifies the channel that ``pg_channel()`` names to the listening head."""
+    from django_distlock.backends.database.shares_sql import pg_channel
+
+    require_pg()
+    with connections["pg"].cursor() as cursor:
+        cursor.execute("SELECT django_distlock_channel(%s)", ["name:é ü"])
+        assert cursor.fetchone()[0] == pg_channel("name:é ü")

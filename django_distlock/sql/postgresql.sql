@@ -7,6 +7,21 @@
 -- change here ships with a new migration that runs this file again
 -- (CONTRIBUTING.md, "The PostgreSQL routines"). tests/test_plpgsql.py checks that what
 -- a migrated database runs is this text.
+--
+-- What several routines do is written once, in a helper: a bounded wait for an advisory
+-- lock, the test of a reservation, the name of a queue's channel. A helper on the path
+-- of an uncontended grant or release is a SQL function, which the planner inlines: a
+-- PL/pgSQL call there would cost server time on every lock.
+--
+-- The name's two queues stay two. lock() waiters queue on (name, 0): their head reserves
+-- the row, and the release hands the row over to it and wakes it through the grant's
+-- generation lock, with no round trip between the release and the grant. Readers,
+-- writers and permits queue on (name, -3): a NOTIFY wakes their head, which attempts
+-- again, since a share's grant counts the live shares under the row lock, and readers
+-- are let in several at once, which a handover of the row to one head cannot do (and
+-- asyncio tasks poll, passing the queue). They meet in the row: a reservation keeps
+-- shares out, live shares keep a lock() waiter behind their bell. One queue for both
+-- would change a hand-off or a grant, not just the text (issue 33's plan, D.5, phase 2).
 
 -- Listing pages through names in byte order ("C" collation), whatever the database's
 -- collation, so a prefix is one contiguous range.
@@ -97,6 +112,43 @@ BEGIN
 END
 $fn$;
 
+-- Wait at most p_secs seconds (NULL: no limit) for a session-level advisory lock; false
+-- when the wait timed out (or would deadlock). The transaction's lock_timeout stays the
+-- wait's.
+CREATE OR REPLACE FUNCTION django_distlock_lock_within(p_key bigint, p_secs float8)
+RETURNS boolean LANGUAGE plpgsql AS $fn$
+BEGIN
+    PERFORM set_config('lock_timeout', CASE WHEN p_secs IS NULL THEN '0'
+        ELSE greatest(ceil(p_secs * 1000), 1)::bigint::text || 'ms' END, true);
+    BEGIN
+        PERFORM pg_advisory_lock(p_key);
+    EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
+        -- A lock granted just as its wait timed out is kept by the server (and a
+        -- session-level one outlives the error): give it back if so.
+        PERFORM django_distlock_unlock_if_held(p_key);
+        RETURN false;
+    END;
+    RETURN true;
+END
+$fn$;
+
+-- Whether a reservation (the row's next_owner, next_epoch, expires_at and next_ttl)
+-- keeps the lock at p_at: it has not ended, and its head is alive or the server crashed
+-- since it was made. SQL, so that the planner inlines it (no call on a grant's path).
+CREATE OR REPLACE FUNCTION django_distlock_reserved(
+    p_owner text, p_epoch bigint, p_expires timestamptz, p_ttl float8, p_at timestamptz
+) RETURNS boolean LANGUAGE sql AS $fn$
+SELECT p_owner IS NOT NULL AND p_expires + make_interval(secs => p_ttl) > p_at
+    AND NOT django_distlock_orphaned(p_owner, p_epoch)
+$fn$;
+
+-- The channel the head of a name's kinds queue listens on (shares_sql.pg_channel() in
+-- Python). SQL and IMMUTABLE: inlined, and folded where the name is a constant.
+CREATE OR REPLACE FUNCTION django_distlock_channel(p_name text)
+RETURNS text LANGUAGE sql IMMUTABLE AS $fn$
+SELECT 'django_distlock_' || md5(p_name)
+$fn$;
+
 -- Wake the head of the name's queue of readers, writers and permits, if one waits: it
 -- holds the queue's advisory lock and listens on the name's channel. Looked at with a
 -- shared session lock of the queue given back at once (a first attempt that tries the
@@ -107,7 +159,7 @@ BEGIN
     IF pg_try_advisory_lock_shared(hashtextextended(p_name, -3)) THEN
         PERFORM pg_advisory_unlock_shared(hashtextextended(p_name, -3));
     ELSE
-        PERFORM pg_notify('django_distlock_' || md5(p_name), '');
+        PERFORM pg_notify(django_distlock_channel(p_name), '');
     END IF;
 END
 $fn$;
@@ -127,21 +179,15 @@ BEGIN
 END
 $fn$;
 
--- Join the name's queue: wait (at most p_wait seconds) for its advisory lock, then
--- listen on its channel. False when the wait timed out.
+-- Join the name's queue: wait (at most p_wait seconds; NULL: 1 ms) for its advisory
+-- lock, then listen on its channel. False when the wait timed out.
 CREATE OR REPLACE FUNCTION django_distlock_share_join(p_name text, p_wait float8)
 RETURNS boolean LANGUAGE plpgsql AS $fn$
 BEGIN
-    PERFORM set_config('lock_timeout',
-        greatest(ceil(p_wait * 1000), 1)::bigint::text || 'ms', true);
-    BEGIN
-        PERFORM pg_advisory_lock(hashtextextended(p_name, -3));
-    EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
-        -- A lock granted just as its wait timed out is kept (session-level): give it back.
-        PERFORM django_distlock_unlock_if_held(hashtextextended(p_name, -3));
+    IF NOT django_distlock_lock_within(hashtextextended(p_name, -3), coalesce(p_wait, 0)) THEN
         RETURN false;
-    END;
-    EXECUTE 'LISTEN ' || quote_ident('django_distlock_' || md5(p_name));
+    END IF;
+    EXECUTE 'LISTEN ' || quote_ident(django_distlock_channel(p_name));
     RETURN true;
 END
 $fn$;
@@ -160,7 +206,7 @@ BEGIN
         dropped := FOUND;
     END IF;
     IF p_queued THEN
-        EXECUTE 'UNLISTEN ' || quote_ident('django_distlock_' || md5(p_name));
+        EXECUTE 'UNLISTEN ' || quote_ident(django_distlock_channel(p_name));
         PERFORM django_distlock_unlock_if_held(hashtextextended(p_name, -3));
     END IF;
     IF dropped THEN
@@ -208,9 +254,8 @@ BEGIN
     t := clock_timestamp();
     later := t + make_interval(secs => p_ttl);
     SELECT l.owner, l.expires_at, l.intent_owner, l.intent_until, l.share_limit,
-        coalesce(l.next_owner IS NOT NULL
-            AND l.expires_at + make_interval(secs => l.next_ttl) > t
-            AND NOT django_distlock_orphaned(l.next_owner, l.next_epoch), false) AS reserved,
+        coalesce(django_distlock_reserved(l.next_owner, l.next_epoch, l.expires_at,
+            l.next_ttl, t), false) AS reserved,
         l.expires_at + make_interval(secs => l.next_ttl) AS reserved_until
     INTO cur FROM django_distlock_lock l WHERE l.name = p_name;
     SELECT count(*), coalesce(bool_or(s.owner = p_owner), false), min(s.expires_at)
@@ -266,8 +311,7 @@ BEGIN
         r_acquired_at := t;
         r_expires_at := later;
         IF p_head THEN  -- the next waiter heads the queue (it reads after this commits)
-            EXECUTE 'UNLISTEN ' || quote_ident('django_distlock_' || md5(p_name));
-            PERFORM django_distlock_unlock_if_held(hashtextextended(p_name, -3));
+            PERFORM django_distlock_share_leave(p_name, true, NULL);
         END IF;
         RETURN;
     END IF;
@@ -462,16 +506,9 @@ DECLARE
     belled bigint;  -- the row's fencing when this call last got the shares' bell
 BEGIN
     granted := false;
-    PERFORM set_config('lock_timeout', CASE WHEN p_wait IS NULL THEN '0'
-        ELSE greatest(ceil(p_wait * 1000), 1)::bigint::text || 'ms' END, true);
-    BEGIN
-        PERFORM pg_advisory_lock(queue);
-    EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
-        -- A lock granted just as its wait times out is kept by the server (and a
-        -- session-level one outlives the error): give it back if so.
-        PERFORM django_distlock_unlock_if_held(queue);
+    IF NOT django_distlock_lock_within(queue, p_wait) THEN
         RETURN;
-    END;
+    END IF;
     PERFORM pg_advisory_lock(alive);
     LOOP
         PERFORM set_config('lock_timeout', row_wait, true);
@@ -514,9 +551,8 @@ BEGIN
                     acquired_at = t, expires_at = t + make_interval(secs => p_ttl),
                     host = p_host, pid = p_pid, thread = p_thread, next_owner = NULL
                 WHERE l.name = p_name AND (l.owner IS NULL OR l.expires_at <= t)
-                    AND (l.next_owner IS NULL OR l.next_owner = p_owner
-                        OR l.expires_at + make_interval(secs => l.next_ttl) <= t
-                        OR django_distlock_orphaned(l.next_owner, l.next_epoch))
+                    AND (l.next_owner = p_owner OR NOT django_distlock_reserved(
+                        l.next_owner, l.next_epoch, l.expires_at, l.next_ttl, t))
                 RETURNING l.fencing, l.acquired_at, l.expires_at
                 INTO fencing, acquired_at, expires_at;
             END IF;
@@ -566,15 +602,11 @@ BEGIN
                 PERFORM pg_sleep(least(budget, 1.0));
                 CONTINUE;
             END IF;
-            PERFORM set_config('lock_timeout',
-                greatest(ceil(least(budget, 1.0) * 1000), 1)::bigint::text || 'ms', true);
-            BEGIN
-                PERFORM pg_advisory_lock(hashtextextended(p_name, -4)),
-                    pg_advisory_unlock(hashtextextended(p_name, -4));
+            IF django_distlock_lock_within(hashtextextended(p_name, -4),
+                    least(budget, 1.0)) THEN
+                PERFORM pg_advisory_unlock(hashtextextended(p_name, -4));
                 belled := cur.fencing;
-            EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
-                PERFORM django_distlock_unlock_if_held(hashtextextended(p_name, -4));
-            END;
+            END IF;
             CONTINUE;
         END IF;
         IF woken = cur.fencing THEN
@@ -588,16 +620,12 @@ BEGIN
             PERFORM pg_advisory_unlock(hashtextextended(p_name, woken));
             woken := NULL;
         END IF;
-        PERFORM set_config('lock_timeout',
-            greatest(ceil(least(budget, 1.0) * 1000), 1)::bigint::text || 'ms', true);
-        BEGIN
-            PERFORM pg_advisory_lock(hashtextextended(p_name, cur.fencing));
+        -- Sleep until the grant's release gives its lock back (or the lease ends, or a
+        -- second passes: then look again).
+        IF django_distlock_lock_within(hashtextextended(p_name, cur.fencing),
+                least(budget, 1.0)) THEN
             woken := cur.fencing;
-        EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
-            -- The lease ended, or a second passed: look again (giving back the lock
-            -- if it was granted as the wait timed out, as above).
-            PERFORM django_distlock_unlock_if_held(hashtextextended(p_name, cur.fencing));
-        END;
+        END IF;
     END LOOP;
     IF granted THEN
         -- On a grant, retry_after carries the seconds between this call's start and
