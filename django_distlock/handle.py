@@ -219,14 +219,14 @@ class Lock(Generic[B]):
     ) -> bool:
         """Acquire the lock; return True when had, False on timeout or non-blocking miss.
 
-        :param blocking: wait for the lock (default: the handle's ``blocking``).
-        :param timeout: seconds to wait; None waits forever (default: the
-            handle's ``timeout``). How a backend waits (woken by the server, or
-            retries with exponential backoff and jitter) is its own.
         A reentrant handle (``reentrant=True``) whose thread or task holds the name
         already, through it or another reentrant handle, counts one more acquisition
         at once, with no server call; each needs its release.
 
+        :param blocking: wait for the lock (default: the handle's ``blocking``).
+        :param timeout: seconds to wait; None waits forever (default: the
+            handle's ``timeout``). How a backend waits (woken by the server, or
+            retries with exponential backoff and jitter) is its own.
         :raises DistLockError: if this handle already holds the lock (and is not
             reentrant, or is acquired from another thread or task).
         :raises SelfDeadlock: if, blocking, this thread already holds the lock

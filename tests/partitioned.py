@@ -69,7 +69,7 @@ class Client:
             handle = self.handle
             if handle is not None:
                 for what in ("lost", "unsure"):
-                    if getattr(handle, what) and what not in self.seen:
+                    if getattr(hold_of(handle), what) and what not in self.seen:
                         self.seen[what] = time.monotonic()
             time.sleep(0.005)
 
@@ -94,7 +94,7 @@ class Client:
         if hold_of(handle).valid_until is not None:
             self.rec.renewed(self.op, hold_of(handle).valid_until)
         for what in ("lost", "unsure"):
-            if what in self.seen or getattr(handle, what):
+            if what in self.seen or getattr(hold_of(handle), what):
                 at = min(self.seen.get(what, now), hold_of(handle).valid_until or now)
                 getattr(self.rec, what)(self.op, at)
         self.rec.released(self.op)

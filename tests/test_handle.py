@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import gc
+import re
 import threading
 from pathlib import Path
 
@@ -133,7 +134,8 @@ def test_a_lock_shows_the_users_api_only() -> None:
         doc = getattr(member, "__doc__", None)
         if doc is None or isinstance(member, str | type(None)) or name in vars(handle):
             # An instance attribute: documented by the ``#:`` lines right above it.
-            above = source.split(f"        self.{name} = ", 1)[0].splitlines()
+            above = re.split(rf"        self\.{name}(?:: \w+)? = ", source, maxsplit=1)[0]
+            above = above.splitlines()
             comment = []
             while above and above[-1].strip().startswith("#:"):
                 comment.append(above.pop())
