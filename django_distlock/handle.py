@@ -374,11 +374,11 @@ class Lock(Generic[B]):
         try:
             released = acquisition.release(exc_info)
         except BaseException as exc:
-            if hold.release_failed(acquisition, inner, exc):
+            if hold.release_failed(acquisition, exc, self):
                 self._recount(hold, exc)
                 raise
             return
-        hold.released(released, inner, self)
+        hold.released(released, False, self)
 
     def _recount(self, hold: Hold, exc: BaseException) -> None:
         """A reentrant handle's last release raised and may be retried: it holds again."""
@@ -400,11 +400,11 @@ class Lock(Generic[B]):
         try:
             released = await acquisition.arelease(exc_info)
         except BaseException as exc:
-            if hold.release_failed(acquisition, inner, exc):
+            if hold.release_failed(acquisition, exc, self):
                 self._recount(hold, exc)
                 raise
             return
-        hold.released(released, inner, self)
+        hold.released(released, False, self)
 
     def extend(self, ttl: float | _Default = DEFAULT) -> None:
         """Make the lease end ``ttl`` seconds from now (default: the handle's ``ttl``).

@@ -171,14 +171,8 @@ class Hold:
 
     @property
     def lost(self) -> bool:
-        """Whether the lock this handle held is known, or must be assumed, gone.
-
-        True after the backend reported the loss, and also once the TTL has
-        run out on this process' monotonic clock, counted from the sending of
-        the request that was granted (plus the time the server says it waited
-        before granting): past that point the server may have given the lock
-        to someone else, so the holder must not assume it still has it.
-        """
+        """:attr:`Lock.lost <django_distlock.Lock.lost>`: the loss reported, or the lease
+        run out on this process' monotonic clock (:attr:`valid_until`)."""
         if self._lost:
             return True
         until = self._valid_until
@@ -434,35 +428,30 @@ class Hold:
     def _expired_locally(self) -> bool:
         return self._valid_until is not None and time.monotonic() >= self._valid_until
 
-    def release_failed(
-        self, acquisition: Acquisition, inner: bool, exc: BaseException
-    ) -> bool:
-        """After the backend's release raised ``exc``: return whether to raise it."""
+    def release_failed(self, acquisition: Acquisition, exc: BaseException, handle: object) -> bool:
+        """After the backend's release (the last acquisition's) raised ``exc``, for
+        ``handle``: return whether to raise it."""
         if isinstance(exc, LockLost):
             with self._mutex:
                 self._clear()
             self._forget()
-            if self._release_unsure and not inner:
-                self._already_released()
+            if self._release_unsure:
+                self._already_released(handle)
                 return False
             self._send_lost()
             return True
         with self._mutex:  # still held: the caller may release again
-            if inner:
-                self._depth += 1
-            else:
-                self._token = acquisition.token
-                self._acquisition = acquisition
-                self._depth = 1
-                # Set with the token, so that a mark_lost() from another thread (a
-                # session listener) sees both or neither.
-                self._release_unsure = not self._lost_at_release
-        if not inner:
-            # Whether the release reached the server is unknown: the thread no longer
-            # counts as the holder (refusing its next wait with SelfDeadlock for good is
-            # worse than a wait that may end at its timeout), and renewing a lease its
-            # holder let go of would keep it past its TTL.
-            self._forget()
+            self._token = acquisition.token
+            self._acquisition = acquisition
+            self._depth = 1
+            # Set with the token, so that a mark_lost() from another thread (a session
+            # listener) sees both or neither.
+            self._release_unsure = not self._lost_at_release
+        # Whether the release reached the server is unknown: the thread no longer counts
+        # as the holder (refusing its next wait with SelfDeadlock for good is worse than a
+        # wait that may end at its timeout), and renewing a lease its holder let go of
+        # would keep it past its TTL.
+        self._forget()
         return True
 
     def released(self, released: bool, inner: bool, handle: object) -> None:
