@@ -271,17 +271,21 @@ class Lock(Generic[B]):
     def _reenter(self) -> bool:
         """A reentrant handle: count one more acquisition of a hold that this thread or
         task holds through a reentrant handle of the name (this one or another), with
-        no server call; False when there is none."""
-        hold = self._hold
-        if not (self._count and hold.reenter(self)):
-            own = self._own
-            found = holders.reentry(own, holders.current_holder())
-            if found is None or not found.reenter(self):
-                # A hold that ended (lost, or its lease ran out): this handle holds none.
-                self._hold, self._count = own, 0
-                return False
-            self._hold = found
-        self._count += 1
+        no server call; False when there is none.
+
+        :raises LockLost: when the hold this handle still counts acquisitions on ended
+            (lost, or its lease ran out): each of them raises LockLost at its release,
+            after which the handle acquires anew.
+        """
+        if self._count:
+            if self._hold.reenter(self):
+                self._count += 1
+                return True
+            raise LockLost(f"{self!r} was lost; release() it before acquiring again.")
+        found = holders.reentry(self._own, holders.current_holder())
+        if found is None or not found.reenter(self):
+            return False
+        self._hold, self._count = found, 1
         return True
 
     def _uncount(self) -> None:

@@ -225,3 +225,55 @@ def test_self_deadlock_is_a_lock_not_acquired() -> None:
 
     assert from_package is exceptions.SelfDeadlock
     assert issubclass(exceptions.SelfDeadlock, LockNotAcquired)
+
+
+# -- reentrant handles whose hold ended -------------------------------------------
+
+
+def test_a_reentrant_handle_whose_lease_ran_out_says_so_until_released(unique) -> None:
+    """Its next acquire raises LockLost (the critical sections it counted were not
+    protected to their end), each counted acquisition's release raises LockLost, and
+    the handle then acquires anew."""
+    import time
+
+    from django_distlock.exceptions import LockLost
+
+    backend, name = locks["locmem"], unique()
+    handle = backend.lock(name, ttl=0.05, reentrant=True)
+    assert handle.acquire() and handle.acquire()
+    time.sleep(0.1)
+    assert handle.lost and not handle.held
+    with pytest.raises(LockLost):
+        handle.acquire(blocking=False)
+    for _ in range(2):
+        with pytest.raises(LockLost):
+            handle.release()
+    assert handle.acquire(blocking=False) and handle.held
+    handle.release()
+
+
+def test_a_second_handle_on_a_hold_that_ended_is_freed_by_its_releases(unique) -> None:
+    """A second reentrant handle counted on the first's hold: once that lease ran out,
+    its acquire raises LockLost, its release raises LockLost and frees it, and it then
+    takes the name anew; the first's release raises LockLost and frees the name."""
+    import time
+
+    from django_distlock.exceptions import LockLost
+
+    backend, name = locks["locmem"], unique()
+    outer = backend.lock(name, ttl=0.05, reentrant=True)
+    inner = backend.lock(name, ttl=30, reentrant=True)
+    assert outer.acquire() and inner.acquire()
+    assert hold_of(inner) is hold_of(outer)
+    time.sleep(0.1)
+    with pytest.raises(LockLost):
+        inner.acquire(blocking=False)
+    with pytest.raises(LockLost):
+        inner.release()
+    assert hold_of(inner) is not hold_of(outer)
+    assert inner.acquire(blocking=False) and inner.held  # its own hold, a new grant
+    inner.release()
+    with pytest.raises(LockLost):
+        outer.release()
+    assert outer.acquire(blocking=False)
+    outer.release()
