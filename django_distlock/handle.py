@@ -82,7 +82,8 @@ class Lock(Generic[B]):
         kind: Kind | str = Kind.EXCLUSIVE,
         limit: int | None = None,
     ) -> None:
-        kind = Kind(kind)
+        if not isinstance(kind, Kind):  # lock() & co. pass a Kind: no enum lookup per handle
+            kind = Kind(kind)
         #: The backend this handle's lock lives on (``backend.alias`` is its alias).
         #:
         #: Example: ``if lease.backend.supports_fencing: ...``

@@ -70,13 +70,14 @@ class Kind(StrEnum):
 
         :raises ValueError: for anything else, prefixed with ``where``.
         """
-        try:
-            return cls(str(value)) if isinstance(value, str) else cls(value)  # type: ignore[arg-type]
-        except ValueError:
-            names = tuple(kind.value for kind in cls)
-            raise ValueError(f"{where}: kind must be one of {names}, not {value!r}.") from None
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, str) and value in _VALUES:
+            return cls(value)
+        raise ValueError(f"{where}: kind must be one of {_VALUES}, not {value!r}.")
 
 
+_VALUES = tuple(kind.value for kind in Kind)
 _FAMILY = {
     Kind.EXCLUSIVE: "exclusive locks",
     Kind.READ: "read-write locks",
