@@ -432,6 +432,49 @@ def test_postgres_a_cancelled_async_waiter_leaves_nothing_behind(settings, uniqu
         backend.close()
 
 
+def test_postgres_a_cancelled_wait_withdraws_its_reservation(settings, unique) -> None:
+    """A waiter at the head of the queue reserves the row, durably, and a release hands
+    the lock to a reserved head whose session still holds its liveness lock. A cancelled
+    wait's session ends a moment after its close reaches the server (later on a loaded
+    machine): a reservation left for the session's end was handed the lock in that
+    moment, by a release, and the name stayed held by a gone task for the lease's 30 s
+    (CI on e41b0ad, the test above). The cancelled call withdraws its reservation on its
+    own session before closing it."""
+    require_pg()
+    settings.DISTLOCK = {
+        **settings.DISTLOCK,
+        "pg-one": {"BACKEND": settings.DISTLOCK["pg-lease"]["BACKEND"],
+                   "OPTIONS": {"DATABASE": "pg", "ASYNC_SESSIONS": 1}},
+    }
+    backend, name = locks["pg-one"], unique()
+    holder = backend.lock(name, ttl=30)
+    assert in_thread(holder.acquire)
+
+    def reserved_for() -> str | None:
+        with connections["pg"].cursor() as cursor:
+            cursor.execute("SELECT next_owner FROM django_distlock_lock WHERE name = %s",
+                           [hold_of(holder).key])
+            return cursor.fetchone()[0]
+
+    async def main() -> str | None:
+        handle = backend.lock(name, ttl=30)
+        waiter = asyncio.ensure_future(handle.aacquire(timeout=20))
+        assert await asyncio.to_thread(in_thread, lambda: eventually(reserved_for))
+        waiter.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiter
+        # The one session comes back once the cancelled call has settled.
+        async with backend.lock(unique("other"), ttl=5, timeout=10):
+            pass
+        return await asyncio.to_thread(in_thread, reserved_for)
+
+    try:
+        assert asyncio.run(main()) is None
+        in_thread(holder.release)
+    finally:
+        backend.close()
+
+
 @pytest.mark.parametrize("mode", ["lease", "transaction"])
 def test_an_unknown_database_alias_is_a_configuration_error(settings, mode: str) -> None:
     """OPTIONS["DATABASE"] naming no alias of DATABASES: the documented

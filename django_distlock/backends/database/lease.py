@@ -37,7 +37,7 @@ from ..base import (
     WaiterInfo,
 )
 from .backend import DatabaseBackend, server_wait
-from .errors import ERRORS, connection_lost, did_not_answer, is_busy
+from .errors import ERRORS, connection_lost, did_not_answer, is_busy, sqlstate
 from .ordered import held_by_age
 from .sessions import (
     WATCHDOG,
@@ -51,6 +51,7 @@ from .share_acquisition import DatabaseKindAcquisition, DatabaseWriteAcquisition
 from .shares import force_release, kind_of_owner, with_shares
 from .sql import (
     PG_WAIT,
+    PG_WITHDRAW,
     POSTGRESQL,
     as_datetime,
     pg_acquire_params,
@@ -462,6 +463,8 @@ class PgLeaseAcquisition(Acquisition):
         except CallCancelled:
             return None  # its task was cancelled before the wait was sent
         except ERRORS as exc:
+            if call.cancelled and sqlstate(exc) == "57014" and not session.timed_out:
+                self._withdraw(session)
             # The session may still hold the queue's advisory lock: closing it frees that.
             self._drop(session)
             if is_busy(exc) and not session.timed_out:  # a grant waited too long for a row
@@ -475,6 +478,28 @@ class PgLeaseAcquisition(Acquisition):
         if not granted:
             return None
         return self._grant(session, fencing, acquired_at, expires_at, generation, granted_after)
+
+    def _withdraw(self, session: Session) -> None:
+        """After a wait its task cancelled: take back the reservation it may have left in
+        the row, then release a grant it may have been handed (by a release before the
+        cancel landed, or committed just before it), both on the wait's session.
+
+        While that session lives it holds the waiter's liveness lock, and a release hands
+        the lock to a reserved head whose liveness lock is held. Closing the session ends
+        it a moment later (the server has to see the close): a release in that moment
+        would hand the name to a task that is gone, held then for its ttl. The withdrawal
+        commits first, so no handover comes after it; the release frees one that came.
+        Best effort within the watchdog's grace: the session is closed next anyway."""
+        key, token = self.hold.key, self.token
+        bound = time.monotonic()
+        try:
+            with session.mutex, self._watched(session, bound):
+                session.execute(PG_WITHDRAW, [key, token])
+                retry_row_waits(lambda: session.execute(
+                    POSTGRESQL.release, pg_release_params(key, token, None)).fetchall(), bound)
+        except ERRORS:
+            logger.warning("Withdrawing the cancelled wait of %r failed; a release may hand "
+                           "it the lock until its session ends", self.hold, exc_info=True)
 
     def _grant(
         self, session: Session, fencing: int, acquired_at: Any, expires_at: Any,

@@ -205,12 +205,15 @@ WITH free AS (SELECT name FROM {TABLE} WHERE name = %s FOR SHARE SKIP LOCKED)
 SELECT EXISTS (SELECT 1 FROM {TABLE} WHERE name = %s) AND NOT EXISTS (SELECT 1 FROM free)"""
 
 #: PostgreSQL lease mode, blocking: queue in the server and take the lock when it comes
-#: (the procedure comes with migrations 0002 and 0003, docs/database.md explains it).
+#: (the procedure is in django_distlock/sql/postgresql.sql, docs/database.md explains it).
 #: Params: key, owner, ttl, host, pid, thread, seconds to wait. Row: as ``acquire``'s,
 #: except that on a grant its fifth column is the seconds the server waited before granting.
 PG_WAIT = (
     "CALL django_distlock_wait(%s, %s, %s, %s, %s, %s, %s, NULL, NULL, NULL, NULL, NULL, NULL)"
 )
+#: PostgreSQL lease mode: take back the reservation a cancelled wait left in the row
+#: (``next_owner``; lease.PgLeaseAcquisition._withdraw). Params: key, owner.
+PG_WITHDRAW = f"UPDATE {TABLE} SET next_owner = NULL WHERE name = %s AND next_owner = %s"
 #: PostgreSQL lease mode: give back a grant's generation lock (released elsewhere).
 #: Params: key, generation.
 PG_UNLOCK_GENERATION = "SELECT pg_advisory_unlock(hashtextextended(%s, %s))"
