@@ -5,7 +5,7 @@ Everything runs on 127.0.0.1, on ports the OS reports free, with all data,
 logs and sockets inside one directory given with --dir:
 
     scripts/servers.py install                 # apt-get the servers if missing
-    scripts/servers.py start --dir DIR [--only redis,zookeeper,postgres,memcached]
+    scripts/servers.py start --dir DIR [--only redis,zookeeper,postgres,mariadb,memcached]
     scripts/servers.py stop --dir DIR          # idempotent; does not delete DIR
 
 Kind zookeeper-standalone (only when named: the benchmarks compare the two) starts
@@ -22,6 +22,12 @@ start a set of their own (tests/private_sentinel.py).
 
 `start` writes DIR/env (shell `export` lines, also printed on stdout) and
 DIR/state.json (pids, ports). `stop` ends only the pids recorded there.
+Kind mariadb starts MariaDB (Debian 12's 10.11) as user mysql, with a user `distlock`
+(no password, from 127.0.0.1, every privilege: the tests create their database, KILL and
+SET GLOBAL) and a database `distlock`; root logs in through DISTLOCK_MYSQL_SOCKET. It runs
+without the log's flush at each commit (kept across a SIGKILL of the server all the same)
+unless DISTLOCK_MYSQL_DURABLE=1 (the benchmarks).
+
 Standard library only (Python 3.11), so it runs before any virtualenv exists.
 """
 
@@ -40,7 +46,7 @@ import sys
 import time
 from pathlib import Path
 
-KINDS = ("redis", "sentinel", "zookeeper", "postgres", "memcached")
+KINDS = ("redis", "sentinel", "zookeeper", "postgres", "mariadb", "memcached")
 #: Started only when named in --only (scripts/bench): a standalone ZooKeeper.
 EXTRA_KINDS = ("zookeeper-standalone",)
 REDLOCK_COUNT = 5  # independent Redis servers for the Redlock backend
@@ -59,6 +65,9 @@ APT_PACKAGES = [
     "redis-sentinel",
     "zookeeper",
     "postgresql",
+    "mariadb-server",
+    "default-libmysqlclient-dev",  # with pkg-config: the mysqlclient driver builds on them
+    "pkg-config",
     "memcached",
     "chromium",  # with chromium-driver: the admin's browser tests (test_optimistic_browser.py)
     "chromium-driver",
@@ -72,6 +81,7 @@ READY_TIMEOUT = {
     "zookeeper": 60.0,
     "zookeeper-standalone": 60.0,
     "postgres": 30.0,
+    "mariadb": 30.0,
     "memcached": 30.0,
 }
 STOP_TIMEOUT = 10.0
@@ -516,6 +526,59 @@ def start_postgres(dir_: Path, port: int) -> dict:
     return entry
 
 
+def start_mariadb(dir_: Path, port: int) -> dict:
+    """mariadb-install-db and start mariadbd (it drops to user mysql itself); create the
+    user and database `distlock`."""
+    wd = dir_ / "mariadb"
+    data, run = wd / "data", wd / "run"
+    for d in (wd, data, run):
+        d.mkdir()
+        shutil.chown(d, "mysql", "mysql")
+    os.chmod(dir_, os.stat(dir_).st_mode | 0o011)  # mktemp -d makes 0700: let mysql in
+    log, server_log = wd / "setup.log", run / "mysqld.err"
+    step = [
+        "mariadb-install-db", "--no-defaults", "--user=mysql", f"--datadir={data}",
+        "--auth-root-authentication-method=socket", "--skip-test-db",
+    ]
+    with open(log, "ab") as out:
+        rc = subprocess.call(step, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+    if rc != 0:
+        raise StartError("mariadb", f"mariadb-install-db exited with status {rc}", log)
+    durable = os.environ.get("DISTLOCK_MYSQL_DURABLE") == "1"
+    argv = [
+        "mariadbd", "--no-defaults", "--user=mysql", f"--datadir={data}", f"--port={port}",
+        "--bind-address=127.0.0.1", f"--socket={run / 'mysqld.sock'}",
+        f"--pid-file={run / 'mysqld.pid'}", f"--log-error={server_log}",
+        "--skip-name-resolve", "--skip-log-bin", "--character-set-server=utf8mb4",
+        "--max-connections=500", "--innodb-buffer-pool-size=128M",
+    ]
+    if not durable:  # tests: no flush per commit (a SIGKILL of the server keeps commits)
+        argv += ["--innodb-flush-log-at-trx-commit=2", "--innodb-doublewrite=0"]
+    entry = spawn("mariadb", "mariadb", port, argv, wd, server_log)
+    entry.update(data=str(data), argv=argv)
+
+    def greets() -> bool:  # the first packet: 4 bytes of header, then the handshake's
+        # protocol 10, or an error (0xff: no account for 127.0.0.1 yet, but it serves)
+        with socket.create_connection(("127.0.0.1", port), timeout=1.0) as s:
+            head = s.recv(5)
+        return len(head) == 5 and head[4] in (10, 0xFF)
+
+    wait_until("mariadb", greets, entry, READY_TIMEOUT["mariadb"], server_log)
+    setup = (
+        "CREATE USER 'distlock'@'127.0.0.1'; "
+        "GRANT ALL ON *.* TO 'distlock'@'127.0.0.1' WITH GRANT OPTION; "
+        "CREATE DATABASE distlock CHARACTER SET utf8mb4"
+    )
+    with open(log, "ab") as out:
+        rc = subprocess.call(
+            ["mariadb", "--no-defaults", "-uroot", f"--socket={run / 'mysqld.sock'}", "-e", setup],
+            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+        )
+    if rc != 0:
+        raise StartError("mariadb", f"creating user and database exited with status {rc}", log)
+    return entry
+
+
 def postmaster_pid(data: Path) -> int | None:
     """The pid in DATA/postmaster.pid, or None if there is none (yet)."""
     try:
@@ -595,7 +658,7 @@ def cmd_start(dir_: Path, kinds: list[str]) -> int:
     t0 = time.monotonic()
     env = {"DISTLOCK_SERVERS": "1"}
     ports = iter(free_ports(
-        1 + REDLOCK_COUNT + 2 * CLUSTER_NODES + 3 * ZK_NODES + 3 + 1 + SENTINEL_REPLICAS + SENTINELS
+        1 + REDLOCK_COUNT + 2 * CLUSTER_NODES + 3 * ZK_NODES + 4 + 1 + SENTINEL_REPLICAS + SENTINELS
     ))
 
     def save() -> None:
@@ -644,6 +707,16 @@ def cmd_start(dir_: Path, kinds: list[str]) -> int:
             env["DISTLOCK_PG_NAME"] = "distlock"
             env["DISTLOCK_PG_LOG"] = str(dir_ / "postgres" / "postgres.log")
             save()
+        if "mariadb" in kinds:
+            my = start_mariadb(dir_, next(ports))
+            save()
+            run = dir_ / "mariadb" / "run"
+            env["DISTLOCK_MYSQL_HOST"] = "127.0.0.1"
+            env["DISTLOCK_MYSQL_PORT"] = str(my["port"])
+            env["DISTLOCK_MYSQL_USER"] = "distlock"
+            env["DISTLOCK_MYSQL_NAME"] = "distlock"
+            env["DISTLOCK_MYSQL_SOCKET"] = str(run / "mysqld.sock")
+            env["DISTLOCK_MYSQL_LOG"] = str(run / "mysqld.err")
         if "memcached" in kinds:
             mc = start_memcached(dir_, next(ports))
             env["DISTLOCK_MEMCACHED"] = f"127.0.0.1:{mc['port']}"
@@ -693,9 +766,11 @@ def cmd_install() -> int:
     needed += ["/usr/bin/chromium", "/usr/bin/chromedriver"]  # the admin's browser tests
     needed += ["ip", "iptables"]  # the partition tests
     needed.append(str(PG_BIN / "initdb"))
+    needed += ["mariadbd", "mariadb-install-db", "pkg-config", "/usr/bin/mysql_config"]
     missing = [n for n in needed if not (shutil.which(n) or (n[0] == "/" and Path(n).exists()))]
     if not missing:
-        print("servers.py: redis, zookeeper, postgresql 15, memcached: installed", file=sys.stderr)
+        print("servers.py: redis, zookeeper, postgresql 15, mariadb, memcached: installed",
+              file=sys.stderr)
         return 0
     print(f"servers.py: missing {', '.join(missing)}: apt-get install", file=sys.stderr)
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")

@@ -61,6 +61,22 @@ if PG_AVAILABLE:
         "NAME": os.environ.get("DISTLOCK_PG_NAME", "distlock"),
     }
 
+# MariaDB (started by scripts/test). Its test database keeps the server's usual
+# case-insensitive collation on purpose: the lock table's name column must be distinct
+# by bytes all the same. Tests that use it list it (conftest.MYSQL_DATABASES): a
+# transactional test flushes every database it lists.
+MYSQL_AVAILABLE = bool(os.environ.get("DISTLOCK_MYSQL_PORT"))
+if MYSQL_AVAILABLE:
+    DATABASES["mysql"] = {
+        "ENGINE": "django.db.backends.mysql",
+        "HOST": os.environ.get("DISTLOCK_MYSQL_HOST", "127.0.0.1"),
+        "PORT": os.environ["DISTLOCK_MYSQL_PORT"],
+        "USER": os.environ.get("DISTLOCK_MYSQL_USER", "distlock"),
+        "NAME": os.environ.get("DISTLOCK_MYSQL_NAME", "distlock"),
+        "OPTIONS": {"charset": "utf8mb4"},
+        "TEST": {"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_general_ci"},
+    }
+
 _DB = "django_distlock.backends.database.DatabaseBackend"
 DISTLOCK = {
     "default": {"BACKEND": _DB, "TTL": 30, "TIMEOUT": 5},
@@ -72,6 +88,12 @@ DISTLOCK = {
         "KEY_PREFIX": "t:",
     },
 }
+if MYSQL_AVAILABLE:
+    DISTLOCK["mysql-tx"] = {
+        "BACKEND": _DB,
+        "OPTIONS": {"DATABASE": "mysql", "MODE": "transaction"},
+        "KEY_PREFIX": "t:",
+    }
 if PG_AVAILABLE:
     DISTLOCK["pg-lease"] = {"BACKEND": _DB, "OPTIONS": {"DATABASE": "pg"}, "KEY_PREFIX": "l:"}
     DISTLOCK["pg-tx"] = {

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import django.db
 import django.db.utils
+import MySQLdb
 import psycopg
 import psycopg.errors
 import pytest
@@ -65,17 +66,18 @@ def translated(errors: ErrorMap, exc: BaseException, doing: str = "",
     return info.value
 
 
-def _django_wrapped(exc: psycopg.Error) -> django.db.Error:
+def _django_wrapped(exc: BaseException) -> django.db.Error:
     """``exc`` as Django's ``DatabaseErrorWrapper`` raises it: Django's class of the first
     of these names that the driver's error is, chained to it."""
+    driver = MySQLdb if isinstance(exc, MySQLdb.Error) else psycopg
     for name in ("DataError", "OperationalError", "IntegrityError", "InternalError",
                  "ProgrammingError", "NotSupportedError", "DatabaseError", "InterfaceError",
                  "Error"):
-        if isinstance(exc, getattr(psycopg, name)):
+        if isinstance(exc, getattr(driver, name)):
             wrapped: django.db.Error = getattr(django.db.utils, name)(*exc.args)
             wrapped.__cause__ = exc
             return wrapped
-    raise AssertionError(f"not a psycopg error: {exc!r}")
+    raise AssertionError(f"not a psycopg or MySQLdb error: {exc!r}")
 
 
 @pytest.mark.parametrize("cls, errors", [
@@ -110,9 +112,14 @@ def test_a_backend_without_a_client_catches_nothing() -> None:
     (psycopg.OperationalError("connection refused"), "connection refused"),
     (psycopg.errors.AdminShutdown("terminating connection"), "terminating connection"),
     (django.db.InterfaceError("connection already closed"), "connection already closed"),
+    (MySQLdb.ProgrammingError(1146, "Table 'distlock.django_distlock_lock' doesn't exist"),
+     "The lock table is missing"),
+    (MySQLdb.OperationalError(1305, "PROCEDURE distlock.django_distlock_wait does not exist"),
+     "lacks django-distlock's procedures"),
 ])
 def test_the_database_map(exc: BaseException, hint: str) -> None:
-    for raised in (exc, _django_wrapped(exc) if isinstance(exc, psycopg.Error) else exc):
+    drivers = (psycopg.Error, MySQLdb.Error)
+    for raised in (exc, _django_wrapped(exc) if isinstance(exc, drivers) else exc):
         error = translated(DATABASE_ERRORS, raised, "acquiring a lock", WHERE)
         assert type(error) is BackendUnavailable
         assert str(error).startswith(f"{WHERE} failed while acquiring a lock: ")
@@ -129,14 +136,31 @@ def test_the_database_map(exc: BaseException, hint: str) -> None:
     (psycopg.OperationalError("server closed the connection"), False, True, True),
     (psycopg.errors.UndefinedTable("no relation"), False, False, False),
     (sqlite3.OperationalError("disk I/O error"), False, False, False),
+    # MySQL and MariaDB (the numbers MariaDB 10.11 gave, docs/plans/issue-34.md, §13): a
+    # lock wait timeout, NOWAIT's miss included, is a miss on the same session, never a
+    # lost connection (Django's OperationalError without a SQLSTATE counted as one).
+    (MySQLdb.OperationalError(1205, "Lock wait timeout exceeded; try restarting transaction"),
+     True, False, False),
+    (MySQLdb.OperationalError(1969, "Query execution was interrupted (max_statement_time "
+                                    "exceeded)"), True, False, False),
+    (MySQLdb.OperationalError(3572, "Statement aborted because lock(s) could not be acquired "
+                                    "immediately and NOWAIT is set."), True, False, False),
+    (MySQLdb.OperationalError(2013, "Lost connection to server during query"),
+     False, True, True),
+    (MySQLdb.OperationalError(2006, "Server has gone away"), False, True, True),
+    (MySQLdb.OperationalError(1927, "Connection was killed"), False, True, True),
+    (MySQLdb.OperationalError(1213, "Deadlock found when trying to get lock; try restarting "
+                                    "transaction"), False, False, False),
+    (MySQLdb.ProgrammingError(1146, "Table doesn't exist"), False, False, False),
 ])
 def test_the_database_classifications(exc: BaseException, busy: bool, lost: bool,
                                       ended: bool) -> None:
     """What the call sites decide before they translate: a miss (busy), a retry on a new
     session (lost), a LockLost in transaction mode (ended: never SQLite's)."""
-    for raised in (exc, _django_wrapped(exc) if isinstance(exc, psycopg.Error) else exc):
+    drivers = (psycopg.Error, MySQLdb.Error)
+    for raised in (exc, _django_wrapped(exc) if isinstance(exc, drivers) else exc):
         assert (is_busy(raised), connection_lost(raised)) == (busy, lost), raised
-        if not isinstance(raised, django.db.Error) or isinstance(raised.__cause__, psycopg.Error):
+        if not isinstance(raised, django.db.Error) or isinstance(raised.__cause__, drivers):
             assert session_ended(raised) is ended, raised
     sqlite_wrapped = django.db.OperationalError("disk I/O error")
     sqlite_wrapped.__cause__ = sqlite3.OperationalError("disk I/O error")
@@ -145,7 +169,7 @@ def test_the_database_classifications(exc: BaseException, busy: bool, lost: bool
 
 def test_the_database_map_catches_the_drivers_and_djangos_errors() -> None:
     for cls in (django.db.Error, django.db.OperationalError, psycopg.Error,
-                psycopg.errors.LockNotAvailable):
+                psycopg.errors.LockNotAvailable, MySQLdb.Error, MySQLdb.OperationalError):
         assert issubclass(cls, DATABASE_ERRORS.client)
     assert not issubclass(sqlite3.Error, DATABASE_ERRORS.client)  # Django wraps SQLite's
 

@@ -25,7 +25,7 @@ from ..base import ErrorMap
 def _client_errors() -> tuple[type[BaseException], ...]:
     """Django's database errors and the raw drivers' (lease statements on PostgreSQL)."""
     errors: list[type[BaseException]] = [Error]
-    for module in ("psycopg", "psycopg2"):
+    for module in ("psycopg", "psycopg2", "MySQLdb"):
         with contextlib.suppress(ImportError):
             errors.append(__import__(module).Error)
     return tuple(errors)
@@ -48,10 +48,32 @@ def sqlstate(exc: BaseException) -> str | None:
     return None
 
 
+#: MySQL and MariaDB error numbers of a lock wait that ended without the lock: a lock
+#: wait timeout (also MariaDB's NOWAIT), MySQL 8's NOWAIT, a statement stopped by
+#: MariaDB's max_statement_time or MySQL's MAX_EXECUTION_TIME, or by KILL QUERY.
+_MYSQL_BUSY = frozenset({1205, 3572, 1969, 3024, 1317})
+#: MySQL and MariaDB error numbers of a connection that is gone or cannot be made: the
+#: client's (server gone away, lost during a query, cannot connect) and the server's (a
+#: killed connection, a shutdown, an idle connection closed).
+_MYSQL_LOST = frozenset({2002, 2003, 2006, 2013, 2055, 1053, 1927, 4031})
+
+
+def mysql_errno(exc: BaseException) -> int | None:
+    """The error number of a MySQLdb error, looking through Django's wrapper (which keeps
+    the driver's arguments); None for another driver's."""
+    for err in (exc, exc.__cause__):
+        if err is not None and type(err).__module__.split(".")[0] == "MySQLdb":
+            code = err.args[0] if err.args else None
+            return code if isinstance(code, int) else None
+    return None
+
+
 def is_busy(exc: BaseException) -> bool:
     """Whether a database error means "held by someone else, or not in time" rather than
     a failure: a lock wait or a statement that ran out of time."""
     if sqlstate(exc) in ("55P03", "57014"):  # lock_not_available, query_canceled
+        return True
+    if mysql_errno(exc) in _MYSQL_BUSY:
         return True
     message = str(exc).lower()
     return isinstance(exc, DatabaseError) and (
@@ -67,6 +89,10 @@ def connection_lost(exc: BaseException | None) -> bool:
     code = sqlstate(exc)
     if code is not None:
         return code.startswith("08") or code in _SESSION_ENDED
+    errno = mysql_errno(exc)
+    if errno is not None:  # a server's error, or the client's: the number says which
+        return errno in _MYSQL_LOST
+    # psycopg raises a connection's failures client-side, without a SQLSTATE.
     return any(
         type(err).__name__ in ("OperationalError", "InterfaceError")
         and type(err).__module__.split(".")[0] in ("psycopg", "psycopg2", "django")
@@ -86,7 +112,7 @@ def session_ended(exc: BaseException) -> bool:
 class DatabaseErrors(ErrorMap):
     """Every database error is :class:`BackendUnavailable`, with what to do when the
     schema is missing: an undefined function (SQLSTATE 42883) lacks the procedures, an
-    undefined table (42P01, SQLite's "no such table") the app's tables; both say to
+    undefined table (42P01, SQLite's "no such table", MySQL's 1146) the app's tables; both say to
     migrate. ``where`` names the database and the lock alias (``backend.where``)."""
 
     def translate(
@@ -94,9 +120,9 @@ class DatabaseErrors(ErrorMap):
     ) -> DistLockError | LockConfigurationError:
         code = sqlstate(exc)
         message = str(exc)
-        if code == "42883":  # undefined_function
+        if code == "42883" or mysql_errno(exc) == 1305:  # undefined function, procedure
             hint = f" The database lacks django-distlock's procedures: {MIGRATE}."
-        elif code == "42P01" or "no such table" in message:  # undefined_table
+        elif code == "42P01" or "no such table" in message or mysql_errno(exc) == 1146:
             hint = (
                 " The lock table is missing: add 'django_distlock' to INSTALLED_APPS and "
                 f"{MIGRATE}."
