@@ -35,6 +35,38 @@ def require_pg() -> None:
     pytest.skip("PostgreSQL not started (run scripts/test for the full suite)")
 
 
+#: MariaDB's aliases, and the databases a test that uses them lists (not in DATABASES: a
+#: transactional test flushes every database it lists, so only MariaDB's tests pay it).
+MYSQL_ALIASES = ["mysql-tx"]
+MYSQL_DATABASES = ["default", "mysql"]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test run for one of MariaDB's aliases (a parameter ``alias`` or ``mysql-...``)
+    lists the ``mysql`` test database too, beside those its ``django_db`` mark lists."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        alias = callspec.params.get("alias") if callspec is not None else None
+        if not (isinstance(alias, str) and alias.startswith("mysql")):
+            continue
+        marker = item.get_closest_marker("django_db")
+        if marker is None:
+            continue
+        databases = marker.kwargs.get("databases") or ["default"]
+        if databases != "__all__" and "mysql" not in databases:
+            kwargs = {**marker.kwargs, "databases": [*databases, "mysql"]}
+            item.add_marker(pytest.mark.django_db(*marker.args, **kwargs), append=False)
+
+
+def require_mysql() -> None:
+    """Fail (full run) or skip (local partial run) when MariaDB is not configured."""
+    if "mysql" in settings.DATABASES:
+        return
+    if FULL_RUN:
+        pytest.fail("DISTLOCK_SERVERS=1 but DISTLOCK_MYSQL_PORT is not set: MariaDB is missing.")
+    pytest.skip("MariaDB not started (run scripts/test for the full suite)")
+
+
 REDIS_ALIASES = ["redis", "redis-cache", "redis-djcache", "redis-unfair"]
 
 
@@ -83,6 +115,8 @@ def require_alias(alias: str) -> None:
     aliases of tests/settings.py)."""
     if alias.startswith("pg"):
         require_pg()
+    elif alias.startswith("mysql"):
+        require_mysql()
     elif alias == "redlock":
         require_redis(redlock=True)
     elif alias == "redis-cluster":
@@ -110,6 +144,20 @@ def psycopg_params(database: str) -> dict[str, Any]:
     """``psycopg.connect()`` keywords for the database alias ``database`` (a side connection)."""
     db = connections[database].settings_dict
     return {"host": db["HOST"], "port": db["PORT"], "user": db["USER"], "dbname": db["NAME"]}
+
+
+def kill_mysql_connection(database: str, ident: int) -> None:
+    """``KILL CONNECTION`` of the MariaDB session ``ident``, from a side connection of the
+    test user to the alias ``database``."""
+    import MySQLdb
+
+    db = connections[database].settings_dict
+    side = MySQLdb.connect(host=db["HOST"], port=int(db["PORT"]), user=db["USER"],
+                           database=db["NAME"], autocommit=True)
+    try:
+        side.cursor().execute(f"KILL CONNECTION {int(ident)}")
+    finally:
+        side.close()
 
 
 def needs_pg(alias: str) -> bool:

@@ -51,8 +51,10 @@ from .conftest import (
     DATABASES,
     eventually,
     in_thread,
+    kill_mysql_connection,
     psycopg_params,
     require_alias,
+    require_mysql,
     require_pg,
     require_redis,
     require_zookeeper,
@@ -69,7 +71,7 @@ pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
 ALIASES = [
     "default", "sqlite-lease", "sqlite-tx", "locmem", "pg-lease", "pg-tx", "redis",
     "redis-cache", "redis-djcache", "redis-unfair", "redis-decoded", "redlock",
-    "redis-cluster", "zk", "zk-auth", "cache-memcached", "cache-redis",
+    "redis-cluster", "zk", "zk-auth", "cache-memcached", "cache-redis", "mysql-tx",
 ]
 
 
@@ -546,7 +548,7 @@ NO_RELEASE_FAULT = {
 RELEASE_FAULTS = {
     "redis": "frozen", "redis-unfair": "frozen", "redis-decoded": "frozen",
     "redlock": "frozen", "pg-lease": "frozen", "pg-tx": "terminated", "zk": "frozen",
-    "zk-auth": "frozen",
+    "zk-auth": "frozen", "mysql-tx": "terminated",
 }
 
 
@@ -600,6 +602,20 @@ def _release_fault(alias: str, request: pytest.FixtureRequest) -> Iterator[tuple
             for server in servers:
                 server.resume()
             backend.close()
+    elif alias.startswith("mysql"):
+        require_mysql()
+        backend = locks[alias]
+
+        @contextlib.contextmanager
+        def fault(handle: Any) -> Iterator[None]:
+            # The holding connection killed: InnoDB rolls its transaction (the lock) back.
+            with connections[backend.database].cursor() as cursor:
+                cursor.execute("SELECT CONNECTION_ID()")
+                (ident,) = cursor.fetchone()
+            kill_mysql_connection(backend.database, ident)
+            yield
+
+        yield backend, fault
     elif alias.startswith("pg"):
         require_pg()
         backend = locks[alias]
@@ -698,6 +714,9 @@ NO_RESTART = {
     "test_backend_cache.py restarts it under a holder",
     "cache-redis": "the 'redis' server through Django's RedisCache: 'redis' is restarted",
     "zk-auth": "'zk' on a private server; the ACL changes nothing in a restart",
+    "mysql-tx": "a restart ends every transaction, and with it every transaction-mode lock, "
+    "as a killed connection does (test_a_release_that_fails); MariaDB restarted from its "
+    "data dir under lease-mode holders comes with lease mode (issue 34)",
 }
 RESTARTS = ["redis-aof", "redis-snapshot", "pg-lease", "pg-tx", "zk"]
 
@@ -913,6 +932,7 @@ NO_WAITER_ENTRY = {
     "sqlite-lease": "SQLite lease waiters back off and retry: they leave no entry",
     "sqlite-tx": "the waiter waits for SQLite's write lock: no entry of ours",
     "pg-tx": "the waiter waits for the row lock in the server's lock manager: no entry of ours",
+    "mysql-tx": "the waiter waits for the row lock in InnoDB's lock manager: no entry of ours",
     "locmem": "process-local: its waiters are in this process' memory",
     "redis-unfair": "FAIR False: waiters retry, they do not queue",
     "redlock": "waiters back off and retry on every master: they leave no entry",

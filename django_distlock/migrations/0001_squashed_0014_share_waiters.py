@@ -1,5 +1,6 @@
 """The lock tables, and on PostgreSQL the routines, sequence and tables of
-``django_distlock/sql/postgresql.sql``.
+``django_distlock/sql/postgresql.sql``; on MySQL and MariaDB the collation, table and
+procedures of ``django_distlock/sql/mysql.sql``.
 
 It replaces the 14 migrations of the development versions before 0.1.0: a database that
 applied all of them is marked as having applied this one and nothing runs (see
@@ -12,6 +13,13 @@ from pathlib import Path
 from django.db import migrations, models
 
 SQL = Path(__file__).resolve().parent.parent / "sql" / "postgresql.sql"
+MYSQL_SQL = SQL.with_name("mysql.sql")
+#: The sql_mode the MySQL routines are created under (each keeps its own).
+MYSQL_MODE = "SET SESSION sql_mode = 'STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION'"
+MYSQL_UNINSTALL = [
+    "DROP PROCEDURE IF EXISTS django_distlock_tx_grant",
+    "DROP TABLE IF EXISTS django_distlock_token",
+]
 
 #: Drops every routine of the file (whatever its signature), then its tables and sequence.
 UNINSTALL = r"""
@@ -31,14 +39,40 @@ DROP SEQUENCE IF EXISTS django_distlock_fencing;
 """
 
 
+def mysql_parts(mariadb: bool) -> list[str]:
+    """The statements of ``sql/mysql.sql``, with the server's binary collation."""
+    collation = "utf8mb4_nopad_bin" if mariadb else "utf8mb4_0900_bin"
+    text = MYSQL_SQL.read_text().replace("{bin}", collation)
+    parts = (part.strip() for part in text.split("\n-- ;;\n"))
+    return [part for part in parts if part.strip("\n") and not _comment_only(part)]
+
+
+def _comment_only(part: str) -> bool:
+    return all(line.startswith("--") or not line.strip() for line in part.splitlines())
+
+
 def install(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
+    connection = schema_editor.connection
+    if connection.vendor == "postgresql":
         schema_editor.execute(SQL.read_text(), params=None)
+    elif connection.vendor == "mysql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT @@SESSION.sql_mode")
+            (mode,) = cursor.fetchone()
+            cursor.execute(MYSQL_MODE)
+            try:
+                for part in mysql_parts(connection.mysql_is_mariadb):
+                    cursor.execute(part)
+            finally:
+                cursor.execute("SET SESSION sql_mode = %s", [mode])
 
 
 def uninstall(apps, schema_editor):
     if schema_editor.connection.vendor == "postgresql":
         schema_editor.execute(UNINSTALL, params=None)
+    elif schema_editor.connection.vendor == "mysql":
+        for statement in MYSQL_UNINSTALL:
+            schema_editor.execute(statement, params=None)
 
 
 class Migration(migrations.Migration):

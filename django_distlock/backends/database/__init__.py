@@ -1,4 +1,4 @@
-"""The database backend: a lock row per key, on PostgreSQL or SQLite.
+"""The database backend: a lock row per key, on PostgreSQL, SQLite, or MySQL and MariaDB.
 
 ``BACKEND: "django_distlock.backends.database.DatabaseBackend"``; ``OPTIONS["MODE"]``
 picks lease mode (``lease.py``, the default) or transaction mode

@@ -26,8 +26,18 @@ MAX_SERVER_WAIT = 86400.0
 _HEALTH = f"SELECT 1 FROM {TABLE} LIMIT 0"  # resolves the table, reads no row
 
 
+#: Django's vendors the database backend serves, and the modes each has.
+VENDOR_MODES = {
+    "postgresql": ("lease", "transaction"),
+    "sqlite": ("lease", "transaction"),
+    "mysql": ("transaction",),
+}
+_VENDOR_NAMES = {"postgresql": "PostgreSQL", "sqlite": "SQLite", "mysql": "MySQL/MariaDB"}
+
+
 class DatabaseBackend(BaseLockBackend):
-    """Locks as rows of ``django_distlock_lock``, on PostgreSQL or SQLite.
+    """Locks as rows of ``django_distlock_lock``, on PostgreSQL, SQLite, or MySQL and
+    MariaDB (InnoDB; transaction mode).
 
     ``OPTIONS``: ``DATABASE`` (alias in ``DATABASES``, default ``"default"``),
     ``MODE`` (``"lease"``, the default, or ``"transaction"``: the class built is
@@ -64,6 +74,12 @@ class DatabaseBackend(BaseLockBackend):
                 )
             database = options.get("DATABASE", "default") if isinstance(options, Mapping) else ""
             vendor = connections[database].vendor if database in settings.DATABASES else ""
+            if mode not in VENDOR_MODES.get(vendor, (mode,)):
+                raise InvalidBackendOptions(
+                    f"DISTLOCK[{alias!r}]: {_VENDOR_NAMES[vendor]} (DATABASES[{database!r}]) "
+                    f"has the database backend's modes {list(VENDOR_MODES[vendor])}, not "
+                    f"{mode!r}; set OPTIONS['MODE'] to one of them (docs/database.md)."
+                )
             cls = cls.modes[mode].for_vendor(vendor)
         return super().__new__(cls)
 
@@ -108,8 +124,15 @@ class DatabaseBackend(BaseLockBackend):
 
     @cached_property
     def vendor(self) -> str:
-        """The database vendor: ``"postgresql"`` or ``"sqlite"`` (no I/O)."""
+        """The database vendor: ``"postgresql"``, ``"sqlite"`` or ``"mysql"`` (no I/O)."""
         return connections[self.database].vendor
+
+    @cached_property
+    def own_sessions(self) -> bool:
+        """Whether statements apart from the caller's transaction run on the backend's own
+        connections (PostgreSQL, MySQL) rather than on Django's (SQLite: one writer at a
+        time, whose transaction a lease joins)."""
+        return self.vendor in ("postgresql", "mysql")
 
     @cached_property
     def dialect(self) -> Dialect:
@@ -118,26 +141,26 @@ class DatabaseBackend(BaseLockBackend):
         if self.vendor == "sqlite":
             return SQLITE
         raise UnsupportedOperation(
-            f"The database backend serves PostgreSQL and SQLite, not {self.vendor!r} "
-            f"(DATABASES[{self.database!r}])."
+            f"The database backend's lease mode serves PostgreSQL and SQLite, not "
+            f"{self.vendor!r} (DATABASES[{self.database!r}])."
         )
 
     # -- running statements -------------------------------------------------------
 
     def run(self, statement: str, params: Any, doing: str, fetch: bool = True) -> list[Any]:
-        """Run one statement apart from the caller's transaction (PostgreSQL: on this
-        thread's session; SQLite: on Django's connection) and return its rows.
+        """Run one statement apart from the caller's transaction (PostgreSQL, MySQL: on
+        this thread's session; SQLite: on Django's connection) and return its rows.
 
         :raises BackendUnavailable: when the database fails.
         """
         try:
-            if self.vendor != "postgresql":
+            if not self.own_sessions:
                 with connections[self.database].cursor() as cursor:
                     cursor.execute(statement, params)
                     return cursor.fetchall() if fetch else []
             return self._run_on_session(statement, params, fetch)
         except ERRORS as exc:
-            if self.vendor != "postgresql" or not connection_lost(exc):
+            if not self.own_sessions or not connection_lost(exc):
                 raise self.errors.translate(exc, doing, self.where) from exc
         # This thread's session was gone (terminated, the server restarted): once more on
         # a new one, as the lease calls do.
@@ -214,11 +237,11 @@ class DatabaseBackend(BaseLockBackend):
 
     def _vendor_checks(self) -> list[checks.CheckMessage]:
         alias, db, vendor = self.alias, self.database, self.vendor
-        if vendor not in ("postgresql", "sqlite"):
+        if vendor not in VENDOR_MODES:
             return [
                 checks.Error(
-                    f"DISTLOCK[{alias!r}]: the database backend serves PostgreSQL and SQLite; "
-                    f"DATABASES[{db!r}] is {vendor!r}.",
+                    f"DISTLOCK[{alias!r}]: the database backend serves PostgreSQL, SQLite, "
+                    f"MySQL and MariaDB; DATABASES[{db!r}] is {vendor!r}.",
                     hint="Use another database alias.",
                     obj=alias,
                     id="distlock.E004",

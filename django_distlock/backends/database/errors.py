@@ -81,6 +81,11 @@ def is_busy(exc: BaseException) -> bool:
     )
 
 
+def is_duplicate(exc: BaseException) -> bool:
+    """Whether a database error is a unique key's violation (a row made meanwhile)."""
+    return sqlstate(exc) == "23505" or mysql_errno(exc) == 1062
+
+
 def connection_lost(exc: BaseException | None) -> bool:
     """Whether a database error says the connection is gone (its session ended, the
     server restarted): its locks went with it, and a new connection may succeed."""

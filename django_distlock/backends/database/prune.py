@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections, transaction
 from django.db.transaction import TransactionManagementError
 
-from ...exceptions import BackendUnavailable
+from ...exceptions import BackendUnavailable, UnsupportedOperation
 from .shares_sql import SHARES
 from .sql import HIGH_WATER, TABLE
 
@@ -90,6 +90,7 @@ def prune(backend: DatabaseBackend, idle_for: float, batch: int, wait: float) ->
     :param wait: seconds to keep trying for the prune lock (PostgreSQL) when inserts
         hold it, per batch.
     :returns: the number of rows deleted.
+    :raises UnsupportedOperation: on MySQL and MariaDB (not available yet).
     :raises ValueError: on a bad argument.
     :raises TransactionManagementError: SQLite, inside an atomic block: its deletes would
         be part of the caller's transaction (which may be the one holding a
@@ -103,6 +104,11 @@ def prune(backend: DatabaseBackend, idle_for: float, batch: int, wait: float) ->
         raise ValueError(f"idle_for must be a number of seconds >= 0, got {idle_for!r}.")
     if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= MAX_BATCH:
         raise ValueError(f"batch must be an int from 1 to {MAX_BATCH}, got {batch!r}.")
+    if backend.vendor == "mysql":
+        raise UnsupportedOperation(
+            f"Prune of lock alias {backend.alias!r}: pruning rows on MySQL and MariaDB is "
+            "not available in this version (docs/database.md, \"MySQL and MariaDB\")."
+        )
     if backend.vendor != "postgresql" and connections[backend.database].in_atomic_block:
         raise TransactionManagementError(
             f"Prune of lock alias {backend.alias!r}: run it outside any atomic block (on "

@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 from django.db import Error, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from . import mysql_sql
 from .errors import ERRORS, sqlstate
 from .sql import PG_SESSION_SETUP, PG_UNLOCK_GENERATION
 
@@ -82,10 +83,11 @@ class Session:
     statement.
     """
 
-    def __init__(self, wrapper: BaseDatabaseWrapper, cursor: Any, prepare: bool) -> None:
+    def __init__(self, wrapper: BaseDatabaseWrapper, cursor: Any, prepare: bool | None) -> None:
         self.wrapper = wrapper
         self.cursor = cursor
-        #: psycopg's ``prepare`` argument (the backend's ``OPTIONS["PREPARE"]``).
+        #: psycopg's ``prepare`` argument (the backend's ``OPTIONS["PREPARE"]``); None for
+        #: a driver that has none (MySQLdb).
         self.prepare = prepare
         self.pid = os.getpid()
         self.mutex = threading.Lock()
@@ -120,7 +122,10 @@ class Session:
             key, generation = self.orphans.pop()
             unlock = PG_UNLOCK_BELL if generation == SHARES_BELL else PG_UNLOCK_GENERATION
             self.cursor.execute(unlock, [key, generation], prepare=False)
-        self.cursor.execute(statement, params, prepare=self.prepare)
+        if self.prepare is None:
+            self.cursor.execute(statement, params)
+        else:
+            self.cursor.execute(statement, params, prepare=self.prepare)
         return self.cursor
 
     def cancel(self) -> None:
@@ -289,16 +294,23 @@ class SessionFactory:
         wrapper.inc_thread_sharing()  # used, and closed, from other threads too
         wrapper.ensure_connection()
         raw = wrapper.connection
-        if self.prepare and hasattr(raw, "prepare_threshold"):
-            # Django turns preparing off for every connection; this one is ours.
-            raw.prepare_threshold = 0
-        cursor = _pg_cursor(raw)
+        if wrapper.vendor == "mysql":
+            cursor, prepare = raw.cursor(), None  # MySQLdb: no server-side prepare
+            setup: list[tuple[str, list[str] | None]] = [
+                (statement, None) for statement in mysql_sql.SESSION_SETUP]
+        else:
+            if self.prepare and hasattr(raw, "prepare_threshold"):
+                # Django turns preparing off for every connection; this one is ours.
+                raw.prepare_threshold = 0
+            cursor, prepare = _pg_cursor(raw), self.prepare
+            setup = [(PG_SESSION_SETUP, [ROW_LOCK_WAIT, CLIENT_CHECK])]
         try:
-            cursor.execute(PG_SESSION_SETUP, [ROW_LOCK_WAIT, CLIENT_CHECK])
+            for statement, params in setup:
+                cursor.execute(statement, params)
         except BaseException:
             wrapper.close()
             raise
-        session = Session(wrapper, cursor, self.prepare)
+        session = Session(wrapper, cursor, prepare)
         with self._mutex:
             self._open.add(session)
         return session

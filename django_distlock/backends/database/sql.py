@@ -187,13 +187,13 @@ PG_TX_RESTORE = (
 #: PostgreSQL transaction mode: one page of names with the held ones marked. A
 #: transaction-mode holder keeps its row locked (FOR [NO KEY] UPDATE), so ``FOR SHARE
 #: SKIP LOCKED`` returns exactly the rows nobody holds (a prune locks the high-water row:
-#: left out). Params: lower, prefix, upper, limit.
+#: left out). Params (named): after, low, high, limit.
 PG_TX_HELD = f"""
 WITH page AS (
     SELECT name FROM {TABLE}
-    WHERE (name COLLATE "C") > %s AND (name COLLATE "C") >= %s AND (name COLLATE "C") < %s
-        AND name <> '{HIGH_WATER}'
-    ORDER BY (name COLLATE "C") LIMIT %s
+    WHERE (name COLLATE "C") > %(after)s AND (name COLLATE "C") >= %(low)s
+        AND (name COLLATE "C") < %(high)s AND name <> '{HIGH_WATER}'
+    ORDER BY (name COLLATE "C") LIMIT %(limit)s
 ), free AS (
     SELECT name FROM {TABLE} WHERE name IN (SELECT name FROM page) FOR SHARE SKIP LOCKED
 )

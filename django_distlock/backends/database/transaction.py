@@ -15,7 +15,8 @@ import abc
 import math
 import sqlite3
 import threading
-from typing import Any
+from collections import OrderedDict
+from typing import Any, ClassVar
 
 from django.db import connections, transaction
 
@@ -25,8 +26,9 @@ from ...hold import Hold
 from ...holders import current_holder
 from ...kinds import Kind
 from ..base import Acquisition, ExcInfo, Grant, LockInfo, LockPage, Miss
+from . import mysql_sql
 from .backend import DatabaseBackend, server_wait
-from .errors import ERRORS, is_busy, session_ended
+from .errors import ERRORS, is_busy, is_duplicate, session_ended
 from .sql import (
     ENSURE_ROW,
     PG_TX_GRANT_WAITED,
@@ -42,10 +44,36 @@ from .sql import (
     upper_bound,
 )
 
+#: How many names' rows a MySQL backend remembers having seen made (the least recently
+#: used go first: such a name costs one plain read more at its next acquire).
+KNOWN_ROWS = 4096
 #: Longest an asyncio task's attempt waits in the server (see ``async_wait``).
 _ASYNC_SLICE = 0.05
 #: ``_slice``: the key is held on this connection by this owner's other handle.
 _HELD = object()
+
+
+class KnownKeys:
+    """A bounded set of keys, the least recently used dropped first; any thread."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._keys: OrderedDict[str, None] = OrderedDict()
+        self._mutex = threading.Lock()
+
+    def has(self, key: str) -> bool:
+        with self._mutex:
+            if key not in self._keys:
+                return False
+            self._keys.move_to_end(key)
+            return True
+
+    def add(self, key: str) -> None:
+        with self._mutex:
+            self._keys[key] = None
+            self._keys.move_to_end(key)
+            while len(self._keys) > self.size:
+                self._keys.popitem(last=False)
 
 
 class _Stack(threading.local):
@@ -71,9 +99,16 @@ class TransactionBackend(DatabaseBackend, mode="transaction"):
         "stored with the lock), not in a queue of the name",
     }
 
+    #: Whether the name's row is locked. Params: key, key. Row: (held,).
+    is_locked_statement: ClassVar[str] = PG_TX_IS_LOCKED
+    #: One page of names, each marked free or not. Params (named): after, low, high,
+    #: limit. Rows: the lock columns, then free.
+    held_statement: ClassVar[str] = PG_TX_HELD
+
     @classmethod
     def for_vendor(cls, vendor: str) -> type[DatabaseBackend]:
-        return SqliteTransactionBackend if vendor == "sqlite" else cls
+        return {"sqlite": SqliteTransactionBackend, "mysql": MySqlTransactionBackend}.get(
+            vendor, cls)
 
     def __init__(self, alias: str, params: Any) -> None:
         super().__init__(alias, params)
@@ -81,14 +116,12 @@ class TransactionBackend(DatabaseBackend, mode="transaction"):
 
     def is_locked(self, name: str) -> bool:
         key = self.make_key(name)
-        if self.vendor == "postgresql":
-            return bool(self.run(PG_TX_IS_LOCKED, [key, key], "checking a lock")[0][0])
-        return self._sqlite_write_locked()
+        return bool(self.run(self.is_locked_statement, [key, key], "checking a lock")[0][0])
 
     def _held_locks(self, prefix: str, limit: int, cursor: str | None) -> LockPage:
         low = self.key_prefix + prefix
-        params = [cursor or "", low, upper_bound(low), limit]
-        rows = self.run(PG_TX_HELD, params, "listing locks")
+        params = {"after": cursor or "", "low": low, "high": upper_bound(low), "limit": limit}
+        rows = self.run(self.held_statement, params, "listing locks")
         # The holder's own writes are not committed: only the name is known.
         infos = [
             LockInfo(self.alias, self.name_of(row[0]), "", None, None, None, "", None, "")
@@ -124,6 +157,25 @@ class TransactionBackend(DatabaseBackend, mode="transaction"):
             probe.close()
 
 
+class MySqlTransactionBackend(TransactionBackend):
+    """Transaction mode on MySQL and MariaDB (InnoDB): the lock is the row lock of
+    ``SELECT ... FOR UPDATE``, the recipe of the textbook."""
+
+    is_locked_statement = mysql_sql.TX_IS_LOCKED
+    held_statement = mysql_sql.TX_HELD
+    why_unsupported = {
+        **TransactionBackend.why_unsupported,
+        "supports_waiters": "its waiters are transactions blocked in SELECT ... FOR UPDATE "
+        "on the row, which InnoDB lists as lock waits of the holder's transaction (not "
+        "stored with the lock), not in a queue of the name",
+    }
+
+    def __init__(self, alias: str, params: Any) -> None:
+        super().__init__(alias, params)
+        #: Keys whose row this process saw made (``MySqlTxAcquisition._row_first``).
+        self.known_rows = KnownKeys(KNOWN_ROWS)
+
+
 class SqliteTransactionBackend(TransactionBackend):
     """Transaction mode on SQLite: the lock is the database's write lock."""
 
@@ -137,6 +189,10 @@ class SqliteTransactionBackend(TransactionBackend):
         "supports_counting": "its locks are the SQLite database's write lock, which has "
         "no names to count",
     }
+
+    def is_locked(self, name: str) -> bool:
+        self.make_key(name)  # validates the name
+        return self._sqlite_write_locked()
 
 
 class _TxAcquisition(Acquisition):
@@ -321,21 +377,30 @@ class _TxAcquisition(Acquisition):
         return Grant(self.hold.fencing_token, self.hold.acquired_at, None)
 
 
-class PgTxAcquisition(_TxAcquisition):
+class _RowTxAcquisition(_TxAcquisition):
+    """Transaction mode where the lock is the name's row lock (PostgreSQL, MySQL): a
+    name's first use makes its row, committed apart from the caller's transaction."""
+
+    #: Make the name's row unless it exists. Params: key (repeated as the statement
+    #: needs).
+    ensure_row: str = ENSURE_ROW
+    ensure_row_params = 1
+
+    @abc.abstractmethod
+    def _lock_and_grant(self, cursor: Any, wait: float | None) -> tuple[int, Any] | None:
+        """In the open block: take the row lock (waiting at most ``wait`` s; None: not)
+        and stamp the grant; (fencing, acquired_at), or None if the name has no row."""
+
     def _take(self, wait: float | None) -> Grant | None:
-        hold = self.hold
+        if not self._row_first():
+            return None
         while True:
             try:
                 atomic = transaction.atomic(using=self.backend.database)
                 atomic.__enter__()
                 try:
                     with self.connection.cursor() as cursor:
-                        if wait is None:
-                            cursor.execute(PG_TX_NOWAIT, [hold.key])
-                            # The UPDATE keeps the row lock NOWAIT took.
-                            row = self._grant_row(cursor) if cursor.fetchone() else None
-                        else:
-                            row = self._grant_waited(cursor, wait)
+                        row = self._lock_and_grant(cursor, wait)
                 except ERRORS as exc:
                     self._abort(atomic, exc)
                     return None
@@ -352,6 +417,35 @@ class PgTxAcquisition(_TxAcquisition):
             left = remaining(self.deadline)
             if wait is not None:
                 wait = max(min(wait, left if left is not None else wait), 0.001)
+
+    def _row_first(self) -> bool:
+        """Before the locking read: make the name's row if it may not exist yet (False: a
+        miss). PostgreSQL needs not: a locking read of a missing row locks nothing."""
+        return True
+
+    def _create_row(self) -> bool:
+        """Create the name's row (committed, apart from the caller's transaction);
+        False if another creator held it up past the row-lock wait (a miss)."""
+        params = [self.hold.key] * self.ensure_row_params
+        try:
+            self.backend.run(self.ensure_row, params, "creating a lock row", fetch=False)
+        except BackendUnavailable as exc:
+            cause = exc.__cause__
+            if cause is not None and is_duplicate(cause):
+                return True  # a creator that raced us made it
+            if cause is not None and is_busy(cause):
+                return False
+            raise
+        return True
+
+
+class PgTxAcquisition(_RowTxAcquisition):
+    def _lock_and_grant(self, cursor: Any, wait: float | None) -> tuple[int, Any] | None:
+        if wait is None:
+            cursor.execute(PG_TX_NOWAIT, [self.hold.key])
+            # The UPDATE keeps the row lock NOWAIT took.
+            return self._grant_row(cursor) if cursor.fetchone() else None
+        return self._grant_waited(cursor, wait)
 
     def _grant_row(self, cursor: Any) -> tuple[int, Any] | None:
         hold = self.hold
@@ -375,16 +469,40 @@ class PgTxAcquisition(_TxAcquisition):
             return None
         return row[0], row[1]
 
-    def _create_row(self) -> bool:
-        """Create the name's row (committed, apart from the caller's transaction);
-        False if another creator held it up past the row-lock wait (a miss)."""
-        try:
-            self.backend.run(ENSURE_ROW, [self.hold.key], "creating a lock row", fetch=False)
-        except BackendUnavailable as exc:
-            if exc.__cause__ is not None and is_busy(exc.__cause__):
-                return False
-            raise
+
+class MySqlTxAcquisition(_RowTxAcquisition):
+    """The row lock by ``SELECT ... FOR UPDATE`` (``NOWAIT``, or bounded for this
+    statement only), then the grant's procedure: two round trips in the block."""
+
+    ensure_row = mysql_sql.ENSURE_ROW
+    ensure_row_params = 2
+    backend: MySqlTransactionBackend
+
+    def _row_first(self) -> bool:
+        """Make the row of a name this process has not seen a row of, first: under
+        REPEATABLE READ a locking read of a missing row takes a gap lock, which an outer
+        ``atomic()`` block of the caller keeps, and the row could not be made until it
+        ends. One plain read on the backend's connection, once per name and process."""
+        known = self.backend.known_rows
+        if known.has(self.hold.key):
+            return True
+        if not self._create_row():
+            return False
+        known.add(self.hold.key)
         return True
+
+    def _lock_and_grant(self, cursor: Any, wait: float | None) -> tuple[int, Any] | None:
+        hold = self.hold
+        if wait is None:
+            statement = mysql_sql.TX_NOWAIT
+        else:
+            statement = mysql_sql.tx_wait(wait, self.connection.mysql_is_mariadb)
+        cursor.execute(statement, [hold.key])
+        if cursor.fetchone() is None:
+            return None
+        cursor.execute(mysql_sql.TX_GRANT, [hold.key, hold.host, hold.pid, hold.holder_field])
+        row = cursor.fetchone()
+        return None if row is None else (row[0], row[1])
 
 
 class SqliteTxAcquisition(_TxAcquisition):
@@ -425,4 +543,5 @@ class SqliteTxAcquisition(_TxAcquisition):
 
 # Set here, below the acquisition classes (the backends come first in this module).
 TransactionBackend.kinds = {Kind.EXCLUSIVE: PgTxAcquisition}
+MySqlTransactionBackend.kinds = {Kind.EXCLUSIVE: MySqlTxAcquisition}
 SqliteTransactionBackend.kinds = {Kind.EXCLUSIVE: SqliteTxAcquisition}

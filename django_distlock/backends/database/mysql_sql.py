@@ -1,0 +1,81 @@
+"""SQL of the database backend on MySQL and MariaDB (InnoDB); the routines are in
+``django_distlock/sql/mysql.sql``.
+
+MySQL has no ``RETURNING`` on ``UPDATE`` and no partial indexes; a statement's lock wait
+is bounded in whole seconds by ``innodb_lock_wait_timeout``, so a wait that must end
+sooner is bounded per statement (MariaDB's ``SET STATEMENT max_statement_time``, MySQL
+8's ``MAX_EXECUTION_TIME`` hint), never by a setting that would outlive it. Names
+compare by bytes (the binary collation ``sql/mysql.sql`` gives the name columns).
+"""
+
+from __future__ import annotations
+
+from .sql import TABLE
+
+_COLUMNS = "name, owner, fencing, acquired_at, expires_at, host, pid, thread"
+
+#: The backend's own connections (lease statements, rows made apart from the caller's
+#: transaction, listings): times in UTC, row waits bounded to a second, and READ COMMITTED,
+#: whose locking reads take no gap locks (a listing must not keep names from being made).
+SESSION_SETUP = (
+    "SET SESSION time_zone = '+00:00', innodb_lock_wait_timeout = 1",
+    "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
+)
+
+#: Transaction mode, non-blocking: take the row lock or fail at once (1205 on MariaDB,
+#: 3572 on MySQL 8). Params: key. Row if the name has a row.
+TX_NOWAIT = f"SELECT 1 FROM {TABLE} WHERE name = %s FOR UPDATE NOWAIT"
+
+
+def tx_wait(seconds: float, mariadb: bool) -> str:
+    """Transaction mode, blocking: take the row lock within ``seconds`` (a fraction
+    counts), a bound of this statement only. Params: key. Row if the name has a row."""
+    if mariadb:
+        return (f"SET STATEMENT max_statement_time = {max(seconds, 0.001):.3f} FOR "
+                f"SELECT 1 FROM {TABLE} WHERE name = %s FOR UPDATE")
+    millis = max(1, round(seconds * 1000))
+    whole = max(1, int(-(-seconds // 1)))  # innodb_lock_wait_timeout: whole seconds
+    return (f"SELECT /*+ MAX_EXECUTION_TIME({millis}) "
+            f"SET_VAR(innodb_lock_wait_timeout = {whole}) */ 1 "
+            f"FROM {TABLE} WHERE name = %s FOR UPDATE")
+
+
+#: Transaction mode: stamp the grant of the row the caller's transaction just locked.
+#: Params: key, host, pid, thread. Row: (fencing, acquired_at), none if no row.
+TX_GRANT = "CALL django_distlock_tx_grant(%s, %s, %s, %s)"
+
+#: Make a name's row, committed on the backend's own connection, unless it exists. The
+#: existence test is a plain read there (READ COMMITTED): it waits for no row lock,
+#: where ``INSERT IGNORE`` or ``ON DUPLICATE KEY UPDATE`` would wait for the holder's.
+#: A creator that races us fails with a duplicate key (1062): the row exists. Params:
+#: key, key.
+ENSURE_ROW = f"""
+INSERT INTO {TABLE} (name, fencing, host, thread)
+SELECT %s, 0, '', '' FROM DUAL WHERE NOT EXISTS (SELECT 1 FROM {TABLE} WHERE name = %s)"""
+
+#: Transaction mode: whether the name is held, i.e. its row exists and is locked. A
+#: locking read that skips locked rows (on the backend's connection, in autocommit: its
+#: lock ends with the statement). Params: key, key. Row: (held,).
+TX_IS_LOCKED = f"""
+SELECT EXISTS (SELECT 1 FROM {TABLE} WHERE name = %s) AND NOT EXISTS (
+    SELECT 1 FROM (SELECT name FROM {TABLE} WHERE name = %s FOR UPDATE SKIP LOCKED) f)"""
+
+#: Transaction mode: one page of names, each with whether it is free (its row lock could
+#: be taken). The free ones are the first ``limit`` unlocked rows of the range, which hold
+#: every unlocked row of the page. Params (named): after, low, high, limit. Rows: the
+#: columns, then free.
+TX_HELD = f"""
+SELECT l.name, l.owner, l.fencing, l.acquired_at, l.expires_at, l.host, l.pid, l.thread,
+    f.name IS NOT NULL
+FROM (
+    SELECT name FROM {TABLE}
+    WHERE name > %(after)s AND name >= %(low)s AND name < %(high)s
+    ORDER BY name LIMIT %(limit)s
+) p
+JOIN {TABLE} l ON l.name = p.name
+LEFT JOIN (
+    SELECT name FROM {TABLE}
+    WHERE name > %(after)s AND name >= %(low)s AND name < %(high)s
+    ORDER BY name LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+) f ON f.name = p.name
+ORDER BY p.name"""

@@ -1,0 +1,226 @@
+"""The database backend on MariaDB (Debian 12's 10.11, through mysqlclient), transaction
+mode: the shipped contract, and what InnoDB decides differently from PostgreSQL (whole
+seconds of lock wait, no RETURNING, case-insensitive collations, GET_LOCK names).
+Single tier: decided by the server and our SQL (CONTRIBUTING.md, "The tiers")."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from django.db import connections, transaction
+
+from django_distlock import locks
+from django_distlock.exceptions import (
+    BackendUnavailable,
+    InvalidBackendOptions,
+    LockLost,
+    UnsupportedOperation,
+)
+from django_distlock.testing import LockContract
+
+from .conftest import MYSQL_DATABASES, in_thread, kill_mysql_connection, require_mysql
+
+pytestmark = pytest.mark.django_db(transaction=True, databases=MYSQL_DATABASES)
+
+
+@pytest.fixture(autouse=True)
+def _mysql() -> None:
+    require_mysql()
+
+
+class TestMySqlTransaction(LockContract):
+    alias = "mysql-tx"
+
+
+def test_names_differing_in_case_accents_or_trailing_spaces_are_different_locks(unique) -> None:
+    """The test database's collation is utf8mb4_general_ci, which would make these one
+    row; the name column's binary NO PAD collation keeps them apart."""
+    backend = locks["mysql-tx"]
+    names = [unique("Stock"), unique("stock"), unique("stock") + " ", unique("stöck"),
+             unique("stock") + "\N{GRINNING FACE}", unique("long") + "x" * 200]
+    with transaction.atomic(using="mysql"):
+        handles = [backend.lock(name) for name in names]
+        for handle in handles:
+            assert handle.acquire(blocking=False), handle
+        listed = {info.name for info in backend.held_locks()}
+        locked = [backend.is_locked(name) for name in names]
+        for handle in reversed(handles):
+            handle.release()
+    assert locked == [True] * len(names)
+    assert listed >= set(names[:-1])  # the long one is listed by its digest
+    assert len(listed) == len(names), listed
+
+
+def test_a_fractional_timeout_is_honoured_and_not_left_on_the_session(unique) -> None:
+    """InnoDB bounds a lock wait in whole seconds; the acquire bounds its own statement
+    (max_statement_time), so 0.5 s waits about 0.5 s, and a query the holder of another
+    lock runs later in the same transaction is not cut by it."""
+    name = unique()
+    holder = locks["mysql-tx"].lock(name)
+    taken, done = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with holder:
+            taken.set()
+            done.wait(10)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    try:
+        assert taken.wait(10)
+
+        def waiter() -> tuple[bool, float, float]:
+            with transaction.atomic(using="mysql"):
+                other = locks["mysql-tx"].lock(unique("other"))
+                assert other.acquire(timeout=1)
+                started = time.monotonic()
+                got = locks["mysql-tx"].lock(name).acquire(timeout=0.5)
+                waited = time.monotonic() - started
+                started = time.monotonic()
+                with connections["mysql"].cursor() as cursor:
+                    cursor.execute("DO SLEEP(1.2)")  # longer than the bound above
+                slept = time.monotonic() - started
+                other.release()
+            return got, waited, slept
+
+        got, waited, slept = in_thread(waiter)
+    finally:
+        done.set()
+        thread.join(10)
+    assert not got
+    assert 0.4 <= waited < 0.9, waited
+    assert slept >= 1.15, slept
+
+
+@pytest.mark.parametrize("level", ["REPEATABLE READ", "READ COMMITTED"])
+def test_a_new_name_inside_an_outer_block_is_granted(level: str, unique) -> None:
+    """Under REPEATABLE READ a locking read of a row that does not exist takes a gap lock,
+    kept by the caller's outer transaction: were the row made after that read, its insert
+    would wait for the caller and the acquire would miss at its timeout (it did, 2 s)."""
+
+    def run() -> bool:
+        with connections["mysql"].cursor() as cursor:
+            cursor.execute(f"SET SESSION TRANSACTION ISOLATION LEVEL {level}")
+        try:
+            with transaction.atomic(using="mysql"):
+                with connections["mysql"].cursor() as cursor:
+                    cursor.execute("SELECT COUNT(*) FROM django_distlock_lock")  # a snapshot
+                handle = locks["mysql-tx"].lock(unique())
+                got = handle.acquire(timeout=2)
+                if got:
+                    handle.release()
+            return got
+        finally:
+            connections["mysql"].close()
+
+    assert in_thread(run)
+
+
+def test_a_non_blocking_miss_answers_without_waiting(unique) -> None:
+    name = unique()
+    holder = locks["mysql-tx"].lock(name)
+    taken, done = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with holder:
+            taken.set()
+            done.wait(10)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    try:
+        assert taken.wait(10)
+
+        def miss() -> tuple[bool, float]:
+            started = time.monotonic()
+            with transaction.atomic(using="mysql"):
+                got = locks["mysql-tx"].lock(name).acquire(blocking=False)
+            return got, time.monotonic() - started
+
+        got, took = in_thread(miss)
+    finally:
+        done.set()
+        thread.join(10)
+    assert not got
+    assert took < 0.5, took  # NOWAIT: no lock wait (whatever innodb_lock_wait_timeout is)
+
+
+def test_a_rolled_back_grant_never_gives_its_token_again(unique) -> None:
+    """Tokens come from an AUTO_INCREMENT counter, which a rollback does not turn back:
+    the grant after a rolled-back one gets a higher token, never the same."""
+    backend, name = locks["mysql-tx"], unique()
+    tokens = []
+    for commit in (False, True, False, True):
+        try:
+            with transaction.atomic(using="mysql"), backend.lock(name) as handle:
+                tokens.append(handle.fencing_token)
+                if not commit:
+                    raise RuntimeError("roll back")
+        except RuntimeError:
+            pass
+    assert tokens == sorted(set(tokens)), tokens
+
+
+def test_a_holder_whose_connection_was_killed_hears_lock_lost(unique) -> None:
+    """KILL CONNECTION of the holding session: InnoDB rolls its transaction back and
+    frees the row; the holder's release is LockLost (its work did not commit), never a
+    raw driver error, and the name is free for the next."""
+    backend, name = locks["mysql-tx"], unique()
+
+    def hold_and_lose() -> type[BaseException] | None:
+        handle = backend.lock(name)
+        assert handle.acquire(timeout=5)
+        with connections["mysql"].cursor() as cursor:
+            cursor.execute("SELECT CONNECTION_ID()")
+            (ident,) = cursor.fetchone()
+        kill_mysql_connection("mysql", ident)
+        try:
+            handle.release()
+        except (LockLost, BackendUnavailable) as exc:
+            return type(exc)
+        finally:
+            connections["mysql"].close()
+        return None
+
+    assert in_thread(hold_and_lose) is LockLost
+    assert in_thread(lambda: backend.lock(name).acquire(timeout=2))
+
+
+def test_the_listing_shows_transaction_mode_holders(unique) -> None:
+    backend, name = locks["mysql-tx"], unique()
+    with transaction.atomic(using="mysql"), backend.lock(name):
+        seen = in_thread(lambda: [info.name for info in backend.held_locks(prefix=name)])
+        locked = in_thread(lambda: backend.is_locked(name))
+    assert seen == [name]
+    assert locked
+    assert not in_thread(lambda: backend.is_locked(name))
+    assert in_thread(lambda: [info.name for info in backend.held_locks(prefix=name)]) == []
+
+
+def test_lease_mode_on_mysql_is_refused_at_construction(settings) -> None:
+    """Lease mode on MySQL and MariaDB is not in this version: the alias says so when it
+    is built, before any query, naming the mode that is."""
+    settings.DISTLOCK = {**settings.DISTLOCK, "mysql-lease": {
+        "BACKEND": "django_distlock.backends.database.DatabaseBackend",
+        "OPTIONS": {"DATABASE": "mysql"}}}
+    with pytest.raises(InvalidBackendOptions, match=r"\['transaction'\], not 'lease'"):
+        locks["mysql-lease"].lock("x")
+
+
+def test_prune_on_mysql_is_refused() -> None:
+    with pytest.raises(UnsupportedOperation, match="MySQL and MariaDB"):
+        locks["mysql-tx"].prune()
+
+
+def test_the_grant_leaves_the_callers_last_insert_id(unique) -> None:
+    """The grant draws its token with an INSERT; the caller's LAST_INSERT_ID() is its own
+    again after the acquire."""
+    backend = locks["mysql-tx"]
+    with transaction.atomic(using="mysql"), connections["mysql"].cursor() as cursor:
+        cursor.execute("SELECT LAST_INSERT_ID(424242)")
+        with backend.lock(unique()):
+            cursor.execute("SELECT LAST_INSERT_ID()")
+            assert cursor.fetchone()[0] == 424242
+
