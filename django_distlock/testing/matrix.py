@@ -46,6 +46,7 @@ COLUMNS = (
     Column("SQLite lease", _DB, "sqlite", "lease"),
     Column("PostgreSQL transaction", _DB, "postgresql", "transaction"),
     Column("SQLite transaction", _DB, "sqlite", "transaction"),
+    Column("MySQL/MariaDB transaction", _DB, "mysql", "transaction"),
     Column("Redis", _REDIS),
     Column("Redis Cluster", _REDIS),
     Column("Redlock", "django_distlock.backends.redis.RedlockBackend"),
@@ -102,13 +103,20 @@ REASONS: dict[tuple[str, str], str] = {
     **{
         (column, "shared owner"): _NO_SHARED_OWNER
         for column in ("PostgreSQL lease", "SQLite lease", "PostgreSQL transaction",
-                       "SQLite transaction", "Redlock", "cache (`add`)", "locmem")
+                       "SQLite transaction", "MySQL/MariaDB transaction", "Redlock",
+                       "cache (`add`)", "locmem")
     },
     ("SQLite lease", "fair"): "SQLite has no lock queue: waiters poll with backoff",
     ("PostgreSQL transaction", "read-write"): "`FOR SHARE` readers would let a stream of "
     "readers starve a writer and show no owner (docs/database.md)",
     ("PostgreSQL transaction", "semaphore"): _TX,
     ("PostgreSQL transaction", "expiry/renewal"): "held until the transaction ends",
+    ("MySQL/MariaDB transaction", "read-write"): "`LOCK IN SHARE MODE` readers would let a "
+    "stream of readers starve a writer and show no owner, as on PostgreSQL",
+    ("MySQL/MariaDB transaction", "semaphore"): _TX,
+    ("MySQL/MariaDB transaction", "expiry/renewal"): "held until the transaction ends",
+    ("MySQL/MariaDB transaction", "fair"): "InnoDB's lock queue is not served in arrival "
+    "order (MySQL 8 grants by the waiting transactions' weight); not measured here",
     ("SQLite transaction", "read-write"): "the lock is the database's single write lock",
     ("SQLite transaction", "semaphore"): "the lock is the database's single write lock",
     ("SQLite transaction", "fair"): "SQLite's busy handler retries: no queue",
