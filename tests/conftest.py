@@ -35,6 +35,25 @@ def require_pg() -> None:
     pytest.skip("PostgreSQL not started (run scripts/test for the full suite)")
 
 
+#: The apps of the library and of the tests, without Django's own (auth, contenttypes,
+#: admin, sessions, messages): a transactional test whose mark lists these as its
+#: ``available_apps`` flushes only their tables, and no ``post_migrate`` handler makes
+#: Django's content types and permissions again after each test (65 ms a test on SQLite
+#: and PostgreSQL; CONTRIBUTING.md, "The tiers"). Such a test cannot use Django's own
+#: models (the admin, users): their modules keep the plain mark.
+LIBRARY_APPS = [
+    "django_distlock",
+    "django_distlock.contrib.admin",
+    "django_distlock.contrib.audit",
+    "django_distlock.contrib.celery",
+    "django_distlock.contrib.schedules",
+    "tests.testapp",
+    "testproject.shop",
+]
+#: The mark of a transactional test on the library's apps (``LIBRARY_APPS``).
+LIBRARY_DB = pytest.mark.django_db(transaction=True, databases=DATABASES,
+                                   available_apps=LIBRARY_APPS)
+
 #: MariaDB's aliases, and the databases a test that uses them lists (not in DATABASES: a
 #: transactional test flushes every database it lists, so only MariaDB's tests pay it).
 MYSQL_ALIASES = ["mysql-tx"]

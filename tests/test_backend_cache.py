@@ -32,7 +32,13 @@ from django_distlock.exceptions import (
 from django_distlock.handle import hold_of
 from django_distlock.testing import HistoryRecorder, LockContract, check, load
 
-from .conftest import CACHE_ALIASES, DATABASES, in_thread, require_memcached, require_redis
+from .conftest import (
+    CACHE_ALIASES,
+    LIBRARY_DB,
+    in_thread,
+    require_memcached,
+    require_redis,
+)
 from .histories import FORK, done, fork_ready, run_forked
 from .private_memcached import Memcached
 
@@ -403,7 +409,7 @@ def test_memcached_ttls_are_whole_seconds_rounded_up(unique) -> None:
         backend.lock(unique(), ttl=30 * 24 * 3600).acquire()
 
 
-@pytest.mark.django_db(transaction=True, databases=DATABASES)
+@LIBRARY_DB
 def test_the_admin_names_the_alias_and_why_it_cannot_list() -> None:
     require_memcached()
     client = Client()

@@ -28,7 +28,7 @@ from django_distlock.handle import hold_of
 from django_distlock.testing import LockContract
 
 from .conftest import (
-    DATABASES,
+    LIBRARY_DB,
     advisory_locks,
     eventually,
     in_thread,
@@ -38,7 +38,7 @@ from .conftest import (
 
 pytestmark = [
     pytest.mark.django_versions,
-    pytest.mark.django_db(transaction=True, databases=DATABASES),
+    LIBRARY_DB,
 ]
 
 

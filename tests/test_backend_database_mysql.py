@@ -20,9 +20,16 @@ from django_distlock.exceptions import (
 )
 from django_distlock.testing import LockContract
 
-from .conftest import MYSQL_DATABASES, in_thread, kill_mysql_connection, require_mysql
+from .conftest import (
+    LIBRARY_APPS,
+    MYSQL_DATABASES,
+    in_thread,
+    kill_mysql_connection,
+    require_mysql,
+)
 
-pytestmark = pytest.mark.django_db(transaction=True, databases=MYSQL_DATABASES)
+pytestmark = pytest.mark.django_db(transaction=True, databases=MYSQL_DATABASES,
+                                     available_apps=LIBRARY_APPS)
 
 
 @pytest.fixture(autouse=True)

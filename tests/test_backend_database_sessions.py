@@ -9,9 +9,9 @@ import pytest
 
 from django_distlock.testing import LockContract
 
-from .conftest import DATABASES, require_pg
+from .conftest import LIBRARY_DB, require_pg
 
-pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
+pytestmark = LIBRARY_DB
 
 
 class TestPostgresLease(LockContract):

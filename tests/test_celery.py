@@ -25,10 +25,10 @@ from django_distlock.testing.history import check, load
 
 from . import celery_tasks as tasks
 from .celery_workers import Running, workers_fixture  # noqa: F401  (celery_workers)
-from .conftest import DATABASES, eventually, psycopg_params, require_memcached
+from .conftest import LIBRARY_DB, eventually, psycopg_params, require_memcached
 
 # The workers use the PostgreSQL test database (pg-lease, pg-tx): have it made.
-pytestmark = [pytest.mark.servers, pytest.mark.django_db(transaction=True, databases=DATABASES)]
+pytestmark = [pytest.mark.servers, LIBRARY_DB]
 RESULT = 30  # seconds a test waits for a task's result at most
 
 

@@ -21,10 +21,16 @@ from django_distlock.exceptions import BackendUnavailable, InvalidBackendOptions
 from django_distlock.http import unavailable_response
 from django_distlock.testing.faults import unreachable_params
 
-from .conftest import DATABASES, eventually, require_pg, require_redis, require_zookeeper
+from .conftest import (
+    LIBRARY_DB,
+    eventually,
+    require_pg,
+    require_redis,
+    require_zookeeper,
+)
 from .private_redis import Server
 
-pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
+pytestmark = LIBRARY_DB
 
 
 @pytest.fixture

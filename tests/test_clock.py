@@ -31,11 +31,11 @@ from django.db import connections
 
 from django_distlock import locks
 
-from .conftest import DATABASES, FULL_RUN, require_memcached
+from .conftest import DATABASES, FULL_RUN, LIBRARY_DB, require_memcached
 from .figures import record
 from .test_hostile import ALIASES, require
 
-pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
+pytestmark = LIBRARY_DB
 
 LIBFAKETIME = [Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"),
                Path("/usr/lib/faketime/libfaketime.so.1"),

@@ -20,12 +20,12 @@ import pytest
 
 from django_distlock import locks
 
-from .conftest import DATABASES, eventually, psycopg_params, require_memcached
+from .conftest import LIBRARY_DB, eventually, psycopg_params, require_memcached
 from .figures import record
 from .histories import done, fork_ready
 from .test_hostile import require
 
-pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
+pytestmark = LIBRARY_DB
 
 PROCESSES = 300 if os.environ.get("DISTLOCK_SOAK") == "1" else 100
 ALIASES = ["pg-lease", "pg-tx", "sqlite-lease", "redis", "redis-cluster", "redlock", "zk",

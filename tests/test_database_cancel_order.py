@@ -26,9 +26,9 @@ import pytest
 from django_distlock import locks
 from django_distlock.backends.database import lease, sessions
 
-from .conftest import DATABASES, eventually, psycopg_params, require_pg
+from .conftest import LIBRARY_DB, eventually, psycopg_params, require_pg
 
-pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
+pytestmark = LIBRARY_DB
 
 ALIAS = "pg-lease"
 

@@ -21,6 +21,7 @@ from django_distlock.testing import HistoryRecorder, check, load
 
 from .conftest import (
     DATABASES,
+    LIBRARY_DB,
     advisory_locks,
     eventually,
     in_thread,
@@ -29,7 +30,7 @@ from .conftest import (
 )
 from .histories import FORK, done, fork_ready, run_forked
 
-pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
+pytestmark = LIBRARY_DB
 ALIASES = ["sqlite-lease", "pg-lease"]
 WORKERS = 8
 

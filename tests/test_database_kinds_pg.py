@@ -12,15 +12,21 @@ from functools import partial
 from typing import Any
 
 import psycopg
-import pytest
 
 from django_distlock import locks
 from django_distlock.backends.database.shares_sql import SQLITE_SHARES
 
-from .conftest import DATABASES, advisory_locks, eventually, in_thread, psycopg_params, require_pg
+from .conftest import (
+    LIBRARY_DB,
+    advisory_locks,
+    eventually,
+    in_thread,
+    psycopg_params,
+    require_pg,
+)
 from .test_database_kinds import _take
 
-pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
+pytestmark = LIBRARY_DB
 
 
 def test_postgres_a_grant_waits_for_the_row_lock_of_another_grant(unique) -> None:

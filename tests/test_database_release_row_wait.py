@@ -12,13 +12,12 @@ import threading
 import time
 
 import psycopg
-import pytest
 
 from django_distlock import locks
 
-from .conftest import DATABASES, psycopg_params, require_pg
+from .conftest import LIBRARY_DB, psycopg_params, require_pg
 
-pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
+pytestmark = LIBRARY_DB
 
 
 def _hold_row(key: str, seconds: float) -> threading.Thread:

@@ -22,12 +22,12 @@ from django_distlock.contrib.audit.models import LockEvent
 from django_distlock.exceptions import LockLost
 from django_distlock.health import check_health
 
-from .conftest import DATABASES, require_pg
+from .conftest import LIBRARY_DB, require_pg
 from .tables import table_missing
 
 pytestmark = [
     pytest.mark.django_versions,
-    pytest.mark.django_db(transaction=True, databases=DATABASES),
+    LIBRARY_DB,
 ]
 
 DOWN = {

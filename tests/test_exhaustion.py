@@ -25,12 +25,12 @@ from django_distlock.exceptions import BackendUnavailable, DistLockError, LockNo
 from django_distlock.handle import hold_of
 from django_distlock.testing.history import HistoryRecorder, check, load
 
-from .conftest import DATABASES, eventually, require_pg, require_redis
+from .conftest import LIBRARY_DB, eventually, require_pg, require_redis
 from .figures import record
 from .kinds_catalogue import worst_call_s
 from .test_hostile import _free_now, private_backend
 
-pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
+pytestmark = LIBRARY_DB
 
 WAITERS = 12
 HOLD = 1.0  # the holder's hold, while every waiter waits

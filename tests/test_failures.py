@@ -19,11 +19,11 @@ from django_distlock.exceptions import BackendUnavailable, LockLost, LockNotHeld
 from django_distlock.handle import Lock, hold_of
 from django_distlock.testing.signals import signals_sent
 
-from .conftest import DATABASES, eventually, in_thread, psycopg_params, require_pg
+from .conftest import LIBRARY_DB, eventually, in_thread, psycopg_params, require_pg
 from .figures import record
 from .private_redis import Server
 
-pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
+pytestmark = LIBRARY_DB
 
 
 def _terminate_lease_connection(backend) -> None:

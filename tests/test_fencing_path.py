@@ -15,7 +15,7 @@ from django_distlock.contrib.optimistic import fencing
 from django_distlock.contrib.optimistic.fencing import FencingTokenField
 from testproject.shop.models import Product
 
-from .conftest import DATABASES
+from .conftest import DATABASES, LIBRARY_DB
 
 pytestmark = pytest.mark.django_versions
 
@@ -55,7 +55,7 @@ def test_no_new_migration_for_the_field() -> None:
     assert "No changes detected" in out.getvalue()
 
 
-@pytest.mark.django_db(transaction=True, databases=DATABASES)
+@LIBRARY_DB
 @pytest.mark.parametrize("database", DATABASES)
 def test_the_fencing_migration_applies(database: str) -> None:
     """Unapply the shop's migration and apply it again, on SQLite and PostgreSQL: the

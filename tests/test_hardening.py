@@ -17,9 +17,9 @@ from django.db import connections
 from django_distlock import locks, signals
 from django_distlock.exceptions import BackendUnavailable, LockLost
 
-from .conftest import DATABASES, in_thread, psycopg_params, require_pg
+from .conftest import LIBRARY_DB, in_thread, psycopg_params, require_pg
 
-pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
+pytestmark = LIBRARY_DB
 FORK = multiprocessing.get_context("fork")
 
 

@@ -19,7 +19,7 @@ from django_distlock.backends.redis import RedisBackend
 from django_distlock.exceptions import BackendUnavailable, LockLost, LockTimeout, StaleFencingToken
 from django_distlock.testing.history import HistoryRecorder, HistoryReport, check, load, stock
 
-from .conftest import DATABASES, in_thread, needs_pg, require_pg, require_redis
+from .conftest import LIBRARY_DB, in_thread, needs_pg, require_pg, require_redis
 from .histories import FORK, done, fork_ready
 from .testapp.fencing_models import FencedItem
 
@@ -261,7 +261,7 @@ def test_lines_of_many_processes_never_interleave(rec: HistoryRecorder) -> None:
     assert len({json.loads(line)["pid"] for line in lines}) == 5
 
 
-@pytest.mark.django_db(transaction=True, databases=DATABASES)
+@LIBRARY_DB
 def test_hold_records_a_grant_a_miss_and_an_error(rec: HistoryRecorder, unique) -> None:
     name = unique("hold")
     with rec.hold(locks["locmem"].lock(name)) as lease:
@@ -283,7 +283,7 @@ def test_hold_records_a_grant_a_miss_and_an_error(rec: HistoryRecorder, unique) 
     assert checked(rec).ok
 
 
-@pytest.mark.django_db(transaction=True, databases=DATABASES)
+@LIBRARY_DB
 def test_hold_records_a_lease_that_ran_out_as_lost_when_it_ended(
     rec: HistoryRecorder, unique
 ) -> None:
@@ -294,7 +294,7 @@ def test_hold_records_a_lease_that_ran_out_as_lost_when_it_ended(
     assert lost["at"] == granted["until"] < lost["t"]
 
 
-@pytest.mark.django_db(transaction=True, databases=DATABASES)
+@LIBRARY_DB
 def test_ahold_records_the_task(rec: HistoryRecorder, unique) -> None:
     async def main() -> None:
         async with rec.ahold(locks["locmem"].lock(unique("async"))):
@@ -354,7 +354,7 @@ def _sell(tmp_path: Path, alias: str, name: str, initial: int) -> HistoryReport:
     return check(load(tmp_path), invariant=stock(initial, final=item.stock))
 
 
-@pytest.mark.django_db(transaction=True, databases=DATABASES)
+@LIBRARY_DB
 def test_a_process_local_lock_across_processes_fails_the_check(tmp_path: Path, unique) -> None:
     report = _sell(tmp_path, "locmem", unique("sale"), initial=25)
     assert report.holds == 32 and report.processes == 4
@@ -364,7 +364,7 @@ def test_a_process_local_lock_across_processes_fails_the_check(tmp_path: Path, u
         report.raise_if_bad()
 
 
-@pytest.mark.django_db(transaction=True, databases=DATABASES)
+@LIBRARY_DB
 @pytest.mark.parametrize("alias", ["sqlite-lease", "pg-lease", "redis"])
 def test_a_shared_lock_across_processes_passes_the_check(
     tmp_path: Path, alias: str, unique
@@ -397,7 +397,7 @@ def _paused_holder(path: str, alias: str, name: str, pk: int, ready: Any, resume
     os._exit(0)
 
 
-@pytest.mark.django_db(transaction=True, databases=DATABASES)
+@LIBRARY_DB
 @pytest.mark.parametrize("alias", ["sqlite-lease", "redis"])
 def test_a_paused_holder_overlaps_legitimately_and_fencing_and_stock_still_pass(
     tmp_path: Path, alias: str, unique

@@ -18,11 +18,11 @@ from django_distlock.context import current_context
 from django_distlock.contrib.audit.models import LockEvent
 from django_distlock.contrib.audit.recorder import recorder
 
-from .conftest import DATABASES, eventually, needs_pg, require_pg
+from .conftest import LIBRARY_DB, eventually, needs_pg, require_pg
 
 pytestmark = [
     pytest.mark.django_versions,
-    pytest.mark.django_db(transaction=True, databases=DATABASES),
+    LIBRARY_DB,
 ]
 
 

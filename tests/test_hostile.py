@@ -49,6 +49,7 @@ from django_distlock.testing.signals import signals_sent
 
 from .conftest import (
     DATABASES,
+    LIBRARY_DB,
     eventually,
     in_thread,
     kill_mysql_connection,
@@ -65,7 +66,7 @@ from .histories import FORK, done, fork_ready
 from .private_redis import Server
 from .test_zookeeper_faults import _servers as zk_servers
 
-pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
+pytestmark = LIBRARY_DB
 
 #: Every lock alias of tests/settings.py (full run).
 ALIASES = [

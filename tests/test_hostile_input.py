@@ -36,7 +36,7 @@ from django_distlock.exceptions import LockNotHeld, UnsupportedOperation
 from django_distlock.handle import Lock
 from django_distlock.testing.contract import in_thread, io_calls
 
-from .conftest import DATABASES, require_memcached
+from .conftest import LIBRARY_DB, require_memcached
 from .figures import record
 from .test_hostile import require
 
@@ -44,7 +44,7 @@ from .test_hostile import require
 def _aliases() -> list[Any]:
     """Every alias; the database ones marked for the test databases (the others run
     without, which spares each test a flush)."""
-    marked = pytest.mark.django_db(transaction=True, databases=DATABASES)
+    marked = LIBRARY_DB
     return [pytest.param(alias, id=alias, marks=[marked] if config["BACKEND"].endswith(
         "DatabaseBackend") else []) for alias, config in settings.DISTLOCK.items()]
 

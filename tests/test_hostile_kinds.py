@@ -28,7 +28,7 @@ from django_distlock.exceptions import BackendUnavailable, LockLost
 from django_distlock.handle import hold_of
 from django_distlock.testing.history import check, load
 
-from .conftest import DATABASES, eventually
+from .conftest import LIBRARY_DB, eventually
 from .figures import record
 from .kinds_catalogue import (
     KIND_ALIASES,
@@ -57,7 +57,7 @@ from .test_hostile import (  # noqa: F401  (fixtures: redis_servers, zookeeper)
     zookeeper,
 )
 
-pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
+pytestmark = LIBRARY_DB
 
 
 @pytest.mark.parametrize("alias", ALIASES)

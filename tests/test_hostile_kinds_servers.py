@@ -28,7 +28,14 @@ from django_distlock import locks
 from django_distlock.exceptions import BackendUnavailable, LockLost, LockNotAcquired
 from django_distlock.testing.history import HistoryRecorder, check, load
 
-from .conftest import DATABASES, eventually, in_thread, psycopg_params, require_pg, require_redis
+from .conftest import (
+    LIBRARY_DB,
+    eventually,
+    in_thread,
+    psycopg_params,
+    require_pg,
+    require_redis,
+)
 from .figures import record
 from .kinds_catalogue import (
     BLOCKED_BY,
@@ -51,7 +58,7 @@ from .test_hostile import (  # noqa: F401  (the zookeeper fixture)
     zookeeper,
 )
 
-pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
+pytestmark = LIBRARY_DB
 
 
 # -- 4. the server restarted while every kind is held ------------------------------------

@@ -27,7 +27,7 @@ from django_distlock.backends.database.transaction import SqliteTransactionBacke
 from django_distlock.handle import Lock
 from django_distlock.testing.history import HistoryRecorder, check, load
 
-from .conftest import DATABASES, soak
+from .conftest import LIBRARY_DB, soak
 from .figures import record_history
 from .histories import FORK, done, fork_ready, run_forked
 
@@ -44,7 +44,7 @@ def _aliases() -> list[Any]:
         if not import_string(config["BACKEND"]).distributed:
             continue
         database = config["BACKEND"].endswith("DatabaseBackend")
-        marks = [pytest.mark.django_db(transaction=True, databases=DATABASES)] if database else []
+        marks = [LIBRARY_DB] if database else []
         params.append(pytest.param(alias, marks=marks, id=alias))
     return params
 

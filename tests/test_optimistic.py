@@ -54,11 +54,11 @@ from tests.testapp.models import (
     UuidKiosk,
 )
 
-from .conftest import DATABASES, in_thread, require_pg
+from .conftest import LIBRARY_DB, in_thread, require_pg
 
 pytestmark = [
     pytest.mark.django_versions,
-    pytest.mark.django_db(transaction=True, databases=DATABASES),
+    LIBRARY_DB,
 ]
 FORK = multiprocessing.get_context("fork")
 

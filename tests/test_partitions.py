@@ -44,7 +44,7 @@ from django_distlock.backends.redis.acquisition import READ_GRACE
 from django_distlock.testing.history import HistoryRecorder
 from tests.testapp.models import FencedItem
 
-from .conftest import DATABASES, require_pg
+from .conftest import LIBRARY_DB, require_pg
 from .figures import record
 from .forwarder import Forwarder
 from .netns import Namespace, require_netns
@@ -63,7 +63,7 @@ from .partition_kit import (
 )
 from .test_zookeeper_faults import _servers as zk_servers
 
-pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
+pytestmark = LIBRARY_DB
 #: What a memcached call may take (no ``timeout`` in the cache's OPTIONS: the driver's).
 MEMCACHED_TIMEOUT = DEFAULT_TIMEOUT
 

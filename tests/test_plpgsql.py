@@ -14,11 +14,11 @@ from django.db import connections, transaction
 
 import django_distlock
 
-from .conftest import DATABASES, require_pg
+from .conftest import LIBRARY_DB, require_pg
 
 pytestmark = pytest.mark.django_versions
 
-on_pg = pytest.mark.django_db(transaction=True, databases=DATABASES)
+on_pg = LIBRARY_DB
 
 FILE = Path(django_distlock.__file__).with_name("sql") / "postgresql.sql"
 STATEMENT = re.compile(

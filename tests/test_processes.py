@@ -19,7 +19,7 @@ from django.db import connections
 from django_distlock import locks
 
 from .conftest import (
-    DATABASES,
+    LIBRARY_DB,
     PG_ALIASES,
     SQLITE_ALIASES,
     advisory_locks,
@@ -30,7 +30,7 @@ from .conftest import (
 from .figures import record
 from .histories import FORK, done, fork_ready, history, overlaps, run_forked
 
-pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
+pytestmark = LIBRARY_DB
 ALIASES = SQLITE_ALIASES + PG_ALIASES
 
 def test_the_overlap_check_sees_unlocked_workers(unique) -> None:

@@ -22,12 +22,12 @@ from django_distlock.backends.database.sql import HIGH_WATER
 from django_distlock.exceptions import LockLost, LockNotAcquired
 from django_distlock.testing.history import HistoryRecorder, check, load
 
-from .conftest import DATABASES, PG_ALIASES, SQLITE_ALIASES, require_pg
+from .conftest import LIBRARY_DB, PG_ALIASES, SQLITE_ALIASES, require_pg
 from .histories import FORK, done, fork_ready
 
 pytestmark = [
     pytest.mark.django_versions,
-    pytest.mark.django_db(transaction=True, databases=DATABASES),
+    LIBRARY_DB,
 ]
 
 ALIASES = SQLITE_ALIASES + PG_ALIASES

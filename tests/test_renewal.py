@@ -30,10 +30,10 @@ from django_distlock.exceptions import (
 from django_distlock.handle import hold_of
 from django_distlock.renewal import THREADS, LoopSchedule, ThreadSchedule, loop_schedule
 
-from .conftest import DATABASES, in_thread, psycopg_params, require_pg
+from .conftest import LIBRARY_DB, in_thread, psycopg_params, require_pg
 
 FORK = multiprocessing.get_context("fork")
-db = pytest.mark.django_db(transaction=True, databases=DATABASES)
+db = LIBRARY_DB
 
 
 def renewal_threads() -> int:

@@ -26,7 +26,7 @@ from django_distlock.contrib.schedules import once_per_slot, scheduled_jobs
 from django_distlock.exceptions import LockLost
 
 from .conftest import (
-    DATABASES,
+    LIBRARY_DB,
     eventually,
     needs_pg,
     require_memcached,
@@ -37,7 +37,7 @@ from .conftest import (
 
 pytestmark = [
     pytest.mark.django_versions,
-    pytest.mark.django_db(transaction=True, databases=DATABASES),
+    LIBRARY_DB,
 ]
 
 #: Backends whose locks expire: min_hold and max_hold apply.

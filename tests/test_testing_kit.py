@@ -25,6 +25,7 @@ from django_distlock.testing import LockTestMixin, hold_elsewhere, make_lost
 
 from .conftest import (
     DATABASES,
+    LIBRARY_DB,
     eventually,
     needs_pg,
     require_pg,
@@ -34,7 +35,7 @@ from .conftest import (
 
 pytestmark = [
     pytest.mark.django_versions,
-    pytest.mark.django_db(transaction=True, databases=DATABASES),
+    LIBRARY_DB,
 ]
 
 LEASES = ["sqlite-lease", "pg-lease", "redis", "redis-cache", "redlock", "zk"]

@@ -20,12 +20,12 @@ import pytest
 
 from django_distlock import locks
 
-from .conftest import DATABASES
+from .conftest import LIBRARY_DB
 from .figures import record
 from .histories import FORK, fork_ready
 from .test_hostile import require
 
-pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
+pytestmark = LIBRARY_DB
 
 #: The first waiter's lease: how long a paused head that was handed the lock keeps it.
 HEAD_TTL = 3.0

@@ -28,7 +28,7 @@ from django_distlock.testing.contract.support import io_calls
 from django_distlock.values import WaiterInfo
 
 from .conftest import (
-    DATABASES,
+    LIBRARY_DB,
     eventually,
     require_alias,
     require_pg,
@@ -36,7 +36,7 @@ from .conftest import (
 
 pytestmark = [
     pytest.mark.django_versions,
-    pytest.mark.django_db(transaction=True, databases=DATABASES),
+    LIBRARY_DB,
 ]
 
 QUEUED = ["locmem", "redis", "redis-cluster", "pg-lease", "zk"]
