@@ -23,7 +23,9 @@ from django_distlock.testing import in_thread  # noqa: F401  (re-exported for th
 FULL_RUN = os.environ.get("DISTLOCK_SERVERS") == "1"
 SQLITE_ALIASES = ["sqlite-lease", "sqlite-tx"]
 PG_ALIASES = ["pg-lease", "pg-tx"]
-DATABASES = ["default", "pg"] if "pg" in settings.DATABASES else ["default"]
+#: The test databases a transactional test lists (each is flushed after it): SQLite, and
+#: PostgreSQL and MariaDB when started.
+DATABASES = ["default", *(db for db in ("pg", "mysql") if db in settings.DATABASES)]
 
 
 def require_pg() -> None:
@@ -54,27 +56,7 @@ LIBRARY_APPS = [
 LIBRARY_DB = pytest.mark.django_db(transaction=True, databases=DATABASES,
                                    available_apps=LIBRARY_APPS)
 
-#: MariaDB's aliases, and the databases a test that uses them lists (not in DATABASES: a
-#: transactional test flushes every database it lists, so only MariaDB's tests pay it).
 MYSQL_ALIASES = ["mysql-tx"]
-MYSQL_DATABASES = ["default", "mysql"]
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """A test run for one of MariaDB's aliases (a parameter ``alias`` or ``mysql-...``)
-    lists the ``mysql`` test database too, beside those its ``django_db`` mark lists."""
-    for item in items:
-        callspec = getattr(item, "callspec", None)
-        alias = callspec.params.get("alias") if callspec is not None else None
-        if not (isinstance(alias, str) and alias.startswith("mysql")):
-            continue
-        marker = item.get_closest_marker("django_db")
-        if marker is None:
-            continue
-        databases = marker.kwargs.get("databases") or ["default"]
-        if databases != "__all__" and "mysql" not in databases:
-            kwargs = {**marker.kwargs, "databases": [*databases, "mysql"]}
-            item.add_marker(pytest.mark.django_db(*marker.args, **kwargs), append=False)
 
 
 def require_mysql() -> None:

@@ -63,8 +63,7 @@ if PG_AVAILABLE:
 
 # MariaDB (started by scripts/test). Its test database keeps the server's usual
 # case-insensitive collation on purpose: the lock table's name column must be distinct
-# by bytes all the same. Tests that use it list it (conftest.MYSQL_DATABASES): a
-# transactional test flushes every database it lists.
+# by bytes all the same.
 MYSQL_AVAILABLE = bool(os.environ.get("DISTLOCK_MYSQL_PORT"))
 if MYSQL_AVAILABLE:
     DATABASES["mysql"] = {

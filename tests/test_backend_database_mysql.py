@@ -21,15 +21,13 @@ from django_distlock.exceptions import (
 from django_distlock.testing import LockContract
 
 from .conftest import (
-    LIBRARY_APPS,
-    MYSQL_DATABASES,
+    LIBRARY_DB,
     in_thread,
     kill_mysql_connection,
     require_mysql,
 )
 
-pytestmark = pytest.mark.django_db(transaction=True, databases=MYSQL_DATABASES,
-                                     available_apps=LIBRARY_APPS)
+pytestmark = LIBRARY_DB
 
 
 @pytest.fixture(autouse=True)
