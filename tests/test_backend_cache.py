@@ -34,7 +34,7 @@ from django_distlock.testing import HistoryRecorder, LockContract, check, load
 
 from .conftest import (
     CACHE_ALIASES,
-    LIBRARY_DB,
+    DATABASES,
     in_thread,
     require_memcached,
     require_redis,
@@ -409,7 +409,7 @@ def test_memcached_ttls_are_whole_seconds_rounded_up(unique) -> None:
         backend.lock(unique(), ttl=30 * 24 * 3600).acquire()
 
 
-@LIBRARY_DB
+@pytest.mark.django_db(transaction=True, databases=DATABASES)
 def test_the_admin_names_the_alias_and_why_it_cannot_list() -> None:
     require_memcached()
     client = Client()

@@ -34,13 +34,13 @@ from django_distlock.testing.contract.support import in_thread
 from django_distlock.testing.elsewhere import hold_elsewhere
 from django_distlock.values import LockInfo
 
-from .conftest import LIBRARY_DB, require_pg, require_redis, require_zookeeper
+from .conftest import DATABASES, require_pg, require_redis, require_zookeeper
 from .test_admin_dashboard_browser import login, static_root  # noqa: F401  (fixture)
 from .test_optimistic_browser import _messages, _shot, _submit, browsers, screenshots  # noqa: F401
 
 pytestmark = [
     pytest.mark.django_versions,
-    LIBRARY_DB,
+    pytest.mark.django_db(transaction=True, databases=DATABASES),
 ]
 
 BULK = "admin:django_distlock_bulk_release"

@@ -52,11 +52,11 @@ from tests.testapp.models import (
     VersionedFencedShop,
 )
 
-from .conftest import DATABASES, LIBRARY_DB, in_thread, require_pg
+from .conftest import DATABASES, in_thread, require_pg
 
 pytestmark = [
     pytest.mark.django_versions,
-    LIBRARY_DB,
+    pytest.mark.django_db(transaction=True, databases=DATABASES),
 ]
 FORK = multiprocessing.get_context("fork")
 SETUPS = {"sqlite": ("sqlite-lease", "default"), "pg": ("pg-lease", "pg")}

@@ -55,6 +55,8 @@ PUBLIC = (
 #: Core modules that are not public but that contrib may import, each with why: the
 #: core's services that a contrib app builds on and that users need not see.
 INTERNALS = {
+    "django_distlock.backends.database.errors": "a retry tells a transaction the database "
+    "refused (deadlock, serialization failure) as the database backend does",
     "django_distlock.backends.shared_reads": "the listings name the holders of shared kinds",
     "django_distlock.backoff": "QueueOnce's and the jobs' waits back off as the core's do",
     "django_distlock.context": "a job's holder context is the decorator's",

@@ -28,7 +28,7 @@ from django_distlock.testing.contract.support import io_calls
 from django_distlock.values import WaiterInfo
 
 from .conftest import (
-    LIBRARY_DB,
+    DATABASES,
     eventually,
     require_alias,
     require_pg,
@@ -36,7 +36,7 @@ from .conftest import (
 
 pytestmark = [
     pytest.mark.django_versions,
-    LIBRARY_DB,
+    pytest.mark.django_db(transaction=True, databases=DATABASES),
 ]
 
 QUEUED = ["locmem", "redis", "redis-cluster", "pg-lease", "zk"]

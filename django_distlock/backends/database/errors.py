@@ -81,6 +81,17 @@ def is_busy(exc: BaseException) -> bool:
     )
 
 
+#: SQLSTATEs of a transaction the database refused as a whole, which a retry may win:
+#: serialization_failure (REPEATABLE READ, SERIALIZABLE) and deadlock_detected.
+_REFUSED_SQLSTATES = frozenset({"40001", "40P01"})
+
+
+def transaction_refused(exc: BaseException) -> bool:
+    """Whether the database rolled the whole transaction back and a retry of it may win:
+    a serialization failure or a deadlock (PostgreSQL's SQLSTATEs, MySQL's 1213)."""
+    return sqlstate(exc) in _REFUSED_SQLSTATES or mysql_errno(exc) == 1213
+
+
 def is_duplicate(exc: BaseException) -> bool:
     """Whether a database error is a unique key's violation (a row made meanwhile)."""
     return sqlstate(exc) == "23505" or mysql_errno(exc) == 1062

@@ -385,6 +385,9 @@ class _RowTxAcquisition(_TxAcquisition):
     #: needs).
     ensure_row: str = ENSURE_ROW
     ensure_row_params = 1
+    #: Whether ``_row_first`` runs before the locking read (PostgreSQL: a locking read of
+    #: a missing row locks nothing, so it makes the row only after a miss of it).
+    makes_row_first = False
 
     @abc.abstractmethod
     def _lock_and_grant(self, cursor: Any, wait: float | None) -> tuple[int, Any] | None:
@@ -392,7 +395,7 @@ class _RowTxAcquisition(_TxAcquisition):
         and stamp the grant; (fencing, acquired_at), or None if the name has no row."""
 
     def _take(self, wait: float | None) -> Grant | None:
-        if not self._row_first():
+        if self.makes_row_first and not self._row_first():
             return None
         while True:
             try:
@@ -420,7 +423,7 @@ class _RowTxAcquisition(_TxAcquisition):
 
     def _row_first(self) -> bool:
         """Before the locking read: make the name's row if it may not exist yet (False: a
-        miss). PostgreSQL needs not: a locking read of a missing row locks nothing."""
+        miss)."""
         return True
 
     def _create_row(self) -> bool:
@@ -476,6 +479,7 @@ class MySqlTxAcquisition(_RowTxAcquisition):
 
     ensure_row = mysql_sql.ENSURE_ROW
     ensure_row_params = 2
+    makes_row_first = True
     backend: MySqlTransactionBackend
 
     def _row_first(self) -> bool:

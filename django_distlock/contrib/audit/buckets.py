@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import bisect
 import math
+import random
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db import IntegrityError, connections, transaction
+from django.db import IntegrityError, OperationalError, connections, transaction
+
+from django_distlock.backends.database.errors import transaction_refused
 
 from .models import LockActivity, LockEvent
 
@@ -147,7 +151,7 @@ def merge(into: dict[Key, Counts], added: Mapping[Key, Counts]) -> dict[Key, Cou
 
 _FIELDS = ["acquired", "failed", "lost", "forced", "waits", "holds"]
 #: Attempts at a batch whose new rows another writer inserted meanwhile.
-_ATTEMPTS = 3
+_ATTEMPTS = 5
 
 
 def _existing(manager: Any, added: Mapping[Key, Counts]) -> list[Any]:
@@ -175,7 +179,9 @@ def _key(row: Any) -> Key:
 def store(added: Mapping[Key, Counts], using: str | None = None, model: Any = None) -> None:
     """Add ``added`` to the bucket rows, in one transaction: the rows that exist are
     read locked and updated, the others inserted. When another writer inserted one of
-    these meanwhile (a unique violation), the batch is tried again (:data:`_ATTEMPTS`).
+    these meanwhile (a unique violation), or the database refused the transaction (a
+    deadlock: InnoDB's between writers inserting the same new rows), the batch is tried
+    again (:data:`_ATTEMPTS`, a few milliseconds apart).
     ``model``: a migration's historical LockActivity.
     """
     if not added:
@@ -206,9 +212,12 @@ def store(added: Mapping[Key, Counts], using: str | None = None, model: Any = No
                     batch_size=1000,
                 )
             return
-        except IntegrityError:
-            if attempt == _ATTEMPTS - 1:
+        except (IntegrityError, OperationalError) as exc:
+            if attempt == _ATTEMPTS - 1 or not (
+                isinstance(exc, IntegrityError) or transaction_refused(exc)
+            ):
                 raise
+            time.sleep(random.uniform(0.002, 0.02) * (attempt + 1))
 
 
 def add_events(events: Iterable[Mapping[str, Any]], using: str | None = None) -> None:

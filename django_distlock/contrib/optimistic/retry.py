@@ -19,6 +19,7 @@ from typing import Any, ParamSpec, TypeVar, cast, overload
 from asgiref.sync import sync_to_async
 from django.db import OperationalError, connections
 
+from django_distlock.backends.database.errors import transaction_refused
 from django_distlock.backoff import Backoff
 from django_distlock.exceptions import VersionConflict
 
@@ -138,9 +139,6 @@ def _async_retrying(
     return retrying
 
 
-#: SQLSTATEs of a transaction the database refused as a whole, which a retry may win:
-#: serialization_failure (REPEATABLE READ, SERIALIZABLE) and deadlock_detected.
-_RETRY_SQLSTATES = frozenset({"40001", "40P01"})
 #: SQLite's SQLITE_BUSY_SNAPSHOT: a DEFERRED transaction that read a snapshot
 #: older than a commit made since cannot write (SQLite's serialization failure).
 _SQLITE_BUSY_SNAPSHOT = 517
@@ -163,10 +161,8 @@ def retryable(exc: BaseException) -> bool:
         return True
     if not isinstance(exc, OperationalError):
         return False
-    cause = exc.__cause__  # the driver's error (psycopg, psycopg2, sqlite3)
-    sqlstate = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
-    sqlite_code = getattr(cause, "sqlite_errorcode", None)
-    if sqlstate not in _RETRY_SQLSTATES and sqlite_code != _SQLITE_BUSY_SNAPSHOT:
+    sqlite_code = getattr(exc.__cause__, "sqlite_errorcode", None)  # the driver's error
+    if not transaction_refused(exc) and sqlite_code != _SQLITE_BUSY_SNAPSHOT:
         return False
     return not any(c.in_atomic_block for c in connections.all(initialized_only=True))
 
