@@ -43,15 +43,7 @@ def require_pg() -> None:
 #: Django's content types and permissions again after each test (65 ms a test on SQLite
 #: and PostgreSQL; CONTRIBUTING.md, "The tiers"). Such a test cannot use Django's own
 #: models (the admin, users): their modules keep the plain mark.
-LIBRARY_APPS = [
-    "django_distlock",
-    "django_distlock.contrib.admin",
-    "django_distlock.contrib.audit",
-    "django_distlock.contrib.celery",
-    "django_distlock.contrib.schedules",
-    "tests.testapp",
-    "testproject.shop",
-]
+LIBRARY_APPS = [app for app in settings.INSTALLED_APPS if not app.startswith("django.")]
 #: The mark of a transactional test on the library's apps (``LIBRARY_APPS``).
 LIBRARY_DB = pytest.mark.django_db(transaction=True, databases=DATABASES,
                                    available_apps=LIBRARY_APPS)

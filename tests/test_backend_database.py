@@ -11,6 +11,7 @@ import os
 import signal
 import threading
 import time
+from typing import Any
 
 import psycopg
 import pytest
@@ -402,17 +403,24 @@ def _warnings(log: str) -> int:
         return sum("you don't own a lock" in line for line in lines)
 
 
-def test_postgres_a_cancelled_async_waiter_leaves_nothing_behind(settings, unique) -> None:
-    """A task cancelled while it waits in the server: its call is stopped there, its
-    session comes back to the pool (one session here: the next task needs it), and the
-    lock goes to the next waiter."""
+@pytest.fixture
+def pg_one(settings) -> Any:
+    """A PostgreSQL lease alias whose asyncio tasks share one session: the next task
+    needs the one a cancelled task had."""
     require_pg()
     settings.DISTLOCK = {
         **settings.DISTLOCK,
         "pg-one": {"BACKEND": settings.DISTLOCK["pg-lease"]["BACKEND"],
                    "OPTIONS": {"DATABASE": "pg", "ASYNC_SESSIONS": 1}},
     }
-    backend, name = locks["pg-one"], unique()
+    return locks["pg-one"]
+
+
+def test_postgres_a_cancelled_async_waiter_leaves_nothing_behind(pg_one, unique) -> None:
+    """A task cancelled while it waits in the server: its call is stopped there, its
+    session comes back to the pool (one session here: the next task needs it), and the
+    lock goes to the next waiter."""
+    backend, name = pg_one, unique()
     holder = backend.lock(name, ttl=30)
     assert in_thread(holder.acquire)
 
@@ -432,7 +440,7 @@ def test_postgres_a_cancelled_async_waiter_leaves_nothing_behind(settings, uniqu
         backend.close()
 
 
-def test_postgres_a_cancelled_wait_withdraws_its_reservation(settings, unique) -> None:
+def test_postgres_a_cancelled_wait_withdraws_its_reservation(pg_one, unique) -> None:
     """A waiter at the head of the queue reserves the row, durably, and a release hands
     the lock to a reserved head whose session still holds its liveness lock. A cancelled
     wait's session ends a moment after its close reaches the server (later on a loaded
@@ -440,13 +448,7 @@ def test_postgres_a_cancelled_wait_withdraws_its_reservation(settings, unique) -
     moment, by a release, and the name stayed held by a gone task for the lease's 30 s
     (CI on e41b0ad, the test above). The cancelled call withdraws its reservation on its
     own session before closing it."""
-    require_pg()
-    settings.DISTLOCK = {
-        **settings.DISTLOCK,
-        "pg-one": {"BACKEND": settings.DISTLOCK["pg-lease"]["BACKEND"],
-                   "OPTIONS": {"DATABASE": "pg", "ASYNC_SESSIONS": 1}},
-    }
-    backend, name = locks["pg-one"], unique()
+    backend, name = pg_one, unique()
     holder = backend.lock(name, ttl=30)
     assert in_thread(holder.acquire)
 

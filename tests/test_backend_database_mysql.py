@@ -5,8 +5,10 @@ Single tier: decided by the server and our SQL (CONTRIBUTING.md, "The tiers").""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 from django.db import connections, transaction
@@ -58,16 +60,14 @@ def test_names_differing_in_case_accents_or_trailing_spaces_are_different_locks(
     assert len(listed) == len(names), listed
 
 
-def test_a_fractional_timeout_is_honoured_and_not_left_on_the_session(unique) -> None:
-    """InnoDB bounds a lock wait in whole seconds; the acquire bounds its own statement
-    (max_statement_time), so 0.5 s waits about 0.5 s, and a query the holder of another
-    lock runs later in the same transaction is not cut by it."""
-    name = unique()
-    holder = locks["mysql-tx"].lock(name)
+@contextlib.contextmanager
+def held_by_another_thread(name: str) -> Iterator[None]:
+    """``name`` held in transaction mode by another thread (its own connection and
+    transaction) for the block."""
     taken, done = threading.Event(), threading.Event()
 
     def hold() -> None:
-        with holder:
+        with locks["mysql-tx"].lock(name):
             taken.set()
             done.wait(10)
 
@@ -75,25 +75,34 @@ def test_a_fractional_timeout_is_honoured_and_not_left_on_the_session(unique) ->
     thread.start()
     try:
         assert taken.wait(10)
-
-        def waiter() -> tuple[bool, float, float]:
-            with transaction.atomic(using="mysql"):
-                other = locks["mysql-tx"].lock(unique("other"))
-                assert other.acquire(timeout=1)
-                started = time.monotonic()
-                got = locks["mysql-tx"].lock(name).acquire(timeout=0.5)
-                waited = time.monotonic() - started
-                started = time.monotonic()
-                with connections["mysql"].cursor() as cursor:
-                    cursor.execute("DO SLEEP(1.2)")  # longer than the bound above
-                slept = time.monotonic() - started
-                other.release()
-            return got, waited, slept
-
-        got, waited, slept = in_thread(waiter)
+        yield
     finally:
         done.set()
         thread.join(10)
+
+
+def test_a_fractional_timeout_is_honoured_and_not_left_on_the_session(unique) -> None:
+    """InnoDB bounds a lock wait in whole seconds; the acquire bounds its own statement
+    (max_statement_time), so 0.5 s waits about 0.5 s, and a query the holder of another
+    lock runs later in the same transaction is not cut by it."""
+    name = unique()
+
+    def waiter() -> tuple[bool, float, float]:
+        with transaction.atomic(using="mysql"):
+            other = locks["mysql-tx"].lock(unique("other"))
+            assert other.acquire(timeout=1)
+            started = time.monotonic()
+            got = locks["mysql-tx"].lock(name).acquire(timeout=0.5)
+            waited = time.monotonic() - started
+            started = time.monotonic()
+            with connections["mysql"].cursor() as cursor:
+                cursor.execute("DO SLEEP(1.2)")  # longer than the bound above
+            slept = time.monotonic() - started
+            other.release()
+        return got, waited, slept
+
+    with held_by_another_thread(name):
+        got, waited, slept = in_thread(waiter)
     assert not got
     assert 0.4 <= waited < 0.9, waited
     assert slept >= 1.15, slept
@@ -125,29 +134,15 @@ def test_a_new_name_inside_an_outer_block_is_granted(level: str, unique) -> None
 
 def test_a_non_blocking_miss_answers_without_waiting(unique) -> None:
     name = unique()
-    holder = locks["mysql-tx"].lock(name)
-    taken, done = threading.Event(), threading.Event()
 
-    def hold() -> None:
-        with holder:
-            taken.set()
-            done.wait(10)
+    def miss() -> tuple[bool, float]:
+        started = time.monotonic()
+        with transaction.atomic(using="mysql"):
+            got = locks["mysql-tx"].lock(name).acquire(blocking=False)
+        return got, time.monotonic() - started
 
-    thread = threading.Thread(target=hold)
-    thread.start()
-    try:
-        assert taken.wait(10)
-
-        def miss() -> tuple[bool, float]:
-            started = time.monotonic()
-            with transaction.atomic(using="mysql"):
-                got = locks["mysql-tx"].lock(name).acquire(blocking=False)
-            return got, time.monotonic() - started
-
+    with held_by_another_thread(name):
         got, took = in_thread(miss)
-    finally:
-        done.set()
-        thread.join(10)
     assert not got
     assert took < 0.5, took  # NOWAIT: no lock wait (whatever innodb_lock_wait_timeout is)
 
