@@ -14,6 +14,7 @@ import pytest
 from django.db import connections, transaction
 
 from django_distlock import locks
+from django_distlock.contrib.admin.operations.listing import backend_label
 from django_distlock.exceptions import (
     BackendUnavailable,
     InvalidBackendOptions,
@@ -224,3 +225,7 @@ def test_the_grant_leaves_the_callers_last_insert_id(unique) -> None:
             cursor.execute("SELECT LAST_INSERT_ID()")
             assert cursor.fetchone()[0] == 424242
 
+
+
+def test_the_admin_names_the_vendor_and_the_mode() -> None:
+    assert backend_label(locks["mysql-tx"]) == "MySQL/MariaDB (transaction)"

@@ -75,7 +75,7 @@ _LABELS = {
     "CacheBackend": "Django cache",
     "LocMemBackend": "locmem (this process)",
 }
-_VENDORS = {"postgresql": "PostgreSQL", "sqlite": "SQLite"}
+_VENDORS = {"postgresql": "PostgreSQL", "sqlite": "SQLite", "mysql": "MySQL/MariaDB"}
 
 
 def backend_label(backend: BaseLockBackend) -> str:
