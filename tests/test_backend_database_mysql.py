@@ -24,6 +24,7 @@ from django_distlock.exceptions import (
 from django_distlock.testing import LockContract
 
 from .conftest import (
+    DATABASES,
     LIBRARY_DB,
     in_thread,
     kill_mysql_connection,
@@ -229,3 +230,41 @@ def test_the_grant_leaves_the_callers_last_insert_id(unique) -> None:
 
 def test_the_admin_names_the_vendor_and_the_mode() -> None:
     assert backend_label(locks["mysql-tx"]) == "MySQL/MariaDB (transaction)"
+
+
+@pytest.mark.django_db(transaction=True, databases=DATABASES)  # the migration graph: every app
+def test_the_migration_unapplied_leaves_nothing_and_applies_again() -> None:
+    """``migrate django_distlock zero`` on MariaDB drops the token table and the grant's
+    procedure with the tables; ``migrate`` makes them again, the name column binary."""
+    from django.db.migrations.executor import MigrationExecutor
+
+    connection = connections["mysql"]
+
+    def schema() -> tuple[list[str], list[str], str | None]:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema ="
+                " DATABASE() AND table_name IN ('django_distlock_lock', 'django_distlock_token')"
+                " ORDER BY 1")
+            tables = [row[0] for row in cursor.fetchall()]
+            cursor.execute(
+                "SELECT routine_name FROM information_schema.routines WHERE routine_schema ="
+                " DATABASE() AND routine_name = 'django_distlock_tx_grant'")
+            routines = [row[0] for row in cursor.fetchall()]
+            cursor.execute(
+                "SELECT collation_name FROM information_schema.columns WHERE table_schema ="
+                " DATABASE() AND table_name = 'django_distlock_lock' AND column_name = 'name'")
+            found = cursor.fetchone()
+        return tables, routines, found[0] if found else None
+
+    executor = MigrationExecutor(connection)
+    leaves = executor.loader.graph.leaf_nodes()
+    try:
+        executor.migrate([("django_distlock", None)])
+        assert schema() == ([], [], None)
+    finally:
+        MigrationExecutor(connection).migrate(leaves)
+    assert schema() == (["django_distlock_lock", "django_distlock_token"],
+                        ["django_distlock_tx_grant"], "utf8mb4_nopad_bin")
+    with transaction.atomic(using="mysql"), locks["mysql-tx"].lock("after-migrate") as handle:
+        assert handle.fencing_token

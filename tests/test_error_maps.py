@@ -43,6 +43,7 @@ from django_distlock.backends.database.errors import (
     connection_lost,
     is_busy,
     session_ended,
+    transaction_refused,
 )
 from django_distlock.backends.locmem import LocMemBackend
 from django_distlock.backends.redis import RedisBackend
@@ -165,6 +166,21 @@ def test_the_database_classifications(exc: BaseException, busy: bool, lost: bool
     sqlite_wrapped = django.db.OperationalError("disk I/O error")
     sqlite_wrapped.__cause__ = sqlite3.OperationalError("disk I/O error")
     assert connection_lost(sqlite_wrapped) and not session_ended(sqlite_wrapped)
+
+
+@pytest.mark.parametrize("exc, refused", [
+    (psycopg.errors.SerializationFailure("could not serialize access"), True),
+    (psycopg.errors.DeadlockDetected("deadlock detected"), True),
+    (MySQLdb.OperationalError(1213, "Deadlock found when trying to get lock; try restarting "
+                                    "transaction"), True),
+    (MySQLdb.OperationalError(1205, "Lock wait timeout exceeded; try restarting transaction"),
+     False),  # InnoDB rolls back the statement only: the transaction goes on
+    (psycopg.errors.LockNotAvailable("could not obtain lock"), False),
+])
+def test_a_transaction_the_database_refused_as_a_whole(exc: BaseException, refused: bool) -> None:
+    """What the audit's bucket writes and the optimistic retry run again."""
+    for raised in (exc, _django_wrapped(exc)):
+        assert transaction_refused(raised) is refused, raised
 
 
 def test_the_database_map_catches_the_drivers_and_djangos_errors() -> None:

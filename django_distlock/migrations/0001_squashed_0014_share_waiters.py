@@ -44,10 +44,11 @@ def mysql_parts(mariadb: bool) -> list[str]:
     collation = "utf8mb4_nopad_bin" if mariadb else "utf8mb4_0900_bin"
     text = MYSQL_SQL.read_text().replace("{bin}", collation)
     parts = (part.strip() for part in text.split("\n-- ;;\n"))
-    return [part for part in parts if part.strip("\n") and not _comment_only(part)]
+    return [part for part in parts if not _comment_only(part)]
 
 
 def _comment_only(part: str) -> bool:
+    """Whether ``part`` has no statement (blank, or comments only)."""
     return all(line.startswith("--") or not line.strip() for line in part.splitlines())
 
 
@@ -71,8 +72,11 @@ def uninstall(apps, schema_editor):
     if schema_editor.connection.vendor == "postgresql":
         schema_editor.execute(UNINSTALL, params=None)
     elif schema_editor.connection.vendor == "mysql":
-        for statement in MYSQL_UNINSTALL:
-            schema_editor.execute(statement, params=None)
+        # Through a cursor, as install(): Django runs this in an atomic block on MySQL
+        # (its DDL cannot be rolled back), where schema_editor.execute() refuses DDL.
+        with schema_editor.connection.cursor() as cursor:
+            for statement in MYSQL_UNINSTALL:
+                cursor.execute(statement)
 
 
 class Migration(migrations.Migration):

@@ -32,7 +32,8 @@ VENDOR_MODES = {
     "sqlite": ("lease", "transaction"),
     "mysql": ("transaction",),
 }
-_VENDOR_NAMES = {"postgresql": "PostgreSQL", "sqlite": "SQLite", "mysql": "MySQL/MariaDB"}
+#: How the docs, the errors and the admin name each vendor.
+VENDOR_NAMES = {"postgresql": "PostgreSQL", "sqlite": "SQLite", "mysql": "MySQL/MariaDB"}
 
 
 class DatabaseBackend(BaseLockBackend):
@@ -76,7 +77,7 @@ class DatabaseBackend(BaseLockBackend):
             vendor = connections[database].vendor if database in settings.DATABASES else ""
             if mode not in VENDOR_MODES.get(vendor, (mode,)):
                 raise InvalidBackendOptions(
-                    f"DISTLOCK[{alias!r}]: {_VENDOR_NAMES[vendor]} (DATABASES[{database!r}]) "
+                    f"DISTLOCK[{alias!r}]: {VENDOR_NAMES[vendor]} (DATABASES[{database!r}]) "
                     f"has the database backend's modes {list(VENDOR_MODES[vendor])}, not "
                     f"{mode!r}; set OPTIONS['MODE'] to one of them (docs/database.md)."
                 )
@@ -126,6 +127,11 @@ class DatabaseBackend(BaseLockBackend):
     def vendor(self) -> str:
         """The database vendor: ``"postgresql"``, ``"sqlite"`` or ``"mysql"`` (no I/O)."""
         return connections[self.database].vendor
+
+    @property
+    def vendor_name(self) -> str:
+        """The vendor as people name it: "PostgreSQL", "SQLite", "MySQL/MariaDB" (no I/O)."""
+        return VENDOR_NAMES.get(self.vendor, self.vendor)
 
     @cached_property
     def own_sessions(self) -> bool:

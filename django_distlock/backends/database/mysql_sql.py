@@ -10,9 +10,9 @@ compare by bytes (the binary collation ``sql/mysql.sql`` gives the name columns)
 
 from __future__ import annotations
 
-from .sql import TABLE
+import math
 
-_COLUMNS = "name, owner, fencing, acquired_at, expires_at, host, pid, thread"
+from .sql import TABLE
 
 #: The backend's own connections (lease statements, rows made apart from the caller's
 #: transaction, listings): times in UTC, row waits bounded to a second, and READ COMMITTED,
@@ -34,7 +34,7 @@ def tx_wait(seconds: float, mariadb: bool) -> str:
         return (f"SET STATEMENT max_statement_time = {max(seconds, 0.001):.3f} FOR "
                 f"SELECT 1 FROM {TABLE} WHERE name = %s FOR UPDATE")
     millis = max(1, round(seconds * 1000))
-    whole = max(1, int(-(-seconds // 1)))  # innodb_lock_wait_timeout: whole seconds
+    whole = max(1, math.ceil(seconds))  # innodb_lock_wait_timeout: whole seconds
     return (f"SELECT /*+ MAX_EXECUTION_TIME({millis}) "
             f"SET_VAR(innodb_lock_wait_timeout = {whole}) */ 1 "
             f"FROM {TABLE} WHERE name = %s FOR UPDATE")

@@ -28,8 +28,8 @@ from typing import Any, TypeVar
 from django.db import Error, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from . import mysql_sql
 from .errors import ERRORS, sqlstate
+from .mysql_sql import SESSION_SETUP as MYSQL_SESSION_SETUP
 from .sql import PG_SESSION_SETUP, PG_UNLOCK_GENERATION
 
 T = TypeVar("T")
@@ -297,7 +297,7 @@ class SessionFactory:
         if wrapper.vendor == "mysql":
             cursor, prepare = raw.cursor(), None  # MySQLdb: no server-side prepare
             setup: list[tuple[str, list[str] | None]] = [
-                (statement, None) for statement in mysql_sql.SESSION_SETUP]
+                (statement, None) for statement in MYSQL_SESSION_SETUP]
         else:
             if self.prepare and hasattr(raw, "prepare_threshold"):
                 # Django turns preparing off for every connection; this one is ours.

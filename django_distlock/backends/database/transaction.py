@@ -26,9 +26,10 @@ from ...hold import Hold
 from ...holders import current_holder
 from ...kinds import Kind
 from ..base import Acquisition, ExcInfo, Grant, LockInfo, LockPage, Miss
-from . import mysql_sql
 from .backend import DatabaseBackend, server_wait
 from .errors import ERRORS, is_busy, is_duplicate, session_ended
+from .mysql_sql import ENSURE_ROW as MYSQL_ENSURE_ROW
+from .mysql_sql import TX_GRANT, TX_HELD, TX_IS_LOCKED, TX_NOWAIT, tx_wait
 from .sql import (
     ENSURE_ROW,
     PG_TX_GRANT_WAITED,
@@ -161,8 +162,8 @@ class MySqlTransactionBackend(TransactionBackend):
     """Transaction mode on MySQL and MariaDB (InnoDB): the lock is the row lock of
     ``SELECT ... FOR UPDATE``, the recipe of the textbook."""
 
-    is_locked_statement = mysql_sql.TX_IS_LOCKED
-    held_statement = mysql_sql.TX_HELD
+    is_locked_statement = TX_IS_LOCKED
+    held_statement = TX_HELD
     why_unsupported = {
         **TransactionBackend.why_unsupported,
         "supports_waiters": "its waiters are transactions blocked in SELECT ... FOR UPDATE "
@@ -477,7 +478,7 @@ class MySqlTxAcquisition(_RowTxAcquisition):
     """The row lock by ``SELECT ... FOR UPDATE`` (``NOWAIT``, or bounded for this
     statement only), then the grant's procedure: two round trips in the block."""
 
-    ensure_row = mysql_sql.ENSURE_ROW
+    ensure_row = MYSQL_ENSURE_ROW
     ensure_row_params = 2
     makes_row_first = True
     backend: MySqlTransactionBackend
@@ -497,14 +498,11 @@ class MySqlTxAcquisition(_RowTxAcquisition):
 
     def _lock_and_grant(self, cursor: Any, wait: float | None) -> tuple[int, Any] | None:
         hold = self.hold
-        if wait is None:
-            statement = mysql_sql.TX_NOWAIT
-        else:
-            statement = mysql_sql.tx_wait(wait, self.connection.mysql_is_mariadb)
+        statement = TX_NOWAIT if wait is None else tx_wait(wait, self.connection.mysql_is_mariadb)
         cursor.execute(statement, [hold.key])
         if cursor.fetchone() is None:
             return None
-        cursor.execute(mysql_sql.TX_GRANT, [hold.key, hold.host, hold.pid, hold.holder_field])
+        cursor.execute(TX_GRANT, [hold.key, hold.host, hold.pid, hold.holder_field])
         row = cursor.fetchone()
         return None if row is None else (row[0], row[1])
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import bisect
 import math
-import random
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from typing import Any
 from django.db import IntegrityError, OperationalError, connections, transaction
 
 from django_distlock.backends.database.errors import transaction_refused
+from django_distlock.backoff import Backoff
 
 from .models import LockActivity, LockEvent
 
@@ -188,6 +188,7 @@ def store(added: Mapping[Key, Counts], using: str | None = None, model: Any = No
         return
     model = LockActivity if model is None else model
     manager = model.objects.db_manager(using)
+    backoff = Backoff(base=0.005, cap=0.05)
     for attempt in range(_ATTEMPTS):
         try:
             with transaction.atomic(using=manager.db):
@@ -217,7 +218,7 @@ def store(added: Mapping[Key, Counts], using: str | None = None, model: Any = No
                 isinstance(exc, IntegrityError) or transaction_refused(exc)
             ):
                 raise
-            time.sleep(random.uniform(0.002, 0.02) * (attempt + 1))
+            time.sleep(backoff.next_delay())
 
 
 def add_events(events: Iterable[Mapping[str, Any]], using: str | None = None) -> None:

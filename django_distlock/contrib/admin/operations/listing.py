@@ -75,7 +75,6 @@ _LABELS = {
     "CacheBackend": "Django cache",
     "LocMemBackend": "locmem (this process)",
 }
-_VENDORS = {"postgresql": "PostgreSQL", "sqlite": "SQLite", "mysql": "MySQL/MariaDB"}
 
 
 def backend_label(backend: BaseLockBackend) -> str:
@@ -90,10 +89,10 @@ def backend_label(backend: BaseLockBackend) -> str:
     mode = getattr(backend, "mode", None)
     if isinstance(mode, str) and hasattr(backend, "database"):
         try:
-            vendor = str(backend.vendor)  # type: ignore[attr-defined]
+            vendor = str(backend.vendor_name)  # type: ignore[attr-defined]
         except Exception:  # DATABASES lacks the alias: the listing reports it
             vendor = ""
-        return f"{_VENDORS.get(vendor, vendor or 'database')} ({mode})"
+        return f"{vendor or 'database'} ({mode})"
     label = _LABELS.get(name, name)
     if label == "Redis" and getattr(getattr(backend, "redis", None), "cluster", False):
         return "Redis Cluster"
