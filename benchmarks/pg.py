@@ -132,7 +132,7 @@ class HandLease:
         self.cursor = self.conn.cursor()
         self.cursor.execute("SELECT set_config('lock_timeout', %s, false)", [ROW_LOCK_WAIT])
         self.acquire_sql, self.release_sql = sql.POSTGRESQL.acquire, sql.POSTGRESQL.release
-        self.params_of, self.release_params_of = sql.pg_acquire_params, sql.pg_release_params
+        self.params_of, self.release_params_of = sql.acquire_params, sql.release_params
         self.key = key
         self.holder = (socket.gethostname(), os.getpid(), threading.current_thread().name)
         self.token = ""

@@ -48,7 +48,7 @@ LIBRARY_APPS = [app for app in settings.INSTALLED_APPS if not app.startswith("dj
 LIBRARY_DB = pytest.mark.django_db(transaction=True, databases=DATABASES,
                                    available_apps=LIBRARY_APPS)
 
-MYSQL_ALIASES = ["mysql-tx"]
+MYSQL_ALIASES = ["mysql-lease", "mysql-tx"]
 
 
 def require_mysql() -> None:
@@ -139,14 +139,20 @@ def psycopg_params(database: str) -> dict[str, Any]:
     return {"host": db["HOST"], "port": db["PORT"], "user": db["USER"], "dbname": db["NAME"]}
 
 
-def kill_mysql_connection(database: str, ident: int) -> None:
-    """``KILL CONNECTION`` of the MariaDB session ``ident``, from a side connection of the
-    test user to the alias ``database``."""
+def mysql_side(database: str) -> Any:
+    """A raw MySQLdb connection (autocommit) of the test user to the alias ``database``,
+    apart from Django's (any thread may close it)."""
     import MySQLdb
 
     db = connections[database].settings_dict
-    side = MySQLdb.connect(host=db["HOST"], port=int(db["PORT"]), user=db["USER"],
+    return MySQLdb.connect(host=db["HOST"], port=int(db["PORT"]), user=db["USER"],
                            database=db["NAME"], autocommit=True)
+
+
+def kill_mysql_connection(database: str, ident: int) -> None:
+    """``KILL CONNECTION`` of the MariaDB session ``ident``, from a side connection of the
+    test user to the alias ``database``."""
+    side = mysql_side(database)
     try:
         side.cursor().execute(f"KILL CONNECTION {int(ident)}")
     finally:

@@ -88,6 +88,9 @@ DISTLOCK = {
     },
 }
 if MYSQL_AVAILABLE:
+    DISTLOCK["mysql-lease"] = {
+        "BACKEND": _DB, "OPTIONS": {"DATABASE": "mysql"}, "KEY_PREFIX": "l:",
+    }
     DISTLOCK["mysql-tx"] = {
         "BACKEND": _DB,
         "OPTIONS": {"DATABASE": "mysql", "MODE": "transaction"},

@@ -17,7 +17,6 @@ from django_distlock import locks
 from django_distlock.contrib.admin.operations.listing import backend_label
 from django_distlock.exceptions import (
     BackendUnavailable,
-    InvalidBackendOptions,
     LockLost,
     UnsupportedOperation,
 )
@@ -37,6 +36,10 @@ pytestmark = LIBRARY_DB
 @pytest.fixture(autouse=True)
 def _mysql() -> None:
     require_mysql()
+
+
+class TestMySqlLease(LockContract):
+    alias = "mysql-lease"
 
 
 class TestMySqlTransaction(LockContract):
@@ -199,16 +202,6 @@ def test_the_listing_shows_transaction_mode_holders(unique) -> None:
     assert locked
     assert not in_thread(lambda: backend.is_locked(name))
     assert in_thread(lambda: [info.name for info in backend.held_locks(prefix=name)]) == []
-
-
-def test_lease_mode_on_mysql_is_refused_at_construction(settings) -> None:
-    """Lease mode on MySQL and MariaDB is not in this version: the alias says so when it
-    is built, before any query, naming the mode that is."""
-    settings.DISTLOCK = {**settings.DISTLOCK, "mysql-lease": {
-        "BACKEND": "django_distlock.backends.database.DatabaseBackend",
-        "OPTIONS": {"DATABASE": "mysql"}}}
-    with pytest.raises(InvalidBackendOptions, match=r"\['transaction'\], not 'lease'"):
-        locks["mysql-lease"].lock("x")
 
 
 def test_prune_on_mysql_is_refused() -> None:

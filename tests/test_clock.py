@@ -46,8 +46,8 @@ MARGIN = 1.0  # how late past its TTL a lease may be seen free (polling, calls)
 #: Where a lease may end later than that, and why (never an hour: the jump).
 LATER = {"cache-memcached": 2.0}  # memcached: whole seconds, its clock ticks once a second
 
-CLOCK_ALIASES = ["pg-lease", "redis", "redis-cluster", "redlock", "cache-memcached",
-                 "cache-redis"]
+CLOCK_ALIASES = ["pg-lease", "mysql-lease", "redis", "redis-cluster", "redlock",
+                 "cache-memcached", "cache-redis"]
 #: The aliases not jumped here, and why.
 NO_CLOCK = {
     "default": "sqlite-lease's backend with another prefix",

@@ -53,6 +53,7 @@ from .conftest import (
     eventually,
     in_thread,
     kill_mysql_connection,
+    mysql_side,
     psycopg_params,
     require_alias,
     require_mysql,
@@ -72,7 +73,8 @@ pytestmark = LIBRARY_DB
 ALIASES = [
     "default", "sqlite-lease", "sqlite-tx", "locmem", "pg-lease", "pg-tx", "redis",
     "redis-cache", "redis-djcache", "redis-unfair", "redis-decoded", "redlock",
-    "redis-cluster", "zk", "zk-auth", "cache-memcached", "cache-redis", "mysql-tx",
+    "redis-cluster", "zk", "zk-auth", "cache-memcached", "cache-redis", "mysql-lease",
+    "mysql-tx",
 ]
 
 
@@ -549,7 +551,7 @@ NO_RELEASE_FAULT = {
 RELEASE_FAULTS = {
     "redis": "frozen", "redis-unfair": "frozen", "redis-decoded": "frozen",
     "redlock": "frozen", "pg-lease": "frozen", "pg-tx": "terminated", "zk": "frozen",
-    "zk-auth": "frozen", "mysql-tx": "terminated",
+    "zk-auth": "frozen", "mysql-lease": "frozen", "mysql-tx": "terminated",
 }
 
 
@@ -603,6 +605,28 @@ def _release_fault(alias: str, request: pytest.FixtureRequest) -> Iterator[tuple
             for server in servers:
                 server.resume()
             backend.close()
+    elif alias == "mysql-lease":
+        require_mysql()
+        backend = locks[alias]
+
+        @contextlib.contextmanager
+        def fault(handle: Any) -> Iterator[None]:
+            # The server takes no write (a global read lock held by another connection):
+            # the release's row lock waits, as for a server that does not answer.
+            frozen = mysql_side(backend.database)
+            try:
+                frozen.cursor().execute("FLUSH TABLES WITH READ LOCK")
+                thaw = threading.Timer(FAULT_TTL + WATCHDOG_GRACE + 8, frozen.close)
+                thaw.start()
+                try:
+                    yield
+                finally:
+                    thaw.cancel()
+            finally:
+                with contextlib.suppress(Exception):  # the timer may have closed it
+                    frozen.close()  # ends the read lock
+
+        yield backend, fault
     elif alias.startswith("mysql"):
         require_mysql()
         backend = locks[alias]
@@ -719,7 +743,7 @@ NO_RESTART = {
     "as a killed connection does (test_a_release_that_fails); MariaDB restarted from its "
     "data dir under lease-mode holders comes with lease mode (issue 34)",
 }
-RESTARTS = ["redis-aof", "redis-snapshot", "pg-lease", "pg-tx", "zk"]
+RESTARTS = ["redis-aof", "redis-snapshot", "pg-lease", "pg-tx", "mysql-lease", "zk"]
 
 
 def test_every_alias_is_restarted_or_left_with_a_reason() -> None:
@@ -801,12 +825,23 @@ def _terminate_all(database: str) -> int:
     return len(rows)
 
 
-@pytest.mark.parametrize("alias", ["pg-lease", "pg-tx"])
-def test_postgres_every_session_ended_while_held(alias: str, unique) -> None:
+def _kill_all_mysql(database: str) -> int:
+    """MySQL: ``_terminate_all``'s ``KILL CONNECTION``s."""
+    with connections[database].cursor() as cursor:
+        cursor.execute("SELECT id FROM information_schema.processlist"
+                       " WHERE db = DATABASE() AND id <> CONNECTION_ID()")
+        idents = [row[0] for row in cursor.fetchall()]
+    for ident in idents:
+        kill_mysql_connection(database, ident)
+    return len(idents)
+
+
+@pytest.mark.parametrize("alias", ["pg-lease", "pg-tx", "mysql-lease"])
+def test_every_session_ended_while_held(alias: str, unique) -> None:
     """Lease: the row outlives its session: a waiter is not granted before the release,
     which works on a new session. Transaction: the lock ended with its session: the
     release reports the loss, the name is free. Tokens keep growing in both."""
-    require_pg()
+    require(alias)
     backend, name = locks[alias], unique("terminated")
     try:
         _every_session_ended(alias, backend, name)
@@ -833,12 +868,14 @@ def _every_session_ended(alias: str, backend: Any, name: str) -> None:
             waited["error"] = exc
         waited["took"] = time.monotonic() - began
 
-    if alias == "pg-lease":
+    lease = alias.endswith("-lease")
+    if lease:
         thread = threading.Thread(target=lambda: in_thread(wait))
         thread.start()
         time.sleep(0.5)  # queued in the server
-    assert _terminate_all(backend.database) >= 1
-    if alias == "pg-lease":
+    ended = (_kill_all_mysql if alias.startswith("mysql") else _terminate_all)(backend.database)
+    assert ended >= 1
+    if lease:
         time.sleep(1.0)
         assert "at" not in waited  # the lease survived its session
         released_at = time.monotonic()
@@ -934,6 +971,8 @@ NO_WAITER_ENTRY = {
     "sqlite-tx": "the waiter waits for SQLite's write lock: no entry of ours",
     "pg-tx": "the waiter waits for the row lock in the server's lock manager: no entry of ours",
     "mysql-tx": "the waiter waits for the row lock in InnoDB's lock manager: no entry of ours",
+    "mysql-lease": "the waiter's place is its GET_LOCK wait in the server's lock manager, "
+    "which nothing deletes; its row in django_distlock_waiter only lists it",
     "locmem": "process-local: its waiters are in this process' memory",
     "redis-unfair": "FAIR False: waiters retry, they do not queue",
     "redlock": "waiters back off and retry on every master: they leave no entry",

@@ -39,7 +39,7 @@ pytestmark = [
     pytest.mark.django_db(transaction=True, databases=DATABASES),
 ]
 
-QUEUED = ["locmem", "redis", "redis-cluster", "pg-lease", "zk"]
+QUEUED = ["locmem", "redis", "redis-cluster", "pg-lease", "mysql-lease", "zk"]
 
 
 

@@ -17,8 +17,9 @@ MYSQL_SQL = SQL.with_name("mysql.sql")
 #: The sql_mode the MySQL routines are created under (each keeps its own).
 MYSQL_MODE = "SET SESSION sql_mode = 'STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION'"
 MYSQL_UNINSTALL = [
-    "DROP PROCEDURE IF EXISTS django_distlock_tx_grant",
-    "DROP TABLE IF EXISTS django_distlock_token",
+    *(f"DROP PROCEDURE IF EXISTS django_distlock_{name}" for name in (
+        "tx_grant", "take", "acquire", "wait", "release", "extend", "force")),
+    "DROP TABLE IF EXISTS django_distlock_token, django_distlock_waiter",
 ]
 
 #: Drops every routine of the file (whatever its signature), then its tables and sequence.

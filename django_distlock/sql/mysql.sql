@@ -54,3 +54,250 @@ BEGIN
     DO LAST_INSERT_ID(callers);
     SELECT fencing, acquired_at FROM django_distlock_lock WHERE name = p_name;
 END
+-- ;;
+-- Lease mode. The row decides who holds a name, as on PostgreSQL; the server's named
+-- locks (GET_LOCK) only order and wake the waiters, never grant: a named lock dies with
+-- its connection and is not replicated, the row is durable. Every time is the server's
+-- UTC_TIMESTAMP(6), whatever the session's time zone. Named locks are server-wide and
+-- stop at 64 characters, so a name's locks are called by a hash of the database and the
+-- name: dl:q:<h> (its queue: the head of the waiters holds it, the others sleep in
+-- GET_LOCK behind it, in arrival order), dl:g:<h>:<fencing> (a grant's generation lock,
+-- held by the granting session until the release gives it back: that wakes the head),
+-- dl:a:<hash of the owner> (a waiter's liveness, for the listing of waiters).
+--
+-- Who waits, for the listing (backends/database/waiting.py): a waiter writes its row
+-- here, keyed by its connection, before it queues; the row counts while its connection
+-- holds the row's liveness lock. MEMORY: a restart ends every wait, and empties it.
+CREATE TABLE IF NOT EXISTS django_distlock_waiter (
+    session BIGINT UNSIGNED NOT NULL PRIMARY KEY,
+    name VARCHAR(255) CHARACTER SET utf8mb4 COLLATE {bin} NOT NULL,
+    alive VARCHAR(64) CHARACTER SET ascii NOT NULL,
+    since DATETIME(6) NOT NULL,
+    owner VARCHAR(64) CHARACTER SET utf8mb4 COLLATE {bin} NOT NULL,
+    host VARCHAR(255) CHARACTER SET utf8mb4 NOT NULL,
+    pid INT NULL,
+    thread VARCHAR(255) CHARACTER SET utf8mb4 NOT NULL,
+    KEY django_distlock_waiter_name (name)
+) ENGINE = MEMORY
+-- ;;
+DROP PROCEDURE IF EXISTS django_distlock_take
+-- ;;
+-- Grant the name to p_owner if it is free or expired (or already p_owner's: an attempt
+-- retried after a lost connection finds its own grant) and p_may, in one transaction
+-- that draws the fencing token (see django_distlock_token above); make the name's row
+-- at its first use. The grant's generation lock is taken before the commit, so a waiter
+-- that reads the grant finds its lock held. Out: o_fencing (NULL: not granted), o_gen
+-- (the fencing token when this session took the generation lock), o_left (a miss:
+-- seconds until the holder's lease ends, NULL when the name is free).
+CREATE PROCEDURE django_distlock_take(
+    IN p_name VARCHAR(255), IN p_hash CHAR(32), IN p_owner VARCHAR(64), IN p_ttl DOUBLE,
+    IN p_host VARCHAR(255), IN p_pid INT, IN p_thread VARCHAR(255), IN p_may BOOLEAN,
+    IN p_at DATETIME(6), OUT o_fencing BIGINT, OUT o_gen BIGINT, OUT o_left DOUBLE
+) SQL SECURITY INVOKER
+BEGIN
+    DECLARE draw BIGINT UNSIGNED;
+    DECLARE duplicate BOOLEAN DEFAULT FALSE;
+    DECLARE CONTINUE HANDLER FOR 1062 SET duplicate = TRUE;  -- a racing creator made it
+    DECLARE CONTINUE HANDLER FOR NOT FOUND BEGIN END;
+    SET o_fencing = NULL, o_gen = NULL, o_left = NULL;
+    START TRANSACTION;
+    -- A miss matches no row: it writes nothing and never delays the holder.
+    UPDATE django_distlock_lock
+    SET owner = p_owner, acquired_at = p_at,
+        expires_at = p_at + INTERVAL ROUND(p_ttl * 1000000) MICROSECOND,
+        host = p_host, pid = p_pid, thread = p_thread
+    WHERE name = p_name AND p_may AND (owner IS NULL OR expires_at <= p_at OR owner = p_owner);
+    IF ROW_COUNT() = 1 THEN
+        INSERT INTO django_distlock_token () VALUES ();
+        SET draw = LAST_INSERT_ID();
+        DELETE FROM django_distlock_token WHERE id = draw;
+        UPDATE django_distlock_lock SET fencing = GREATEST(draw, fencing + 1)
+        WHERE name = p_name;
+        SELECT fencing INTO o_fencing FROM django_distlock_lock WHERE name = p_name;
+    ELSEIF p_may AND NOT EXISTS (SELECT 1 FROM django_distlock_lock WHERE name = p_name) THEN
+        INSERT INTO django_distlock_token () VALUES ();
+        SET draw = LAST_INSERT_ID();
+        DELETE FROM django_distlock_token WHERE id = draw;
+        INSERT INTO django_distlock_lock
+            (name, owner, fencing, acquired_at, expires_at, host, pid, thread)
+        VALUES (p_name, p_owner, draw, p_at,
+            p_at + INTERVAL ROUND(p_ttl * 1000000) MICROSECOND, p_host, p_pid, p_thread);
+        IF NOT duplicate THEN
+            SET o_fencing = draw;
+        END IF;
+    END IF;
+    IF o_fencing IS NOT NULL THEN
+        SET o_gen = IF(GET_LOCK(CONCAT('dl:g:', p_hash, ':', o_fencing), 0) = 1,
+            o_fencing, NULL);
+    END IF;
+    COMMIT;
+    IF o_fencing IS NULL THEN
+        SELECT GREATEST(TIMESTAMPDIFF(MICROSECOND, p_at, expires_at), 0) / 1000000
+        INTO o_left FROM django_distlock_lock
+        WHERE name = p_name AND owner IS NOT NULL AND expires_at > p_at;
+    END IF;
+END
+-- ;;
+DROP PROCEDURE IF EXISTS django_distlock_acquire
+-- ;;
+-- Lease mode, one attempt (an uncontended acquire is this one call). A first attempt
+-- does not pass the waiters queued for the name (p_pass: it may). One row: granted,
+-- fencing, acquired_at, expires_at, retry_after (a miss: seconds until the lease ends),
+-- generation (see django_distlock_take).
+CREATE PROCEDURE django_distlock_acquire(
+    IN p_name VARCHAR(255), IN p_owner VARCHAR(64), IN p_ttl DOUBLE, IN p_host VARCHAR(255),
+    IN p_pid INT, IN p_thread VARCHAR(255), IN p_pass BOOLEAN
+) SQL SECURITY INVOKER
+BEGIN
+    DECLARE h CHAR(32) DEFAULT LEFT(SHA2(CONCAT(DATABASE(), 0x00, p_name), 256), 32);
+    DECLARE t DATETIME(6) DEFAULT UTC_TIMESTAMP(6);
+    DECLARE f, gen BIGINT;
+    DECLARE left_s DOUBLE;
+    CALL django_distlock_take(p_name, h, p_owner, p_ttl, p_host, p_pid, p_thread,
+        p_pass OR IS_FREE_LOCK(CONCAT('dl:q:', h)) = 1, t, f, gen, left_s);
+    SELECT f IS NOT NULL, f, IF(f IS NULL, NULL, t),
+        IF(f IS NULL, NULL, t + INTERVAL ROUND(p_ttl * 1000000) MICROSECOND), left_s, gen;
+END
+-- ;;
+DROP PROCEDURE IF EXISTS django_distlock_wait
+-- ;;
+-- Lease mode, the blocking wait: queue for the name (its queue lock, in arrival order),
+-- then, at the head, take the name when it is free, else sleep until the holder's
+-- release gives its generation lock back (or its lease ends, or two seconds pass: look
+-- again). At most p_wait seconds. A wait stopped by KILL QUERY (an asyncio task
+-- cancelled) leaves at once, granted nothing: a named-lock wait or a sleep that is
+-- killed returns, it does not fail. One row, as django_distlock_acquire's, except that
+-- on a grant retry_after is the seconds the server waited before granting.
+CREATE PROCEDURE django_distlock_wait(
+    IN p_name VARCHAR(255), IN p_owner VARCHAR(64), IN p_ttl DOUBLE, IN p_host VARCHAR(255),
+    IN p_pid INT, IN p_thread VARCHAR(255), IN p_wait DOUBLE
+) SQL SECURITY INVOKER
+BEGIN
+    DECLARE h CHAR(32) DEFAULT LEFT(SHA2(CONCAT(DATABASE(), 0x00, p_name), 256), 32);
+    DECLARE alive VARCHAR(64) DEFAULT CONCAT('dl:a:', LEFT(SHA2(p_owner, 256), 32));
+    DECLARE started DATETIME(6) DEFAULT UTC_TIMESTAMP(6);
+    DECLARE deadline DATETIME(6) DEFAULT started + INTERVAL ROUND(p_wait * 1000000) MICROSECOND;
+    DECLARE t DATETIME(6);
+    DECLARE known BOOLEAN;
+    DECLARE cur_owner VARCHAR(64);
+    DECLARE cur_fencing BIGINT;
+    DECLARE cur_expires DATETIME(6);
+    DECLARE budget DOUBLE;
+    DECLARE got INT;
+    DECLARE woken, f, gen BIGINT;
+    DECLARE left_s DOUBLE;
+    DECLARE CONTINUE HANDLER FOR NOT FOUND SET known = FALSE;
+    DO GET_LOCK(alive, 0);
+    DELETE w FROM django_distlock_waiter w  -- the rows of waits that are gone
+    WHERE w.name = p_name AND NOT IS_USED_LOCK(w.alive) <=> w.session;
+    REPLACE INTO django_distlock_waiter (session, name, alive, since, owner, host, pid, thread)
+    VALUES (CONNECTION_ID(), p_name, alive, started, p_owner, p_host, p_pid, p_thread);
+    SET got = GET_LOCK(CONCAT('dl:q:', h), p_wait);
+    wait: WHILE got = 1 DO
+        SET t = UTC_TIMESTAMP(6), known = TRUE, cur_owner = NULL, cur_expires = NULL;
+        SELECT owner, fencing, expires_at INTO cur_owner, cur_fencing, cur_expires
+        FROM django_distlock_lock WHERE name = p_name;
+        IF NOT known OR cur_owner IS NULL OR cur_expires <= t THEN
+            CALL django_distlock_take(p_name, h, p_owner, p_ttl, p_host, p_pid, p_thread,
+                TRUE, t, f, gen, left_s);
+            IF f IS NOT NULL THEN
+                LEAVE wait;
+            END IF;
+            ITERATE wait;  -- taken meanwhile (by an attempt that may pass the queue)
+        END IF;
+        SET budget = LEAST(TIMESTAMPDIFF(MICROSECOND, t, cur_expires),
+            TIMESTAMPDIFF(MICROSECOND, t, deadline)) / 1000000;
+        IF budget <= 0 THEN
+            SET left_s = TIMESTAMPDIFF(MICROSECOND, t, cur_expires) / 1000000;
+            LEAVE wait;
+        END IF;
+        IF woken = cur_fencing THEN
+            -- This grant's lock came to us, its lease did not: its session ended without
+            -- a release. Look again in a while (the lease ends by itself).
+            IF SLEEP(LEAST(budget, 1.0)) = 1 THEN
+                LEAVE wait;  -- killed
+            END IF;
+            ITERATE wait;
+        END IF;
+        IF woken IS NOT NULL THEN
+            DO RELEASE_LOCK(CONCAT('dl:g:', h, ':', woken));
+            SET woken = NULL;
+        END IF;
+        SET got = GET_LOCK(CONCAT('dl:g:', h, ':', cur_fencing), LEAST(budget, 2.0));
+        IF got IS NULL THEN
+            LEAVE wait;  -- killed
+        END IF;
+        IF got = 1 THEN
+            SET woken = cur_fencing;
+        END IF;
+        SET got = 1;
+    END WHILE;
+    IF woken IS NOT NULL THEN
+        DO RELEASE_LOCK(CONCAT('dl:g:', h, ':', woken));
+    END IF;
+    DELETE FROM django_distlock_waiter WHERE session = CONNECTION_ID();
+    DO RELEASE_LOCK(CONCAT('dl:q:', h)), RELEASE_LOCK(alive);
+    SELECT f IS NOT NULL, f, IF(f IS NULL, NULL, t),
+        IF(f IS NULL, NULL, t + INTERVAL ROUND(p_ttl * 1000000) MICROSECOND),
+        IF(f IS NULL, left_s, GREATEST(TIMESTAMPDIFF(MICROSECOND, started, t), 0) / 1000000),
+        gen;
+END
+-- ;;
+DROP PROCEDURE IF EXISTS django_distlock_release
+-- ;;
+-- Lease mode: free the name if p_owner holds it, then give the grant's generation lock
+-- back (p_generation, when this session holds it), which wakes the head of the queue
+-- after the commit. One row: valid (whether the lease was still live; NULL: not held).
+CREATE PROCEDURE django_distlock_release(
+    IN p_name VARCHAR(255), IN p_owner VARCHAR(64), IN p_generation BIGINT
+) SQL SECURITY INVOKER
+BEGIN
+    DECLARE t DATETIME(6) DEFAULT UTC_TIMESTAMP(6);
+    DECLARE valid BOOLEAN DEFAULT NULL;
+    DECLARE CONTINUE HANDLER FOR NOT FOUND BEGIN END;
+    START TRANSACTION;
+    SELECT expires_at > t INTO valid FROM django_distlock_lock
+    WHERE name = p_name AND owner = p_owner FOR UPDATE;
+    IF valid IS NOT NULL THEN
+        UPDATE django_distlock_lock SET owner = NULL WHERE name = p_name;
+    END IF;
+    COMMIT;
+    IF p_generation IS NOT NULL THEN
+        DO RELEASE_LOCK(CONCAT('dl:g:', LEFT(SHA2(CONCAT(DATABASE(), 0x00, p_name), 256), 32),
+            ':', p_generation));
+    END IF;
+    SELECT valid;
+END
+-- ;;
+DROP PROCEDURE IF EXISTS django_distlock_extend
+-- ;;
+-- Lease mode: extend a live lease by p_ttl from now. One row (fencing, acquired_at,
+-- expires_at), none if the lease was not live.
+CREATE PROCEDURE django_distlock_extend(
+    IN p_ttl DOUBLE, IN p_name VARCHAR(255), IN p_owner VARCHAR(64)
+) SQL SECURITY INVOKER
+BEGIN
+    DECLARE t DATETIME(6) DEFAULT UTC_TIMESTAMP(6);
+    DECLARE matched INT;
+    UPDATE django_distlock_lock SET expires_at = t + INTERVAL ROUND(p_ttl * 1000000) MICROSECOND
+    WHERE name = p_name AND owner = p_owner AND expires_at > t;
+    SET matched = ROW_COUNT();
+    SELECT fencing, acquired_at, expires_at FROM django_distlock_lock
+    WHERE matched > 0 AND name = p_name AND owner = p_owner;
+END
+-- ;;
+DROP PROCEDURE IF EXISTS django_distlock_force
+-- ;;
+-- Lease mode: free a held name whose owner id starts with p_expected ('': any holder);
+-- the holder learns it at its next extend or release, the head of the queue at its next
+-- look (within two seconds). One row when a held lock was freed, none otherwise.
+CREATE PROCEDURE django_distlock_force(IN p_name VARCHAR(255), IN p_expected VARCHAR(64))
+SQL SECURITY INVOKER
+BEGIN
+    DECLARE freed INT;
+    UPDATE django_distlock_lock SET owner = NULL
+    WHERE name = p_name AND owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6)
+        AND LEFT(owner, CHAR_LENGTH(p_expected)) = p_expected;
+    SET freed = ROW_COUNT();
+    SELECT 1 FROM DUAL WHERE freed > 0;
+END

@@ -16,6 +16,7 @@ from django.db import connections
 from ...exceptions import InvalidBackendOptions, UnsupportedOperation
 from ..base import BaseLockBackend, check_option_keys
 from .errors import DATABASE_ERRORS, ERRORS, MIGRATE, connection_lost
+from .mysql_sql import MYSQL
 from .sessions import SessionFactory, ThreadSessions
 from .sql import POSTGRESQL, SQLITE, TABLE, Dialect
 
@@ -26,19 +27,14 @@ MAX_SERVER_WAIT = 86400.0
 _HEALTH = f"SELECT 1 FROM {TABLE} LIMIT 0"  # resolves the table, reads no row
 
 
-#: Django's vendors the database backend serves, and the modes each has.
-VENDOR_MODES = {
-    "postgresql": ("lease", "transaction"),
-    "sqlite": ("lease", "transaction"),
-    "mysql": ("transaction",),
-}
-#: How the docs, the errors and the admin name each vendor.
+#: Django's vendors the database backend serves (each in both modes), as the docs, the
+#: errors and the admin name them.
 VENDOR_NAMES = {"postgresql": "PostgreSQL", "sqlite": "SQLite", "mysql": "MySQL/MariaDB"}
 
 
 class DatabaseBackend(BaseLockBackend):
     """Locks as rows of ``django_distlock_lock``, on PostgreSQL, SQLite, or MySQL and
-    MariaDB (InnoDB; transaction mode).
+    MariaDB (InnoDB).
 
     ``OPTIONS``: ``DATABASE`` (alias in ``DATABASES``, default ``"default"``),
     ``MODE`` (``"lease"``, the default, or ``"transaction"``: the class built is
@@ -75,12 +71,6 @@ class DatabaseBackend(BaseLockBackend):
                 )
             database = options.get("DATABASE", "default") if isinstance(options, Mapping) else ""
             vendor = connections[database].vendor if database in settings.DATABASES else ""
-            if mode not in VENDOR_MODES.get(vendor, (mode,)):
-                raise InvalidBackendOptions(
-                    f"DISTLOCK[{alias!r}]: {VENDOR_NAMES[vendor]} (DATABASES[{database!r}]) "
-                    f"has the database backend's modes {list(VENDOR_MODES[vendor])}, not "
-                    f"{mode!r}; set OPTIONS['MODE'] to one of them (docs/database.md)."
-                )
             cls = cls.modes[mode].for_vendor(vendor)
         return super().__new__(cls)
 
@@ -146,8 +136,10 @@ class DatabaseBackend(BaseLockBackend):
             return POSTGRESQL
         if self.vendor == "sqlite":
             return SQLITE
+        if self.vendor == "mysql":
+            return MYSQL
         raise UnsupportedOperation(
-            f"The database backend's lease mode serves PostgreSQL and SQLite, not "
+            f"The database backend serves PostgreSQL, SQLite, MySQL and MariaDB, not "
             f"{self.vendor!r} (DATABASES[{self.database!r}])."
         )
 
@@ -243,7 +235,7 @@ class DatabaseBackend(BaseLockBackend):
 
     def _vendor_checks(self) -> list[checks.CheckMessage]:
         alias, db, vendor = self.alias, self.database, self.vendor
-        if vendor not in VENDOR_MODES:
+        if vendor not in VENDOR_NAMES:
             return [
                 checks.Error(
                     f"DISTLOCK[{alias!r}]: the database backend serves PostgreSQL, SQLite, "

@@ -81,6 +81,18 @@ def is_busy(exc: BaseException) -> bool:
     )
 
 
+def statement_cancelled(exc: BaseException) -> bool:
+    """Whether a statement failed because it was stopped on request (PostgreSQL's cancel,
+    MySQL's ``KILL QUERY``)."""
+    return sqlstate(exc) == "57014" or mysql_errno(exc) == 1317
+
+
+def row_wait_timed_out(exc: BaseException) -> bool:
+    """Whether a statement failed only for waiting too long for another transaction's
+    row lock (PostgreSQL's lock_timeout, InnoDB's innodb_lock_wait_timeout)."""
+    return sqlstate(exc) == "55P03" or mysql_errno(exc) == 1205
+
+
 #: SQLSTATEs of a transaction the database refused as a whole, which a retry may win:
 #: serialization_failure (REPEATABLE READ, SERIALIZABLE) and deadlock_detected.
 _REFUSED_SQLSTATES = frozenset({"40001", "40P01"})

@@ -1,10 +1,10 @@
 """Lease mode: the row records the owner and an expiry from the database's clock.
 
-Each operation is one autocommit statement. On PostgreSQL they run on
-sessions of the backend's own (see ``sessions.py``), so a lease never joins,
-and is never rolled back with, the caller's transaction; a waiter queues in
-the server and a release hands the lock over to it (docs/database.md). On
-SQLite waiters back off with jitter.
+Each operation is one autocommit statement or procedure call. On PostgreSQL and MySQL
+they run on sessions of the backend's own (see ``sessions.py``), so a lease never joins,
+and is never rolled back with, the caller's transaction; a waiter queues in the server
+and the release wakes it there (docs/database.md). On SQLite waiters back off with
+jitter.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
-from typing import Any, TypeVar, cast
+from typing import Any, ClassVar, TypeVar, cast
 
 from django.db import connections
 
@@ -37,7 +37,9 @@ from ..base import (
     WaiterInfo,
 )
 from .backend import DatabaseBackend, server_wait
-from .errors import ERRORS, connection_lost, did_not_answer, is_busy, sqlstate
+from .errors import ERRORS, connection_lost, did_not_answer, is_busy, statement_cancelled
+from .mysql_sql import MYSQL
+from .mysql_sql import WAIT as MYSQL_WAIT
 from .ordered import held_by_age
 from .sessions import (
     WATCHDOG,
@@ -53,9 +55,10 @@ from .sql import (
     PG_WAIT,
     PG_WITHDRAW,
     POSTGRESQL,
+    Dialect,
+    acquire_params,
     as_datetime,
-    pg_acquire_params,
-    pg_release_params,
+    release_params,
     sqlite_ttl,
     upper_bound,
 )
@@ -77,7 +80,7 @@ class LeaseBackend(DatabaseBackend, mode="lease"):
 
     @classmethod
     def for_vendor(cls, vendor: str) -> type[DatabaseBackend]:
-        return SqliteLeaseBackend if vendor == "sqlite" else cls
+        return {"sqlite": SqliteLeaseBackend, "mysql": MySqlLeaseBackend}.get(vendor, cls)
 
     def __init__(self, alias: str, params: Mapping[str, Any]) -> None:
         super().__init__(alias, params)
@@ -168,6 +171,25 @@ class SqliteLeaseBackend(LeaseBackend):
         )
 
 
+class MySqlLeaseBackend(LeaseBackend):
+    """Lease mode on MySQL and MariaDB (InnoDB): the row decides, as on PostgreSQL;
+    waiters queue in the server on named locks (``GET_LOCK``), which order and wake them
+    but never grant (sql/mysql.sql). Exclusive locks; read-write locks and semaphores
+    are not served yet."""
+
+    why_unsupported = {
+        **LeaseBackend.why_unsupported,
+        "supports_read_write": "not built yet on MySQL/MariaDB: its readers' and writers' "
+        "procedures are still to come (docs/database.md)",
+        "supports_semaphores": "not built yet on MySQL/MariaDB: its permits' procedures "
+        "are still to come (docs/database.md)",
+    }
+
+    def _force_release(self, key: str, owner: str) -> Freed | None:
+        rows = self.run(self.dialect.force_release, [key, owner], "force-releasing a lock")
+        return Freed() if rows else None
+
+
 class SqliteLeaseAcquisition(Acquisition):
     """SQLite: one statement per attempt on Django's connection; waits back off."""
 
@@ -205,9 +227,9 @@ class SqliteLeaseAcquisition(Acquisition):
         return _extended(self.backend.run(self.backend.dialect.extend, params, "extending a lock"))
 
 
-class PgLeaseAcquisition(Acquisition):
-    """PostgreSQL: an attempt is one statement; a wait is one call of the wait procedure
-    (queue in the server, be handed the lock by the release).
+class SessionLeaseAcquisition(Acquisition):
+    """PostgreSQL and MySQL: an attempt is one statement; a wait is one call of the wait
+    procedure (queue in the server, be woken, or handed the lock, by the release).
 
     A thread uses its own session; an asyncio task takes one from the backend's
     pool for the whole acquisition and runs its calls in the pool's threads.
@@ -216,6 +238,13 @@ class PgLeaseAcquisition(Acquisition):
     """
 
     backend: LeaseBackend
+    #: The vendor's statements: ``acquire``, ``release``, ``extend``.
+    dialect: ClassVar[Dialect]
+    #: The blocking wait's call. Params: key, owner, ttl, host, pid, thread, seconds.
+    wait_statement: ClassVar[str]
+    #: Takes back the reservation a cancelled wait may have left in the row (params: key,
+    #: owner); None where a wait reserves nothing.
+    withdraw_statement: ClassVar[str | None]
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
@@ -261,7 +290,7 @@ class PgLeaseAcquisition(Acquisition):
         def extend_on(session: Session) -> Grant | None:
             with self._watched(session, until):
                 return self._call(session, "extending a lock", lambda: _extended(
-                    session.execute(POSTGRESQL.extend, [ttl, self.hold.key, self.token])
+                    session.execute(self.dialect.extend, [ttl, self.hold.key, self.token])
                     .fetchall()))
 
         return self._retried(extend_on, until)
@@ -424,11 +453,11 @@ class PgLeaseAcquisition(Acquisition):
         hold = self.hold
         if self.queued or (self.blocking and session.contended(hold.key)):
             return Miss()  # known contended: the wait queues (and grants if free)
-        params = pg_acquire_params(hold.key, self.token, hold.ttl, hold.host, hold.pid,
+        params = acquire_params(hold.key, self.token, hold.ttl, hold.host, hold.pid,
                                        hold.holder_field)
         try:
             with session.mutex, self._watched(session):
-                row = session.execute(POSTGRESQL.acquire, params).fetchone()
+                row = session.execute(self.dialect.acquire, params).fetchone()
         except ERRORS as exc:
             if is_busy(exc) and not session.timed_out:
                 return Miss()
@@ -451,7 +480,7 @@ class PgLeaseAcquisition(Acquisition):
         try:
             with session.mutex, self._watched(session), call.running_on(session):
                 try:
-                    row = session.execute(PG_WAIT, params).fetchone()
+                    row = session.execute(self.wait_statement, params).fetchone()
                 except ERRORS:
                     raise
                 except BaseException:
@@ -463,7 +492,7 @@ class PgLeaseAcquisition(Acquisition):
         except CallCancelled:
             return None  # its task was cancelled before the wait was sent
         except ERRORS as exc:
-            if call.cancelled and sqlstate(exc) == "57014" and not session.timed_out:
+            if call.cancelled and statement_cancelled(exc) and not session.timed_out:
                 self._withdraw(session)
             # The session may still hold the queue's advisory lock: closing it frees that.
             self._drop(session)
@@ -494,9 +523,11 @@ class PgLeaseAcquisition(Acquisition):
         bound = time.monotonic()
         try:
             with session.mutex, self._watched(session, bound):
-                session.execute(PG_WITHDRAW, [key, token])
+                if self.withdraw_statement is not None:
+                    session.execute(self.withdraw_statement, [key, token])
                 retry_row_waits(lambda: session.execute(
-                    POSTGRESQL.release, pg_release_params(key, token, None)).fetchall(), bound)
+                    self.dialect.release, release_params(key, token, None)).fetchall(),
+                    bound)
         except ERRORS:
             logger.warning("Withdrawing the cancelled wait of %r failed; a release may hand "
                            "it the lock until its session ends", self.hold, exc_info=True)
@@ -522,10 +553,10 @@ class PgLeaseAcquisition(Acquisition):
             if released is not None:
                 return released
         generation = self.generation if held_on is session else None
-        params = pg_release_params(self.hold.key, self.token, generation)
+        params = release_params(self.hold.key, self.token, generation)
         with self._watched(session, bound := self._release_bound()):
             rows = self._call(session, "releasing a lock", lambda: retry_row_waits(
-                lambda: session.execute(POSTGRESQL.release, params).fetchall(), bound))
+                lambda: session.execute(self.dialect.release, params).fetchall(), bound))
         return bool(rows and rows[0][0])
 
     def _release_through(self, session: Session) -> bool | None:
@@ -536,10 +567,10 @@ class PgLeaseAcquisition(Acquisition):
             session.orphans.append((self.hold.key, self.generation))
             return None
         try:
-            params = pg_release_params(self.hold.key, self.token, self.generation)
+            params = release_params(self.hold.key, self.token, self.generation)
             with self._watched(session, bound := self._release_bound()):
                 row = retry_row_waits(
-                    lambda: session.execute(POSTGRESQL.release, params).fetchone(), bound)
+                    lambda: session.execute(self.dialect.release, params).fetchone(), bound)
             return bool(row and row[0])
         except ERRORS:
             # That connection broke, or was cut for not answering (its locks go with it
@@ -547,6 +578,23 @@ class PgLeaseAcquisition(Acquisition):
             return None
         finally:
             session.mutex.release()
+
+
+class PgLeaseAcquisition(SessionLeaseAcquisition):
+    """PostgreSQL: the wait reserves the row, and the release hands it over."""
+
+    dialect = POSTGRESQL
+    wait_statement = PG_WAIT
+    withdraw_statement = PG_WITHDRAW
+
+
+class MySqlLeaseAcquisition(SessionLeaseAcquisition):
+    """MySQL and MariaDB: the head of the queue takes the name when the release (or the
+    lease's end) wakes it; a wait reserves nothing."""
+
+    dialect = MYSQL
+    wait_statement = MYSQL_WAIT
+    withdraw_statement = None
 
 
 def _extended(rows: list[Any]) -> Grant | None:
@@ -568,3 +616,4 @@ def _kinds(exclusive: type[Acquisition]) -> dict[Kind, type[Acquisition]]:
 # Set here, below the acquisition classes (the backends come first in this module).
 LeaseBackend.kinds = _kinds(PgLeaseAcquisition)
 SqliteLeaseBackend.kinds = _kinds(SqliteLeaseAcquisition)
+MySqlLeaseBackend.kinds = {Kind.EXCLUSIVE: MySqlLeaseAcquisition}

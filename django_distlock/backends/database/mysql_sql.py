@@ -12,7 +12,63 @@ from __future__ import annotations
 
 import math
 
-from .sql import TABLE
+from .sql import _COLUMNS, TABLE, Dialect
+
+#: The hash that names a lock's server-wide named locks (sql/mysql.sql): of the database
+#: and the storage key given as ``{key}``.
+_HASH = "LEFT(SHA2(CONCAT(DATABASE(), 0x00, {key}), 256), 32)"
+_NOW = "UTC_TIMESTAMP(6)"
+
+MYSQL = Dialect(
+    vendor="mysql",
+    # The procedures are in sql/mysql.sql: one round trip each, one row each.
+    acquire="CALL django_distlock_acquire(%(key)s, %(owner)s, %(ttl)s, %(host)s, %(pid)s, "
+    "%(thread)s, %(retry)s)",
+    retry_after=None,
+    release="CALL django_distlock_release(%s, %s, %s)",
+    extend="CALL django_distlock_extend(%s, %s, %s)",
+    is_locked=f"""
+SELECT 1 FROM {TABLE} WHERE name = %s AND owner IS NOT NULL AND expires_at > {_NOW}""",
+    held=f"""
+SELECT {_COLUMNS} FROM {TABLE}
+WHERE owner IS NOT NULL AND name > %s AND name >= %s AND name < %s AND expires_at > {_NOW}
+ORDER BY name LIMIT %s""",
+    # Params: key, the expected owner id ("": any).
+    force_release="CALL django_distlock_force(%s, %s)",
+    tx_grant="CALL django_distlock_tx_grant(%s, %s, %s, %s)",
+)
+
+#: Lease mode, blocking: queue for the name and take it when it comes (sql/mysql.sql).
+#: Params: key, owner, ttl, host, pid, thread, seconds to wait. Row: as ``acquire``'s,
+#: except that on a grant its fifth column is the seconds the server waited.
+WAIT = "CALL django_distlock_wait(%s, %s, %s, %s, %s, %s, %s)"
+#: Lease mode: give back a grant's generation lock (released through another session).
+#: Params: key, generation.
+MYSQL_UNLOCK_GENERATION = (
+    f"DO RELEASE_LOCK(CONCAT('dl:g:', {_HASH.format(key='%s')}, ':', %s))"
+)
+#: Stop a session's running statement. Params: its connection id.
+KILL_QUERY = "KILL QUERY %s"
+
+#: Lease mode: who waits for a name, as they recorded themselves (sql/mysql.sql); a row
+#: counts while its connection holds its liveness lock. Params (named): key, limit. Rows:
+#: (owner, host, pid, thread, since, session), in arrival order.
+WAITERS = """
+SELECT w.owner, w.host, w.pid, w.thread, w.since, w.session FROM django_distlock_waiter w
+WHERE w.name = %(key)s AND IS_USED_LOCK(w.alive) = w.session
+ORDER BY w.since, w.session LIMIT %(limit)s"""
+#: Lease mode: how many wait for each of a page's names. ``{names}``: a placeholder per
+#: key. Rows: (key, waiters) for each key with any.
+WAITER_COUNTS = """
+SELECT w.name, count(*) FROM django_distlock_waiter w
+WHERE w.name IN ({names}) AND IS_USED_LOCK(w.alive) = w.session GROUP BY w.name"""
+#: Lease mode: one page of held names by age. ``{column}``: the order's column. Params:
+#: lower (prefix), upper, the cursor's time and key, limit.
+BY_AGE = f"""
+SELECT {_COLUMNS} FROM {TABLE}
+WHERE owner IS NOT NULL AND expires_at > {_NOW} AND name >= %s AND name < %s
+  AND ({{column}}, name) > (%s, %s)
+ORDER BY {{column}}, name LIMIT %s"""
 
 #: The backend's own connections (lease statements, rows made apart from the caller's
 #: transaction, listings): times in UTC, row waits bounded to a second, and READ COMMITTED,

@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from ..base import OrderedPage, make_cursor
+from .mysql_sql import BY_AGE as _MYSQL
 from .sql import _COLUMNS, _NOW, TABLE, upper_bound
 
 if TYPE_CHECKING:
@@ -32,28 +33,32 @@ WHERE owner IS NOT NULL AND expires_at > {_NOW}
 ORDER BY {{column}}, name LIMIT %s"""
 _COLUMN = {"acquired": "acquired_at", "expires": "expires_at"}
 #: Where the first page starts: before every time (as each vendor compares it).
-_START = {"postgresql": "-infinity", "sqlite": ""}
+_START = {"postgresql": "-infinity", "sqlite": "", "mysql": "0001-01-01 00:00:00"}
+_STATEMENTS = {"postgresql": _PG, "sqlite": _SQLITE, "mysql": _MYSQL}
 
 
 def age_statement(vendor: str, order: str) -> str:
     """The statement of one page in ``order`` on ``vendor``. Params: lower (prefix), upper,
     the cursor's time (as stored) and key, limit.
 
-    :param vendor: ``"postgresql"`` or ``"sqlite"``.
+    :param vendor: ``"postgresql"``, ``"sqlite"`` or ``"mysql"``.
     :param order: ``"acquired"`` or ``"expires"``.
     :returns: the SQL.
     """
-    return (_PG if vendor == "postgresql" else _SQLITE).format(column=_COLUMN[order])
+    return _STATEMENTS[vendor].format(column=_COLUMN[order])
 
 
 def _stored(value: Any, vendor: str) -> str:
     """A time column's value as the database compares it back: PostgreSQL parses an ISO
-    time; SQLite compares the text its statements write (``strftime``'s ``%f``: to the
-    millisecond), which Django's driver hands over as a datetime."""
+    time, MySQL its own text to the microsecond; SQLite compares the text its statements
+    write (``strftime``'s ``%f``: to the millisecond), which Django's driver hands over
+    as a datetime."""
     if not isinstance(value, datetime):
         return str(value)
     if vendor == "postgresql":
         return value.isoformat()
+    if vendor == "mysql":  # DATETIME(6), naive UTC
+        return value.strftime("%Y-%m-%d %H:%M:%S.%f")
     return value.strftime("%Y-%m-%d %H:%M:%S.") + f"{value.microsecond // 1000:03d}"
 
 

@@ -1,4 +1,4 @@
-"""PostgreSQL connections of the database backend's own, apart from Django's.
+"""Connections of the database backend's own (PostgreSQL, MySQL), apart from Django's.
 
 Lease statements run on autocommit connections of their own, so a lease
 never joins, and is never rolled back with, the caller's transaction:
@@ -28,7 +28,8 @@ from typing import Any, TypeVar
 from django.db import Error, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from .errors import ERRORS, sqlstate
+from .errors import ERRORS, row_wait_timed_out
+from .mysql_sql import KILL_QUERY, MYSQL_UNLOCK_GENERATION
 from .mysql_sql import SESSION_SETUP as MYSQL_SESSION_SETUP
 from .sql import PG_SESSION_SETUP, PG_UNLOCK_GENERATION
 
@@ -54,11 +55,11 @@ CONTENDED_KEYS = 256
 
 def retry_row_waits(run: Callable[[], T], until: float) -> T:
     """Run a statement again while it fails only for waiting longer than
-    :data:`ROW_LOCK_WAIT` for another transaction's lock of a row (a waiter's grant or
-    reservation, held until its commit is flushed), until ``until`` (monotonic). For a
-    statement whose row-lock wait comes before anything it does outside its transaction
-    (a lease release: its ``UPDATE`` is its first step), so that a failed try changed
-    nothing.
+    :data:`ROW_LOCK_WAIT` (MySQL: a second) for another transaction's lock of a row (a
+    waiter's grant or reservation, held until its commit is flushed), until ``until``
+    (monotonic). For a statement whose row-lock wait comes before anything it does
+    outside its transaction (a lease release: its ``UPDATE`` is its first step), so that
+    a failed try changed nothing.
 
     :param run: the statement, on a session the caller holds.
     :param until: past it, a row-lock timeout is raised like any error.
@@ -70,7 +71,7 @@ def retry_row_waits(run: Callable[[], T], until: float) -> T:
         try:
             return run()
         except ERRORS as exc:
-            if sqlstate(exc) != "55P03" or time.monotonic() >= until:  # lock_not_available
+            if not row_wait_timed_out(exc) or time.monotonic() >= until:
                 raise
 
 
@@ -90,6 +91,11 @@ class Session:
         #: a driver that has none (MySQLdb).
         self.prepare = prepare
         self.pid = os.getpid()
+        raw = wrapper.connection
+        # Read now: MySQLdb refuses calls from another thread while a statement runs,
+        # and these serve cancel() and cut(), which another thread calls then.
+        self._fileno: int = raw.fileno()
+        self._thread_id: int | None = raw.thread_id() if wrapper.vendor == "mysql" else None
         self.mutex = threading.Lock()
         self.orphans: list[tuple[str, int]] = []
         self.closed = False
@@ -120,6 +126,9 @@ class Session:
         """Run one statement (``mutex`` held); return the cursor."""
         while self.orphans:
             key, generation = self.orphans.pop()
+            if self.prepare is None:  # MySQL
+                self.cursor.execute(MYSQL_UNLOCK_GENERATION, [key, generation])
+                continue
             unlock = PG_UNLOCK_BELL if generation == SHARES_BELL else PG_UNLOCK_GENERATION
             self.cursor.execute(unlock, [key, generation], prepare=False)
         if self.prepare is None:
@@ -136,6 +145,9 @@ class Session:
 
         If the server does not confirm it, the request may still land later, on a
         statement it was not meant for: the session is then cut, never used again."""
+        if self._thread_id is not None:  # MySQL
+            self._kill_query(self._thread_id)
+            return
         raw = self.wrapper.connection
         try:
             # Both wait until the server has signalled the session's process: psycopg's
@@ -148,12 +160,29 @@ class Session:
         except Exception:
             self.cut()
 
+    def _kill_query(self, thread_id: int) -> None:
+        """MySQL: stop the session's statement by ``KILL QUERY`` from a connection of its
+        own (the driver has no cancel call); returns once the server has taken it. A
+        wait in ``GET_LOCK`` or ``SLEEP`` returns (NULL, 1) rather than failing, so the
+        lease procedures leave by themselves; a kill that finds the session idle is
+        dropped (its next statement runs)."""
+        side = connections.create_connection(self.wrapper.alias)
+        try:
+            side.ensure_connection()
+            with side.connection.cursor() as cursor:
+                cursor.execute(KILL_QUERY, [thread_id])
+        except Exception:
+            self.cut()
+        finally:
+            with contextlib.suppress(Exception):
+                side.close()
+
     def cut(self) -> None:
         """Shut the connection's socket down under the running call (any thread): the
         call then fails at once instead of waiting for a server that does not answer."""
         self.timed_out = True
         with contextlib.suppress(Exception):
-            fd = os.dup(self.wrapper.connection.fileno())
+            fd = os.dup(self._fileno)
             with socket.socket(fileno=fd) as sock:
                 sock.shutdown(socket.SHUT_RDWR)
 

@@ -42,7 +42,7 @@ class Dialect:
     #: Django's name of the vendor.
     vendor: str
 
-    #: Grant if free or expired. Params: see ``pg_acquire_params`` (PostgreSQL) and
+    #: Grant if free or expired. Params: see ``acquire_params`` (PostgreSQL) and
     #: ``LeaseAcquisition`` (SQLite). Rows: (granted, fencing,
     #: acquired_at, expires_at, retry_after, generation) where generation, on PostgreSQL,
     #: is the fencing token when the session took the grant's generation lock (see
@@ -260,13 +260,13 @@ WHERE name = %s RETURNING fencing, acquired_at""",
 )
 
 
-def pg_release_params(key: str, token: str, generation: int | None) -> list[object]:
-    """The parameters of ``POSTGRESQL.release``; ``generation``: the grant's generation lock
-    when the releasing session holds it, else None."""
+def release_params(key: str, token: str, generation: int | None) -> list[object]:
+    """The parameters of a lease release (PostgreSQL, MySQL); ``generation``: the grant's
+    generation lock when the releasing session holds it, else None."""
     return [key, token, generation]
 
 
-def pg_acquire_params(
+def acquire_params(
     key: str,
     token: str,
     ttl: float,
@@ -276,7 +276,7 @@ def pg_acquire_params(
     *,
     retry: bool = False,
 ) -> dict[str, object]:
-    """The parameters of ``POSTGRESQL.acquire``.
+    """The parameters of a lease attempt (PostgreSQL, MySQL).
 
     :param retry: a waiter's retry, which may pass a queued waiter (it is the
         queue's head).

@@ -1,4 +1,5 @@
-"""Who waits for a lease-mode lock on PostgreSQL, read from the server's own queues.
+"""Who waits for a lease-mode lock on PostgreSQL, read from the server's own queues
+(MySQL: from the rows its waiters write, sql/mysql.sql).
 
 A waiter queues in the server (docs/database.md): on the name's *queue* advisory
 lock (``hashtextextended(name, 0)``) for ``lock(name)``, on its kinds queue
@@ -32,6 +33,8 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from ...values import WaiterInfo, short_owner
+from .mysql_sql import WAITER_COUNTS
+from .mysql_sql import WAITERS as MYSQL_WAITERS
 from .sql import _RESERVED, TABLE, as_datetime
 
 if TYPE_CHECKING:
@@ -114,13 +117,22 @@ SELECT name, sum(n)::int FROM queued GROUP BY name"""
 def read_waiters(backend: LeaseBackend, key: str, limit: int) -> list[WaiterInfo]:
     """The waiters of the lock with storage key ``key``, first in line first.
 
-    :param backend: a lease-mode backend on PostgreSQL.
+    :param backend: a lease-mode backend on PostgreSQL or MySQL.
     :param key: the lock's storage key.
     :param limit: the most waiters returned.
     :returns: the waiters.
     :raises BackendUnavailable: when the database fails.
     """
-    rows = backend.run(WAITERS, {"key": key, "limit": limit}, "listing waiters")
+    params = {"key": key, "limit": limit}
+    if backend.vendor == "mysql":
+        rows = backend.run(MYSQL_WAITERS, params, "listing waiters")
+        return [
+            WaiterInfo(position=i, owner=short_owner(owner), since=as_datetime(since),
+                       host=host, pid=pid, thread=thread, kind="exclusive",
+                       session=f"mysql {session}")
+            for i, (owner, host, pid, thread, since, session) in enumerate(rows, 1)
+        ]
+    rows = backend.run(WAITERS, params, "listing waiters")
     return [_waiter(i, row) for i, row in enumerate(rows, 1)]
 
 
@@ -137,14 +149,18 @@ def _waiter(position: int, row: tuple[Any, ...]) -> WaiterInfo:
 def count_waiters(backend: LeaseBackend, keys: list[str]) -> dict[str, int]:
     """How many wait for each of ``keys`` (one statement for a listing's page).
 
-    :param backend: a lease-mode backend on PostgreSQL.
+    :param backend: a lease-mode backend on PostgreSQL or MySQL.
     :param keys: storage keys.
     :returns: the count by key (0 where none waits).
     :raises BackendUnavailable: when the database fails.
     """
     if not keys:
         return {}
-    rows = backend.run(COUNTS, [keys, keys], "counting waiters")
+    if backend.vendor == "mysql":
+        statement = WAITER_COUNTS.format(names=", ".join(["%s"] * len(keys)))
+        rows = backend.run(statement, keys, "counting waiters")
+    else:
+        rows = backend.run(COUNTS, [keys, keys], "counting waiters")
     counts = dict.fromkeys(keys, 0)
     counts.update({name: n for name, n in rows})
     return counts
