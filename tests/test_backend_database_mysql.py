@@ -6,6 +6,8 @@ Single tier: decided by the server and our SQL (CONTRIBUTING.md, "The tiers").""
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -25,10 +27,12 @@ from django_distlock.testing import LockContract
 from .conftest import (
     DATABASES,
     LIBRARY_DB,
+    eventually,
     in_thread,
     kill_mysql_connection,
     require_mysql,
 )
+from .histories import FORK, done, fork_ready
 
 pytestmark = LIBRARY_DB
 
@@ -46,10 +50,14 @@ class TestMySqlTransaction(LockContract):
     alias = "mysql-tx"
 
 
-def test_names_differing_in_case_accents_or_trailing_spaces_are_different_locks(unique) -> None:
+@pytest.mark.parametrize("alias", ["mysql-lease", "mysql-tx"])
+def test_names_differing_in_case_accents_or_trailing_spaces_are_different_locks(
+    alias: str, unique
+) -> None:
     """The test database's collation is utf8mb4_general_ci, which would make these one
-    row; the name column's binary NO PAD collation keeps them apart."""
-    backend = locks["mysql-tx"]
+    row; the name column's binary NO PAD collation keeps them apart (and lease mode's
+    named locks are called by a hash of the name: GET_LOCK ignores case)."""
+    backend = locks[alias]
     names = [unique("Stock"), unique("stock"), unique("stock") + " ", unique("stöck"),
              unique("stock") + "\N{GRINNING FACE}", unique("long") + "x" * 200]
     with transaction.atomic(using="mysql"):
@@ -204,6 +212,85 @@ def test_the_listing_shows_transaction_mode_holders(unique) -> None:
     assert in_thread(lambda: [info.name for info in backend.held_locks(prefix=name)]) == []
 
 
+# -- lease mode ---------------------------------------------------------------------------
+
+
+def _wait_then_hold(name: str, index: int, granted: object) -> None:
+    handle = locks["mysql-lease"].lock(name, ttl=30, timeout=30)
+    if handle.acquire():
+        granted.put(index)  # type: ignore[attr-defined]
+        time.sleep(0.05)
+        handle.release()
+    done()
+
+
+def test_lease_waiters_are_granted_in_arrival_order(unique) -> None:
+    """Processes queued one after another (each listed before the next comes) are granted
+    in that order: the queue is the server's GET_LOCK queue, first come first served."""
+    backend, name = locks["mysql-lease"], unique("fifo")
+    holder = backend.lock(name, ttl=30)
+    assert holder.acquire()
+    fork_ready()
+    granted = FORK.Queue()
+    procs = []
+    for index in range(5):
+        proc = FORK.Process(target=_wait_then_hold, args=(name, index, granted))
+        proc.start()
+        procs.append(proc)
+        assert eventually(lambda n=index + 1: len(backend.waiters(name)) == n, timeout=20)
+    assert [w.pid for w in backend.waiters(name)] == [p.pid for p in procs]
+    holder.release()
+    order = [granted.get(timeout=30) for _ in procs]
+    for proc in procs:
+        proc.join(10)
+    assert order == list(range(5))
+    assert backend.waiters(name) == []
+
+
+def _wait_long(name: str) -> None:
+    locks["mysql-lease"].lock(name, ttl=30).acquire(timeout=60)
+
+
+def test_a_sigkilled_head_is_not_handed_the_lock(unique) -> None:
+    """The head of the queue dies while it waits in the server: MariaDB goes on running
+    its procedure (a named-lock wait of a client that is gone returns 0 early, not an
+    error), which must leave rather than take the name for a process that is gone."""
+    backend = locks["mysql-lease"]
+    fork_ready()
+    # Taken after fork_ready(), which closes this thread's session: the holder's session
+    # lives on, holding the grant's generation lock that the head waits for.
+    holder = backend.lock(unique("dead-head"), ttl=30)
+    assert holder.acquire()
+    head = FORK.Process(target=_wait_long, args=(holder.name,))
+    head.start()
+    assert eventually(lambda: [w.pid for w in backend.waiters(holder.name)] == [head.pid],
+                      timeout=20)
+    time.sleep(0.3)  # in its wait for the holder's generation lock
+    os.kill(head.pid, signal.SIGKILL)
+    head.join(10)
+    time.sleep(2.5)  # the server sees the client gone within a second or two
+    holder.release()
+    newcomer = backend.lock(holder.name, ttl=30)
+    assert newcomer.acquire(blocking=False)
+    assert newcomer.fencing_token > holder.fencing_token
+    newcomer.release()
+
+
+def test_lease_tokens_grow_past_a_deleted_row(unique) -> None:
+    """Fencing tokens come from one counter (sql/mysql.sql): a name whose row was deleted
+    (as a prune does) and made anew goes on above every token it had."""
+    backend, name = locks["mysql-lease"], unique("deleted")
+    tokens = []
+    for _ in range(3):
+        with backend.lock(name, ttl=30) as handle:
+            tokens.append(handle.fencing_token)
+    with connections["mysql"].cursor() as cursor:
+        cursor.execute("DELETE FROM django_distlock_lock WHERE name = %s",
+                       [backend.make_key(name)])
+    with backend.lock(name, ttl=30) as handle:
+        assert handle.fencing_token > max(tokens) and tokens == sorted(set(tokens))
+
+
 def test_prune_on_mysql_is_refused() -> None:
     with pytest.raises(UnsupportedOperation, match="MySQL and MariaDB"):
         locks["mysql-tx"].prune()
@@ -237,12 +324,12 @@ def test_the_migration_unapplied_leaves_nothing_and_applies_again() -> None:
         with connection.cursor() as cursor:
             cursor.execute(
                 "SELECT table_name FROM information_schema.tables WHERE table_schema ="
-                " DATABASE() AND table_name IN ('django_distlock_lock', 'django_distlock_token')"
-                " ORDER BY 1")
+                " DATABASE() AND table_name IN ('django_distlock_lock', 'django_distlock_token',"
+                " 'django_distlock_waiter') ORDER BY 1")
             tables = [row[0] for row in cursor.fetchall()]
             cursor.execute(
                 "SELECT routine_name FROM information_schema.routines WHERE routine_schema ="
-                " DATABASE() AND routine_name = 'django_distlock_tx_grant'")
+                " DATABASE() AND routine_name LIKE 'django\\_distlock\\_%%' ORDER BY 1")
             routines = [row[0] for row in cursor.fetchall()]
             cursor.execute(
                 "SELECT collation_name FROM information_schema.columns WHERE table_schema ="
@@ -257,7 +344,10 @@ def test_the_migration_unapplied_leaves_nothing_and_applies_again() -> None:
         assert schema() == ([], [], None)
     finally:
         MigrationExecutor(connection).migrate(leaves)
-    assert schema() == (["django_distlock_lock", "django_distlock_token"],
-                        ["django_distlock_tx_grant"], "utf8mb4_nopad_bin")
+    assert schema() == (
+        ["django_distlock_lock", "django_distlock_token", "django_distlock_waiter"],
+        [f"django_distlock_{name}" for name in (
+            "acquire", "extend", "force", "release", "take", "tx_grant", "wait")],
+        "utf8mb4_nopad_bin")
     with transaction.atomic(using="mysql"), locks["mysql-tx"].lock("after-migrate") as handle:
         assert handle.fencing_token

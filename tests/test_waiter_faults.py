@@ -33,8 +33,8 @@ HEAD_TTL = 3.0
 #: alias: the backend's way of skipping a dead or silent head, plus scheduling slack.
 BOUND = {
     "pg-lease": HEAD_TTL + 4.0,  # the client check (1 s) / the head's reservation
-    # A head dead or frozen in the server's wait is granted all the same (MariaDB does not
-    # end a wait for a client that is gone): the next waiter gets the name at its end.
+    # A killed head's wait ends when the server sees its client gone (a second or two);
+    # a paused one is granted, and keeps the name for its lease.
     "mysql-lease": HEAD_TTL + 4.0,
     "pg-tx": 4.0,  # a killed client's transaction ends with its socket; paused: see below
     "sqlite-lease": 4.0,  # waiters poll: no queue to be stuck in

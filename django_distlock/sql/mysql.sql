@@ -166,7 +166,11 @@ DROP PROCEDURE IF EXISTS django_distlock_wait
 -- release gives its generation lock back (or its lease ends, or two seconds pass: look
 -- again). At most p_wait seconds. A wait stopped by KILL QUERY (an asyncio task
 -- cancelled) leaves at once, granted nothing: a named-lock wait or a sleep that is
--- killed returns, it does not fail. One row, as django_distlock_acquire's, except that
+-- killed returns, it does not fail. So does the wait of a client that is gone (its
+-- named-lock wait returns early), rather than take the name for nobody. A head whose
+-- holder's session ended without a release sleeps in one-second slices until the lease
+-- ends; a head that dies then is not noticed by the sleep, and may take the name for
+-- its own ttl (two failures at once: slow, never unsafe). One row, as django_distlock_acquire's, except that
 -- on a grant retry_after is the seconds the server waited before granting.
 CREATE PROCEDURE django_distlock_wait(
     IN p_name VARCHAR(255), IN p_owner VARCHAR(64), IN p_ttl DOUBLE, IN p_host VARCHAR(255),
@@ -182,7 +186,7 @@ BEGIN
     DECLARE cur_owner VARCHAR(64);
     DECLARE cur_fencing BIGINT;
     DECLARE cur_expires DATETIME(6);
-    DECLARE budget DOUBLE;
+    DECLARE budget, asked DOUBLE;
     DECLARE got INT;
     DECLARE woken, f, gen BIGINT;
     DECLARE left_s DOUBLE;
@@ -223,9 +227,13 @@ BEGIN
             DO RELEASE_LOCK(CONCAT('dl:g:', h, ':', woken));
             SET woken = NULL;
         END IF;
-        SET got = GET_LOCK(CONCAT('dl:g:', h, ':', cur_fencing), LEAST(budget, 2.0));
-        IF got IS NULL THEN
-            LEAVE wait;  -- killed
+        SET asked = LEAST(budget, 2.0);
+        SET got = GET_LOCK(CONCAT('dl:g:', h, ':', cur_fencing), asked);
+        IF got IS NULL OR (got = 0 AND TIMESTAMPDIFF(MICROSECOND, t, UTC_TIMESTAMP(6))
+                < asked * 1000000 - 100000) THEN
+            -- Killed (NULL), or the client is gone: the server ends a named-lock wait of
+            -- a client that left with 0, before its time, and runs the procedure on.
+            LEAVE wait;
         END IF;
         IF got = 1 THEN
             SET woken = cur_fencing;
