@@ -20,18 +20,19 @@ from django_distlock import locks
 
 from .conftest import (
     LIBRARY_DB,
+    MYSQL_ALIASES,
     PG_ALIASES,
     SQLITE_ALIASES,
     advisory_locks,
     eventually,
-    needs_pg,
+    require_alias,
     require_pg,
 )
 from .figures import record
 from .histories import FORK, done, fork_ready, history, overlaps, run_forked
 
 pytestmark = LIBRARY_DB
-ALIASES = SQLITE_ALIASES + PG_ALIASES
+ALIASES = SQLITE_ALIASES + PG_ALIASES + MYSQL_ALIASES
 
 def test_the_overlap_check_sees_unlocked_workers(unique) -> None:
     assert overlaps(history(None, unique(), workers=4, rounds=10)) != []
@@ -39,8 +40,7 @@ def test_the_overlap_check_sees_unlocked_workers(unique) -> None:
 
 @pytest.mark.parametrize("alias", ALIASES)
 def test_no_two_holders_overlap(alias: str, unique) -> None:
-    if needs_pg(alias):
-        require_pg()
+    require_alias(alias)
     found = history(alias, unique("exclusion"), workers=5, rounds=12)
     pids = {pid for _, _, pid in found}
     assert len(pids) == 5  # every process served
@@ -56,8 +56,7 @@ def _hold_forever(alias: str, name: str, ready: Any) -> None:
 
 @pytest.mark.parametrize("alias", ALIASES)
 def test_sigkilled_holder_frees_the_lock(alias: str, unique) -> None:
-    if needs_pg(alias):
-        require_pg()
+    require_alias(alias)
     name = unique("crash")
     fork_ready()
     ready = FORK.Event()
@@ -265,15 +264,14 @@ def _mixed_worker(alias: str, name: str, start: Any, out: Any) -> None:
     done()
 
 
-@pytest.mark.parametrize("alias", ["pg-tx", "sqlite-tx"])
+@pytest.mark.parametrize("alias", ["pg-tx", "sqlite-tx", "mysql-tx"])
 def test_transaction_mode_tasks_threads_and_processes_never_overlap(alias: str,
                                                                    unique) -> None:
     """Transaction mode, one name, taken by OS processes each running threads and asyncio
     tasks of one event loop: no two holds overlap (tasks of one loop used to hold it
     together, their UPDATEs in one shared transaction: thousands of overlaps, all
     task/task inside one process), and every task, thread and process was served."""
-    if needs_pg(alias):
-        require_pg()
+    require_alias(alias)
     results, exitcodes = run_forked(_mixed_worker, (alias, unique("mixed")), 3)
     assert exitcodes == [0, 0, 0]
     found = sorted(h for holds, _ in results for h in holds)

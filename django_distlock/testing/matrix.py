@@ -44,6 +44,7 @@ _REDIS = "django_distlock.backends.redis.RedisBackend"
 COLUMNS = (
     Column("PostgreSQL lease", _DB, "postgresql", "lease"),
     Column("SQLite lease", _DB, "sqlite", "lease"),
+    Column("MySQL/MariaDB lease", _DB, "mysql", "lease"),
     Column("PostgreSQL transaction", _DB, "postgresql", "transaction"),
     Column("SQLite transaction", _DB, "sqlite", "transaction"),
     Column("MySQL/MariaDB transaction", _DB, "mysql", "transaction"),
@@ -67,7 +68,8 @@ def _always(cls: type) -> bool:
 #: Where a backend class has no flag for a row, whether it offers it, by column label.
 #: Fair: waiters served in arrival order by the server; else they poll with backoff.
 _FAIR = {
-    "PostgreSQL lease": True, "PostgreSQL transaction": True, "Redis": True,
+    "PostgreSQL lease": True, "PostgreSQL transaction": True, "MySQL/MariaDB lease": True,
+    "Redis": True,
     "Redis Cluster": True, "ZooKeeper": True,
 }
 
@@ -102,7 +104,8 @@ _NO_SHARED_OWNER = ("the server keeps no count of an owner's holds: only the ree
 REASONS: dict[tuple[str, str], str] = {
     **{
         (column, "shared owner"): _NO_SHARED_OWNER
-        for column in ("PostgreSQL lease", "SQLite lease", "PostgreSQL transaction",
+        for column in ("PostgreSQL lease", "SQLite lease", "MySQL/MariaDB lease",
+                       "PostgreSQL transaction",
                        "SQLite transaction", "MySQL/MariaDB transaction", "Redlock",
                        "cache (`add`)", "locmem")
     },
@@ -123,6 +126,7 @@ REASONS: dict[tuple[str, str], str] = {
     ("SQLite transaction", "expiry/renewal"): "held until the transaction ends",
     ("PostgreSQL lease", "downgrade"): _NO_DOWNGRADE,
     ("SQLite lease", "downgrade"): _NO_DOWNGRADE,
+    ("MySQL/MariaDB lease", "downgrade"): "no read-write locks on MySQL/MariaDB yet",
     ("Redis", "downgrade"): _NO_DOWNGRADE,
     ("Redis Cluster", "downgrade"): _NO_DOWNGRADE,
     ("Redlock", "counting"): "no master knows which locks a majority holds",

@@ -181,7 +181,7 @@ class MySqlLeaseBackend(LeaseBackend):
         **LeaseBackend.why_unsupported,
         "supports_read_write": "not built yet on MySQL/MariaDB: its readers' and writers' "
         "procedures are still to come (docs/database.md)",
-        "supports_semaphores": "not built yet on MySQL/MariaDB: its permits' procedures "
+        "supports_semaphore": "not built yet on MySQL/MariaDB: its permits' procedures "
         "are still to come (docs/database.md)",
     }
 
