@@ -20,8 +20,8 @@ if TYPE_CHECKING:
     from .harness import Case
 
 #: Modules that register cases; each has ``setup()`` (raises Unavailable) and ``describe()``.
-CASE_MODULES = ("benchmarks.pg", "benchmarks.orm", "benchmarks.redis", "benchmarks.redis_kinds",
-                "benchmarks.redis_sentinel",
+CASE_MODULES = ("benchmarks.pg", "benchmarks.mysql", "benchmarks.orm", "benchmarks.redis",
+                "benchmarks.redis_kinds", "benchmarks.redis_sentinel",
                 "benchmarks.scale_handoff",
                 "benchmarks.redlock", "benchmarks.zookeeper", "benchmarks.cache",
                 *(f"benchmarks.scale_server_{s}" for s in ("redis", "pg", "zk", "memcached")),

@@ -67,6 +67,20 @@ def configure() -> list[str]:
         }
         aliases["pg-lease"] = {"BACKEND": db, "OPTIONS": {"DATABASE": "pg"}}
         aliases["pg-tx"] = {"BACKEND": db, "OPTIONS": {"DATABASE": "pg", "MODE": "transaction"}}
+    if env.get("DISTLOCK_MYSQL_PORT"):
+        name = "distlock_hops"
+        _create_mysql_database(name)
+        databases["mysql"] = {
+            "ENGINE": "django.db.backends.mysql",
+            "HOST": env.get("DISTLOCK_MYSQL_HOST", "127.0.0.1"),
+            "PORT": env["DISTLOCK_MYSQL_PORT"],
+            "USER": env.get("DISTLOCK_MYSQL_USER", "distlock"),
+            "NAME": name,
+            "OPTIONS": {"charset": "utf8mb4"},
+        }
+        aliases["mysql-lease"] = {"BACKEND": db, "OPTIONS": {"DATABASE": "mysql"}}
+        aliases["mysql-tx"] = {"BACKEND": db,
+                               "OPTIONS": {"DATABASE": "mysql", "MODE": "transaction"}}
     redis = "django_distlock.backends.redis."
     if env.get("DISTLOCK_REDIS_URL"):
         aliases["redis"] = {
@@ -117,6 +131,19 @@ def _create_pg_database(name: str) -> None:
     ) as conn:
         if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
             conn.execute(f'CREATE DATABASE "{name}"')
+
+
+def _create_mysql_database(name: str) -> None:
+    import MySQLdb
+
+    env = os.environ
+    conn = MySQLdb.connect(host=env.get("DISTLOCK_MYSQL_HOST", "127.0.0.1"),
+                           port=int(env["DISTLOCK_MYSQL_PORT"]),
+                           user=env.get("DISTLOCK_MYSQL_USER", "distlock"), autocommit=True)
+    try:
+        conn.cursor().execute(f"CREATE DATABASE IF NOT EXISTS `{name}` CHARACTER SET utf8mb4")
+    finally:
+        conn.close()
 
 
 class Trace:

@@ -29,6 +29,18 @@ DATABASES = {
     },
 }
 
+# MariaDB or MySQL (benchmarks/mysql.py), from the DISTLOCK_MYSQL_* variables that
+# scripts/bench exports: a database of its own, as PostgreSQL's.
+if os.environ.get("DISTLOCK_MYSQL_PORT"):
+    DATABASES["mysql"] = {
+        "ENGINE": "django.db.backends.mysql",
+        "HOST": os.environ.get("DISTLOCK_MYSQL_HOST", "127.0.0.1"),
+        "PORT": os.environ["DISTLOCK_MYSQL_PORT"],
+        "USER": os.environ.get("DISTLOCK_MYSQL_USER", "distlock"),
+        "NAME": BENCH_DB_NAME,
+        "OPTIONS": {"charset": "utf8mb4"},
+    }
+
 # Suite ``schedules``: the lease on SQLite too (a fixed path: spawned processes share it).
 DATABASES["sqlite"] = {
     "ENGINE": "django.db.backends.sqlite3",
@@ -47,6 +59,10 @@ DISTLOCK = {
     # Suite ``asyncio`` (benchmarks/locmem.py): the process-local backend.
     "locmem": {"BACKEND": "django_distlock.backends.locmem.LocMemBackend"},
 }
+
+if "mysql" in DATABASES:
+    DISTLOCK["mysql"] = {"BACKEND": _DB, "OPTIONS": {"DATABASE": "mysql"}}
+    DISTLOCK["mysql-tx"] = {"BACKEND": _DB, "OPTIONS": {"DATABASE": "mysql", "MODE": "transaction"}}
 
 # Redis (benchmarks/redis.py): django-distlock with a pool of its own from a URL, and
 # through the pool of a django-redis cache, on the same server as the peers.

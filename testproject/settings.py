@@ -6,6 +6,10 @@ Service addresses come from the environment only:
 - ``DISTLOCK_PG_PORT``: when set, the ``default`` database is PostgreSQL instead,
   at ``DISTLOCK_PG_HOST`` (127.0.0.1), as ``DISTLOCK_PG_USER`` (postgres), database
   ``DISTLOCK_PG_NAME`` (distlock);
+- ``DISTLOCK_DEMO_DATABASE``: ``mysql`` makes the ``default`` database MariaDB or MySQL
+  at ``DISTLOCK_MYSQL_HOST`` (127.0.0.1) and ``DISTLOCK_MYSQL_PORT``, as
+  ``DISTLOCK_MYSQL_USER`` (distlock), database ``DISTLOCK_MYSQL_NAME`` (distlock);
+  ``sqlite`` keeps SQLite even when ``DISTLOCK_PG_PORT`` is set;
 - ``DISTLOCK_REDIS_URL``, ``DISTLOCK_ZK_HOSTS``: when set (``scripts/servers.py``
   exports both), the aliases ``redis`` and ``zk`` lock on that Redis server and
   ZooKeeper ensemble, and the flash sale compares them too;
@@ -69,7 +73,19 @@ TEMPLATES = [
 ]
 
 DATABASES: dict[str, dict[str, Any]]
-if os.environ.get("DISTLOCK_PG_PORT"):
+_DEMO_DATABASE = os.environ.get("DISTLOCK_DEMO_DATABASE", "")
+if _DEMO_DATABASE == "mysql":
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.mysql",
+            "HOST": os.environ.get("DISTLOCK_MYSQL_HOST", "127.0.0.1"),
+            "PORT": os.environ.get("DISTLOCK_MYSQL_PORT", "3306"),
+            "USER": os.environ.get("DISTLOCK_MYSQL_USER", "distlock"),
+            "NAME": os.environ.get("DISTLOCK_MYSQL_NAME", "distlock"),
+            "OPTIONS": {"charset": "utf8mb4"},
+        }
+    }
+elif os.environ.get("DISTLOCK_PG_PORT") and _DEMO_DATABASE != "sqlite":
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.postgresql",

@@ -11,6 +11,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from django.db import connections, transaction
@@ -20,16 +21,17 @@ from django_distlock.contrib.admin.operations.listing import backend_label
 from django_distlock.exceptions import (
     BackendUnavailable,
     LockLost,
-    UnsupportedOperation,
 )
 from django_distlock.testing import LockContract
 
+from . import test_flashsale, test_prune
 from .conftest import (
     DATABASES,
     LIBRARY_DB,
     eventually,
     in_thread,
     kill_mysql_connection,
+    mysql_side,
     require_mysql,
 )
 from .histories import FORK, done, fork_ready
@@ -291,9 +293,30 @@ def test_lease_tokens_grow_past_a_deleted_row(unique) -> None:
         assert handle.fencing_token > max(tokens) and tokens == sorted(set(tokens))
 
 
-def test_prune_on_mysql_is_refused() -> None:
-    with pytest.raises(UnsupportedOperation, match="MySQL and MariaDB"):
-        locks["mysql-tx"].prune()
+@pytest.mark.parametrize("alias", ["mysql-lease", "mysql-tx"])
+def test_a_name_pruned_and_used_again_gets_higher_tokens(alias: str, unique) -> None:
+    test_prune.pruned_and_used_again(alias, unique)
+
+
+@pytest.mark.parametrize("alias", ["mysql-lease", "mysql-tx"])
+def test_pruning_in_a_loop_never_repeats_a_token(alias: str, unique, tmp_path: Path) -> None:
+    test_prune.pruning_in_a_loop(alias, unique, tmp_path)
+
+
+def test_a_transaction_mode_holder_is_skipped_by_the_prune(unique) -> None:
+    """Its row is locked by the holder's transaction: the prune skips it rather than wait
+    for it (a wait would end in a lock wait timeout, an error), though the row looks
+    idle (the holder's grant is not committed)."""
+    backend, name = locks["mysql-tx"], unique("tx-held")
+    with backend.lock(name):
+        pass  # the row exists, idle
+    time.sleep(0.05)
+    with transaction.atomic(using="mysql"), backend.lock(name):
+        in_thread(lambda: backend.prune(idle_for=0))  # raises if it waited
+        with connections["mysql"].cursor() as cursor:
+            cursor.execute("SELECT 1 FROM django_distlock_lock WHERE name = %s",
+                           [backend.make_key(name)])
+            assert cursor.fetchone() is not None
 
 
 def test_the_grant_leaves_the_callers_last_insert_id(unique) -> None:
@@ -351,3 +374,99 @@ def test_the_migration_unapplied_leaves_nothing_and_applies_again() -> None:
         "utf8mb4_nopad_bin")
     with transaction.atomic(using="mysql"), locks["mysql-tx"].lock("after-migrate") as handle:
         assert handle.fencing_token
+
+
+#: The MariaDB database the flash sale runs in (created when missing).
+FLASHSALE_DATABASE = "distlock_flashsale"
+
+
+@pytest.mark.servers
+def test_flashsale_on_mariadb() -> None:
+    """``DISTLOCK_DEMO_DATABASE=mysql manage.py flashsale``: every strategy on MariaDB
+    (lease and transaction mode, optimistic, fenced writes) sells exactly the stock."""
+    db = connections["mysql"].settings_dict
+    side = mysql_side("mysql")
+    try:
+        side.cursor().execute(f"CREATE DATABASE IF NOT EXISTS {FLASHSALE_DATABASE} "
+                              "CHARACTER SET utf8mb4")
+    finally:
+        side.close()
+    env = test_flashsale._env(
+        DISTLOCK_DEMO_DATABASE="mysql", DISTLOCK_MYSQL_HOST=db["HOST"],
+        DISTLOCK_MYSQL_PORT=str(db["PORT"]), DISTLOCK_MYSQL_USER=db["USER"],
+        DISTLOCK_MYSQL_NAME=FLASHSALE_DATABASE,
+    )
+    stdout, rows = test_flashsale._flashsale(env)
+    assert f"database mysql ({FLASHSALE_DATABASE})" in stdout, stdout
+    test_flashsale._check(stdout, rows)
+
+
+# -- system checks ------------------------------------------------------------------------
+
+
+def _ids(messages: list) -> list[str]:
+    return sorted(message.id for message in messages)
+
+
+@pytest.mark.parametrize(("isolation", "expected"), [
+    ("read uncommitted", ["distlock.E050"]), ("repeatable read", ["distlock.W050"]),
+    ("serializable", ["distlock.W050"]), ("read committed", []), (None, []),
+])
+def test_transaction_mode_checks_the_isolation_level(isolation, expected, monkeypatch) -> None:
+    options = {"charset": "utf8mb4", "isolation_level": isolation}
+    monkeypatch.setitem(connections["mysql"].settings_dict, "OPTIONS", options)
+    assert _ids(locks["mysql-tx"].check()) == expected
+    assert _ids(locks["mysql-lease"].check()) == []  # lease mode reads apart from it
+
+
+def test_a_charset_other_than_utf8mb4_is_reported(monkeypatch) -> None:
+    monkeypatch.setitem(connections["mysql"].settings_dict, "OPTIONS", {"charset": "latin1"})
+    assert _ids(locks["mysql-lease"].check()) == ["distlock.W057"]
+
+
+@contextlib.contextmanager
+def _global(variable: str, value: object) -> Iterator[None]:
+    side = mysql_side("mysql")
+    try:
+        cursor = side.cursor()
+        cursor.execute(f"SELECT @@GLOBAL.{variable}")
+        (was,) = cursor.fetchone()
+        cursor.execute(f"SET GLOBAL {variable} = %s", [value])
+        try:
+            yield
+        finally:
+            cursor.execute(f"SET GLOBAL {variable} = %s", [was])
+    finally:
+        side.close()
+
+
+def test_the_deploy_check_reads_the_servers_durability() -> None:
+    """``check --deploy`` asks the server (one round trip): a commit not flushed to the
+    log may be lost with the machine, and a fencing token with it."""
+    with _global("innodb_flush_log_at_trx_commit", 1):
+        assert _ids(locks["mysql-lease"].check(deploy=True)) == []
+    with _global("innodb_flush_log_at_trx_commit", 2):
+        assert _ids(locks["mysql-tx"].check(deploy=True)) == ["distlock.W055"]
+
+
+def test_the_deploy_check_reports_a_lock_table_without_row_locks() -> None:
+    """MyISAM has no row locks and no transactions: the check names the engine."""
+    with connections["mysql"].cursor() as cursor:
+        cursor.execute("ALTER TABLE django_distlock_lock ENGINE = MyISAM")
+        try:
+            with _global("innodb_flush_log_at_trx_commit", 1):
+                messages = locks["mysql-lease"].check(deploy=True)
+        finally:
+            cursor.execute("ALTER TABLE django_distlock_lock ENGINE = InnoDB")
+    assert _ids(messages) == ["distlock.E051"]
+    assert "MyISAM" in messages[0].msg
+
+
+@pytest.mark.parametrize(("version", "old"), [
+    ("10.11.19-MariaDB-0+deb12u1", False), ("10.5.27-MariaDB", True), ("10.6.0-MariaDB", False),
+    ("8.0.36", False), ("8.0.0-dmr", True), ("5.7.44-log", True), ("9.1.0", False),
+])
+def test_server_versions_older_than_served_are_told(version: str, old: bool) -> None:
+    from django_distlock.backends.database.mysql_checks import _too_old
+
+    assert _too_old(version) is old

@@ -57,7 +57,8 @@ def _env(**overrides: str) -> dict[str, str]:
     env = {
         key: value
         for key, value in os.environ.items()
-        if not key.startswith(("DISTLOCK_PG_", "DISTLOCK_SQLITE_"))
+        if not key.startswith(("DISTLOCK_PG_", "DISTLOCK_SQLITE_", "DISTLOCK_MYSQL_",
+                               "DISTLOCK_DEMO_"))
         and key != "DJANGO_SETTINGS_MODULE"
     }
     env["DJANGO_SETTINGS_MODULE"] = "testproject.settings"

@@ -309,3 +309,32 @@ BEGIN
     SET freed = ROW_COUNT();
     SELECT 1 FROM DUAL WHERE freed > 0;
 END
+-- ;;
+DROP PROCEDURE IF EXISTS django_distlock_prune
+-- ;;
+-- Delete up to p_batch rows idle for p_idle seconds (no holder, lease or grant that
+-- recent, no writer's mark, no reader or permit), in one transaction. A row locked at
+-- that moment (a grant in progress, a transaction-mode holder) is skipped, never waited
+-- for. A name used again gets a new row whose tokens come from the counter, above every
+-- token the pruned row had. One row: how many rows were deleted.
+CREATE PROCEDURE django_distlock_prune(IN p_idle DOUBLE, IN p_batch INT)
+SQL SECURITY INVOKER
+BEGIN
+    DECLARE cutoff DATETIME(6) DEFAULT
+        UTC_TIMESTAMP(6) - INTERVAL ROUND(p_idle * 1000000) MICROSECOND;
+    DECLARE gone INT;
+    START TRANSACTION;
+    DELETE FROM django_distlock_lock WHERE name IN (
+        SELECT picked.name FROM (
+            SELECT l.name FROM django_distlock_lock l
+            WHERE l.next_owner IS NULL
+                AND (l.intent_owner IS NULL OR l.intent_until < cutoff)
+                AND (l.acquired_at IS NULL OR l.acquired_at < cutoff)
+                AND (l.expires_at IS NULL OR l.expires_at < cutoff)
+                AND NOT EXISTS (SELECT 1 FROM django_distlock_share s WHERE s.name = l.name)
+            LIMIT p_batch FOR UPDATE SKIP LOCKED
+        ) picked);
+    SET gone = ROW_COUNT();
+    COMMIT;
+    SELECT gone;
+END

@@ -16,6 +16,7 @@ from django.db import connections
 from ...exceptions import InvalidBackendOptions, UnsupportedOperation
 from ..base import BaseLockBackend, check_option_keys
 from .errors import DATABASE_ERRORS, ERRORS, MIGRATE, connection_lost
+from .mysql_checks import server_checks, settings_checks
 from .mysql_sql import MYSQL
 from .sessions import SessionFactory, ThreadSessions
 from .sql import POSTGRESQL, SQLITE, TABLE, Dialect
@@ -210,6 +211,8 @@ class DatabaseBackend(BaseLockBackend):
 
     def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
         if kwargs.get("deploy"):
+            if self.database in settings.DATABASES and self.vendor == "mysql":
+                return server_checks(self)  # the server's settings: one round trip
             return []
         alias, db = self.alias, self.database
         if db not in settings.DATABASES:
@@ -246,6 +249,8 @@ class DatabaseBackend(BaseLockBackend):
                 )
             ]
         messages: list[checks.CheckMessage] = []
+        if vendor == "mysql":
+            messages.extend(settings_checks(self))
         if vendor == "sqlite":
             if sqlite3.sqlite_version_info < (3, 35, 0):
                 messages.append(

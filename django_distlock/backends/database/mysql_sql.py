@@ -47,6 +47,8 @@ WAIT = "CALL django_distlock_wait(%s, %s, %s, %s, %s, %s, %s)"
 MYSQL_UNLOCK_GENERATION = (
     f"DO RELEASE_LOCK(CONCAT('dl:g:', {_HASH.format(key='%s')}, ':', %s))"
 )
+#: Delete one batch of idle rows. Params: idle seconds, batch. Row: (deleted,).
+PRUNE = "CALL django_distlock_prune(%s, %s)"
 #: Stop a session's running statement. Params: its connection id.
 KILL_QUERY = "KILL QUERY %s"
 

@@ -17,6 +17,9 @@ taken at that moment is never deleted under its taker:
   batch deletes misses once and retries; its INSERT waits for the batch's commit and
   reads the high-water mark after it. The prune only *tries* for its lock, so it never
   queues in front of an acquirer; when it cannot have it, it tries again shortly.
+- MySQL and MariaDB: one procedure call per batch (sql/mysql.sql), its rows locked ``FOR
+  UPDATE SKIP LOCKED``; tokens come from one counter (``django_distlock_token``), so a row
+  made anew starts above the pruned ones with no high-water row.
 - SQLite: one writer at a time; a batch's deletes and its high-water mark are one
   transaction, and every statement that makes a row reads the mark.
 """
@@ -29,7 +32,8 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections, transaction
 from django.db.transaction import TransactionManagementError
 
-from ...exceptions import BackendUnavailable, UnsupportedOperation
+from ...exceptions import BackendUnavailable
+from .mysql_sql import PRUNE as MYSQL_PRUNE
 from .shares_sql import SHARES
 from .sql import HIGH_WATER, TABLE
 
@@ -90,7 +94,6 @@ def prune(backend: DatabaseBackend, idle_for: float, batch: int, wait: float) ->
     :param wait: seconds to keep trying for the prune lock (PostgreSQL) when inserts
         hold it, per batch.
     :returns: the number of rows deleted.
-    :raises UnsupportedOperation: on MySQL and MariaDB (not available yet).
     :raises ValueError: on a bad argument.
     :raises TransactionManagementError: SQLite, inside an atomic block: its deletes would
         be part of the caller's transaction (which may be the one holding a
@@ -104,17 +107,12 @@ def prune(backend: DatabaseBackend, idle_for: float, batch: int, wait: float) ->
         raise ValueError(f"idle_for must be a number of seconds >= 0, got {idle_for!r}.")
     if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= MAX_BATCH:
         raise ValueError(f"batch must be an int from 1 to {MAX_BATCH}, got {batch!r}.")
-    if backend.vendor == "mysql":
-        raise UnsupportedOperation(
-            f"Prune of lock alias {backend.alias!r}: pruning rows on MySQL and MariaDB is "
-            "not available in this version (docs/database.md, \"MySQL and MariaDB\")."
-        )
     if backend.vendor != "postgresql" and connections[backend.database].in_atomic_block:
         raise TransactionManagementError(
             f"Prune of lock alias {backend.alias!r}: run it outside any atomic block (on "
             "SQLite it would run inside the caller's transaction)."
         )
-    one = _pg_batch if backend.vendor == "postgresql" else _sqlite_batch
+    one = {"postgresql": _pg_batch, "mysql": _mysql_batch}.get(backend.vendor, _sqlite_batch)
     total = 0
     while True:
         deleted = one(backend, float(idle_for), batch, wait)
@@ -139,6 +137,13 @@ def _pg_batch(backend: DatabaseBackend, idle_for: float, batch: int, wait: float
             )
         time.sleep(pause)
         pause = min(pause * 2, 0.5)
+
+
+def _mysql_batch(backend: DatabaseBackend, idle_for: float, batch: int, wait: float) -> int:
+    # One call (sql/mysql.sql): the token counter keeps new rows' tokens above the pruned
+    # ones, so no high-water row and no prune lock are needed.
+    rows = backend.run(MYSQL_PRUNE, [idle_for, batch], "pruning idle lock rows")
+    return int(rows[0][0])
 
 
 def _sqlite_batch(backend: DatabaseBackend, idle_for: float, batch: int, wait: float) -> int:
