@@ -33,6 +33,8 @@ INSTALLED_APPS = [
     "testproject.shop",
 ]
 
+DATABASE_ROUTERS = ["tests.routers.DjangoAppsOnDefault"]
+
 _SQLITE_DIR = os.environ.get("DISTLOCK_SQLITE_DIR") or tempfile.mkdtemp(prefix="distlock-tests-")
 _SQLITE_OPTIONS = {
     "timeout": 20,

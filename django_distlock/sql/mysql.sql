@@ -227,7 +227,8 @@ BEGIN
             DO RELEASE_LOCK(CONCAT('dl:g:', h, ':', woken));
             SET woken = NULL;
         END IF;
-        SET asked = LEAST(budget, 2.0);
+        -- MySQL 8 waits whole seconds (MariaDB to the microsecond): round up there.
+        SET asked = IF(@@version LIKE '%MariaDB%', LEAST(budget, 2.0), CEIL(LEAST(budget, 2.0)));
         SET got = GET_LOCK(CONCAT('dl:g:', h, ':', cur_fencing), asked);
         IF got IS NULL OR (got = 0 AND TIMESTAMPDIFF(MICROSECOND, t, UTC_TIMESTAMP(6))
                 < asked * 1000000 - 100000) THEN
@@ -323,17 +324,23 @@ BEGIN
     DECLARE cutoff DATETIME(6) DEFAULT
         UTC_TIMESTAMP(6) - INTERVAL ROUND(p_idle * 1000000) MICROSECOND;
     DECLARE gone INT;
+    -- The names first, then the rows by their key: a DELETE that scanned the table would
+    -- wait for the row lock of every row it reads, the held ones too.
+    CREATE TEMPORARY TABLE IF NOT EXISTS django_distlock_pruned (
+        name VARCHAR(255) CHARACTER SET utf8mb4 COLLATE {bin} NOT NULL PRIMARY KEY
+    ) ENGINE = MEMORY;
+    DELETE FROM django_distlock_pruned;
     START TRANSACTION;
-    DELETE FROM django_distlock_lock WHERE name IN (
-        SELECT picked.name FROM (
-            SELECT l.name FROM django_distlock_lock l
-            WHERE l.next_owner IS NULL
-                AND (l.intent_owner IS NULL OR l.intent_until < cutoff)
-                AND (l.acquired_at IS NULL OR l.acquired_at < cutoff)
-                AND (l.expires_at IS NULL OR l.expires_at < cutoff)
-                AND NOT EXISTS (SELECT 1 FROM django_distlock_share s WHERE s.name = l.name)
-            LIMIT p_batch FOR UPDATE SKIP LOCKED
-        ) picked);
+    INSERT INTO django_distlock_pruned (name)
+    SELECT l.name FROM django_distlock_lock l
+    WHERE l.next_owner IS NULL
+        AND (l.intent_owner IS NULL OR l.intent_until < cutoff)
+        AND (l.acquired_at IS NULL OR l.acquired_at < cutoff)
+        AND (l.expires_at IS NULL OR l.expires_at < cutoff)
+        AND NOT EXISTS (SELECT 1 FROM django_distlock_share s WHERE s.name = l.name)
+    LIMIT p_batch FOR UPDATE SKIP LOCKED;
+    DELETE l FROM django_distlock_pruned p STRAIGHT_JOIN django_distlock_lock l
+        ON l.name = p.name;
     SET gone = ROW_COUNT();
     COMMIT;
     SELECT gone;

@@ -107,7 +107,7 @@ def prune(backend: DatabaseBackend, idle_for: float, batch: int, wait: float) ->
         raise ValueError(f"idle_for must be a number of seconds >= 0, got {idle_for!r}.")
     if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= MAX_BATCH:
         raise ValueError(f"batch must be an int from 1 to {MAX_BATCH}, got {batch!r}.")
-    if backend.vendor != "postgresql" and connections[backend.database].in_atomic_block:
+    if not backend.own_sessions and connections[backend.database].in_atomic_block:
         raise TransactionManagementError(
             f"Prune of lock alias {backend.alias!r}: run it outside any atomic block (on "
             "SQLite it would run inside the caller's transaction)."
