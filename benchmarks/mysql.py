@@ -88,8 +88,9 @@ def describe() -> str:
         version, flush, doublewrite = cursor.fetchone()
     finally:
         conn.close()
+    client = ".".join(map(str, MySQLdb.version_info[:3]))
     return (f"MySQL/MariaDB {version} (innodb_flush_log_at_trx_commit={flush}, "
-            f"innodb_doublewrite={doublewrite}); mysqlclient {MySQLdb.__version__}")
+            f"innodb_doublewrite={doublewrite}); mysqlclient {client}")
 
 
 # --------------------------------------------------------------------------- lockers
@@ -210,11 +211,13 @@ def _django_mysql_timeout() -> type[BaseException]:
 class ForUpdate:
     """(e) The seed's recipe by hand: ``with atomic(): SELECT ... FOR UPDATE`` of the
     name's row through Django's connection, then the commit (``django_binding``, the
-    floor of transaction mode), or ``BEGIN``/``FOR UPDATE``/``COMMIT`` on a raw
-    connection. The wait is InnoDB's, bounded by ``innodb_lock_wait_timeout``."""
+    floor of transaction mode; ``write``: with one ``UPDATE`` of the row under the lock,
+    the seed's stock write, which makes the commit flush the log), or
+    ``BEGIN``/``FOR UPDATE``/``COMMIT`` on a raw connection. The wait is InnoDB's,
+    bounded by ``innodb_lock_wait_timeout``."""
 
-    def __init__(self, key: str, *, django_binding: bool = True) -> None:
-        self.key, self.django_binding = key, django_binding
+    def __init__(self, key: str, *, django_binding: bool = True, write: bool = False) -> None:
+        self.key, self.django_binding, self.write = key, django_binding, write
         self.atomic: Any = None
         if django_binding:
             lockers.django_setup()
@@ -242,7 +245,11 @@ class ForUpdate:
         self.atomic.__enter__()
         with self.connection.cursor() as cursor:
             cursor.execute(statement, [self.key])
-            return cursor.fetchone() is not None
+            found = cursor.fetchone() is not None
+            if self.write:  # the recipe's write under the lock: its commit is durable
+                cursor.execute(f"UPDATE {TABLE} SET fencing = fencing + 1 WHERE name = %s",
+                               [self.key])
+            return found
 
     def release(self) -> None:
         if not self.django_binding:
@@ -268,6 +275,7 @@ class DistLock(lockers.DistLock):
 lease = functools.partial(DistLock, alias="mysql")
 transaction_mode = functools.partial(DistLock, alias="mysql-tx")
 for_update_raw = functools.partial(ForUpdate, django_binding=False)
+for_update_write = functools.partial(ForUpdate, write=True)
 
 # --------------------------------------------------------------------------- cases
 
@@ -282,6 +290,8 @@ add_case(_U, "mysql.django-mysql", DjangoMySqlLock, "(d) django-mysql's `Lock`",
 add_case(_U, "mysql.for-update-django", ForUpdate,
          "(e) `atomic()` + `SELECT ... FOR UPDATE` by hand, through Django", group=GROUP,
          reference="FOR UPDATE")
+add_case(_U, "mysql.for-update-write", for_update_write,
+         "(e'') the same with one `UPDATE` of the row (a durable commit)", group=GROUP)
 add_case(_U, "mysql.for-update-raw", for_update_raw,
          "(e') `BEGIN` + `FOR UPDATE` + `COMMIT` on MySQLdb", group=GROUP)
 add_case(_U, "mysql.lease", lease, "(f) django-distlock, lease mode", group=GROUP)
@@ -290,6 +300,7 @@ add_bar(_U, "mysql.lease", "mysql.floor", 1.3)
 add_bar(_U, "mysql.lease", "mysql.get_lock", None)
 add_bar(_U, "mysql.lease", "mysql.django-mysql", None)
 add_bar(_U, "mysql.tx", "mysql.for-update-django", 1.2)
+add_bar(_U, "mysql.tx", "mysql.for-update-write", None)
 add_bar(_U, "mysql.tx", "mysql.for-update-raw", None)
 
 add_case(_C, "mysql.get_lock", GetLock, "`GET_LOCK` (blocking)", group=GROUP,
