@@ -26,7 +26,13 @@ from django_distlock.handle import hold_of
 from django_distlock.testing.history import HistoryRecorder, HistoryReport, check, load
 from tests.testapp.models import FencedItem
 
-from .conftest import require_memcached, require_pg, require_redis, require_zookeeper
+from .conftest import (
+    require_memcached,
+    require_mysql,
+    require_pg,
+    require_redis,
+    require_zookeeper,
+)
 from .forwarder import Forwarder
 from .netns import Namespace
 
@@ -92,6 +98,11 @@ class Routes:
         env["DISTLOCK_PG_HOST"], env["DISTLOCK_PG_PORT"] = lock_path.split(":")
         env["DISTLOCK_STORAGE_HOST"], env["DISTLOCK_STORAGE_PORT"] = storage.split(":")
         env["DISTLOCK_PG_NAME"] = pg["NAME"]  # the test database
+        if "mysql" in settings.DATABASES:
+            mysql = connections["mysql"].settings_dict
+            [via] = self.add("mysql", [f"{mysql['HOST']}:{mysql['PORT']}"])
+            env["DISTLOCK_MYSQL_HOST"], env["DISTLOCK_MYSQL_PORT"] = via.split(":")
+            env["DISTLOCK_MYSQL_NAME"] = mysql["NAME"]  # the test database
         if settings.REDIS_URL:
             url = urlsplit(settings.REDIS_URL)
             [via] = self.add("redis", [url.netloc])
@@ -237,6 +248,8 @@ def require(alias: str) -> None:
         require_memcached()
     elif alias.startswith("zk"):
         require_zookeeper()
+    elif alias.startswith("mysql"):
+        require_mysql()
 
 
 class Calls:

@@ -109,6 +109,7 @@ CASES = [
     Case("redlock", "redlock", READ_GRACE, count=3, label="redlock/3-of-5"),
     Case("redlock", "redlock", READ_GRACE, count=2, label="redlock/2-of-5"),
     Case("pg-lease", "pg", WATCHDOG_GRACE),
+    Case("mysql-lease", "mysql", WATCHDOG_GRACE),
     Case("cache-memcached", "memcached", 0.0, MEMCACHED_TIMEOUT),
 ]
 
