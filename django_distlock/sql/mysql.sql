@@ -170,8 +170,9 @@ DROP PROCEDURE IF EXISTS django_distlock_wait
 -- named-lock wait returns early), rather than take the name for nobody. A head whose
 -- holder's session ended without a release sleeps in one-second slices until the lease
 -- ends; a head that dies then is not noticed by the sleep, and may take the name for
--- its own ttl (two failures at once: slow, never unsafe). One row, as django_distlock_acquire's, except that
--- on a grant retry_after is the seconds the server waited before granting.
+-- its own ttl (two failures at once: slow, never unsafe). One row, as
+-- django_distlock_acquire's, except that on a grant retry_after is the seconds the
+-- server waited before granting.
 CREATE PROCEDURE django_distlock_wait(
     IN p_name VARCHAR(255), IN p_owner VARCHAR(64), IN p_ttl DOUBLE, IN p_host VARCHAR(255),
     IN p_pid INT, IN p_thread VARCHAR(255), IN p_wait DOUBLE

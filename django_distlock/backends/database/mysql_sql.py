@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from .sql import _COLUMNS, TABLE, Dialect
+from .sql import _COLUMNS, TABLE, Dialect, held_where, is_locked_where
 
 #: The hash that names a lock's server-wide named locks (sql/mysql.sql): of the database
 #: and the storage key given as ``{key}``.
@@ -27,12 +27,8 @@ MYSQL = Dialect(
     retry_after=None,
     release="CALL django_distlock_release(%s, %s, %s)",
     extend="CALL django_distlock_extend(%s, %s, %s)",
-    is_locked=f"""
-SELECT 1 FROM {TABLE} WHERE name = %s AND owner IS NOT NULL AND expires_at > {_NOW}""",
-    held=f"""
-SELECT {_COLUMNS} FROM {TABLE}
-WHERE owner IS NOT NULL AND name > %s AND name >= %s AND name < %s AND expires_at > {_NOW}
-ORDER BY name LIMIT %s""",
+    is_locked=is_locked_where(_NOW),
+    held=held_where(_NOW),
     # Params: key, the expected owner id ("": any).
     force_release="CALL django_distlock_force(%s, %s)",
     tx_grant="CALL django_distlock_tx_grant(%s, %s, %s, %s)",
