@@ -59,8 +59,8 @@ class Dialect:
     is_locked: str
     #: Params: lower bound (exclusive), prefix, upper bound, limit.
     held: str
-    #: Params: key, length of the expected owner id (0: any owner), that id. Row when a
-    #: held lock was freed.
+    #: Params: key, length of the expected owner id (0: any owner), that id (MySQL's
+    #: procedure: key, that id, "" for any owner). Row when a held lock was freed.
     force_release: str
     #: Transaction mode: bump fencing, holding the row lock until the transaction ends.
     #: Params: host, pid, thread, key. Row: (fencing, acquired_at); none if no row yet.
