@@ -46,7 +46,7 @@ def test_a_subclass_keeps_its_own_path() -> None:
     )
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(databases=DATABASES)  # with a router, every database's history is read
 def test_no_new_migration_for_the_field() -> None:
     """The autodetector compares deconstructed fields: the path in the shop's migration
     is the one the model's field gives, so nothing is to be written."""
