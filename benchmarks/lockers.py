@@ -9,7 +9,8 @@ modules of the chosen cases by the factory's ``__module__``): subclass
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from django_distlock import Lock
@@ -29,6 +30,26 @@ def django_setup() -> None:
 
         os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.settings")
         django.setup()
+
+
+class SelectOne:
+    """(a) One ``SELECT 1`` round trip on a connection from ``connect`` (a DB-API driver's):
+    the floor under any statement; release does nothing."""
+
+    def __init__(self, key: str, *, connect: Callable[[], Any]) -> None:
+        self.conn = connect()
+        self.cursor = self.conn.cursor()
+
+    def acquire(self) -> bool:
+        self.cursor.execute("SELECT 1")
+        self.cursor.fetchone()
+        return True
+
+    def release(self) -> None:
+        return None
+
+    def close(self) -> None:
+        self.conn.close()
 
 
 class DistLock:

@@ -96,25 +96,6 @@ def describe() -> str:
 # --------------------------------------------------------------------------- lockers
 
 
-class SelectOne:
-    """(a) One ``SELECT 1`` round trip: the floor under any statement."""
-
-    def __init__(self, key: str) -> None:
-        self.conn = connect()
-        self.cursor = self.conn.cursor()
-
-    def acquire(self) -> bool:
-        self.cursor.execute("SELECT 1")
-        self.cursor.fetchone()
-        return True
-
-    def release(self) -> None:
-        return None
-
-    def close(self) -> None:
-        self.conn.close()
-
-
 class HandLease:
     """(b) The backend's lease calls sent by hand: ``CALL django_distlock_acquire`` with a
     fresh owner, then ``CALL django_distlock_release``, on a raw connection set up as the
@@ -265,6 +246,14 @@ class ForUpdate:
             connections.close_all()
         else:
             self.conn.close()
+
+
+class SelectOne(lockers.SelectOne):
+    """(a) :class:`benchmarks.lockers.SelectOne` on a MySQLdb connection (a class of this
+    module: the harness sets up the module a case's class is in)."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(key, connect=connect)
 
 
 class DistLock(lockers.DistLock):

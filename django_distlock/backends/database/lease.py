@@ -454,7 +454,7 @@ class SessionLeaseAcquisition(Acquisition):
         if self.queued or (self.blocking and session.contended(hold.key)):
             return Miss()  # known contended: the wait queues (and grants if free)
         params = acquire_params(hold.key, self.token, hold.ttl, hold.host, hold.pid,
-                                       hold.holder_field)
+                                hold.holder_field)
         try:
             with session.mutex, self._watched(session):
                 row = session.execute(self.dialect.acquire, params).fetchone()

@@ -95,6 +95,7 @@ class Session:
         # Read now: MySQLdb refuses calls from another thread while a statement runs,
         # and these serve cancel() and cut(), which another thread calls then.
         self._fileno: int = raw.fileno()
+        #: MySQL's connection id (``KILL QUERY`` stops its statement); None on PostgreSQL.
         self._thread_id: int | None = raw.thread_id() if wrapper.vendor == "mysql" else None
         self.mutex = threading.Lock()
         self.orphans: list[tuple[str, int]] = []
@@ -126,7 +127,7 @@ class Session:
         """Run one statement (``mutex`` held); return the cursor."""
         while self.orphans:
             key, generation = self.orphans.pop()
-            if self.prepare is None:  # MySQL
+            if self._thread_id is not None:  # MySQL
                 self.cursor.execute(MYSQL_UNLOCK_GENERATION, [key, generation])
                 continue
             unlock = PG_UNLOCK_BELL if generation == SHARES_BELL else PG_UNLOCK_GENERATION
