@@ -21,8 +21,6 @@ NO_KINDS = {
     "sqlite-tx": "the lock is SQLite's single write lock (docs/kinds.md, reason 4)",
     "pg-tx": "a row lock of one connection: no read side, no count (docs/kinds.md, 8 and 12)",
     "mysql-tx": "a row lock of one connection, as pg-tx: no read side, no count",
-    "mysql-lease": "its readers', writers' and permits' procedures are not built yet "
-    "(issue 34, docs/database.md)",
     "locmem": "process-local; no kinds (docs/kinds.md, 11 and 15)",
     "redlock": "a count or a read side on independent masters could disagree (9 and 13)",
     "cache-memcached": "`add` takes one key: no read side, no count that eviction cannot "
@@ -39,7 +37,8 @@ SAME_AS = {
     "redis-decoded": "the 'redis' kind scripts, replies decoded",
     "zk-auth": "'zk' with an ACL: the recipes are the same",
 }
-KIND_ALIASES = ["sqlite-lease", "pg-lease", "redis", "redis-unfair", "redis-cluster", "zk"]
+KIND_ALIASES = ["sqlite-lease", "pg-lease", "mysql-lease", "redis", "redis-unfair", "redis-cluster",
+                "zk"]
 
 
 def kinds_offered(backend: BaseLockBackend) -> list[str]:

@@ -370,7 +370,8 @@ def test_the_migration_unapplied_leaves_nothing_and_applies_again() -> None:
     assert schema() == (
         ["django_distlock_lock", "django_distlock_token", "django_distlock_waiter"],
         [f"django_distlock_{name}" for name in (
-            "acquire", "extend", "force", "prune", "release", "take", "tx_grant", "wait")],
+            "acquire", "extend", "force", "prune", "recompute", "release", "take", "tx_grant",
+                "wait")],
         "utf8mb4_nopad_bin")
     with transaction.atomic(using="mysql"), locks["mysql-tx"].lock("after-migrate") as handle:
         assert handle.fencing_token

@@ -20,25 +20,23 @@ from django_distlock.exceptions import LockLost, SemaphoreLimitMismatch, Unsuppo
 from django_distlock.testing import HistoryRecorder, check, load
 
 from .conftest import (
-    DATABASES,
     LIBRARY_DB,
     advisory_locks,
     eventually,
     in_thread,
     needs_pg,
-    require_pg,
+    require_alias,
 )
 from .histories import FORK, done, fork_ready, run_forked
 
 pytestmark = LIBRARY_DB
-ALIASES = ["sqlite-lease", "pg-lease"]
+ALIASES = ["sqlite-lease", "pg-lease", "mysql-lease"]
 WORKERS = 8
 
 
 @pytest.fixture(params=ALIASES)
 def alias(request: pytest.FixtureRequest) -> str:
-    if needs_pg(request.param):
-        require_pg()
+    require_alias(request.param)
     return str(request.param)
 
 
@@ -294,9 +292,8 @@ def test_a_share_is_extended_on_its_own(alias: str, unique) -> None:
 
 
 def test_transaction_mode_has_no_kinds() -> None:
-    for alias in ("sqlite-tx", "pg-tx"):
-        if needs_pg(alias) and "pg" not in DATABASES:
-            continue
+    for alias in ("sqlite-tx", "pg-tx", "mysql-tx"):
+        require_alias(alias)
         backend = locks[alias]
         assert not backend.supports_read_write and not backend.supports_semaphore
         with pytest.raises(UnsupportedOperation):

@@ -173,7 +173,7 @@ NO_RELEASE_FAULT = {
     "redis-unfair": "'redis' frozen: the same kind scripts, no queue in the release",
     "redis-cluster": "a private 3-master cluster is beyond the budget (test_hostile.py)",
 }
-RELEASE_FAULTS = ["redis", "pg-lease", "zk"]
+RELEASE_FAULTS = ["redis", "pg-lease", "mysql-lease", "zk"]
 
 
 def test_every_kinds_alias_has_its_release_fail_or_a_reason() -> None:

@@ -32,7 +32,9 @@ from .conftest import (
     LIBRARY_DB,
     eventually,
     in_thread,
+    mysql_side,
     psycopg_params,
+    require_mysql,
     require_pg,
     require_redis,
 )
@@ -51,6 +53,7 @@ from .private_redis import Server
 from .test_hostile import (  # noqa: F401  (the zookeeper fixture)
     ZooKeeper,
     _acquire_retrying,
+    _kill_all_mysql,
     _release_retrying,
     _terminate_all,
     private_backend,
@@ -69,7 +72,7 @@ NO_RESTART = {
     "redis-unfair": "the 'redis' kind scripts (without the queue): 'redis' is restarted",
     "redis-cluster": "a private cluster is beyond this module's budget",
 }
-RESTARTS = ["redis-aof", "redis-snapshot", "pg-lease", "zk"]
+RESTARTS = ["redis-aof", "redis-snapshot", "pg-lease", "mysql-lease", "zk"]
 
 
 def test_every_kinds_alias_is_restarted_or_left_with_a_reason() -> None:
@@ -169,6 +172,23 @@ def _ended(database: str) -> None:
     assert _terminate_all(database) >= 1
 
 
+def test_mysql_sessions_ended_while_every_kind_is_held(unique) -> None:
+    """Lease mode on MariaDB: a share or a writer's row outlives its session (every
+    connection to the database killed: the holders' bells go with them)."""
+    require_mysql()
+    backend = locks["mysql-lease"]
+    try:
+        figures = _restart_while_held(backend, backend, unique("killed"),
+                                      lambda: _killed_all(backend.database))
+    finally:
+        connections[backend.database].close()
+    record("restart-kinds", "mysql-lease", processes=1, **figures)
+
+
+def _killed_all(database: str) -> None:
+    assert _kill_all_mysql(database) >= 1
+
+
 def test_zookeeper_restarted_while_every_kind_is_held(request: pytest.FixtureRequest) -> None:
     """The sessions survive a quick restart (else the holds are lost, and say so)."""
     own: ZooKeeper = request.getfixturevalue("zookeeper")
@@ -229,6 +249,20 @@ def _entry(alias: str, backend: Any, kind: str, name: str) -> tuple[Callable[[],
             kazoo.delete(f"{parent}/{children[-1]}")  # the last in line: the waiter's
 
         return (lambda: len(kazoo.get_children(parent)) == 2), delete_waiter
+    if alias.startswith("mysql"):
+        # The row a waiter writes for the listing: the wait itself is a named lock.
+        def waiter_rows(statement: str) -> int:
+            side = mysql_side(backend.database)
+            try:
+                cursor = side.cursor()
+                cursor.execute(statement, [key])
+                return int(cursor.fetchone()[0] if cursor.description else cursor.rowcount)
+            finally:
+                side.close()
+
+        return (lambda: waiter_rows(
+            "SELECT count(*) FROM django_distlock_waiter WHERE name = %s") == 1,
+            lambda: waiter_rows("DELETE FROM django_distlock_waiter WHERE name = %s"))
     params = psycopg_params(backend.database)
 
     def intent(statement: str) -> Any:

@@ -18,7 +18,7 @@ MYSQL_SQL = SQL.with_name("mysql.sql")
 MYSQL_MODE = "SET SESSION sql_mode = 'STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION'"
 MYSQL_UNINSTALL = [
     *(f"DROP PROCEDURE IF EXISTS django_distlock_{name}" for name in (
-        "tx_grant", "take", "acquire", "wait", "release", "extend", "force", "prune")),
+        "tx_grant", "recompute", "take", "acquire", "wait", "release", "extend", "force", "prune")),
     "DROP TABLE IF EXISTS django_distlock_token, django_distlock_waiter",
 ]
 

@@ -60,10 +60,18 @@ END
 -- its connection and is not replicated, the row is durable. Every time is the server's
 -- UTC_TIMESTAMP(6), whatever the session's time zone. Named locks are server-wide and
 -- stop at 64 characters, so a name's locks are called by a hash of the database and the
--- name: dl:q:<h> (its queue: the head of the waiters holds it, the others sleep in
--- GET_LOCK behind it, in arrival order), dl:g:<h>:<fencing> (a grant's generation lock,
--- held by the granting session until the release gives it back: that wakes the head),
--- dl:a:<hash of the owner> (a waiter's liveness, for the listing of waiters).
+-- name: dl:q:<h> (its queue: the head of the waiters of every kind holds it, the others
+-- sleep in GET_LOCK behind it, in arrival order), dl:g:<h>:<fencing> (a grant's bell:
+-- held by the granting session until the release gives it back, which wakes the head
+-- waiting on it), dl:a:<hash of the owner> (a waiter's liveness, for the listing).
+--
+-- Kinds. lock() and write_lock() hold the row (a writer's owner ends in ':w'). A reader
+-- or a permit is a row of django_distlock_share with its own expiry and token; while
+-- any is live the row's owner is '~read' or '~semaphore' and its expiry the latest of
+-- theirs, so the exclusive statements see the name held. Every share grant, release and
+-- extend locks the row first: the count of live shares it reads is exact. One queue
+-- for every kind: a first attempt defers to it, so a waiting writer keeps new readers
+-- out, and readers behind a writer are not passed by later ones.
 --
 -- Who waits, for the listing (backends/database/waiting.py): a waiter writes its row
 -- here, keyed by its connection, before it queues; the row counts while its connection
@@ -72,6 +80,7 @@ CREATE TABLE IF NOT EXISTS django_distlock_waiter (
     session BIGINT UNSIGNED NOT NULL PRIMARY KEY,
     name VARCHAR(255) CHARACTER SET utf8mb4 COLLATE {bin} NOT NULL,
     alive VARCHAR(64) CHARACTER SET ascii NOT NULL,
+    kind VARCHAR(16) CHARACTER SET ascii NOT NULL,
     since DATETIME(6) NOT NULL,
     owner VARCHAR(64) CHARACTER SET utf8mb4 COLLATE {bin} NOT NULL,
     host VARCHAR(255) CHARACTER SET utf8mb4 NOT NULL,
@@ -80,50 +89,112 @@ CREATE TABLE IF NOT EXISTS django_distlock_waiter (
     KEY django_distlock_waiter_name (name)
 ) ENGINE = MEMORY
 -- ;;
+DROP PROCEDURE IF EXISTS django_distlock_recompute
+-- ;;
+-- The row shows its live shares again (its lock is held): the latest end of them, and
+-- no owner when none is left.
+CREATE PROCEDURE django_distlock_recompute(IN p_name VARCHAR(255), IN p_at DATETIME(6))
+SQL SECURITY INVOKER
+BEGIN
+    DECLARE last_end DATETIME(6);
+    SELECT MAX(expires_at) INTO last_end FROM django_distlock_share
+    WHERE name = p_name AND expires_at > p_at;
+    -- Assignments run left to right (this file's sql_mode): expires_at first.
+    UPDATE django_distlock_lock
+    SET expires_at = COALESCE(last_end, expires_at), owner = IF(last_end IS NULL, NULL, owner)
+    WHERE name = p_name AND owner IN ('~read', '~semaphore');
+END
+-- ;;
 DROP PROCEDURE IF EXISTS django_distlock_take
 -- ;;
--- Grant the name to p_owner if it is free or expired (or already p_owner's: an attempt
--- retried after a lost connection finds its own grant) and p_may, in one transaction
--- that draws the fencing token (see django_distlock_token above); make the name's row
--- at its first use. The grant's generation lock is taken before the commit, so a waiter
--- that reads the grant finds its lock held. Out: o_fencing (NULL: not granted), o_gen
--- (the fencing token when this session took the generation lock), o_left (a miss:
--- seconds until the holder's lease ends, NULL when the name is free).
+-- Grant the name to p_owner as p_kind ('exclusive', 'write', 'read', 'semaphore' of
+-- p_limit permits) if p_may and the name allows it (an attempt retried after a lost
+-- connection finds its own grant and takes it again), in one transaction that draws the
+-- fencing token (see django_distlock_token above); make the name's row at its first use.
+-- The grant's bell is taken before the commit, so a waiter that reads the grant finds
+-- it held. Out: o_fencing (NULL: not granted), o_gen (the token when this session took
+-- the bell); on a miss o_block (the token of the grant to wait for: the holder's, or of
+-- the live share that ends first; NULL when the name is free), o_left (seconds until
+-- that grant ends), o_stored (a semaphore's stored limit, when it is not p_limit).
 CREATE PROCEDURE django_distlock_take(
-    IN p_name VARCHAR(255), IN p_hash CHAR(32), IN p_owner VARCHAR(64), IN p_ttl DOUBLE,
-    IN p_host VARCHAR(255), IN p_pid INT, IN p_thread VARCHAR(255), IN p_may BOOLEAN,
-    IN p_at DATETIME(6), OUT o_fencing BIGINT, OUT o_gen BIGINT, OUT o_left DOUBLE
+    IN p_name VARCHAR(255), IN p_hash CHAR(32), IN p_owner VARCHAR(64), IN p_kind VARCHAR(16),
+    IN p_limit INT, IN p_ttl DOUBLE, IN p_host VARCHAR(255), IN p_pid INT,
+    IN p_thread VARCHAR(255), IN p_may BOOLEAN, IN p_at DATETIME(6),
+    OUT o_fencing BIGINT, OUT o_gen BIGINT, OUT o_left DOUBLE, OUT o_block BIGINT,
+    OUT o_stored INT
 ) SQL SECURITY INVOKER
 BEGIN
+    DECLARE later DATETIME(6) DEFAULT p_at + INTERVAL ROUND(p_ttl * 1000000) MICROSECOND;
+    DECLARE sentinel VARCHAR(16) DEFAULT
+        CASE p_kind WHEN 'read' THEN '~read' WHEN 'semaphore' THEN '~semaphore' END;
     DECLARE draw BIGINT UNSIGNED;
     DECLARE duplicate BOOLEAN DEFAULT FALSE;
+    DECLARE cur_owner VARCHAR(64);
+    DECLARE cur_expires DATETIME(6);
+    DECLARE cur_limit INT;
+    DECLARE live INT;
+    DECLARE mine BOOLEAN;
     DECLARE CONTINUE HANDLER FOR 1062 SET duplicate = TRUE;  -- a racing creator made it
     DECLARE CONTINUE HANDLER FOR NOT FOUND BEGIN END;
-    SET o_fencing = NULL, o_gen = NULL, o_left = NULL;
-    START TRANSACTION;
-    -- A miss matches no row: it writes nothing and never delays the holder.
-    UPDATE django_distlock_lock
-    SET owner = p_owner, acquired_at = p_at,
-        expires_at = p_at + INTERVAL ROUND(p_ttl * 1000000) MICROSECOND,
-        host = p_host, pid = p_pid, thread = p_thread
-    WHERE name = p_name AND p_may AND (owner IS NULL OR expires_at <= p_at OR owner = p_owner);
-    IF ROW_COUNT() = 1 THEN
-        INSERT INTO django_distlock_token () VALUES ();
-        SET draw = LAST_INSERT_ID();
-        DELETE FROM django_distlock_token WHERE id = draw;
-        UPDATE django_distlock_lock SET fencing = GREATEST(draw, fencing + 1)
-        WHERE name = p_name;
-        SELECT fencing INTO o_fencing FROM django_distlock_lock WHERE name = p_name;
-    ELSEIF p_may AND NOT EXISTS (SELECT 1 FROM django_distlock_lock WHERE name = p_name) THEN
-        INSERT INTO django_distlock_token () VALUES ();
-        SET draw = LAST_INSERT_ID();
-        DELETE FROM django_distlock_token WHERE id = draw;
-        INSERT INTO django_distlock_lock
-            (name, owner, fencing, acquired_at, expires_at, host, pid, thread)
-        VALUES (p_name, p_owner, draw, p_at,
-            p_at + INTERVAL ROUND(p_ttl * 1000000) MICROSECOND, p_host, p_pid, p_thread);
-        IF NOT duplicate THEN
-            SET o_fencing = draw;
+    SET o_fencing = NULL, o_gen = NULL, o_left = NULL, o_block = NULL, o_stored = NULL;
+    IF sentinel IS NULL THEN
+        START TRANSACTION;
+        -- A miss matches no row: it writes nothing and never delays the holder.
+        UPDATE django_distlock_lock
+        SET owner = p_owner, acquired_at = p_at, expires_at = later,
+            host = p_host, pid = p_pid, thread = p_thread
+        WHERE name = p_name AND p_may
+            AND (owner IS NULL OR expires_at <= p_at OR owner = p_owner);
+        IF ROW_COUNT() = 1 THEN
+            INSERT INTO django_distlock_token () VALUES ();
+            SET draw = LAST_INSERT_ID();
+            DELETE FROM django_distlock_token WHERE id = draw;
+            UPDATE django_distlock_lock SET fencing = GREATEST(draw, fencing + 1)
+            WHERE name = p_name;
+            SELECT fencing INTO o_fencing FROM django_distlock_lock WHERE name = p_name;
+        ELSEIF p_may AND NOT EXISTS (SELECT 1 FROM django_distlock_lock WHERE name = p_name)
+        THEN
+            INSERT INTO django_distlock_token () VALUES ();
+            SET draw = LAST_INSERT_ID();
+            DELETE FROM django_distlock_token WHERE id = draw;
+            INSERT INTO django_distlock_lock
+                (name, owner, fencing, acquired_at, expires_at, host, pid, thread)
+            VALUES (p_name, p_owner, draw, p_at, later, p_host, p_pid, p_thread);
+            IF NOT duplicate THEN
+                SET o_fencing = draw;
+            END IF;
+        END IF;
+    ELSE
+        -- The row first, committed on its own (a duplicate key's shared lock must not
+        -- stay for the FOR UPDATE below: two racing creators would deadlock).
+        IF NOT EXISTS (SELECT 1 FROM django_distlock_lock WHERE name = p_name) THEN
+            INSERT INTO django_distlock_lock (name, fencing, host, thread)
+            VALUES (p_name, 0, '', '');
+        END IF;
+        START TRANSACTION;
+        SELECT owner, expires_at, share_limit INTO cur_owner, cur_expires, cur_limit
+        FROM django_distlock_lock WHERE name = p_name FOR UPDATE;
+        SELECT count(*), COALESCE(MAX(owner = p_owner), FALSE) INTO live, mine
+        FROM django_distlock_share WHERE name = p_name AND expires_at > p_at;
+        IF mine OR (p_may AND (cur_owner IS NULL OR cur_expires <= p_at OR cur_owner = sentinel)
+                AND (p_limit IS NULL OR (live < p_limit AND (cur_owner IS NULL
+                    OR cur_expires <= p_at OR cur_limit = p_limit)))) THEN
+            INSERT INTO django_distlock_token () VALUES ();
+            SET draw = LAST_INSERT_ID();
+            DELETE FROM django_distlock_token WHERE id = draw;
+            -- Assignments run left to right (this file's sql_mode): the owner last.
+            UPDATE django_distlock_lock
+            SET fencing = GREATEST(draw, fencing + 1), acquired_at = p_at,
+                expires_at = IF(owner = sentinel AND expires_at > later, expires_at, later),
+                host = p_host, pid = p_pid, thread = p_thread,
+                share_limit = COALESCE(p_limit, share_limit), owner = sentinel
+            WHERE name = p_name;
+            SELECT fencing INTO o_fencing FROM django_distlock_lock WHERE name = p_name;
+            INSERT INTO django_distlock_share
+                (name, owner, kind, fencing, acquired_at, expires_at, host, pid, thread)
+            VALUES (p_name, p_owner, p_kind, o_fencing, p_at, later, p_host, p_pid, p_thread)
+            ON DUPLICATE KEY UPDATE fencing = o_fencing, acquired_at = p_at,
+                expires_at = later;
         END IF;
     END IF;
     IF o_fencing IS NOT NULL THEN
@@ -132,50 +203,65 @@ BEGIN
     END IF;
     COMMIT;
     IF o_fencing IS NULL THEN
-        SELECT GREATEST(TIMESTAMPDIFF(MICROSECOND, p_at, expires_at), 0) / 1000000
-        INTO o_left FROM django_distlock_lock
+        SET cur_owner = NULL;
+        SELECT owner, fencing, GREATEST(TIMESTAMPDIFF(MICROSECOND, p_at, expires_at), 0) / 1000000,
+            IF(p_kind = 'semaphore' AND owner = '~semaphore' AND share_limit <> p_limit,
+                share_limit, NULL)
+        INTO cur_owner, o_block, o_left, o_stored FROM django_distlock_lock
         WHERE name = p_name AND owner IS NOT NULL AND expires_at > p_at;
+        IF cur_owner IN ('~read', '~semaphore') THEN  -- wait for the share that ends first
+            SELECT fencing, GREATEST(TIMESTAMPDIFF(MICROSECOND, p_at, expires_at), 0) / 1000000
+            INTO o_block, o_left FROM django_distlock_share
+            WHERE name = p_name AND expires_at > p_at ORDER BY expires_at, fencing LIMIT 1;
+        END IF;
     END IF;
 END
 -- ;;
 DROP PROCEDURE IF EXISTS django_distlock_acquire
 -- ;;
--- Lease mode, one attempt (an uncontended acquire is this one call). A first attempt
--- does not pass the waiters queued for the name (p_pass: it may). One row: granted,
--- fencing, acquired_at, expires_at, retry_after (a miss: seconds until the lease ends),
--- generation (see django_distlock_take).
+-- Lease mode, one attempt of any kind (an uncontended acquire is this one call). A
+-- first attempt does not pass the waiters queued for the name (p_pass: it may). One row:
+-- granted, fencing, acquired_at, expires_at, retry_after (a miss: seconds until the
+-- grant in the way ends), generation (see django_distlock_take), stored limit (a
+-- semaphore's, when it is not p_limit).
 CREATE PROCEDURE django_distlock_acquire(
-    IN p_name VARCHAR(255), IN p_owner VARCHAR(64), IN p_ttl DOUBLE, IN p_host VARCHAR(255),
-    IN p_pid INT, IN p_thread VARCHAR(255), IN p_pass BOOLEAN
+    IN p_name VARCHAR(255), IN p_owner VARCHAR(64), IN p_kind VARCHAR(16), IN p_limit INT,
+    IN p_ttl DOUBLE, IN p_host VARCHAR(255), IN p_pid INT, IN p_thread VARCHAR(255),
+    IN p_pass BOOLEAN
 ) SQL SECURITY INVOKER
 BEGIN
     DECLARE h CHAR(32) DEFAULT LEFT(SHA2(CONCAT(DATABASE(), 0x00, p_name), 256), 32);
     DECLARE t DATETIME(6) DEFAULT UTC_TIMESTAMP(6);
-    DECLARE f, gen BIGINT;
+    DECLARE f, gen, block BIGINT;
     DECLARE left_s DOUBLE;
-    CALL django_distlock_take(p_name, h, p_owner, p_ttl, p_host, p_pid, p_thread,
-        p_pass OR IS_FREE_LOCK(CONCAT('dl:q:', h)) = 1, t, f, gen, left_s);
+    DECLARE stored INT;
+    CALL django_distlock_take(p_name, h, p_owner, p_kind, p_limit, p_ttl, p_host, p_pid,
+        p_thread, p_pass OR IS_FREE_LOCK(CONCAT('dl:q:', h)) = 1, t, f, gen, left_s, block,
+        stored);
     SELECT f IS NOT NULL, f, IF(f IS NULL, NULL, t),
-        IF(f IS NULL, NULL, t + INTERVAL ROUND(p_ttl * 1000000) MICROSECOND), left_s, gen;
+        IF(f IS NULL, NULL, t + INTERVAL ROUND(p_ttl * 1000000) MICROSECOND), left_s, gen,
+        stored;
 END
 -- ;;
 DROP PROCEDURE IF EXISTS django_distlock_wait
 -- ;;
--- Lease mode, the blocking wait: queue for the name (its queue lock, in arrival order),
--- then, at the head, take the name when it is free, else sleep until the holder's
--- release gives its generation lock back (or its lease ends, or two seconds pass: look
--- again). At most p_wait seconds. A wait stopped by KILL QUERY (an asyncio task
--- cancelled) leaves at once, granted nothing: a named-lock wait or a sleep that is
--- killed returns, it does not fail. So does the wait of a client that is gone (its
--- named-lock wait returns early), rather than take the name for nobody. A head whose
--- holder's session ended without a release sleeps in one-second slices until the lease
--- ends; a head that dies then is not noticed by the sleep, and may take the name for
--- its own ttl (two failures at once: slow, never unsafe). One row, as
--- django_distlock_acquire's, except that on a grant retry_after is the seconds the
--- server waited before granting.
+-- Lease mode, the blocking wait of any kind: queue for the name (its queue lock, in
+-- arrival order), then, at the head, take the name when it allows this kind, else sleep
+-- until the release of the grant in the way gives its bell back (or its lease ends, or
+-- two seconds pass: look again; a semaphore's head waits on the permit that ends first,
+-- and notices another's release at its next look). At most p_wait seconds. A wait
+-- stopped by KILL QUERY (an asyncio task cancelled) leaves at once, granted nothing: a
+-- named-lock wait or a sleep that is killed returns, it does not fail. So does the wait
+-- of a client that is gone (its named-lock wait returns early), rather than take the
+-- name for nobody. A head whose blocker's session ended without a release sleeps in
+-- one-second slices until that lease ends; a head that dies then is not noticed by the
+-- sleep, and may take the name for its own ttl (two failures at once: slow, never
+-- unsafe). One row, as django_distlock_acquire's, except that on a grant retry_after is
+-- the seconds the server waited before granting.
 CREATE PROCEDURE django_distlock_wait(
-    IN p_name VARCHAR(255), IN p_owner VARCHAR(64), IN p_ttl DOUBLE, IN p_host VARCHAR(255),
-    IN p_pid INT, IN p_thread VARCHAR(255), IN p_wait DOUBLE
+    IN p_name VARCHAR(255), IN p_owner VARCHAR(64), IN p_kind VARCHAR(16), IN p_limit INT,
+    IN p_ttl DOUBLE, IN p_host VARCHAR(255), IN p_pid INT, IN p_thread VARCHAR(255),
+    IN p_wait DOUBLE
 ) SQL SECURITY INVOKER
 BEGIN
     DECLARE h CHAR(32) DEFAULT LEFT(SHA2(CONCAT(DATABASE(), 0x00, p_name), 256), 32);
@@ -183,42 +269,42 @@ BEGIN
     DECLARE started DATETIME(6) DEFAULT UTC_TIMESTAMP(6);
     DECLARE deadline DATETIME(6) DEFAULT started + INTERVAL ROUND(p_wait * 1000000) MICROSECOND;
     DECLARE t DATETIME(6);
-    DECLARE known BOOLEAN;
-    DECLARE cur_owner VARCHAR(64);
-    DECLARE cur_fencing BIGINT;
-    DECLARE cur_expires DATETIME(6);
     DECLARE budget, asked DOUBLE;
     DECLARE got INT;
-    DECLARE woken, f, gen BIGINT;
+    DECLARE woken, f, gen, block BIGINT;
     DECLARE left_s DOUBLE;
-    DECLARE CONTINUE HANDLER FOR NOT FOUND SET known = FALSE;
+    DECLARE stored INT;
     DO GET_LOCK(alive, 0);
     DELETE w FROM django_distlock_waiter w  -- the rows of waits that are gone
     WHERE w.name = p_name AND NOT IS_USED_LOCK(w.alive) <=> w.session;
-    REPLACE INTO django_distlock_waiter (session, name, alive, since, owner, host, pid, thread)
-    VALUES (CONNECTION_ID(), p_name, alive, started, p_owner, p_host, p_pid, p_thread);
+    REPLACE INTO django_distlock_waiter
+        (session, name, alive, kind, since, owner, host, pid, thread)
+    VALUES (CONNECTION_ID(), p_name, alive, p_kind, started, p_owner, p_host, p_pid, p_thread);
     SET got = GET_LOCK(CONCAT('dl:q:', h), p_wait);
     wait: WHILE got = 1 DO
-        SET t = UTC_TIMESTAMP(6), known = TRUE, cur_owner = NULL, cur_expires = NULL;
-        SELECT owner, fencing, expires_at INTO cur_owner, cur_fencing, cur_expires
-        FROM django_distlock_lock WHERE name = p_name;
-        IF NOT known OR cur_owner IS NULL OR cur_expires <= t THEN
-            CALL django_distlock_take(p_name, h, p_owner, p_ttl, p_host, p_pid, p_thread,
-                TRUE, t, f, gen, left_s);
-            IF f IS NOT NULL THEN
-                LEAVE wait;
-            END IF;
-            ITERATE wait;  -- taken meanwhile (by an attempt that may pass the queue)
-        END IF;
-        SET budget = LEAST(TIMESTAMPDIFF(MICROSECOND, t, cur_expires),
-            TIMESTAMPDIFF(MICROSECOND, t, deadline)) / 1000000;
-        IF budget <= 0 THEN
-            SET left_s = TIMESTAMPDIFF(MICROSECOND, t, cur_expires) / 1000000;
+        SET t = UTC_TIMESTAMP(6);
+        CALL django_distlock_take(p_name, h, p_owner, p_kind, p_limit, p_ttl, p_host, p_pid,
+            p_thread, TRUE, t, f, gen, left_s, block, stored);
+        IF f IS NOT NULL OR stored IS NOT NULL THEN
             LEAVE wait;
         END IF;
-        IF woken = cur_fencing THEN
-            -- This grant's lock came to us, its lease did not: its session ended without
-            -- a release. Look again in a while (the lease ends by itself).
+        SET budget = TIMESTAMPDIFF(MICROSECOND, t, deadline) / 1000000;
+        IF block IS NOT NULL THEN
+            SET budget = LEAST(budget, left_s);
+        END IF;
+        IF budget <= 0 THEN
+            LEAVE wait;
+        END IF;
+        IF block IS NULL THEN
+            -- Free, yet not granted: a racing first use made the row. Look again.
+            IF SLEEP(LEAST(budget, 0.01)) = 1 THEN
+                LEAVE wait;  -- killed
+            END IF;
+            ITERATE wait;
+        END IF;
+        IF woken = block THEN
+            -- This grant's bell came to us, its lease did not end: its session ended
+            -- without a release. Look again in a while (the lease ends by itself).
             IF SLEEP(LEAST(budget, 1.0)) = 1 THEN
                 LEAVE wait;  -- killed
             END IF;
@@ -230,7 +316,7 @@ BEGIN
         END IF;
         -- MySQL 8 waits whole seconds (MariaDB to the microsecond): round up there.
         SET asked = IF(@@version LIKE '%MariaDB%', LEAST(budget, 2.0), CEIL(LEAST(budget, 2.0)));
-        SET got = GET_LOCK(CONCAT('dl:g:', h, ':', cur_fencing), asked);
+        SET got = GET_LOCK(CONCAT('dl:g:', h, ':', block), asked);
         IF got IS NULL OR (got = 0 AND TIMESTAMPDIFF(MICROSECOND, t, UTC_TIMESTAMP(6))
                 < asked * 1000000 - 100000) THEN
             -- Killed (NULL), or the client is gone: the server ends a named-lock wait of
@@ -238,7 +324,7 @@ BEGIN
             LEAVE wait;
         END IF;
         IF got = 1 THEN
-            SET woken = cur_fencing;
+            SET woken = block;
         END IF;
         SET got = 1;
     END WHILE;
@@ -250,14 +336,15 @@ BEGIN
     SELECT f IS NOT NULL, f, IF(f IS NULL, NULL, t),
         IF(f IS NULL, NULL, t + INTERVAL ROUND(p_ttl * 1000000) MICROSECOND),
         IF(f IS NULL, left_s, GREATEST(TIMESTAMPDIFF(MICROSECOND, started, t), 0) / 1000000),
-        gen;
+        gen, stored;
 END
 -- ;;
 DROP PROCEDURE IF EXISTS django_distlock_release
 -- ;;
--- Lease mode: free the name if p_owner holds it, then give the grant's generation lock
--- back (p_generation, when this session holds it), which wakes the head of the queue
--- after the commit. One row: valid (whether the lease was still live; NULL: not held).
+-- Lease mode, any kind: free the name if p_owner holds its row, or delete p_owner's
+-- share (and the name's expired ones); then give the grant's bell back (p_generation,
+-- when this session holds it), which wakes the head waiting on it after the commit.
+-- One row: valid (whether the lease was still live; NULL: not held).
 CREATE PROCEDURE django_distlock_release(
     IN p_name VARCHAR(255), IN p_owner VARCHAR(64), IN p_generation BIGINT
 ) SQL SECURITY INVOKER
@@ -266,10 +353,18 @@ BEGIN
     DECLARE valid BOOLEAN DEFAULT NULL;
     DECLARE CONTINUE HANDLER FOR NOT FOUND BEGIN END;
     START TRANSACTION;
-    SELECT expires_at > t INTO valid FROM django_distlock_lock
-    WHERE name = p_name AND owner = p_owner FOR UPDATE;
+    SELECT IF(owner = p_owner, expires_at > t, NULL) INTO valid FROM django_distlock_lock
+    WHERE name = p_name FOR UPDATE;
     IF valid IS NOT NULL THEN
         UPDATE django_distlock_lock SET owner = NULL WHERE name = p_name;
+    ELSE
+        SELECT expires_at > t INTO valid FROM django_distlock_share
+        WHERE name = p_name AND owner = p_owner;
+        IF valid IS NOT NULL THEN
+            DELETE FROM django_distlock_share
+            WHERE name = p_name AND (owner = p_owner OR expires_at <= t);
+            CALL django_distlock_recompute(p_name, t);
+        END IF;
     END IF;
     COMMIT;
     IF p_generation IS NOT NULL THEN
@@ -281,35 +376,66 @@ END
 -- ;;
 DROP PROCEDURE IF EXISTS django_distlock_extend
 -- ;;
--- Lease mode: extend a live lease by p_ttl from now. One row (fencing, acquired_at,
--- expires_at), none if the lease was not live.
+-- Lease mode, any kind: extend a live lease (the row's holder, or a share) by p_ttl
+-- from now. One row (fencing, acquired_at, expires_at), none if the lease was not live.
 CREATE PROCEDURE django_distlock_extend(
     IN p_ttl DOUBLE, IN p_name VARCHAR(255), IN p_owner VARCHAR(64)
 ) SQL SECURITY INVOKER
 BEGIN
     DECLARE t DATETIME(6) DEFAULT UTC_TIMESTAMP(6);
-    DECLARE matched INT;
-    UPDATE django_distlock_lock SET expires_at = t + INTERVAL ROUND(p_ttl * 1000000) MICROSECOND
+    DECLARE later DATETIME(6) DEFAULT t + INTERVAL ROUND(p_ttl * 1000000) MICROSECOND;
+    DECLARE matched, shared INT DEFAULT 0;
+    DECLARE locked INT;
+    DECLARE CONTINUE HANDLER FOR NOT FOUND BEGIN END;
+    UPDATE django_distlock_lock SET expires_at = later
     WHERE name = p_name AND owner = p_owner AND expires_at > t;
     SET matched = ROW_COUNT();
+    IF matched = 0 AND EXISTS (
+            SELECT 1 FROM django_distlock_share WHERE name = p_name AND owner = p_owner) THEN
+        START TRANSACTION;
+        SELECT 1 INTO locked FROM django_distlock_lock WHERE name = p_name FOR UPDATE;
+        UPDATE django_distlock_share SET expires_at = later
+        WHERE name = p_name AND owner = p_owner AND expires_at > t;
+        SET shared = ROW_COUNT();
+        IF shared > 0 THEN
+            CALL django_distlock_recompute(p_name, t);
+        END IF;
+        COMMIT;
+    END IF;
     SELECT fencing, acquired_at, expires_at FROM django_distlock_lock
-    WHERE matched > 0 AND name = p_name AND owner = p_owner;
+    WHERE matched > 0 AND name = p_name AND owner = p_owner
+    UNION ALL
+    SELECT fencing, acquired_at, expires_at FROM django_distlock_share
+    WHERE shared > 0 AND name = p_name AND owner = p_owner;
 END
 -- ;;
 DROP PROCEDURE IF EXISTS django_distlock_force
 -- ;;
--- Lease mode: free a held name whose owner id starts with p_expected ('': any holder);
--- the holder learns it at its next extend or release, the head of the queue at its next
--- look (within two seconds). One row when a held lock was freed, none otherwise.
+-- Lease mode: free what holds the name among the shares and the row's holder whose
+-- owner id starts with p_expected ('': all of them); a holder learns it at its next
+-- extend or release, the head of the queue at its next look (within two seconds). One
+-- row when anything held was freed, none otherwise.
 CREATE PROCEDURE django_distlock_force(IN p_name VARCHAR(255), IN p_expected VARCHAR(64))
 SQL SECURITY INVOKER
 BEGIN
-    DECLARE freed INT;
+    DECLARE t DATETIME(6) DEFAULT UTC_TIMESTAMP(6);
+    DECLARE shares, held INT DEFAULT 0;
+    DECLARE locked INT;
+    DECLARE CONTINUE HANDLER FOR NOT FOUND BEGIN END;
+    START TRANSACTION;
+    SELECT 1 INTO locked FROM django_distlock_lock WHERE name = p_name FOR UPDATE;
+    DELETE FROM django_distlock_share
+    WHERE name = p_name AND expires_at > t AND LEFT(owner, CHAR_LENGTH(p_expected)) = p_expected;
+    SET shares = ROW_COUNT();
     UPDATE django_distlock_lock SET owner = NULL
-    WHERE name = p_name AND owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6)
+    WHERE name = p_name AND owner IS NOT NULL AND expires_at > t
         AND LEFT(owner, CHAR_LENGTH(p_expected)) = p_expected;
-    SET freed = ROW_COUNT();
-    SELECT 1 FROM DUAL WHERE freed > 0;
+    SET held = ROW_COUNT();
+    IF shares > 0 THEN
+        CALL django_distlock_recompute(p_name, t);
+    END IF;
+    COMMIT;
+    SELECT 1 FROM DUAL WHERE held + shares > 0;
 END
 -- ;;
 DROP PROCEDURE IF EXISTS django_distlock_prune

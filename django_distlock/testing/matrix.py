@@ -127,7 +127,7 @@ REASONS: dict[tuple[str, str], str] = {
     ("SQLite transaction", "expiry/renewal"): "held until the transaction ends",
     ("PostgreSQL lease", "downgrade"): _NO_DOWNGRADE,
     ("SQLite lease", "downgrade"): _NO_DOWNGRADE,
-    ("MySQL/MariaDB lease", "downgrade"): "no read-write locks on MySQL/MariaDB yet",
+    ("MySQL/MariaDB lease", "downgrade"): _NO_DOWNGRADE,
     ("Redis", "downgrade"): _NO_DOWNGRADE,
     ("Redis Cluster", "downgrade"): _NO_DOWNGRADE,
     ("Redlock", "counting"): "no master knows which locks a majority holds",

@@ -49,8 +49,9 @@ from .sessions import (
     Session,
     retry_row_waits,
 )
-from .share_acquisition import DatabaseKindAcquisition, DatabaseWriteAcquisition
+from .share_acquisition import DatabaseKindAcquisition, DatabaseWriteAcquisition, limit_mismatch
 from .shares import force_release, kind_of_owner, with_shares
+from .shares_sql import WRITER_SUFFIX
 from .sql import (
     PG_WAIT,
     PG_WITHDRAW,
@@ -173,17 +174,8 @@ class SqliteLeaseBackend(LeaseBackend):
 
 class MySqlLeaseBackend(LeaseBackend):
     """Lease mode on MySQL and MariaDB (InnoDB): the row decides, as on PostgreSQL;
-    waiters queue in the server on named locks (``GET_LOCK``), which order and wake them
-    but never grant (sql/mysql.sql). Exclusive locks; read-write locks and semaphores
-    are not served yet."""
-
-    why_unsupported = {
-        **LeaseBackend.why_unsupported,
-        "supports_read_write": "not built yet on MySQL/MariaDB: its readers' and writers' "
-        "procedures are still to come (docs/database.md)",
-        "supports_semaphore": "not built yet on MySQL/MariaDB: its permits' procedures "
-        "are still to come (docs/database.md)",
-    }
+    waiters of every kind queue in the server on named locks (``GET_LOCK``), which order
+    and wake them but never grant (sql/mysql.sql)."""
 
     def _force_release(self, key: str, owner: str) -> Freed | None:
         rows = self.run(self.dialect.force_release, [key, owner], "force-releasing a lock")
@@ -248,6 +240,8 @@ class SessionLeaseAcquisition(Acquisition):
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
+        #: The owner as the row (or the share) stores it.
+        self.owner = self.token
         #: The session that holds the grant's generation lock (after a grant).
         self.granted_on: Session | None = None
         self.generation: int | None = None
@@ -290,7 +284,7 @@ class SessionLeaseAcquisition(Acquisition):
         def extend_on(session: Session) -> Grant | None:
             with self._watched(session, until):
                 return self._call(session, "extending a lock", lambda: _extended(
-                    session.execute(self.dialect.extend, [ttl, self.hold.key, self.token])
+                    session.execute(self.dialect.extend, [ttl, self.hold.key, self.owner])
                     .fetchall()))
 
         return self._retried(extend_on, until)
@@ -449,12 +443,26 @@ class SessionLeaseAcquisition(Acquisition):
         finally:
             WATCHDOG.done(ident)
 
+    def acquire_params(self) -> dict[str, object]:
+        """The parameters of ``dialect.acquire`` (named)."""
+        hold = self.hold
+        return acquire_params(hold.key, self.owner, hold.ttl, hold.host, hold.pid,
+                              hold.holder_field)
+
+    def wait_params(self, seconds: float | None) -> list[object]:
+        """The parameters of ``wait_statement``, waiting ``seconds`` at most."""
+        hold = self.hold
+        return [hold.key, self.owner, hold.ttl, hold.host, hold.pid, hold.holder_field,
+                seconds]
+
+    def refused(self, row: tuple[Any, ...]) -> None:
+        """Raise what an attempt's or a wait's row says was refused (nothing here)."""
+
     def _attempt_on(self, session: Session) -> Grant | Miss:
         hold = self.hold
         if self.queued or (self.blocking and session.contended(hold.key)):
             return Miss()  # known contended: the wait queues (and grants if free)
-        params = acquire_params(hold.key, self.token, hold.ttl, hold.host, hold.pid,
-                                hold.holder_field)
+        params = self.acquire_params()
         try:
             with session.mutex, self._watched(session):
                 row = session.execute(self.dialect.acquire, params).fetchone()
@@ -466,7 +474,8 @@ class SessionLeaseAcquisition(Acquisition):
                 exc, "acquiring a lock", self.backend.where) from exc
         if row is None:
             return Miss()
-        granted, fencing, acquired_at, expires_at, retry_after, generation = row
+        granted, fencing, acquired_at, expires_at, retry_after, generation = row[:6]
+        self.refused(row)
         if not granted:
             return Miss(retry_after)
         return self._grant(session, fencing, acquired_at, expires_at, generation, 0.0)
@@ -475,8 +484,7 @@ class SessionLeaseAcquisition(Acquisition):
         hold = self.hold
         self.queued = True
         session.note_contended(hold.key)
-        params = [hold.key, self.token, hold.ttl, hold.host, hold.pid, hold.holder_field,
-                  server_wait(self.deadline)]
+        params = self.wait_params(server_wait(self.deadline))
         try:
             with session.mutex, self._watched(session), call.running_on(session):
                 try:
@@ -503,7 +511,8 @@ class SessionLeaseAcquisition(Acquisition):
         except BaseException:
             self._drop(session)
             raise
-        granted, fencing, acquired_at, expires_at, granted_after, generation = row
+        granted, fencing, acquired_at, expires_at, granted_after, generation = row[:6]
+        self.refused(row)
         if not granted:
             return None
         return self._grant(session, fencing, acquired_at, expires_at, generation, granted_after)
@@ -519,7 +528,7 @@ class SessionLeaseAcquisition(Acquisition):
         would hand the name to a task that is gone, held then for its ttl. The withdrawal
         commits first, so no handover comes after it; the release frees one that came.
         Best effort within the watchdog's grace: the session is closed next anyway."""
-        key, token = self.hold.key, self.token
+        key, token = self.hold.key, self.owner
         bound = time.monotonic()
         try:
             with session.mutex, self._watched(session, bound):
@@ -553,7 +562,7 @@ class SessionLeaseAcquisition(Acquisition):
             if released is not None:
                 return released
         generation = self.generation if held_on is session else None
-        params = release_params(self.hold.key, self.token, generation)
+        params = release_params(self.hold.key, self.owner, generation)
         with self._watched(session, bound := self._release_bound()):
             rows = self._call(session, "releasing a lock", lambda: retry_row_waits(
                 lambda: session.execute(self.dialect.release, params).fetchall(), bound))
@@ -567,7 +576,7 @@ class SessionLeaseAcquisition(Acquisition):
             session.orphans.append((self.hold.key, self.generation))
             return None
         try:
-            params = release_params(self.hold.key, self.token, self.generation)
+            params = release_params(self.hold.key, self.owner, self.generation)
             with self._watched(session, bound := self._release_bound()):
                 row = retry_row_waits(
                     lambda: session.execute(self.dialect.release, params).fetchone(), bound)
@@ -589,12 +598,32 @@ class PgLeaseAcquisition(SessionLeaseAcquisition):
 
 
 class MySqlLeaseAcquisition(SessionLeaseAcquisition):
-    """MySQL and MariaDB: the head of the queue takes the name when the release (or the
-    lease's end) wakes it; a wait reserves nothing."""
+    """MySQL and MariaDB, every kind: the head of the name's one queue takes the name
+    when the release of the grant in its way (or that lease's end) wakes it; a wait
+    reserves nothing. A writer's owner carries a suffix in the row; a reader or a permit
+    is a share (sql/mysql.sql)."""
 
     dialect = MYSQL
     wait_statement = MYSQL_WAIT
     withdraw_statement = None
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        if self.hold.kind == Kind.WRITE:
+            self.owner = self.token + WRITER_SUFFIX
+
+    def acquire_params(self) -> dict[str, object]:
+        return {**super().acquire_params(), "kind": self.hold.kind, "limit": self.hold.limit}
+
+    def wait_params(self, seconds: float | None) -> list[object]:
+        hold = self.hold
+        return [hold.key, self.owner, hold.kind, hold.limit, hold.ttl, hold.host, hold.pid,
+                hold.holder_field, seconds]
+
+    def refused(self, row: tuple[Any, ...]) -> None:
+        stored = row[6]
+        if stored is not None:
+            raise limit_mismatch(self.hold, stored)
 
 
 def _extended(rows: list[Any]) -> Grant | None:
@@ -616,4 +645,4 @@ def _kinds(exclusive: type[Acquisition]) -> dict[Kind, type[Acquisition]]:
 # Set here, below the acquisition classes (the backends come first in this module).
 LeaseBackend.kinds = _kinds(PgLeaseAcquisition)
 SqliteLeaseBackend.kinds = _kinds(SqliteLeaseAcquisition)
-MySqlLeaseBackend.kinds = {Kind.EXCLUSIVE: MySqlLeaseAcquisition}
+MySqlLeaseBackend.kinds = dict.fromkeys(Kind, MySqlLeaseAcquisition)

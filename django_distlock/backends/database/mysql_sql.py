@@ -22,8 +22,10 @@ _NOW = "UTC_TIMESTAMP(6)"
 MYSQL = Dialect(
     vendor="mysql",
     # The procedures are in sql/mysql.sql: one round trip each, one row each.
-    acquire="CALL django_distlock_acquire(%(key)s, %(owner)s, %(ttl)s, %(host)s, %(pid)s, "
-    "%(thread)s, %(retry)s)",
+    # Every kind: ``kind`` and ``limit`` join ``acquire_params``' (see mysql_params); its
+    # row has a seventh column, a semaphore's stored limit when it is not ``limit``.
+    acquire="CALL django_distlock_acquire(%(key)s, %(owner)s, %(kind)s, %(limit)s, %(ttl)s, "
+    "%(host)s, %(pid)s, %(thread)s, %(retry)s)",
     retry_after=None,
     release="CALL django_distlock_release(%s, %s, %s)",
     extend="CALL django_distlock_extend(%s, %s, %s)",
@@ -35,9 +37,9 @@ MYSQL = Dialect(
 )
 
 #: Lease mode, blocking: queue for the name and take it when it comes (sql/mysql.sql).
-#: Params: key, owner, ttl, host, pid, thread, seconds to wait. Row: as ``acquire``'s,
-#: except that on a grant its fifth column is the seconds the server waited.
-WAIT = "CALL django_distlock_wait(%s, %s, %s, %s, %s, %s, %s)"
+#: Params: key, owner, kind, limit, ttl, host, pid, thread, seconds to wait. Row: as
+#: ``acquire``'s, except that on a grant its fifth column is the seconds the server waited.
+WAIT = "CALL django_distlock_wait(%s, %s, %s, %s, %s, %s, %s, %s, %s)"
 #: Lease mode: give back a grant's generation lock (released through another session).
 #: Params: key, generation.
 MYSQL_UNLOCK_GENERATION = (
@@ -50,9 +52,10 @@ KILL_QUERY = "KILL QUERY %s"
 
 #: Lease mode: who waits for a name, as they recorded themselves (sql/mysql.sql); a row
 #: counts while its connection holds its liveness lock. Params (named): key, limit. Rows:
-#: (owner, host, pid, thread, since, session), in arrival order.
+#: (owner, host, pid, thread, since, session, kind), in arrival order.
 WAITERS = """
-SELECT w.owner, w.host, w.pid, w.thread, w.since, w.session FROM django_distlock_waiter w
+SELECT w.owner, w.host, w.pid, w.thread, w.since, w.session, w.kind
+FROM django_distlock_waiter w
 WHERE w.name = %(key)s AND IS_USED_LOCK(w.alive) = w.session
 ORDER BY w.since, w.session LIMIT %(limit)s"""
 #: Lease mode: how many wait for each of a page's names. ``{names}``: a placeholder per

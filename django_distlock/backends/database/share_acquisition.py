@@ -39,6 +39,7 @@ from .shares_sql import (
 from .sql import POSTGRESQL, SQLITE, as_datetime, sqlite_ttl
 
 if TYPE_CHECKING:
+    from ...hold import Hold
     from .lease import LeaseBackend
     from .shares import Run
 
@@ -114,7 +115,7 @@ class DatabaseKindAcquisition(Acquisition):
                 self.granted_on, self.generation = self.backend.sessions.current(), generation
             return Grant(fencing, as_datetime(acquired_at), as_datetime(expires_at))
         if stored is not None:
-            return self._mismatch(stored)
+            return limit_mismatch(hold, stored)
         if params["mark"]:
             self.marked = True  # keeps new readers out while this writer waits
         return Miss(retry_after)
@@ -151,21 +152,12 @@ class DatabaseKindAcquisition(Acquisition):
         found = run(sql.missed, params)
         retry_after, stored = found[0] if found else (None, None)
         if stored is not None:
-            return self._mismatch(stored)
+            return limit_mismatch(self.hold, stored)
         if self.writer and self.blocking:
             # Keep new readers out while this writer waits (writers are not starved).
             run(sql.mark_intent, params)
             self.marked = True
         return Miss(retry_after)
-
-    def _mismatch(self, stored: int) -> SemaphoreLimitMismatch:
-        given = self.hold.limit
-        return SemaphoreLimitMismatch(
-            f"The stored limit of the semaphore {self.hold.name!r} is {stored}; this "
-            f"client gave {given}: every client of a semaphore must use the same limit "
-            "(the stored one binds while any permit of the name is held).",
-            stored=int(stored), given=given,
-        )
 
     # -- waiting -------------------------------------------------------------------
 
@@ -311,6 +303,17 @@ class DatabaseKindAcquisition(Acquisition):
         exclusive release: watched until a past moment, every call would be cut at once)."""
         until = self.hold.valid_until
         return None if until is None else max(time.monotonic(), until)
+
+
+def limit_mismatch(hold: Hold, stored: int) -> SemaphoreLimitMismatch:
+    """The error of a semaphore acquire whose limit is not the one the name stores."""
+    given = hold.limit
+    return SemaphoreLimitMismatch(
+        f"The stored limit of the semaphore {hold.name!r} is {stored}; this "
+        f"client gave {given}: every client of a semaphore must use the same limit "
+        "(the stored one binds while any permit of the name is held).",
+        stored=int(stored), given=given,
+    )
 
 
 def _listens(raw: Any) -> bool:

@@ -1,5 +1,6 @@
 """Lease mode's read-write locks and semaphores (``read_lock``, ``write_lock``,
-``semaphore``), on PostgreSQL and SQLite.
+``semaphore``), on PostgreSQL and SQLite (MySQL's are its lease procedures, every kind
+in one: sql/mysql.sql; this module lists their shares).
 
 A reader or a permit is a row of ``django_distlock_share`` with its own expiry; a
 writer holds the name's row as an exclusive holder does, so ``lock(name)`` and
@@ -29,6 +30,7 @@ from ..base import Freed
 from .errors import ERRORS, connection_lost, did_not_answer, is_busy
 from .sessions import WATCHDOG, Session
 from .shares_sql import (
+    MYSQL_LISTED,
     PERMITS,
     PG_FORCE,
     PG_LISTED,
@@ -162,7 +164,8 @@ def listed_shares(backend: LeaseBackend, keys: list[str]) -> list[Any]:
     :raises BackendUnavailable: when the database fails.
     """
     names = ", ".join(f"%(n{index})s" for index in range(len(keys)))
-    listed = PG_LISTED if backend.vendor == "postgresql" else SQLITE_SHARES.listed
+    listed = {"postgresql": PG_LISTED, "mysql": MYSQL_LISTED}.get(
+        backend.vendor, SQLITE_SHARES.listed)
     statement = listed.format(names=names)
     params: dict[str, Any] = {f"n{index}": key for index, key in enumerate(keys)}
     params["most"] = SHARES_LISTED

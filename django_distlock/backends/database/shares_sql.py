@@ -213,6 +213,9 @@ ON CONFLICT (session) DO UPDATE SET started = excluded.started, name = excluded.
 PG_LEAVE = "SELECT django_distlock_share_leave(%(key)s, %(queued)s::boolean, %(owner)s)"
 #: Listing. Params: the names, most.
 PG_LISTED = _listed("now()")
+#: MySQL and MariaDB: the listing (their grants, releases and extends are the lease
+#: procedures of sql/mysql.sql, every kind in one). Params: the names, most.
+MYSQL_LISTED = _listed("UTC_TIMESTAMP(6)")
 #: Most readers or permits of one name a listing shows (as the Redis backend).
 SHARES_LISTED = 100
 

@@ -128,9 +128,9 @@ def read_waiters(backend: LeaseBackend, key: str, limit: int) -> list[WaiterInfo
         rows = backend.run(MYSQL_WAITERS, params, "listing waiters")
         return [
             WaiterInfo(position=i, owner=short_owner(owner), since=as_datetime(since),
-                       host=host, pid=pid, thread=thread, kind="exclusive",
+                       host=host, pid=pid, thread=thread, kind=kind,
                        session=f"mysql {session}")
-            for i, (owner, host, pid, thread, since, session) in enumerate(rows, 1)
+            for i, (owner, host, pid, thread, since, session, kind) in enumerate(rows, 1)
         ]
     rows = backend.run(WAITERS, params, "listing waiters")
     return [_waiter(i, row) for i, row in enumerate(rows, 1)]
