@@ -472,3 +472,42 @@ def test_server_versions_older_than_served_are_told(version: str, old: bool) -> 
     from django_distlock.backends.database.mysql_checks import _too_old
 
     assert _too_old(version) is old
+
+
+def test_a_short_wait_timeout_is_reported_for_lease_mode() -> None:
+    """Sessions idle past ``wait_timeout`` are closed by the server, and their grants'
+    bells with them: lease mode is told (transaction mode holds its connection busy)."""
+    with _global("innodb_flush_log_at_trx_commit", 1), _global("wait_timeout", 60):
+        assert _ids(locks["mysql-lease"].check(deploy=True)) == ["distlock.W056"]
+        assert _ids(locks["mysql-tx"].check(deploy=True)) == []
+
+
+# What MariaDB here cannot be made to be (a binary log needs a restart with it; Group
+# Replication is MySQL's): the checks' reading of the variables such a server shows.
+_SERVED = {"version": "8.0.36", "innodb_rollback_on_timeout": "OFF",
+           "innodb_flush_log_at_trx_commit": "1", "wait_timeout": "28800", "log_bin": "ON",
+           "binlog_format": "ROW"}
+
+
+@pytest.mark.parametrize(("variables", "lease", "tx"), [
+    ({}, [], []),
+    ({"binlog_format": "STATEMENT"}, ["distlock.W059"], []),
+    ({"binlog_format": "STATEMENT", "log_bin": "OFF"}, [], []),
+    ({"binlog_format": "MIXED"}, [], []),
+    ({"group_replication_group_name": "aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee",
+      "group_replication_single_primary_mode": "ON", "super_read_only": "OFF"}, [], []),
+    ({"group_replication_group_name": "aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee",
+      "group_replication_single_primary_mode": "ON", "super_read_only": "ON"},
+     ["distlock.E054"], ["distlock.E054"]),
+    ({"group_replication_group_name": "aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee",
+      "group_replication_single_primary_mode": "OFF", "super_read_only": "OFF"},
+     ["distlock.E054"], ["distlock.W060"]),
+    ({"group_replication_group_name": ""}, [], []),
+])
+def test_what_the_server_variables_of_mysql_8_tell(variables: dict, lease: list,
+                                                   tx: list) -> None:
+    from django_distlock.backends.database.mysql_checks import checks_of
+
+    found = {**_SERVED, **variables}
+    assert _ids(checks_of(locks["mysql-lease"], found, "InnoDB")) == lease
+    assert _ids(checks_of(locks["mysql-tx"], found, "InnoDB")) == tx

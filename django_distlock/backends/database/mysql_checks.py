@@ -3,7 +3,8 @@ the server's configuration breaks what the locks promise there (docs/database.md
 "MySQL and MariaDB"; docs/settings.md lists the ids).
 
 The settings' checks run with every ``check``; the server's run with ``check --deploy``
-(one round trip, as the Redis backend's eviction check does), since they need the server.
+(two round trips, as the Redis backend's eviction check asks its server), since they need
+the server.
 """
 
 from __future__ import annotations
@@ -18,15 +19,21 @@ from .sql import TABLE
 if TYPE_CHECKING:
     from .backend import DatabaseBackend
 
-#: One round trip: the server's version and the settings the checks read. The engine of
-#: the lock table is NULL before ``migrate``. Galera's ``wsrep_on`` is read from the
-#: variables' table, where MySQL (which has no such variable) gives no row.
-SERVER = f"""
-SELECT @@version, @@innodb_rollback_on_timeout, @@innodb_flush_log_at_trx_commit,
-    (SELECT engine FROM information_schema.tables
-     WHERE table_schema = DATABASE() AND table_name = '{TABLE}'),
-    (SELECT variable_value FROM information_schema.global_variables
-     WHERE variable_name = 'WSREP_ON')"""
+#: The server's variables the checks read: a statement both servers answer, where a
+#: variable one of them lacks (Galera's on MySQL, Group Replication's on MariaDB) gives no
+#: row. (MySQL 8 has no ``information_schema.global_variables``.)
+VARIABLES = """
+SHOW GLOBAL VARIABLES WHERE Variable_name IN ('version', 'innodb_rollback_on_timeout',
+    'innodb_flush_log_at_trx_commit', 'wsrep_on', 'wait_timeout', 'log_bin', 'binlog_format',
+    'group_replication_group_name', 'group_replication_single_primary_mode',
+    'super_read_only')"""
+#: The lock table's engine (no row before ``migrate``).
+ENGINE = f"""
+SELECT engine FROM information_schema.tables
+WHERE table_schema = DATABASE() AND table_name = '{TABLE}'"""
+#: Below this many seconds of ``wait_timeout`` the server closes the backend's sessions
+#: between a lease's calls, and the bells of their grants with them.
+SHORTEST_WAIT_TIMEOUT = 600
 #: The oldest servers served: SKIP LOCKED (listing, prune) and NOWAIT.
 OLDEST_MARIADB = (10, 6)
 OLDEST_MYSQL = (8, 0, 1)
@@ -65,14 +72,25 @@ def server_checks(backend: DatabaseBackend) -> list[checks.CheckMessage]:
     """The server's configuration (one round trip on the backend's own connection)."""
     alias = backend.alias
     try:
-        rows: list[Any] = backend.run(SERVER, [], "checking the server")
+        rows: list[Any] = backend.run(VARIABLES, [], "checking the server")
+        engines: list[Any] = backend.run(ENGINE, [], "checking the server")
     except Exception as exc:  # reported, never raised: a check must not crash
         return [checks.Warning(
             f"DISTLOCK[{alias!r}]: could not read the MySQL server's settings: {exc}",
             obj=alias, id="distlock.W054")]
-    version, rollback_on_timeout, flush, engine, wsrep = rows[0]
+    found = {str(name).lower(): value for name, value in rows}
+    engine = engines[0][0] if engines else None
+    return checks_of(backend, found, engine)
+
+
+def checks_of(backend: DatabaseBackend, found: dict[str, Any],
+              engine: str | None) -> list[checks.CheckMessage]:
+    """What the server's variables ``found`` (by lower-case name; a variable the server
+    lacks is absent) and the lock table's ``engine`` tell about ``backend``."""
+    alias = backend.alias
+    version = str(found.get("version", ""))
     messages: list[checks.CheckMessage] = []
-    if _too_old(str(version)):
+    if _too_old(version):
         messages.append(checks.Error(
             f"DISTLOCK[{alias!r}]: the server is {version}; the database backend needs "
             "MariaDB 10.6 or MySQL 8.0.1 or newer (SKIP LOCKED, NOWAIT).",
@@ -82,7 +100,7 @@ def server_checks(backend: DatabaseBackend) -> list[checks.CheckMessage]:
             f"DISTLOCK[{alias!r}]: the table {TABLE} is {engine}, which has no row locks "
             "and no transactions.",
             hint=f"ALTER TABLE {TABLE} ENGINE=InnoDB", obj=alias, id="distlock.E051"))
-    if str(wsrep or "").upper() == "ON":
+    if str(found.get("wsrep_on", "")).upper() == "ON":
         if backend.mode == "lease":
             messages.append(checks.Error(
                 f"DISTLOCK[{alias!r}]: the server is a Galera cluster node, which refuses "
@@ -94,17 +112,70 @@ def server_checks(backend: DatabaseBackend) -> list[checks.CheckMessage]:
                 f"DISTLOCK[{alias!r}]: the server is a Galera cluster node: row locks are "
                 "each node's own, and a holder on another node fails only at its commit.",
                 hint="Send lock traffic to one writer node.", obj=alias, id="distlock.W053"))
-    if backend.mode == "transaction" and int(rollback_on_timeout or 0):
+    messages.extend(_group_replication(backend, found))
+    if backend.mode == "transaction" and _on(found.get("innodb_rollback_on_timeout")):
         messages.append(checks.Warning(
             f"DISTLOCK[{alias!r}]: innodb_rollback_on_timeout is ON: an acquire that times "
             "out rolls back the whole transaction around it, not only its own statement.",
             hint="Turn it off (the default).", obj=alias, id="distlock.W052"))
-    if int(flush) != 1:
+    flush = found.get("innodb_flush_log_at_trx_commit", "1")
+    if str(flush) != "1":
         messages.append(checks.Warning(
             f"DISTLOCK[{alias!r}]: innodb_flush_log_at_trx_commit is {flush}: a crash of "
             "the machine may lose granted leases and give a fencing token again.",
             hint="Set it to 1 (the default).", obj=alias, id="distlock.W055"))
+    wait_timeout = int(found.get("wait_timeout") or SHORTEST_WAIT_TIMEOUT)
+    if backend.mode == "lease" and wait_timeout < SHORTEST_WAIT_TIMEOUT:
+        messages.append(checks.Warning(
+            f"DISTLOCK[{alias!r}]: wait_timeout is {wait_timeout} s: the server closes the "
+            "backend's idle sessions, and a grant's bell with its session, so a waiter "
+            "learns of that lease's release only at its next look (each second), and the "
+            "next call reconnects.",
+            hint=f"Set wait_timeout to {SHORTEST_WAIT_TIMEOUT} or more (the default is "
+            "28800).", obj=alias, id="distlock.W056"))
+    if (backend.mode == "lease" and _on(found.get("log_bin"))
+            and str(found.get("binlog_format", "")).upper() == "STATEMENT"):
+        messages.append(checks.Warning(
+            f"DISTLOCK[{alias!r}]: the binary log is on with binlog_format STATEMENT, for "
+            "which the procedures' GET_LOCK and IS_FREE_LOCK are unsafe: the server logs "
+            "a warning for every lease call.",
+            hint="Use binlog_format ROW (MySQL 8's default) or MIXED.",
+            obj=alias, id="distlock.W059"))
     return messages
+
+
+def _group_replication(backend: DatabaseBackend,
+                       found: dict[str, Any]) -> list[checks.CheckMessage]:
+    """MySQL Group Replication (a member has a group name): named locks are each member's
+    own, and a member's row locks do not stop another member's grant (the loser fails at
+    its commit)."""
+    if not found.get("group_replication_group_name"):
+        return []
+    alias = backend.alias
+    if _on(found.get("super_read_only")):
+        return [checks.Error(
+            f"DISTLOCK[{alias!r}]: the server is a read-only member of a replication group "
+            "(a secondary): every grant's write fails.",
+            hint="Connect to the group's primary.", obj=alias, id="distlock.E054")]
+    if _on(found.get("group_replication_single_primary_mode", "ON")):
+        return []
+    if backend.mode == "lease":
+        return [checks.Error(
+            f"DISTLOCK[{alias!r}]: the server is a member of a multi-primary replication "
+            "group: the named locks lease mode queues its waiters on are each member's "
+            "own, and two members could grant one name at once.",
+            hint="Use single-primary mode (the default), or Redis or ZooKeeper.",
+            obj=alias, id="distlock.E054")]
+    return [checks.Warning(
+        f"DISTLOCK[{alias!r}]: the server is a member of a multi-primary replication group: "
+        "row locks are each member's own, and a holder on another member fails only at its "
+        "commit.", hint="Use single-primary mode (the default).", obj=alias,
+        id="distlock.W060")]
+
+
+def _on(value: Any) -> bool:
+    """Whether a server variable's value (``ON``, ``1``; absent: None) is on."""
+    return str(value or "").upper() in ("ON", "1")
 
 
 def _too_old(version: str) -> bool:
