@@ -34,7 +34,11 @@ from .conftest import (
     mysql_side,
     require_mysql,
 )
+from .figures import record
 from .histories import FORK, done, fork_ready
+from .private_mariadb import MariaDB
+from .test_hostile import _acquire_retrying, _every_session_ended, _tokens_before
+from .test_hostile_kinds_servers import _restart_while_held
 
 pytestmark = LIBRARY_DB
 
@@ -511,3 +515,58 @@ def test_what_the_server_variables_of_mysql_8_tell(variables: dict, lease: list,
     found = {**_SERVED, **variables}
     assert _ids(checks_of(locks["mysql-lease"], found, "InnoDB")) == lease
     assert _ids(checks_of(locks["mysql-tx"], found, "InnoDB")) == tx
+
+
+# -- MariaDB restarted from its data dir under holders -------------------------------------
+
+
+@pytest.fixture(scope="module")
+def private_mariadb() -> Iterator[MariaDB]:
+    """One private MariaDB for the module (its install and start cost seconds)."""
+    require_mysql()
+    own = MariaDB()
+    own.start()
+    try:
+        yield own
+    finally:
+        own.stop()
+
+
+def test_mariadb_restarted_from_disk_under_holders(private_mariadb: MariaDB, unique) -> None:
+    """SIGKILL of the server, started again on its data dir: a lease outlives it (a waiter
+    queued before it is not granted until the holder's release, which reconnects), and
+    tokens go on above every one before it, also for a name whose row was pruned before
+    the crash (the token counter alone remembers it: a rolled-back draw or a crash never
+    gives a value again, the counter survives a restart)."""
+    with private_mariadb.borrowed() as alias:
+        backend = private_mariadb.backend(alias)
+        try:
+            pruned, before = unique("pruned"), []
+            for _ in range(3):  # short leases: the row is idle once they end
+                with backend.lock(pruned, ttl=0.05) as handle:
+                    before.append(handle.fencing_token)
+            time.sleep(0.1)
+            assert backend.prune(idle_for=0) == 1
+            name = unique("restarted")
+            _every_session_ended("mysql-lease", backend, name, private_mariadb.restart)
+            again = backend.lock(pruned, ttl=30)
+            assert _acquire_retrying(again, blocking=False)
+            assert again.fencing_token > max(before), (again.fencing_token, before)
+            again.release()
+        finally:
+            backend.close()
+
+
+def test_mariadb_restarted_from_disk_under_every_kind(private_mariadb: MariaDB, unique) -> None:
+    """The same restart while readers, a writer and permits hold (test_hostile_kinds_servers'
+    scenario): each survives it, nobody else comes in until they are released, a writer's
+    token after it exceeds every one before."""
+    with private_mariadb.borrowed() as alias:
+        backend, other = private_mariadb.backend(alias), private_mariadb.backend(alias)
+        try:
+            figures = _restart_while_held(backend, other, unique("kinds"),
+                                          private_mariadb.restart)
+        finally:
+            backend.close()
+            other.close()
+    record("restart-kinds", "mysql-lease (restart)", processes=1, **figures)

@@ -740,8 +740,8 @@ NO_RESTART = {
     "cache-redis": "the 'redis' server through Django's RedisCache: 'redis' is restarted",
     "zk-auth": "'zk' on a private server; the ACL changes nothing in a restart",
     "mysql-tx": "a restart ends every transaction, and with it every transaction-mode lock, "
-    "as a killed connection does (test_a_release_that_fails); MariaDB restarted from its "
-    "data dir under lease-mode holders comes with lease mode (issue 34)",
+    "as a killed connection does (test_a_release_that_fails); a private MariaDB restarted "
+    "from its data dir under lease-mode holders is test_backend_database_mysql.py's",
 }
 RESTARTS = ["redis-aof", "redis-snapshot", "pg-lease", "pg-tx", "mysql-lease", "zk"]
 
@@ -849,7 +849,10 @@ def test_every_session_ended_while_held(alias: str, unique) -> None:
         connections[backend.database].close()  # ended too: the next use reconnects
 
 
-def _every_session_ended(alias: str, backend: Any, name: str) -> None:
+def _every_session_ended(alias: str, backend: Any, name: str,
+                         restart: Callable[[], None] | None = None) -> None:
+    """The scenario of test_every_session_ended_while_held; ``restart``: end the sessions
+    by restarting a private server instead (recorded as the alias' restart from disk)."""
     tokens = _tokens_before(backend, name, 3)
     holder = backend.lock(name, ttl=30)
     assert holder.acquire()
@@ -873,8 +876,12 @@ def _every_session_ended(alias: str, backend: Any, name: str) -> None:
         thread = threading.Thread(target=lambda: in_thread(wait))
         thread.start()
         time.sleep(0.5)  # queued in the server
-    ended = (_kill_all_mysql if alias.startswith("mysql") else _terminate_all)(backend.database)
-    assert ended >= 1
+    if restart is not None:
+        restart()
+    else:
+        ended = (_kill_all_mysql if alias.startswith("mysql") else _terminate_all)(
+            backend.database)
+        assert ended >= 1
     if lease:
         time.sleep(1.0)
         assert "at" not in waited  # the lease survived its session
@@ -894,8 +901,8 @@ def _every_session_ended(alias: str, backend: Any, name: str) -> None:
     fresh.release()
     again = backend.lock(name, ttl=30)
     assert _acquire_retrying(again, blocking=False)
-    record("restart", alias, grants=len(tokens) + 1,
-           repeated_tokens=int(again.fencing_token <= max(tokens)))
+    record("restart", alias if restart is None else f"{alias} (restarted from disk)",
+           grants=len(tokens) + 1, repeated_tokens=int(again.fencing_token <= max(tokens)))
     assert again.fencing_token > max(tokens), (again.fencing_token, tokens)
     again.release()
 

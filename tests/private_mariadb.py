@@ -1,0 +1,107 @@
+"""A private MariaDB for the tests that SIGKILL it and start it again on its data dir (the
+shared server of ``scripts/test`` is never killed); the suite's ``mysql`` alias points at
+it while a test uses it."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import shutil
+import signal
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from django.db import connections
+from django.db.migrations.executor import MigrationExecutor
+from django.utils.module_loading import import_string
+
+from .private_redis import _free_port
+
+
+def _servers() -> Any:
+    """scripts/servers.py, which starts the suite's servers (its MariaDB kind here)."""
+    path = Path(__file__).resolve().parent.parent / "scripts" / "servers.py"
+    spec = importlib.util.spec_from_file_location("distlock_servers_mariadb", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class MariaDB:
+    """``mariadbd`` on a free loopback port and a data dir of its own (as
+    ``scripts/servers.py`` starts the suite's, durable: a commit is flushed to the log);
+    :meth:`restart` SIGKILLs it and starts it on the same data dir."""
+
+    def __init__(self) -> None:
+        self.servers = _servers()
+        # mariadbd runs as user mysql: not under pytest's tmp_path (mode 0700 parents).
+        self.directory = Path(tempfile.mkdtemp(prefix="distlock-mariadb-"))
+        self.port = _free_port()
+        self.entry: dict[str, Any] | None = None
+
+    def start(self) -> None:
+        old = os.environ.get("DISTLOCK_MYSQL_DURABLE")
+        os.environ["DISTLOCK_MYSQL_DURABLE"] = "1"
+        try:
+            self.entry = self.servers.start_mariadb(self.directory, self.port)
+        finally:
+            if old is None:
+                del os.environ["DISTLOCK_MYSQL_DURABLE"]
+            else:
+                os.environ["DISTLOCK_MYSQL_DURABLE"] = old
+
+    def restart(self) -> None:
+        """SIGKILL the server (no shutdown: InnoDB recovers from its log), start it again."""
+        assert self.entry is not None
+        os.kill(self.entry["pid"], signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.entry["pid"], 0)
+        argv, data = self.entry["argv"], self.entry["data"]
+        wd = self.directory / "mariadb"
+        log = Path(self.entry["log"])
+        self.entry = self.servers.spawn("mariadb", "mariadb", self.port, argv, wd, log)
+        self.entry.update(data=data, argv=argv)
+        self.servers.wait_until("mariadb", lambda: self._greets(), self.entry, 30.0, log)
+
+    def _greets(self) -> bool:
+        import socket
+
+        with socket.create_connection(("127.0.0.1", self.port), timeout=1.0) as s:
+            head = s.recv(5)
+        return len(head) == 5 and head[4] == 10
+
+    def stop(self) -> None:
+        if self.entry is not None:
+            self.servers.stop_entries([self.entry])
+        self.entry = None
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    @contextlib.contextmanager
+    def borrowed(self, alias: str = "mysql") -> Iterator[str]:
+        """The suite's Django alias ``alias`` pointed at this server while the block runs
+        (its connection closed before and after), the core app's migration applied. A
+        test may use only the aliases it was given; the lock backends of the block must
+        be new ones (:meth:`backend`), whose sessions are opened on this server."""
+        connection = connections[alias]
+        saved = connection.settings_dict
+        connection.close()
+        connection.settings_dict = {**saved, "HOST": "127.0.0.1", "PORT": str(self.port),
+                                    "NAME": "distlock", "USER": "distlock"}
+        try:
+            executor = MigrationExecutor(connection)
+            executor.migrate([("django_distlock", executor.loader.graph.leaf_nodes(
+                "django_distlock")[0][1])])
+            yield alias
+        finally:
+            connection.close()
+            connection.settings_dict = saved
+
+    def backend(self, alias: str, mode: str = "lease") -> Any:
+        """A database backend in ``mode`` on the Django alias ``alias`` (of :meth:`alias`)."""
+        params = {"BACKEND": "django_distlock.backends.database.DatabaseBackend",
+                  "OPTIONS": {"DATABASE": alias, "MODE": mode}}
+        return import_string(params["BACKEND"])(f"private-{alias}-{mode}", params)
