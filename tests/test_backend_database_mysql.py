@@ -6,17 +6,22 @@ Single tier: decided by the server and our SQL (CONTRIBUTING.md, "The tiers").""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.db import connections, transaction
 
 from django_distlock import locks
+from django_distlock.backends.database.mysql_sql import MYSQL
+from django_distlock.backends.database.ordered import age_statement
+from django_distlock.backends.database.sql import upper_bound
 from django_distlock.contrib.admin.operations.listing import backend_label
 from django_distlock.exceptions import (
     BackendUnavailable,
@@ -37,7 +42,7 @@ from .conftest import (
 from .figures import record
 from .histories import FORK, done, fork_ready
 from .private_mariadb import MariaDB
-from .test_hostile import _acquire_retrying, _every_session_ended, _tokens_before
+from .test_hostile import _acquire_retrying, _every_session_ended
 from .test_hostile_kinds_servers import _restart_while_held
 
 pytestmark = LIBRARY_DB
@@ -456,14 +461,22 @@ def test_the_deploy_check_reads_the_servers_durability() -> None:
 
 def test_the_deploy_check_reports_a_lock_table_without_row_locks() -> None:
     """Aria (MariaDB's MyISAM, whose keys stop short of the name's) has no row locks and
-    no transactions: the check names the engine."""
+    no transactions: the check names the engine. (Aria indexes no virtual column: the
+    held rows' indexes go while it is Aria.)"""
+    indexes = {"distlock_held_idx": "held_name",
+               "distlock_held_acquired_idx": "held_acquired_at, name",
+               "distlock_held_expires_idx": "held_expires_at, name"}
     with connections["mysql"].cursor() as cursor:
-        cursor.execute("ALTER TABLE django_distlock_lock ENGINE = Aria")
+        cursor.execute("ALTER TABLE django_distlock_lock "
+                       + ", ".join(f"DROP INDEX {index}" for index in indexes)
+                       + ", ENGINE = Aria")
         try:
             with _global("innodb_flush_log_at_trx_commit", 1):
                 messages = locks["mysql-lease"].check(deploy=True)
         finally:
-            cursor.execute("ALTER TABLE django_distlock_lock ENGINE = InnoDB")
+            cursor.execute("ALTER TABLE django_distlock_lock ENGINE = InnoDB, "
+                           + ", ".join(f"ADD INDEX {index} ({columns})"
+                                       for index, columns in indexes.items()))
     assert _ids(messages) == ["distlock.E051"]
     assert "Aria" in messages[0].msg
 
@@ -570,3 +583,70 @@ def test_mariadb_restarted_from_disk_under_every_kind(private_mariadb: MariaDB, 
             backend.close()
             other.close()
     record("restart-kinds", "mysql-lease (restart)", processes=1, **figures)
+
+
+# -- the held rows' indexes: generated columns (MySQL has no partial indexes) ---------------
+
+
+def _mysql_seed(rows: int) -> None:
+    """``rows`` held leases (acquired 1 ms apart, expiring in an hour) and as many free
+    rows, written directly."""
+    digits = " UNION ALL ".join(f"SELECT {i}" for i in range(10))
+    with connections["mysql"].cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO django_distlock_lock (name, owner, fencing, acquired_at, expires_at,"
+            f" host, pid, thread) WITH d(v) AS ({digits}),"
+            " g(n) AS (SELECT 1 + a.v + 10 * b.v + 100 * c.v + 1000 * e.v + 10000 * f.v"
+            " FROM d a, d b, d c, d e, d f)"
+            " SELECT CONCAT('l:scale:', n), IF(n %% 2, CONCAT('o', n),"
+            " NULL), 1, UTC_TIMESTAMP(6) - INTERVAL n * 1000 MICROSECOND,"
+            " UTC_TIMESTAMP(6) + INTERVAL (3600000 + n) * 1000 MICROSECOND, 'h', 1, 't'"
+            " FROM g WHERE n <= %s",
+            [2 * rows])
+        cursor.execute("ANALYZE TABLE django_distlock_lock")
+        cursor.fetchall()
+
+
+def _mysql_analyzed(statement: str, params: list[Any]) -> dict[str, Any]:
+    """MariaDB's ANALYZE FORMAT=JSON of ``statement`` (run): its table's access."""
+    with connections["mysql"].cursor() as cursor:
+        cursor.execute("ANALYZE FORMAT=JSON " + statement, params)
+        plan = json.loads(cursor.fetchone()[0])["query_block"]
+    assert "filesort" not in json.dumps(plan), plan  # the index gives the order
+    [access] = plan["nested_loop"]
+    return dict(access["table"])
+
+
+@pytest.mark.parametrize("order", ["acquired", "expires"])
+def test_a_page_is_one_index_range_on_mariadb(order: str) -> None:
+    """With 20,000 held rows and 20,000 free ones, a page of 50 reads 50 entries of the
+    generated column's index (NULL while free: never read), no sort (probe P12); so does
+    a page from a cursor in the middle (the range starts at its time)."""
+    _mysql_seed(20_000)
+    first = "0001-01-01 00:00:00"
+    with connections["mysql"].cursor() as cursor:
+        cursor.execute(f"SELECT {order}_at, name FROM django_distlock_lock WHERE owner IS NOT"
+                       f" NULL ORDER BY {order}_at, name LIMIT 1 OFFSET 10000")
+        at, key = cursor.fetchone()
+    for cursor_at, cursor_key in ((first, ""), (at.strftime("%Y-%m-%d %H:%M:%S.%f"), key)):
+        access = _mysql_analyzed(
+            age_statement("mysql", order),
+            ["l:", upper_bound("l:"), cursor_at, cursor_at, cursor_key, 50])
+        assert access["key"] == f"distlock_held_{order}_idx", access
+        assert access["r_rows"] <= 51, access  # a tie on the cursor's time reads one more
+
+
+def test_the_name_listing_is_one_index_range_on_mariadb() -> None:
+    _mysql_seed(20_000)
+    access = _mysql_analyzed(MYSQL.held, ["", "l:", upper_bound("l:"), 50])
+    assert access["key"] == "distlock_held_idx", access
+    assert access["r_rows"] == 50, access
+
+
+def test_django_has_no_warning_for_the_models_indexes_on_mysql() -> None:
+    """Django warns (models.W037) on every migrate for a conditional index on MySQL,
+    which has none: the held rows' indexes are the migration's, per vendor."""
+    from django_distlock.models import LockRecord, LockShare
+
+    assert [m.id for m in LockRecord.check(databases=["mysql"])] == []
+    assert [m.id for m in LockShare.check(databases=["mysql"])] == []

@@ -22,6 +22,17 @@ MYSQL_UNINSTALL = [
     "DROP TABLE IF EXISTS django_distlock_token, django_distlock_waiter",
 ]
 
+#: The indexes of held rows (the listings by name and by age), partial; PostgreSQL's are
+#: in its file, MySQL's are on generated columns (its file too).
+SQLITE_INDEXES = [
+    "CREATE INDEX IF NOT EXISTS distlock_held_idx ON django_distlock_lock (name)"
+    " WHERE owner IS NOT NULL",
+    "CREATE INDEX IF NOT EXISTS distlock_held_acquired_idx ON django_distlock_lock"
+    " (acquired_at, name) WHERE owner IS NOT NULL",
+    "CREATE INDEX IF NOT EXISTS distlock_held_expires_idx ON django_distlock_lock"
+    " (expires_at, name) WHERE owner IS NOT NULL",
+]
+
 #: Drops every routine of the file (whatever its signature), then its tables and sequence.
 UNINSTALL = r"""
 DO $$
@@ -55,7 +66,10 @@ def _comment_only(part: str) -> bool:
 
 def install(apps, schema_editor):
     connection = schema_editor.connection
-    if connection.vendor == "postgresql":
+    if connection.vendor == "sqlite":
+        for statement in SQLITE_INDEXES:
+            schema_editor.execute(statement, params=None)
+    elif connection.vendor == "postgresql":
         schema_editor.execute(SQL.read_text(), params=None)
     elif connection.vendor == "mysql":
         with connection.cursor() as cursor:
@@ -127,23 +141,6 @@ class Migration(migrations.Migration):
             options={
                 "verbose_name": "lock record",
                 "db_table": "django_distlock_lock",
-                "indexes": [
-                    models.Index(
-                        condition=models.Q(("owner__isnull", False)),
-                        fields=["name"],
-                        name="distlock_held_idx",
-                    ),
-                    models.Index(
-                        condition=models.Q(("owner__isnull", False)),
-                        fields=["acquired_at", "name"],
-                        name="distlock_held_acquired_idx",
-                    ),
-                    models.Index(
-                        condition=models.Q(("owner__isnull", False)),
-                        fields=["expires_at", "name"],
-                        name="distlock_held_expires_idx",
-                    ),
-                ],
             },
         ),
         migrations.CreateModel(

@@ -21,6 +21,33 @@ ALTER TABLE django_distlock_share
     MODIFY name VARCHAR(255) CHARACTER SET utf8mb4 COLLATE {bin} NOT NULL,
     MODIFY owner VARCHAR(64) CHARACTER SET utf8mb4 COLLATE {bin} NOT NULL
 -- ;;
+-- The listings of held rows, by name and by age (backends/database/mysql_sql.py): MySQL
+-- has no partial indexes, so each indexes a generated column that is NULL while the row
+-- is free (an index skips no NULLs, but a range above NULL never reads them). Added once
+-- (MySQL 8 has no ADD COLUMN IF NOT EXISTS): a procedure asks first.
+DROP PROCEDURE IF EXISTS django_distlock_held_columns
+-- ;;
+CREATE PROCEDURE django_distlock_held_columns() SQL SECURITY INVOKER
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM information_schema.columns WHERE table_schema = DATABASE()
+            AND table_name = 'django_distlock_lock' AND column_name = 'held_name') THEN
+        ALTER TABLE django_distlock_lock
+            ADD COLUMN held_name VARCHAR(255) CHARACTER SET utf8mb4 COLLATE {bin}
+                AS (IF(owner IS NULL, NULL, name)) VIRTUAL,
+            ADD COLUMN held_acquired_at DATETIME(6) AS (IF(owner IS NULL, NULL, acquired_at))
+                VIRTUAL,
+            ADD COLUMN held_expires_at DATETIME(6) AS (IF(owner IS NULL, NULL, expires_at))
+                VIRTUAL,
+            ADD INDEX distlock_held_idx (held_name),
+            ADD INDEX distlock_held_acquired_idx (held_acquired_at, name),
+            ADD INDEX distlock_held_expires_idx (held_expires_at, name);
+    END IF;
+END
+-- ;;
+CALL django_distlock_held_columns()
+-- ;;
+DROP PROCEDURE django_distlock_held_columns
+-- ;;
 -- Fencing tokens. An AUTO_INCREMENT value is never given out twice: a transaction rolled
 -- back, or whose session died, does not give its value back, and the counter survives a
 -- restart (MySQL 8.0, MariaDB 10.2.4 and later). A grant draws one (a row inserted and
@@ -135,6 +162,10 @@ BEGIN
     DECLARE live INT;
     DECLARE mine BOOLEAN;
     DECLARE CONTINUE HANDLER FOR 1062 SET duplicate = TRUE;  -- a racing creator made it
+    -- Two creators of a name whose row a prune deleted (not yet purged) each take a shared
+    -- lock of the deleted record, then both want it exclusive: InnoDB rolls one back
+    -- (its whole transaction: nothing granted, its drawn token unused), the other makes it.
+    DECLARE CONTINUE HANDLER FOR 1213 SET duplicate = TRUE;
     DECLARE CONTINUE HANDLER FOR NOT FOUND BEGIN END;
     SET o_fencing = NULL, o_gen = NULL, o_left = NULL, o_block = NULL, o_stored = NULL;
     IF sentinel IS NULL THEN

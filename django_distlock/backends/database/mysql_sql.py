@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from .sql import _COLUMNS, TABLE, Dialect, held_where, is_locked_where
+from .sql import _COLUMNS, TABLE, Dialect, is_locked_where
 
 #: The hash that names a lock's server-wide named locks (sql/mysql.sql): of the database
 #: and the storage key given as ``{key}``.
@@ -30,7 +30,11 @@ MYSQL = Dialect(
     release="CALL django_distlock_release(%s, %s, %s)",
     extend="CALL django_distlock_extend(%s, %s, %s)",
     is_locked=is_locked_where(_NOW),
-    held=held_where(_NOW),
+    # The held rows by name: a range of the generated column's index (sql/mysql.sql).
+    held=f"""
+SELECT {_COLUMNS} FROM {TABLE}
+WHERE held_name > %s AND held_name >= %s AND held_name < %s AND expires_at > {_NOW}
+ORDER BY held_name LIMIT %s""",
     # Params: key, the expected owner id ("": any).
     force_release="CALL django_distlock_force(%s, %s)",
     tx_grant="CALL django_distlock_tx_grant(%s, %s, %s, %s)",
@@ -63,13 +67,15 @@ ORDER BY w.since, w.session LIMIT %(limit)s"""
 WAITER_COUNTS = """
 SELECT w.name, count(*) FROM django_distlock_waiter w
 WHERE w.name IN ({names}) AND IS_USED_LOCK(w.alive) = w.session GROUP BY w.name"""
-#: Lease mode: one page of held names by age. ``{column}``: the order's column. Params:
-#: lower (prefix), upper, the cursor's time and key, limit.
+#: Lease mode: one page of held names by age. ``{column}``: the order's column, whose
+#: generated copy (NULL while the row is free, sql/mysql.sql) is indexed with the name.
+#: The range starts at the cursor's time (the server makes no range of a row comparison).
+#: Params: lower (prefix), upper, the cursor's time, the cursor's time and key, limit.
 BY_AGE = f"""
 SELECT {_COLUMNS} FROM {TABLE}
-WHERE owner IS NOT NULL AND expires_at > {_NOW} AND name >= %s AND name < %s
-  AND ({{column}}, name) > (%s, %s)
-ORDER BY {{column}}, name LIMIT %s"""
+WHERE expires_at > {_NOW} AND name >= %s AND name < %s
+  AND held_{{column}} >= %s AND (held_{{column}}, name) > (%s, %s)
+ORDER BY held_{{column}}, name LIMIT %s"""
 
 #: The backend's own connections (lease statements, rows made apart from the caller's
 #: transaction, listings): times in UTC, row waits bounded to a second, and READ COMMITTED,

@@ -1,7 +1,8 @@
 """Lease mode's listing by age (``supports_age_order``, :mod:`..ordering`): one statement
 per page, an index range scan of the lock table's ``distlock_held_acquired_idx`` or
-``distlock_held_expires_idx`` (over the held rows, ``owner IS NOT NULL``) from the
-cursor on, so a page reads about as many rows as it shows."""
+``distlock_held_expires_idx`` (over the held rows, ``owner IS NOT NULL``; on MySQL, of
+a generated column NULL while the row is free) from the cursor on, so a page reads
+about as many rows as it shows."""
 
 from __future__ import annotations
 
@@ -77,10 +78,10 @@ def held_by_age(
     """
     low = backend.key_prefix + prefix
     at, key = after if after is not None else (_START.get(backend.vendor, ""), "")
-    rows = backend.run(
-        age_statement(backend.vendor, order), [low, upper_bound(low), at, key, limit],
-        "listing locks by age",
-    )
+    params = [low, upper_bound(low), at, key, limit]
+    if backend.vendor == "mysql":  # its range starts at the cursor's time: given twice
+        params.insert(2, at)
+    rows = backend.run(age_statement(backend.vendor, order), params, "listing locks by age")
     index = 3 if order == "acquired" else 4  # the column's place in _COLUMNS
     cursors = {row[0]: make_cursor(_stored(row[index], backend.vendor), row[0]) for row in rows}
     shown = backend.page_infos(rows)

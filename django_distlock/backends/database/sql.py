@@ -227,7 +227,7 @@ SELECT 1 FROM {TABLE} WHERE name = %s AND owner IS NOT NULL AND expires_at > {no
 
 
 def held_where(now: str) -> str:
-    """``held`` where names compare as stored (SQLite, MySQL's binary collation), ``now``
+    """``held`` where names compare as stored (SQLite), ``now``
     the vendor's clock. Params: lower bound (exclusive), prefix, upper bound, limit."""
     return f"""
 SELECT {_COLUMNS} FROM {TABLE}

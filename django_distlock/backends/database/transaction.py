@@ -27,7 +27,7 @@ from ...holders import current_holder
 from ...kinds import Kind
 from ..base import Acquisition, ExcInfo, Grant, LockInfo, LockPage, Miss
 from .backend import DatabaseBackend, server_wait
-from .errors import ERRORS, is_busy, is_duplicate, session_ended
+from .errors import ERRORS, is_busy, is_duplicate, session_ended, transaction_refused
 from .mysql_sql import ENSURE_ROW as MYSQL_ENSURE_ROW
 from .mysql_sql import TX_GRANT, TX_HELD, TX_IS_LOCKED, TX_NOWAIT, tx_wait
 from .sql import (
@@ -437,6 +437,12 @@ class _RowTxAcquisition(_TxAcquisition):
             cause = exc.__cause__
             if cause is not None and is_duplicate(cause):
                 return True  # a creator that raced us made it
+            if cause is not None and self.backend.vendor == "mysql" and transaction_refused(
+                    cause):
+                # InnoDB: two creators of a name whose row a prune deleted (and the purge
+                # has not yet removed) each take a shared lock of the deleted record, then
+                # both want it exclusive: one is chosen (1213), the other makes the row.
+                return True
             if cause is not None and is_busy(cause):
                 return False
             raise
