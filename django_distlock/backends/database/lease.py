@@ -240,8 +240,9 @@ class SessionLeaseAcquisition(Acquisition):
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
-        #: The owner as the row (or the share) stores it.
-        self.owner = self.token
+        #: The owner as the row (or the share) stores it: a writer's carries a suffix
+        #: (MySQL: this class serves every kind there).
+        self.owner = self.token + WRITER_SUFFIX if self.hold.kind == Kind.WRITE else self.token
         #: The session that holds the grant's generation lock (after a grant).
         self.granted_on: Session | None = None
         self.generation: int | None = None
@@ -443,26 +444,18 @@ class SessionLeaseAcquisition(Acquisition):
         finally:
             WATCHDOG.done(ident)
 
-    def acquire_params(self) -> dict[str, object]:
-        """The parameters of ``dialect.acquire`` (named)."""
-        hold = self.hold
-        return acquire_params(hold.key, self.owner, hold.ttl, hold.host, hold.pid,
-                              hold.holder_field)
-
     def wait_params(self, seconds: float | None) -> list[object]:
         """The parameters of ``wait_statement``, waiting ``seconds`` at most."""
         hold = self.hold
         return [hold.key, self.owner, hold.ttl, hold.host, hold.pid, hold.holder_field,
                 seconds]
 
-    def refused(self, row: tuple[Any, ...]) -> None:
-        """Raise what an attempt's or a wait's row says was refused (nothing here)."""
-
     def _attempt_on(self, session: Session) -> Grant | Miss:
         hold = self.hold
         if self.queued or (self.blocking and session.contended(hold.key)):
             return Miss()  # known contended: the wait queues (and grants if free)
-        params = self.acquire_params()
+        params = acquire_params(hold.key, self.owner, hold.ttl, hold.host, hold.pid,
+                                hold.holder_field, kind=hold.kind, limit=hold.limit)
         try:
             with session.mutex, self._watched(session):
                 row = session.execute(self.dialect.acquire, params).fetchone()
@@ -475,7 +468,8 @@ class SessionLeaseAcquisition(Acquisition):
         if row is None:
             return Miss()
         granted, fencing, acquired_at, expires_at, retry_after, generation = row[:6]
-        self.refused(row)
+        if len(row) > 6 and row[6] is not None:  # MySQL: a semaphore's other stored limit
+            raise limit_mismatch(hold, row[6])
         if not granted:
             return Miss(retry_after)
         return self._grant(session, fencing, acquired_at, expires_at, generation, 0.0)
@@ -512,7 +506,8 @@ class SessionLeaseAcquisition(Acquisition):
             self._drop(session)
             raise
         granted, fencing, acquired_at, expires_at, granted_after, generation = row[:6]
-        self.refused(row)
+        if len(row) > 6 and row[6] is not None:  # MySQL: a semaphore's other stored limit
+            raise limit_mismatch(hold, row[6])
         if not granted:
             return None
         return self._grant(session, fencing, acquired_at, expires_at, generation, granted_after)
@@ -607,23 +602,11 @@ class MySqlLeaseAcquisition(SessionLeaseAcquisition):
     wait_statement = MYSQL_WAIT
     withdraw_statement = None
 
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
-        if self.hold.kind == Kind.WRITE:
-            self.owner = self.token + WRITER_SUFFIX
-
-    def acquire_params(self) -> dict[str, object]:
-        return {**super().acquire_params(), "kind": self.hold.kind, "limit": self.hold.limit}
-
     def wait_params(self, seconds: float | None) -> list[object]:
         hold = self.hold
         return [hold.key, self.owner, hold.kind, hold.limit, hold.ttl, hold.host, hold.pid,
                 hold.holder_field, seconds]
 
-    def refused(self, row: tuple[Any, ...]) -> None:
-        stored = row[6]
-        if stored is not None:
-            raise limit_mismatch(self.hold, stored)
 
 
 def _extended(rows: list[Any]) -> Grant | None:

@@ -22,8 +22,8 @@ _NOW = "UTC_TIMESTAMP(6)"
 MYSQL = Dialect(
     vendor="mysql",
     # The procedures are in sql/mysql.sql: one round trip each, one row each.
-    # Every kind: ``kind`` and ``limit`` join ``acquire_params``' (see mysql_params); its
-    # row has a seventh column, a semaphore's stored limit when it is not ``limit``.
+    # Every kind (``acquire_params``' kind and limit); its row has a seventh column, a
+    # semaphore's stored limit when it is not ``limit``.
     acquire="CALL django_distlock_acquire(%(key)s, %(owner)s, %(kind)s, %(limit)s, %(ttl)s, "
     "%(host)s, %(pid)s, %(thread)s, %(retry)s)",
     retry_after=None,

@@ -287,14 +287,19 @@ def acquire_params(
     thread: str,
     *,
     retry: bool = False,
+    kind: str = "exclusive",
+    limit: int | None = None,
 ) -> dict[str, object]:
     """The parameters of a lease attempt (PostgreSQL, MySQL).
 
     :param retry: a waiter's retry, which may pass a queued waiter (it is the
         queue's head).
+    :param kind: the kind of lock (MySQL's procedure serves every kind; PostgreSQL's
+        statement, the exclusive lock's, does not read it).
+    :param limit: a semaphore's limit (MySQL).
     """
     return {"key": key, "owner": token, "ttl": ttl, "host": host, "pid": pid,
-            "thread": thread, "retry": retry}
+            "thread": thread, "retry": retry, "kind": kind, "limit": limit}
 
 
 def sqlite_ttl(seconds: float) -> str:
