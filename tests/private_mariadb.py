@@ -5,7 +5,6 @@ it while a test uses it."""
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
 import shutil
 import signal
@@ -19,16 +18,7 @@ from django.db.migrations.executor import MigrationExecutor
 from django.utils.module_loading import import_string
 
 from .private_redis import _free_port
-
-
-def _servers() -> Any:
-    """scripts/servers.py, which starts the suite's servers (its MariaDB kind here)."""
-    path = Path(__file__).resolve().parent.parent / "scripts" / "servers.py"
-    spec = importlib.util.spec_from_file_location("distlock_servers_mariadb", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from .test_zookeeper_faults import _servers
 
 
 class MariaDB:

@@ -17,6 +17,7 @@ import pytest
 from django_distlock import locks
 
 from .conftest import LIBRARY_DB, eventually, mysql_side, require_mysql
+from .test_database_kinds_pg import handed_over
 
 pytestmark = LIBRARY_DB
 
@@ -76,23 +77,6 @@ def test_waiters_of_every_kind_queue_in_arrival_order_and_are_listed(unique) -> 
     assert _waiting(backend, name) == []
 
 
-def _handed_over(backend: Any, name: str, waiter: Any, release: Any) -> float:
-    """Start ``waiter`` (an acquire) in a thread, wait until it is listed (then a while
-    longer: it sleeps in the server), call ``release`` and return how long the waiter
-    took to get the lock after it."""
-    got: list[float] = []
-    thread = threading.Thread(target=lambda: got.append(time.monotonic()) if waiter() else None)
-    thread.start()
-    assert eventually(lambda: len(_waiting(backend, name)) == 1)
-    time.sleep(0.3)
-    assert not got  # still waiting
-    released = time.monotonic()
-    release()
-    thread.join(20)
-    assert got, "the waiter was not granted"
-    return got[0] - released
-
-
 def test_a_release_wakes_the_head_waiting_on_its_bell(unique) -> None:
     """The head sleeps in GET_LOCK on the bell of the grant in its way, which that
     grant's release gives back: every hand-off comes at once (holders' leases of 60 s;
@@ -113,7 +97,8 @@ def test_a_release_wakes_the_head_waiting_on_its_bell(unique) -> None:
         *first, last = holders
         for holder in first:
             holder.release()
-        took = _handed_over(backend, name, partial(waiter.acquire, timeout=20), last.release)
+        took = handed_over(lambda: len(_waiting(backend, name)) == 1,
+                           partial(waiter.acquire, timeout=20), last.release)
         kinds = "+".join(holder.kind for holder in holders)
         assert took < 1.0, f"{waiter.kind} waited {took:.2f} s after {kinds}'s release"
         waiter.release()
@@ -157,7 +142,8 @@ def test_a_semaphores_head_sees_another_permits_release_at_its_next_look(unique)
     ends_first, other = backend.semaphore(name, 2, ttl=30), backend.semaphore(name, 2, ttl=60)
     assert ends_first.acquire() and other.acquire()
     waiter = backend.semaphore(name, 2)
-    took = _handed_over(backend, name, partial(waiter.acquire, timeout=20), other.release)
+    took = handed_over(lambda: len(_waiting(backend, name)) == 1,
+                       partial(waiter.acquire, timeout=20), other.release)
     assert took < 2.0 + 1.0, took
     waiter.release()
     ends_first.release()

@@ -84,14 +84,14 @@ def test_postgres_waiters_queue_in_the_server_in_arrival_order(unique) -> None:
 # -- PostgreSQL: hand-offs woken by the release, one call per operation -------------------
 
 
-def _handed_over(backend: Any, key: str, waiter: Any, release: Any) -> float:
-    """Start ``waiter`` (an acquire) in a thread, wait until it heads the name's queue in
-    the server and listens (then a while longer: it sleeps in its wait), call
-    ``release`` and return how long the waiter took to get the lock after it."""
+def handed_over(queued: Any, waiter: Any, release: Any) -> float:
+    """Start ``waiter`` (an acquire) in a thread, wait until ``queued()`` (it waits in the
+    server's queue: then a while longer, it sleeps in its wait), call ``release`` and
+    return how long the waiter took to get the lock after it."""
     got: list[float] = []
     thread = threading.Thread(target=lambda: got.append(time.monotonic()) if waiter() else None)
     thread.start()
-    assert eventually(lambda: advisory_locks(backend, key, -3) == 1)
+    assert eventually(queued)
     time.sleep(0.3)
     assert not got  # still waiting
     released = time.monotonic()
@@ -122,7 +122,8 @@ def test_postgres_a_release_wakes_the_head_without_a_poll(unique, monkeypatch) -
     for holder_of, waiter_of in cases:
         holder, waiter = holder_of(), waiter_of()
         assert holder.acquire()
-        took = _handed_over(backend, key, partial(waiter.acquire, timeout=20), holder.release)
+        took = handed_over(lambda: advisory_locks(backend, key, -3) == 1,
+                           partial(waiter.acquire, timeout=20), holder.release)
         assert took < 2.0, f"{waiter.kind} waited {took:.2f} s after {holder.kind}'s release"
         waiter.release()
 

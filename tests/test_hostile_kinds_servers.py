@@ -156,37 +156,27 @@ def test_redis_restarted_while_every_kind_is_held(persistence: str, tmp_path: Pa
     record("restart-kinds", f"redis-{persistence}", processes=1, **figures)
 
 
-def test_postgres_sessions_ended_while_every_kind_is_held(unique) -> None:
-    """Lease mode: a share or a writer's row outlives its session."""
-    require_pg()
-    backend = locks["pg-lease"]
+@pytest.mark.parametrize("alias", ["pg-lease", "mysql-lease"])
+def test_every_session_ended_while_every_kind_is_held(alias: str, unique) -> None:
+    """Lease mode: a share or a writer's row outlives its session (every session of the
+    database ended: PostgreSQL's terminated, MariaDB's killed, and the grants' advisory
+    or named locks with them)."""
+    if alias.startswith("pg"):
+        require_pg()
+    else:
+        require_mysql()
+    backend = locks[alias]
+    end = _terminate_all if alias.startswith("pg") else _kill_all_mysql
     try:
         figures = _restart_while_held(backend, backend, unique("terminated"),
-                                      lambda: _ended(backend.database))
+                                      lambda: _ended(end, backend.database))
     finally:
         connections[backend.database].close()
-    record("restart-kinds", "pg-lease", processes=1, **figures)
+    record("restart-kinds", alias, processes=1, **figures)
 
 
-def _ended(database: str) -> None:
-    assert _terminate_all(database) >= 1
-
-
-def test_mysql_sessions_ended_while_every_kind_is_held(unique) -> None:
-    """Lease mode on MariaDB: a share or a writer's row outlives its session (every
-    connection to the database killed: the holders' bells go with them)."""
-    require_mysql()
-    backend = locks["mysql-lease"]
-    try:
-        figures = _restart_while_held(backend, backend, unique("killed"),
-                                      lambda: _killed_all(backend.database))
-    finally:
-        connections[backend.database].close()
-    record("restart-kinds", "mysql-lease", processes=1, **figures)
-
-
-def _killed_all(database: str) -> None:
-    assert _kill_all_mysql(database) >= 1
+def _ended(end: Callable[[str], int], database: str) -> None:
+    assert end(database) >= 1
 
 
 def test_zookeeper_restarted_while_every_kind_is_held(request: pytest.FixtureRequest) -> None:
