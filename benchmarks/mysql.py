@@ -261,6 +261,20 @@ class DistLock(lockers.DistLock):
     transaction mode's acquire opens its own ``atomic()`` block, as the decorator does."""
 
 
+class Permits(DistLock):
+    """(h) django-distlock's ``semaphore(name, limit)`` in lease mode: a waiting head is
+    woken by the release of the permit that ends first; another permit's release is
+    seen at its next look (docs/database.md)."""
+
+    def __init__(self, key: str, *, limit: int) -> None:
+        super().__init__(key, alias="mysql")
+        self.limit = limit
+
+    def _handle(self) -> Any:
+        return self.locks[self.alias].semaphore(self.key, self.limit, ttl=TTL,
+                                                timeout=self.timeout)
+
+
 lease = functools.partial(DistLock, alias="mysql")
 transaction_mode = functools.partial(DistLock, alias="mysql-tx")
 for_update_raw = functools.partial(ForUpdate, django_binding=False)
@@ -302,5 +316,11 @@ add_case(_C, "mysql.lease", lease, "django-distlock lease mode (queue in the ser
          group=GROUP)
 add_case(_C, "mysql.tx", transaction_mode, "django-distlock transaction mode (row lock)",
          group=GROUP)
+add_case(_C, "mysql.semaphore-1", functools.partial(Permits, limit=1),
+         "django-distlock `semaphore(name, 1)`, lease mode", group=GROUP)
+add_case(_C, "mysql.semaphore-2", functools.partial(Permits, limit=2),
+         "django-distlock `semaphore(name, 2)`: 2 permits", group=GROUP, at_once=2)
 add_bar(_C, "mysql.lease", "mysql.get_lock", None)
 add_bar(_C, "mysql.tx", "mysql.for-update-raw", None)
+add_bar(_C, "mysql.semaphore-1", "mysql.lease", None, metric="rate")
+add_bar(_C, "mysql.semaphore-2", "mysql.lease", None, metric="rate")
