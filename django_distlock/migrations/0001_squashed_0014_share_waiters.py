@@ -18,13 +18,15 @@ MYSQL_SQL = SQL.with_name("mysql.sql")
 MYSQL_MODE = "SET SESSION sql_mode = 'STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION'"
 MYSQL_UNINSTALL = [
     *(f"DROP PROCEDURE IF EXISTS django_distlock_{name}" for name in (
-        "tx_grant", "recompute", "take", "acquire", "wait", "release", "extend", "force", "prune")),
+        "tx_grant", "recompute", "take", "acquire", "wait", "release", "extend", "force",
+        "prune")),
     "DROP TABLE IF EXISTS django_distlock_token, django_distlock_waiter",
 ]
 
-#: The indexes of held rows (the listings by name and by age), partial; PostgreSQL's are
-#: in its file, MySQL's are on generated columns (its file too).
-SQLITE_INDEXES = [
+#: The indexes of held rows (the listings by name and by age), partial, on PostgreSQL and
+#: SQLite (the model cannot declare them: Django warns, models.W037, on MySQL, which has
+#: no partial indexes; MySQL's are on generated columns, made by its file).
+HELD_INDEXES = [
     "CREATE INDEX IF NOT EXISTS distlock_held_idx ON django_distlock_lock (name)"
     " WHERE owner IS NOT NULL",
     "CREATE INDEX IF NOT EXISTS distlock_held_acquired_idx ON django_distlock_lock"
@@ -66,10 +68,10 @@ def _comment_only(part: str) -> bool:
 
 def install(apps, schema_editor):
     connection = schema_editor.connection
-    if connection.vendor == "sqlite":
-        for statement in SQLITE_INDEXES:
+    if connection.vendor in ("sqlite", "postgresql"):
+        for statement in HELD_INDEXES:
             schema_editor.execute(statement, params=None)
-    elif connection.vendor == "postgresql":
+    if connection.vendor == "postgresql":
         schema_editor.execute(SQL.read_text(), params=None)
     elif connection.vendor == "mysql":
         with connection.cursor() as cursor:

@@ -29,16 +29,6 @@ CREATE INDEX IF NOT EXISTS distlock_held_c_idx ON django_distlock_lock
     ((name COLLATE "C")) WHERE owner IS NOT NULL;
 CREATE INDEX IF NOT EXISTS distlock_name_c_idx ON django_distlock_lock ((name COLLATE "C"));
 
--- The listings by age (backends/database/ordered.py): held longest first, expiring
--- soonest first, each page one range of one of these; and held rows by name. Partial
--- indexes, so made here rather than by the model (MySQL has none: its file makes its own).
-CREATE INDEX IF NOT EXISTS distlock_held_idx ON django_distlock_lock (name)
-    WHERE owner IS NOT NULL;
-CREATE INDEX IF NOT EXISTS distlock_held_acquired_idx ON django_distlock_lock
-    (acquired_at, name) WHERE owner IS NOT NULL;
-CREATE INDEX IF NOT EXISTS distlock_held_expires_idx ON django_distlock_lock
-    (expires_at, name) WHERE owner IS NOT NULL;
-
 -- A reservation whose head's session is gone is not honoured, unless the server crashed
 -- since it was made (a handover to it may then have been lost with the crash). This
 -- UNLOGGED table holds the server's epoch: the server empties it in crash recovery (not

@@ -608,7 +608,6 @@ class MySqlLeaseAcquisition(SessionLeaseAcquisition):
                 hold.holder_field, seconds]
 
 
-
 def _extended(rows: list[Any]) -> Grant | None:
     if not rows:
         return None

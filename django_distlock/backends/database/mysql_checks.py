@@ -69,7 +69,7 @@ def settings_checks(backend: DatabaseBackend) -> list[checks.CheckMessage]:
 
 
 def server_checks(backend: DatabaseBackend) -> list[checks.CheckMessage]:
-    """The server's configuration (one round trip on the backend's own connection)."""
+    """The server's configuration (two round trips on the backend's own connection)."""
     alias = backend.alias
     try:
         rows: list[Any] = backend.run(VARIABLES, [], "checking the server")

@@ -226,15 +226,6 @@ def is_locked_where(now: str) -> str:
 SELECT 1 FROM {TABLE} WHERE name = %s AND owner IS NOT NULL AND expires_at > {now}"""
 
 
-def held_where(now: str) -> str:
-    """``held`` where names compare as stored (SQLite), ``now``
-    the vendor's clock. Params: lower bound (exclusive), prefix, upper bound, limit."""
-    return f"""
-SELECT {_COLUMNS} FROM {TABLE}
-WHERE owner IS NOT NULL AND name > %s AND name >= %s AND name < %s AND expires_at > {now}
-ORDER BY name LIMIT %s"""
-
-
 # SQLite keeps times as text; these formats sort as they compare. Its 'now'
 # is fixed for the duration of a statement.
 _NOW = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')"
@@ -261,7 +252,10 @@ UPDATE {TABLE} SET expires_at = {_LATER}
 WHERE name = %s AND owner = %s AND expires_at > {_NOW}
 RETURNING fencing, acquired_at, expires_at""",
     is_locked=is_locked_where(_NOW),
-    held=held_where(_NOW),
+    held=f"""
+SELECT {_COLUMNS} FROM {TABLE}
+WHERE owner IS NOT NULL AND name > %s AND name >= %s AND name < %s AND expires_at > {_NOW}
+ORDER BY name LIMIT %s""",
     force_release=f"""
 UPDATE {TABLE} SET owner = NULL
 WHERE name = %s AND owner IS NOT NULL AND expires_at > {_NOW} AND substr(owner, 1, %s) = %s
