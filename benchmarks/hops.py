@@ -67,6 +67,7 @@ def configure() -> list[str]:
         }
         aliases["pg-lease"] = {"BACKEND": db, "OPTIONS": {"DATABASE": "pg"}}
         aliases["pg-tx"] = {"BACKEND": db, "OPTIONS": {"DATABASE": "pg", "MODE": "transaction"}}
+        aliases["pg-session"] = {"BACKEND": db, "OPTIONS": {"DATABASE": "pg", "MODE": "session"}}
     if env.get("DISTLOCK_MYSQL_PORT"):
         name = "distlock_hops"
         _create_mysql_database(name)

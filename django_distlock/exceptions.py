@@ -16,6 +16,7 @@ from django.db.transaction import TransactionManagementError
 
 __all__ = [
     "BackendUnavailable",
+    "Deadlock",
     "DistLockError",
     "InvalidBackendOptions",
     "InvalidLockAlias",
@@ -58,6 +59,17 @@ class SelfDeadlock(LockNotAcquired):
     A :class:`LockNotAcquired`, so ``on_fail`` policies and ``except LockNotAcquired``
     see it as they would the timeout. Also importable from ``django_distlock`` and
     ``django_distlock.handle``."""
+
+
+class Deadlock(LockNotAcquired):
+    """The server refused this wait because it would close a cycle: sessions each
+    waiting for a lock another of them holds (PostgreSQL's ``deadlock_detected``,
+    40P01; MySQL's 3058 and MariaDB's 1213 from ``GET_LOCK``). Nothing was acquired;
+    the other waits of the cycle go on. Take locks in one order (``multi_lock()``
+    sorts its names), or release what you hold before waiting again.
+
+    A :class:`LockNotAcquired`, so ``on_fail`` policies see it as a miss. Chained to the
+    server's error."""
 
 
 class LockNotHeld(DistLockError):

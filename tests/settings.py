@@ -105,6 +105,11 @@ if PG_AVAILABLE:
         "OPTIONS": {"DATABASE": "pg", "MODE": "transaction"},
         "KEY_PREFIX": "t:",
     }
+    DISTLOCK["pg-session"] = {
+        "BACKEND": _DB,
+        "OPTIONS": {"DATABASE": "pg", "MODE": "session"},
+        "KEY_PREFIX": "s:",
+    }
 
 # Redis (started by scripts/test): the same server through a URL, a django-redis cache
 # and Django's own RedisCache; each alias its own KEY_PREFIX. And a 3-master cluster.

@@ -48,7 +48,7 @@ BEGIN
     END LOOP;
 END
 $$;
-DROP TABLE IF EXISTS django_distlock_epoch, django_distlock_share_waiter;
+DROP TABLE IF EXISTS django_distlock_epoch, django_distlock_share_waiter, django_distlock_session;
 DROP SEQUENCE IF EXISTS django_distlock_fencing;
 """
 

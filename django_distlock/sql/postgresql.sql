@@ -640,3 +640,57 @@ BEGIN
         pg_advisory_unlock(alive), pg_advisory_unlock(queue);
 END
 $fn$;
+
+-- Session mode (backends/database/session_mode.py): a name's lock is the two-key
+-- session-level advisory lock (k1, k2), the first 8 bytes of SHA-256 of the name's
+-- UTF-8 form as two int4 halves. The two-key space is apart from every bigint advisory
+-- key (lease mode's, django-pglock's, a user's). This is that key as one bigint,
+-- (k1 << 32) | (k2 & 0xffffffff), as pg_locks shows it in classid and objid.
+-- IMMUTABLE for the index below: convert_to() is only STABLE, for the database's
+-- encoding, which never changes.
+CREATE OR REPLACE FUNCTION django_distlock_session_key(p_name text) RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $fn$
+SELECT ('x' || left(encode(sha256(convert_to(p_name, 'UTF8')), 'hex'), 16))::bit(64)::bigint
+$fn$;
+
+-- The listing of session-mode holders goes from pg_locks to the names' rows by key.
+CREATE INDEX IF NOT EXISTS distlock_session_key_idx
+    ON django_distlock_lock (django_distlock_session_key(name));
+
+-- Session mode's sessions: each one, when it opens, records the host and process of its
+-- client here, keyed by its server process (and that process' start, as a pid is
+-- reused). UNLOGGED: a crash ends every session, and empties the table.
+CREATE UNLOGGED TABLE IF NOT EXISTS django_distlock_session (
+    pid integer PRIMARY KEY,
+    started timestamptz NOT NULL,
+    host text NOT NULL,
+    process integer NOT NULL
+);
+
+-- Session mode's blocking acquire: wait at most p_secs seconds (NULL: no limit) for the
+-- name's two-key advisory lock; the grant's fencing token, or NULL when the wait timed
+-- out. A deadlock the server detects is raised (40P01: the client's Deadlock). Before
+-- the wait, the session's application_name becomes its holder label p_label, as a
+-- try sets it (the listings read it from pg_stat_activity).
+CREATE OR REPLACE FUNCTION django_distlock_session_wait(
+    p_k1 integer, p_k2 integer, p_secs float8, p_label text
+) RETURNS bigint LANGUAGE plpgsql AS $fn$
+BEGIN
+    PERFORM set_config('application_name', p_label, false),
+        set_config('lock_timeout', CASE WHEN p_secs IS NULL THEN '0'
+            ELSE greatest(ceil(p_secs * 1000), 1)::bigint::text || 'ms' END, true);
+    BEGIN
+        PERFORM pg_advisory_lock(p_k1, p_k2);
+    EXCEPTION WHEN lock_not_available THEN
+        -- A lock granted just as its wait timed out is kept by the server (and a
+        -- session-level one outlives the error): give it back if so.
+        IF EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2
+                AND pid = pg_backend_pid() AND granted
+                AND classid = p_k1::oid AND objid = p_k2::oid) THEN
+            PERFORM pg_advisory_unlock(p_k1, p_k2);
+        END IF;
+        RETURN NULL;
+    END;
+    RETURN nextval('django_distlock_fencing');
+END
+$fn$;

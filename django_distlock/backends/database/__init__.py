@@ -1,17 +1,19 @@
 """The database backend: a lock row per key, on PostgreSQL, SQLite, or MySQL and MariaDB.
 
 ``BACKEND: "django_distlock.backends.database.DatabaseBackend"``; ``OPTIONS["MODE"]``
-picks lease mode (``lease.py``, the default) or transaction mode
-(``transaction.py``). See docs/database.md.
+picks lease mode (``lease.py``, the default), transaction mode (``transaction.py``)
+or session mode (``session_mode.py``, PostgreSQL). See docs/database.md.
 """
 
 from .backend import DatabaseBackend
 from .lease import LeaseBackend, SqliteLeaseBackend
+from .session_mode import SessionModeBackend
 from .transaction import SqliteTransactionBackend, TransactionBackend
 
 __all__ = [
     "DatabaseBackend",
     "LeaseBackend",
+    "SessionModeBackend",
     "SqliteLeaseBackend",
     "SqliteTransactionBackend",
     "TransactionBackend",

@@ -104,6 +104,12 @@ def transaction_refused(exc: BaseException) -> bool:
     return sqlstate(exc) in _REFUSED_SQLSTATES or mysql_errno(exc) == 1213
 
 
+def is_deadlock(exc: BaseException) -> bool:
+    """Whether a wait for a session's named lock was refused as a deadlock (PostgreSQL's
+    40P01 from an advisory lock; MySQL's 3058 and MariaDB's 1213 from ``GET_LOCK``)."""
+    return sqlstate(exc) == "40P01" or mysql_errno(exc) in (3058, 1213)
+
+
 def is_duplicate(exc: BaseException) -> bool:
     """Whether a database error is a unique key's violation (a row made meanwhile)."""
     return sqlstate(exc) == "23505" or mysql_errno(exc) == 1062

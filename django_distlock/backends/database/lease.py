@@ -9,19 +9,13 @@ jitter.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
-from typing import Any, ClassVar, TypeVar, cast
+from typing import Any, ClassVar, TypeVar
 
 from django.db import connections
 
-from ...backoff import remaining
-from ...exceptions import BackendUnavailable
 from ...kinds import Kind
 from ...values import short_owner
 from ..base import (
@@ -37,13 +31,12 @@ from ..base import (
     WaiterInfo,
 )
 from .backend import DatabaseBackend, server_wait
-from .errors import ERRORS, connection_lost, did_not_answer, is_busy, statement_cancelled
+from .errors import ERRORS, is_busy, statement_cancelled
 from .mysql_sql import MYSQL
 from .mysql_sql import WAIT as MYSQL_WAIT
 from .ordered import held_by_age
+from .session_acquisition import OwnSessionAcquisition, OwnSessionBackend
 from .sessions import (
-    WATCHDOG,
-    AsyncSessions,
     Call,
     CallCancelled,
     Session,
@@ -69,7 +62,7 @@ T = TypeVar("T")
 logger = logging.getLogger("django_distlock")
 
 
-class LeaseBackend(DatabaseBackend, mode="lease"):
+class LeaseBackend(OwnSessionBackend, mode="lease"):
     """The database backend's lease mode (``OPTIONS["MODE"] = "lease"``, the default)."""
 
     supports_expiry = True
@@ -82,10 +75,6 @@ class LeaseBackend(DatabaseBackend, mode="lease"):
     @classmethod
     def for_vendor(cls, vendor: str) -> type[DatabaseBackend]:
         return {"sqlite": SqliteLeaseBackend, "mysql": MySqlLeaseBackend}.get(vendor, cls)
-
-    def __init__(self, alias: str, params: Mapping[str, Any]) -> None:
-        super().__init__(alias, params)
-        self.async_pool = AsyncSessions(self.session_factory, self.async_sessions)
 
     def is_locked(self, name: str) -> bool:
         return bool(self.run(self.dialect.is_locked, [self.make_key(name)], "checking a lock"))
@@ -140,11 +129,6 @@ class LeaseBackend(DatabaseBackend, mode="lease"):
 
     def _force_release(self, key: str, owner: str) -> Freed | None:
         return force_release(self, key, owner)
-
-    def close(self) -> None:
-        self.async_pool.close()
-        super().close()
-
 
 class SqliteLeaseBackend(LeaseBackend):
     """Lease mode on SQLite: waiters poll with backoff, in no queue; the statements run on
@@ -219,7 +203,7 @@ class SqliteLeaseAcquisition(Acquisition):
         return _extended(self.backend.run(self.backend.dialect.extend, params, "extending a lock"))
 
 
-class SessionLeaseAcquisition(Acquisition):
+class SessionLeaseAcquisition(OwnSessionAcquisition):
     """PostgreSQL and MySQL: an attempt is one statement; a wait is one call of the wait
     procedure (queue in the server, be woken, or handed the lock, by the release).
 
@@ -247,20 +231,6 @@ class SessionLeaseAcquisition(Acquisition):
         self.granted_on: Session | None = None
         self.generation: int | None = None
         self.queued = False
-        #: An asyncio task's session, and the loop it was taken on.
-        self.taken: Session | None = None
-        self.loop: asyncio.AbstractEventLoop | None = None
-        #: A cancelled task left its wait running in the server: the wait's end gives
-        #: the session back (and releases a grant that came all the same).
-        self.abandoned = False
-
-    # -- sync: this thread's session ---------------------------------------------
-
-    def attempt(self) -> Grant | Miss:
-        return self._retried(self._attempt_on, self.deadline)
-
-    def wait(self, miss: Miss) -> Grant | None:
-        return self._retried(lambda session: self._wait_on(session, Call()), self.deadline)
 
     def release(self, exc_info: ExcInfo) -> bool:
         try:
@@ -290,159 +260,7 @@ class SessionLeaseAcquisition(Acquisition):
 
         return self._retried(extend_on, until)
 
-    def _retried(self, op: Callable[[Session], T], bound: float | None = None) -> T:
-        """Run ``op`` on this acquisition's session; if the connection turns out lost
-        (the server restarted, the session was terminated), once more on a new one. A
-        session opened for it connects by ``bound`` (the call's deadline) + the grace."""
-        session = self._session(bound)
-        try:
-            return op(session)
-        except BackendUnavailable as exc:
-            if session.timed_out:
-                raise did_not_answer(self.backend.where) from exc
-            if not connection_lost(exc.__cause__):
-                raise
-        return op(self._session(bound))  # the lost session was closed by op's error handling
-
-    def _session(self, bound: float | None = None) -> Session:
-        """The task's pooled session (reopened if it was closed), or this thread's; one
-        opened now connects by ``bound`` + the grace."""
-        try:
-            if self.taken is None:
-                return self.backend.sessions.get(bound)
-            if not self.taken.usable:
-                self.taken.close()
-                self.taken = self.backend.session_factory.open(bound)
-            return self.taken
-        except ERRORS as exc:
-            raise self.backend.errors.translate(exc, "connecting", self.backend.where) from exc
-
-    # -- async: a session of the pool, calls in its threads ----------------------
-
-    async def aattempt(self) -> Grant | Miss:
-        if self.taken is None:
-            pool = self.backend.async_pool
-            timeout = remaining(self.deadline) if self.blocking else 0.0
-            session = await pool.take(None if timeout is None else max(timeout, 0.0))
-            if session is None:
-                return Miss()  # every session of this event loop is busy
-            self.taken, self.loop = session, asyncio.get_running_loop()
-        return await self._pooled(lambda: self._retried(self._attempt_on), Miss())
-
-    async def async_wait(self, miss: Miss) -> Grant | None:
-        if self.taken is None:  # no session came: wait for one in the next attempt
-            return await super().async_wait(miss)
-        # Cancelled, the call goes on in the server: stop it there (that call only: the
-        # session's next statement may be the release of a grant that came meanwhile).
-        call = Call()
-        return await self._pooled(lambda: self._retried(lambda s: self._wait_on(s, call)),
-                                  None, lambda: threading.Thread(target=call.cancel,
-                                                                 daemon=True).start())
-
-    async def _pooled(self, call: Callable[[], T], nothing: T,
-                      on_cancel: Callable[[], None] | None = None) -> T:
-        """Run ``call`` (which may grant) on the task's session in the pool's threads.
-        A task cancelled meanwhile leaves the session to the call's thread: when the
-        call ends, that thread releases a grant it made and gives the session back,
-        so neither is left to nobody (a lease held for its ttl, a session in two
-        threads)."""
-        mutex, state = threading.Lock(), {"abandoned": False, "delivered": False}
-
-        def run() -> T:
-            outcome: object = None
-            try:
-                outcome = call()
-                return cast(T, outcome)
-            finally:
-                with mutex:
-                    abandoned = state["abandoned"]
-                    state["delivered"] = not abandoned
-                if abandoned:
-                    self._settle(outcome)
-
-        future = asyncio.ensure_future(self.backend.async_pool.run(run))
-        try:
-            return await asyncio.shield(future)
-        except asyncio.CancelledError:
-            self.abandoned = True  # aclose leaves the session to the call's end
-            with mutex:
-                state["abandoned"] = True
-                delivered = state["delivered"]
-            if delivered:  # it ended before we knew: settle its outcome here
-                try:
-                    outcome = await asyncio.shield(future)
-                except Exception:
-                    outcome = None
-                await self.backend.async_pool.run(lambda: self._settle(outcome))
-            elif on_cancel is not None:
-                on_cancel()
-            raise
-
-    def _settle(self, outcome: object) -> None:
-        """After a cancelled task's call: release its grant, or give its session back."""
-        if isinstance(outcome, Grant):
-            self._release_quietly()  # gives the session back
-        else:
-            self._give_back()
-
-    async def aclose(self) -> None:
-        if not self.abandoned:
-            self._give_back()
-
-    async def arelease(self, exc_info: ExcInfo) -> bool:
-        if self.taken is None:
-            return await super().arelease(exc_info)
-        return await self.backend.async_pool.run(lambda: self.release(exc_info))
-
-    async def aextend(self, ttl: float) -> Grant | None:
-        if self.taken is None:
-            return await super().aextend(ttl)
-        return await self.backend.async_pool.run(lambda: self.extend(ttl))
-
-    def _give_back(self) -> None:
-        taken, self.taken = self.taken, None
-        if taken is not None and self.loop is not None:
-            self.backend.async_pool.give_back(taken, self.loop)
-
-    def _release_quietly(self) -> None:
-        try:
-            self.release((None, None, None))
-        except Exception:
-            logger.warning("Releasing %r after its task was cancelled failed", self.hold,
-                           exc_info=True)
-
     # -- the statements ----------------------------------------------------------
-
-    def _call(self, session: Session, doing: str, func: Callable[[], T]) -> T:
-        """Run ``func`` holding the session; a failure closes the session (the server
-        frees its advisory locks) and is BackendUnavailable."""
-        try:
-            with session.mutex:
-                return func()
-        except ERRORS as exc:
-            self._drop(session)
-            raise self.backend.errors.translate(exc, doing, self.backend.where) from exc
-
-    def _drop(self, session: Session) -> None:
-        if session is self.taken:
-            session.close()
-        else:
-            self.backend.sessions.forget(session)
-
-    @contextlib.contextmanager
-    def _watched(self, session: Session, deadline: float | None = None) -> Iterator[None]:
-        """Cut the call's connection if the server has not answered by ``deadline`` (by
-        default the acquire's) plus a grace: a frozen server must not hold an acquire
-        past its timeout."""
-        deadline = self.deadline if deadline is None else deadline
-        if deadline is None:
-            yield
-            return
-        ident = WATCHDOG.watch(session, deadline)
-        try:
-            yield
-        finally:
-            WATCHDOG.done(ident)
 
     def wait_params(self, seconds: float | None) -> list[object]:
         """The parameters of ``wait_statement``, waiting ``seconds`` at most."""

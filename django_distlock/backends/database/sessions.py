@@ -307,6 +307,9 @@ class SessionFactory:
     def __init__(self, database: str, prepare: bool) -> None:
         self.database = database
         self.prepare = prepare
+        #: A statement a mode adds to each session's setup (one more round trip when it
+        #: opens): a callable giving (statement, params) then.
+        self.setup: Callable[[], tuple[str, list[Any]]] | None = None
         self._mutex = threading.Lock()
         # Weak: a finished thread's session is closed when collected.
         self._open: weakref.WeakSet[Session] = weakref.WeakSet()
@@ -326,7 +329,7 @@ class SessionFactory:
         raw = wrapper.connection
         if wrapper.vendor == "mysql":
             cursor, prepare = raw.cursor(), None  # MySQLdb: no server-side prepare
-            setup: list[tuple[str, list[str] | None]] = [
+            setup: list[tuple[str, list[Any] | None]] = [
                 (statement, None) for statement in MYSQL_SESSION_SETUP]
         else:
             if self.prepare and hasattr(raw, "prepare_threshold"):
@@ -334,6 +337,8 @@ class SessionFactory:
                 raw.prepare_threshold = 0
             cursor, prepare = _pg_cursor(raw), self.prepare
             setup = [(PG_SESSION_SETUP, [ROW_LOCK_WAIT, CLIENT_CHECK])]
+        if self.setup is not None:
+            setup.append(self.setup())
         try:
             for statement, params in setup:
                 cursor.execute(statement, params)
@@ -428,6 +433,48 @@ class ThreadSessions:
         self._local = _Local()
         with self._mutex:
             self._owners = {}
+
+
+class SessionPool:
+    """Sessions each lent to one acquisition at a time (session mode: a session holds
+    the lock it was granted until the release), for threads: taken at the first attempt,
+    given back at the release or when the acquisition ends without a grant. At most
+    ``keep`` idle ones are kept open; the rest are closed as they come back."""
+
+    def __init__(self, factory: SessionFactory, keep: int) -> None:
+        self.factory = factory
+        self.keep = keep
+        self._idle: list[Session] = []
+        self._mutex = threading.Lock()
+
+    def take(self, bound: float | None = None) -> Session:
+        """An idle session (the last given back), or one opened by ``bound`` (see
+        :meth:`SessionFactory.open`)."""
+        while self._idle:
+            try:
+                session = self._idle.pop()  # atomic: no mutex on the hot path
+            except IndexError:
+                break
+            if session.usable:
+                return session
+            session.close()  # cut, or inherited over a fork: closes only our own
+        return self.factory.open(bound)
+
+    def give_back(self, session: Session) -> None:
+        """Keep ``session`` for the next acquisition (one that holds nothing), unless it is
+        unusable or ``keep`` are idle already."""
+        if session.usable:
+            with self._mutex:
+                if len(self._idle) < self.keep:
+                    self._idle.append(session)
+                    return
+        session.close()
+
+    def close(self) -> None:
+        with self._mutex:
+            idle, self._idle = self._idle, []
+        for session in idle:
+            session.close()
 
 
 class AsyncSessions:

@@ -1,0 +1,382 @@
+"""Session mode: a lock is the server's own session lock, held by a session of the
+backend's (PostgreSQL: a two-key advisory lock).
+
+A grant writes nothing: one round trip takes the lock and draws its fencing token from
+a sequence, as the raw advisory call would take the lock alone. The session that was
+granted the lock is lent to that acquisition until its release (a session holds at most
+one lock), so a release never waits behind another statement, and the lock ends with
+the session: a holder that crashes or whose connection is closed frees it as soon as
+the server sees the close (docs/database.md, "Session mode").
+
+Who holds comes from the server, with no write per grant: each session, when it opens,
+records its client's host and process in ``django_distlock_session``; each grant (and
+each wait) sets its session's ``application_name`` to ``dl <owner id> <thread and
+context>`` (63 bytes at most); and the session stays idle until its release, so
+``pg_stat_activity.state_change`` tells when it was granted. The name comes from the
+lock table, where each process makes a name's row once, at its first acquire of it; a
+listing joins ``pg_locks`` to the rows through an index on the key
+(sql/postgresql.sql).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from ...exceptions import Deadlock, InvalidBackendOptions
+from ...kinds import Kind
+from ...values import SHORT_OWNER, Grant, LockInfo, LockPage, Miss, WaiterInfo
+from ..base import ExcInfo, Freed, HeldCount
+from .backend import server_wait
+from .errors import ERRORS, is_deadlock
+from .session_acquisition import OwnSessionAcquisition, OwnSessionBackend
+from .sessions import CONTENDED_FOR, CONTENDED_KEYS, Call, Session, SessionPool
+from .sql import ENSURE_ROW, TABLE, as_datetime, upper_bound
+from .transaction import KNOWN_ROWS
+
+#: Idle sessions a backend keeps open for its next acquisitions (the rest are closed as
+#: they come back).
+KEEP_IDLE = 16
+
+#: Each session, when it opens: its client's host and process (sql/postgresql.sql).
+PG_REGISTER = """
+INSERT INTO django_distlock_session (pid, started, host, process)
+SELECT pid, backend_start, %s, %s FROM pg_stat_activity WHERE pid = pg_backend_pid()
+ON CONFLICT (pid) DO UPDATE SET started = excluded.started, host = excluded.host,
+    process = excluded.process"""
+#: Try: the grant's fencing token and server time, or no row. The session's
+#: application_name becomes the holder's label. Params: label, k1, k2.
+PG_TRY = """
+SELECT t, clock_timestamp(), set_config('application_name', %s, false)
+FROM (SELECT nextval('django_distlock_fencing') AS t WHERE pg_try_advisory_lock(%s, %s)) g"""
+#: Wait in the server (sql/postgresql.sql). Params: k1, k2, seconds, label. Row: (token,
+#: or NULL when the wait timed out; server time).
+PG_WAIT = "SELECT t, clock_timestamp() FROM django_distlock_session_wait(%s, %s, %s, %s) t"
+PG_UNLOCK = "SELECT pg_advisory_unlock(%s, %s)"
+#: The two-key advisory locks of this database, as pg_locks shows them.
+_LOCKS = """
+SELECT (classid::bigint << 32) | objid::bigint AS k, pid, granted FROM pg_locks
+WHERE locktype = 'advisory' AND objsubid = 2
+  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"""
+#: Who a session is: its holder label, since when it is idle (holding: since the
+#: grant; waiting: since its wait began), its client's host and process.
+_WHO = """
+JOIN pg_stat_activity a ON a.pid = h.pid
+LEFT JOIN django_distlock_session s ON s.pid = h.pid AND s.started = a.backend_start"""
+#: Whether this session holds the key (params: k1, k2 as unsigned).
+PG_HOLDS = """
+SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2 AND granted
+  AND pid = pg_backend_pid() AND classid = %s::oid AND objid = %s::oid"""
+PG_IS_LOCKED = f"SELECT EXISTS (SELECT 1 FROM ({_LOCKS}) l WHERE granted AND k = %s)"
+#: A page of held names. Params (named): after, low, high, limit. Rows: name, label,
+#: since, host, process, server pid, waiters.
+PG_HELD = f"""
+WITH l AS MATERIALIZED ({_LOCKS})
+SELECT r.name, a.application_name, a.state_change, s.host, s.process, h.pid,
+    (SELECT count(*) FROM l w WHERE w.k = h.k AND NOT w.granted)
+FROM l h
+JOIN {TABLE} r ON django_distlock_session_key(r.name) = h.k{_WHO}
+WHERE h.granted AND (r.name COLLATE "C") > %(after)s AND (r.name COLLATE "C") >= %(low)s
+  AND (r.name COLLATE "C") < %(high)s
+ORDER BY (r.name COLLATE "C") LIMIT %(limit)s"""
+#: A key's waiters in arrival order. Params: key, limit. Rows: label, since, host,
+#: process, server pid.
+PG_WAITERS = f"""
+SELECT a.application_name, a.query_start, s.host, s.process, h.pid FROM ({_LOCKS}) h{_WHO}
+WHERE NOT h.granted AND h.k = %s ORDER BY a.query_start, h.pid LIMIT %s"""
+#: End the holder's session (waiting up to 5 s for it to end), only while the holder's
+#: short owner id is the one given ("": any). Params: key, owner, owner.
+PG_TERMINATE = f"""
+SELECT pg_terminate_backend(h.pid, 5000) FROM ({_LOCKS}) h{_WHO}
+WHERE h.granted AND h.k = %s AND (%s = '' OR substr(a.application_name, 4, 8) = %s)"""
+
+#: PostgreSQL keeps 63 bytes of an application_name, printable ASCII only.
+_LABEL_BYTES = 63
+
+
+def server_key(key: str) -> int:
+    """The advisory-lock key of storage key ``key``: the first 8 bytes of its SHA-256, as
+    a signed 64-bit int (``django_distlock_session_key`` in sql/postgresql.sql)."""
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big", signed=True)
+
+
+def server_keys(key: str) -> tuple[int, int]:
+    """:func:`server_key` as the two int4 keys of ``pg_advisory_lock(k1, k2)``."""
+    digest = hashlib.sha256(key.encode()).digest()
+    return (int.from_bytes(digest[:4], "big", signed=True),
+            int.from_bytes(digest[4:8], "big", signed=True))
+
+
+def holder_label(owner: str, holder: str) -> str:
+    """A session's ``application_name`` for the holder (or waiter) ``owner`` (its short
+    owner id) and ``holder`` (its thread label and context, ``Hold.holder_field``):
+    ``dl <owner> <holder>``, the holder text escaped to printable ASCII and cut, with an
+    ellipsis, to fit PostgreSQL's 63 bytes."""
+    head = f"dl {owner} "
+    text = holder.encode("unicode_escape").decode("ascii")  # as _escaped(), one call less
+    if len(head) + len(text) <= _LABEL_BYTES:
+        return head + text
+    room = _LABEL_BYTES - len(head) - len(_escaped("…"))
+    kept, used = [], 0
+    for char in holder:
+        size = len(_escaped(char))
+        if used + size > room:
+            break
+        kept.append(char)
+        used += size
+    return head + _escaped("".join(kept) + "…")
+
+
+def _escaped(text: str) -> str:
+    """``text`` as printable ASCII: a backslash, a control character or a non-ASCII one
+    as Python's escape."""
+    return text.encode("unicode_escape").decode("ascii")
+
+
+def read_label(label: str) -> tuple[str, str]:
+    """The short owner id and the holder text of a :func:`holder_label` (both "" for
+    another application's)."""
+    if not label.startswith("dl ") or label[11:12] != " ":
+        return "", ""
+    text = label[12:]
+    while text:
+        try:
+            return label[3:11], text.encode("ascii", "replace").decode("unicode_escape")
+        except UnicodeDecodeError:
+            text = text[: text.rfind("\\")]  # an escape cut short: drop it
+    return label[3:11], ""
+
+
+def _register() -> tuple[str, list[Any]]:
+    """The statement that records a new session's client (``SessionFactory.setup``)."""
+    return PG_REGISTER, [socket.gethostname(), os.getpid()]
+
+
+class SessionModeBackend(OwnSessionBackend, mode="session"):
+    """The database backend's session mode (``OPTIONS["MODE"] = "session"``), on
+    PostgreSQL: session-level advisory locks, at the speed of the raw calls, with
+    fencing tokens, listing, waiters and force release."""
+
+    supports_listing = True
+    supports_counting = True
+    supports_force_release = True
+    supports_waiters = True
+    why_unsupported = {
+        "supports_expiry": "a session-mode lock is held until it is released or its "
+        "session ends (a crashed holder's connection closing frees it); it has no lease",
+        "supports_age_order": "a session-mode grant writes nothing: the listing reads the "
+        "server's lock table, which has no order by age",
+        "supports_shared_owner": "a session-mode lock belongs to the one session that "
+        "was granted it",
+    }
+
+    def __init__(self, alias: str, params: Mapping[str, Any]) -> None:
+        super().__init__(alias, params)
+        if self.vendor != "postgresql":
+            raise InvalidBackendOptions(
+                f"DISTLOCK[{alias!r}]['OPTIONS']['MODE'] = 'session' takes the server's own "
+                f"session locks, which PostgreSQL has; DATABASES[{self.database!r}] is "
+                f"{self.vendor_name}. Use MODE 'lease' or 'transaction' there."
+            )
+        self.session_factory.setup = _register
+        self.pool = SessionPool(self.session_factory, KEEP_IDLE)
+        #: Keys whose row this process has made (or found): the listing's names.
+        self.rows: dict[str, None] = {}
+        #: Keys recently waited for, and when (monotonic): a blocking acquire of one goes
+        #: straight to the server's queue (one round trip, not a miss and then the wait).
+        self.contended: dict[str, float] = {}
+
+    def note_contended(self, key: str) -> None:
+        """Remember that ``key`` was waited for (at most ``CONTENDED_KEYS`` keys)."""
+        contended = self.contended
+        contended.pop(key, None)
+        contended[key] = time.monotonic()
+        if len(contended) > CONTENDED_KEYS:
+            contended.pop(next(iter(contended)), None)
+
+    def note_row(self, key: str) -> None:
+        """Remember that ``key``'s row exists (at most ``KNOWN_ROWS`` keys: past that, the
+        next acquire of each makes sure of it again)."""
+        if len(self.rows) >= KNOWN_ROWS:
+            self.rows.clear()
+        self.rows[key] = None
+
+    def is_locked(self, name: str) -> bool:
+        key = server_key(self.make_key(name))
+        return bool(self.run(PG_IS_LOCKED, [key], "checking a lock")[0][0])
+
+    def _held_locks(self, prefix: str, limit: int, cursor: str | None) -> LockPage:
+        low = self.key_prefix + prefix
+        params = {"after": cursor or "", "low": low, "high": upper_bound(low), "limit": limit}
+        rows = self.run(PG_HELD, params, "listing locks")
+        infos = [self._info(row) for row in rows]
+        return LockPage(infos, rows[-1][0] if len(rows) == limit else None)
+
+    def _info(self, row: tuple[Any, ...]) -> LockInfo:
+        key, label, since, host, process, session, waiters = row
+        owner, holder = read_label(label or "")
+        return LockInfo(
+            alias=self.alias, name=self.name_of(key), owner=owner, fencing_token=None,
+            acquired_at=as_datetime(since), expires_at=None, host=host or "", pid=process,
+            thread=holder or f"pg {session}", waiters=waiters,
+        )
+
+    def _count_held(self, prefix: str, limit: int) -> HeldCount:
+        low = self.key_prefix + prefix
+        params = {"after": "", "low": low, "high": upper_bound(low), "limit": limit + 1}
+        rows = self.run(f"SELECT count(*) FROM ({PG_HELD}) AS counted", params,
+                        "counting locks")
+        found = int(rows[0][0])
+        return HeldCount(min(found, limit), found <= limit)
+
+    def _waiters(self, key: str, limit: int) -> list[WaiterInfo]:
+        rows = self.run(PG_WAITERS, [server_key(key), limit], "listing waiters")
+        waiters = []
+        for position, (label, since, host, process, session) in enumerate(rows, 1):
+            owner, holder = read_label(label or "")
+            waiters.append(WaiterInfo(
+                position=position, owner=owner, since=as_datetime(since), host=host or "",
+                pid=process, thread=holder, kind=Kind.EXCLUSIVE.value,
+                session=f"pg {session}",
+            ))
+        return waiters
+
+    def _force_release(self, key: str, owner: str) -> Freed | None:
+        rows = self.run(PG_TERMINATE, [server_key(key), owner, owner],
+                        "force-releasing a lock")
+        return Freed() if any(ended for ended, in rows) else None
+
+    def close(self) -> None:
+        self.pool.close()
+        super().close()
+
+
+class PgSessionAcquisition(OwnSessionAcquisition):
+    """One acquisition in session mode on PostgreSQL: the session it takes (a thread's
+    from the backend's :class:`SessionPool`, a task's from its async pool) holds the
+    lock from the grant to the release."""
+
+    backend: SessionModeBackend
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        hold = self.hold
+        self.k1, self.k2 = server_keys(hold.key)
+        self.label = holder_label(self.token[:SHORT_OWNER], hold.holder_field)
+        self.fencing: int | None = None
+
+    # -- the session: this acquisition's own -------------------------------------
+
+    def _session(self, bound: float | None = None) -> Session:
+        taken = self.taken
+        if taken is not None and taken.usable:
+            return taken
+        if self.loop is not None:  # a task's, from the async pool: reopened there
+            return super()._session(bound)
+        if taken is not None:  # lost before the grant: another one
+            taken.close()
+        try:
+            taken = self.taken = self.backend.pool.take(bound)
+        except ERRORS as exc:
+            raise self.backend.errors.translate(exc, "connecting", self.backend.where) from exc
+        return taken
+
+    def _give_back(self) -> None:
+        if self.loop is not None:
+            super()._give_back()
+            return
+        taken, self.taken = self.taken, None
+        if taken is not None:
+            self.backend.pool.give_back(taken)
+
+    def close(self) -> None:
+        self._give_back()  # it holds nothing: the next acquisition may use it
+
+    # -- the calls -----------------------------------------------------------------
+
+    def _attempt_on(self, session: Session) -> Grant | Miss:
+        hold, backend = self.hold, self.backend
+        key = hold.key
+        if self.blocking:
+            seen = backend.contended.get(key)
+            if seen is not None and time.monotonic() - seen < CONTENDED_FOR:
+                return Miss()  # known contended: the wait queues (and grants if free)
+        params = [self.label, self.k1, self.k2]
+        try:
+            with session.mutex, self._watched(session):
+                if key not in backend.rows:
+                    # The name's row, for the listing: once per process (its own round
+                    # trip, the first time only).
+                    session.execute(ENSURE_ROW, [key])
+                    backend.note_row(key)
+                row = session.execute(PG_TRY, params).fetchone()
+        except ERRORS as exc:
+            self._drop(session)
+            raise backend.errors.translate(exc, "acquiring a lock", backend.where) from exc
+        if row is None:
+            return Miss()
+        self.fencing = row[0]
+        return Grant(row[0], as_datetime(row[1]), None)
+
+    def _wait_on(self, session: Session, call: Call) -> Grant | None:
+        hold, backend = self.hold, self.backend
+        backend.note_contended(hold.key)
+        params = [self.k1, self.k2, server_wait(self.deadline), self.label]
+        try:
+            with session.mutex, self._watched(session), call.running_on(session):
+                row = session.execute(PG_WAIT, params).fetchone()
+        except ERRORS as exc:
+            if is_deadlock(exc):  # the session is fine: the statement alone failed
+                raise Deadlock(
+                    f"{backend.where}: waiting for {hold.name!r} would deadlock: the "
+                    f"server found a cycle of sessions each waiting for another's lock "
+                    f"({exc}).", name=hold.name, alias=backend.alias) from exc
+            self._drop(session)
+            if call.cancelled:
+                return None
+            raise backend.errors.translate(exc, "waiting for a lock", backend.where) from exc
+        if row is None or row[0] is None:
+            return None
+        self.fencing = row[0]
+        return Grant(row[0], as_datetime(row[1]), None)
+
+    def release(self, exc_info: ExcInfo) -> bool:
+        session = self.taken
+        if session is None or not session.usable:
+            self._give_back()
+            return False  # its session is gone, and the lock went with it
+        try:
+            with session.mutex, self._watched(session, time.monotonic()):
+                row = session.execute(PG_UNLOCK, [self.k1, self.k2]).fetchone()
+        except ERRORS:
+            # The session is closed: the server frees the lock with it (at once, or when
+            # it sees the close). Whether it was held until now is unknown: lost.
+            self._drop(session)
+            self._give_back()
+            return False
+        self._give_back()
+        return bool(row and row[0])
+
+    def extend(self, ttl: float) -> Grant | None:
+        """The lock does not expire: check that our session still holds it (one round
+        trip)."""
+        session = self.taken
+        if session is None or not session.usable:
+            return None
+        try:
+            with session.mutex, self._watched(session, time.monotonic()):
+                row = session.execute(PG_HOLDS, [self.k1 & 0xFFFFFFFF,
+                                                 self.k2 & 0xFFFFFFFF]).fetchone()
+        except ERRORS:
+            self._drop(session)
+            return None
+        if row is None:
+            return None
+        return Grant(self.fencing, self.hold.acquired_at, None)
+
+
+SessionModeBackend.kinds = {Kind.EXCLUSIVE: PgSessionAcquisition}
