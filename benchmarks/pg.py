@@ -173,6 +173,38 @@ class Advisory:
         self.conn.close()
 
 
+class PgLock:
+    """(f) django-pglock's ``advisory(name, timeout=...)``: ``pg_advisory_lock`` through
+    Django's connection, with ``lock_timeout`` set around it (what the PostgreSQL world
+    uses in Django today)."""
+
+    def __init__(self, key: str) -> None:
+        lockers.django_setup()
+        try:
+            import pglock
+        except ImportError as exc:
+            raise Unavailable("django-pglock is not installed (the `dev` extra)") from exc
+        self.pglock, self.key = pglock, key
+        self.held: Any = None
+
+    def acquire(self) -> bool:
+        held = self.pglock.advisory(self.key, timeout=ACQUIRE_TIMEOUT,
+                                    side_effect=self.pglock.Return)
+        if not held.__enter__():
+            held.__exit__(None, None, None)
+            return False
+        self.held = held
+        return True
+
+    def release(self) -> None:
+        self.held.__exit__(None, None, None)
+
+    def close(self) -> None:
+        from django.db import connections
+
+        connections.close_all()
+
+
 class SelectOne(lockers.SelectOne):
     """(a) :class:`benchmarks.lockers.SelectOne` on a psycopg connection (a class of this
     module: the harness sets up the module a case's class is in)."""
@@ -187,6 +219,7 @@ class DistLock(lockers.DistLock):
 
 lease = functools.partial(DistLock, alias="pg")
 transaction_mode = functools.partial(DistLock, alias="pg-tx")
+session_mode = functools.partial(DistLock, alias="pg-session")
 #: The ``asyncio`` suite's: tasks and threads alike wait up to its TASK_TIMEOUT.
 lease_tasks = functools.partial(DistLock, alias="pg", timeout=asyncio_contended.TASK_TIMEOUT)
 lease_tasks_64 = functools.partial(
@@ -224,7 +257,11 @@ add_case(
 )
 add_case(_U, "pg.lease", lease, "(d) django-distlock, lease mode", group=GROUP)
 add_case(_U, "pg.tx", transaction_mode, "(e) django-distlock, transaction mode", group=GROUP)
+add_case(_U, "pg.session", session_mode, "(f) django-distlock, session mode", group=GROUP)
+add_case(_U, "pg.pglock", PgLock, "(g) django-pglock `advisory()`", group=GROUP)
 add_bar(_U, "pg.lease", "pg.floor", 1.3)
+add_bar(_U, "pg.session", "pg.advisory", 1.15)
+add_bar(_U, "pg.session", "pg.pglock", 1.0)
 add_bar(_U, "pg.lease", "pg.floor-django", None)
 add_bar(_U, "pg.lease", "pg.advisory", None)
 add_bar(_U, "pg.tx", "pg.advisory", None)
@@ -234,7 +271,12 @@ add_case(
 )
 add_case(_C, "pg.lease", lease, "django-distlock lease mode (queue in the server)", group=GROUP)
 add_case(_C, "pg.tx", transaction_mode, "django-distlock transaction mode (row lock)", group=GROUP)
+add_case(_C, "pg.session", session_mode, "django-distlock session mode (advisory lock)",
+         group=GROUP)
+add_case(_C, "pg.pglock", PgLock, "django-pglock `advisory()` (blocking)", group=GROUP)
 add_bar(_C, "pg.lease", "pg.advisory", 3.0)
+add_bar(_C, "pg.session", "pg.advisory", 1.2)
+add_bar(_C, "pg.session", "pg.pglock", 1.0)
 add_bar(_C, "pg.tx", "pg.advisory", None)
 
 asyncio_contended.add(

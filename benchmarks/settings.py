@@ -53,6 +53,7 @@ DISTLOCK = {
     "sqlite-lease": {"BACKEND": _DB, "OPTIONS": {"DATABASE": "sqlite"}},
     "pg": {"BACKEND": _DB, "OPTIONS": {"DATABASE": "default"}},
     "pg-tx": {"BACKEND": _DB, "OPTIONS": {"DATABASE": "default", "MODE": "transaction"}},
+    "pg-session": {"BACKEND": _DB, "OPTIONS": {"DATABASE": "default", "MODE": "session"}},
     # Suite ``asyncio``: lease mode with more pooled sessions for asyncio tasks (default 16).
     "pg-async64": {"BACKEND": _DB, "OPTIONS": {"DATABASE": "default", "ASYNC_SESSIONS": 64}},
     "pg-async4": {"BACKEND": _DB, "OPTIONS": {"DATABASE": "default", "ASYNC_SESSIONS": 4}},

@@ -81,7 +81,7 @@ def test_hold_elsewhere_holds_the_lock_in_another_process_until_the_block_ends(
     assert free(alias, name)
 
 
-@pytest.mark.parametrize("alias", ["pg-tx", "zk", "sqlite-tx"])
+@pytest.mark.parametrize("alias", ["pg-tx", "pg-session", "zk", "sqlite-tx"])
 def test_a_killed_holder_frees_a_lock_that_lives_with_its_session(
     alias: str, unique, distlock_hold_elsewhere
 ) -> None:
