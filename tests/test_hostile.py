@@ -78,6 +78,14 @@ ALIASES = [
 ]
 
 
+#: Aliases of tests/settings.py not yet in this catalogue, each with the work that adds it
+#: (named here, so that the test below still fails for an alias nobody accounted for).
+NOT_YET = {
+    "pg-session": "issue 35, part 3: the fault catalogue on session mode (its contract, "
+    "killed holder and listing run in test_backend_database_session.py)",
+}
+
+
 #: Fail (full run) or skip (local partial run) when an alias' server is absent.
 require = require_alias
 
@@ -87,7 +95,8 @@ def test_the_catalogue_names_every_configured_alias() -> None:
     lists of scenarios and reasons below are all checked against ALIASES."""
     if os.environ.get("DISTLOCK_SERVERS") != "1":
         pytest.skip("a partial run configures only the aliases whose servers it has")
-    assert set(settings.DISTLOCK) == set(ALIASES)
+    assert set(settings.DISTLOCK) == set(ALIASES) | set(NOT_YET)
+    assert not set(ALIASES) & set(NOT_YET)
 
 
 # -- the recorded history, and its check ----------------------------------------------
