@@ -7,17 +7,19 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from typing import Any
 
 import pytest
 
 from django_distlock import locks
+from django_distlock.backends.database.errors import sqlstate
 from django_distlock.backends.database.session_mode import (
     holder_label,
     read_label,
     server_key,
 )
-from django_distlock.exceptions import InvalidBackendOptions, SelfDeadlock
+from django_distlock.exceptions import Deadlock, InvalidBackendOptions, SelfDeadlock
 from django_distlock.testing import LockContract
 
 from .conftest import LIBRARY_DB, eventually, in_thread, require_pg
@@ -76,6 +78,22 @@ def test_one_thread_holds_a_name_once(unique) -> None:
     first.release()
     assert not backend.is_locked(name)
     assert in_thread(lambda: _taken_and_released(backend, name))
+
+
+def _held_in_thread(backend: Any, name: str) -> threading.Event:
+    """Hold ``name`` in a thread of its own until the returned event is set."""
+    taken, done = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        handle = backend.lock(name)
+        assert handle.acquire()
+        taken.set()
+        done.wait(30)
+        handle.release()
+
+    threading.Thread(target=hold, daemon=True).start()
+    assert taken.wait(10)
+    return done
 
 
 def _taken_and_released(backend: Any, name: str) -> bool:
@@ -137,3 +155,85 @@ def test_a_holder_label_keeps_what_fits_in_63_bytes(holder: str) -> None:
     owner, text = read_label(label)
     assert owner == "0123abcd"
     assert text == holder or (text.endswith("…") and holder.startswith(text[:-1]))
+
+
+def test_crossed_waits_raise_deadlock_and_the_other_wait_goes_on(unique) -> None:
+    """Two threads each holding one name and waiting for the other's: a thread's wait
+    runs on the session of the lock it holds, so the server sees the cycle and refuses
+    one wait (40P01) as the typed Deadlock, chained to its error; that thread releases
+    what it holds, and the other wait is granted."""
+    require_pg()
+    backend = locks["pg-session"]
+    a_name, b_name = unique("a"), unique("b")
+    a_held = threading.Event()
+    outcome: list[object] = []
+
+    def other_thread() -> None:
+        a = backend.lock(a_name)
+        assert a.acquire()
+        a_held.set()
+        try:
+            wanted = backend.lock(b_name, timeout=20)
+            outcome.append(wanted.acquire())
+            wanted.release()
+        except Deadlock as exc:
+            outcome.append(exc)
+        finally:
+            a.release()
+
+    b = backend.lock(b_name)
+    assert b.acquire()
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+    refused: object = None
+    try:
+        assert a_held.wait(5) and eventually(lambda: backend.waiters(b_name), 5)
+        started = time.monotonic()
+        wanted = backend.lock(a_name, timeout=20)
+        try:
+            assert wanted.acquire()
+            wanted.release()
+        except Deadlock as exc:
+            refused = exc
+        elapsed = time.monotonic() - started
+    finally:
+        b.release()
+        thread.join(25)
+    deadlocks = [x for x in (refused, *outcome) if isinstance(x, Deadlock)]
+    assert len(deadlocks) == 1, (refused, outcome)  # one wait refused, the other granted
+    assert outcome == ([True] if refused else deadlocks)
+    error = deadlocks[0]
+    assert error.alias == "pg-session" and error.name in (a_name, b_name)
+    assert sqlstate(error.__cause__) == "40P01"
+    assert elapsed < 15  # the server's deadlock_timeout (1 s), not the 20 s timeouts
+
+
+def test_a_lock_waited_for_by_a_holder_shares_its_session_until_both_are_released(
+    unique,
+) -> None:
+    """A thread holding one name that waits for another waits (and is granted) on the
+    first one's session: the listing shows both under the first grant's label; releasing
+    the first relabels the session for the second, and the session goes back to the
+    pool only when both are released."""
+    require_pg()
+    backend = locks["pg-session"]
+    outer_name, inner_name = unique("outer"), unique("inner")
+    blocker = in_thread(lambda: _held_in_thread(backend, inner_name))
+    outer = backend.lock(outer_name)
+    assert outer.acquire()
+    inner = backend.lock(inner_name, timeout=10)
+    release_blocker = threading.Timer(0.5, blocker.set)
+    release_blocker.start()
+    assert inner.acquire()
+    try:
+        assert inner._hold.acquisition.taken is outer._hold.acquisition.taken
+        listed = {info.name: info.owner for name in (outer_name, inner_name)
+                  for info in backend.held_locks(prefix=name)}
+        assert listed == {outer_name: outer.owner_id, inner_name: outer.owner_id}
+        outer.release()
+        (info,) = backend.held_locks(prefix=inner_name)
+        assert info.owner == inner.owner_id
+        assert backend.is_locked(inner_name) and not backend.is_locked(outer_name)
+    finally:
+        inner.release()
+    assert not backend.grants

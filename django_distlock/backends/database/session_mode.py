@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -57,6 +58,10 @@ FROM (SELECT nextval('django_distlock_fencing') AS t WHERE pg_try_advisory_lock(
 #: or NULL when the wait timed out; server time).
 PG_WAIT = "SELECT t, clock_timestamp() FROM django_distlock_session_wait(%s, %s, %s, %s) t"
 PG_UNLOCK = "SELECT pg_advisory_unlock(%s, %s)"
+#: The release of one of a session's grants while it holds others: the session's label
+#: becomes that of the first of them. Params: k1, k2, label.
+PG_UNLOCK_RELABEL = (
+    "SELECT pg_advisory_unlock(%s, %s), set_config('application_name', %s, false)")
 #: The two-key advisory locks of this database, as pg_locks shows them.
 _LOCKS = """
 SELECT (classid::bigint << 32) | objid::bigint AS k, pid, granted FROM pg_locks
@@ -151,6 +156,10 @@ def read_label(label: str) -> tuple[str, str]:
     return label[3:11], ""
 
 
+class _Holding(threading.local):
+    session: Session | None = None
+
+
 def _register() -> tuple[str, list[Any]]:
     """The statement that records a new session's client (``SessionFactory.setup``)."""
     return PG_REGISTER, [socket.gethostname(), os.getpid()]
@@ -189,6 +198,12 @@ class SessionModeBackend(OwnSessionBackend, mode="session"):
         #: Keys recently waited for, and when (monotonic): a blocking acquire of one goes
         #: straight to the server's queue (one round trip, not a miss and then the wait).
         self.contended: dict[str, float] = {}
+        #: The grants each threads' session holds: session → (the thread's ident, {key:
+        #: the grant's label}, in grant order). A thread's blocking wait runs on the
+        #: session of a lock it holds, so that the server sees a cycle through it.
+        self.grants: dict[Session, tuple[int, dict[str, str]]] = {}
+        #: This thread's session that holds its first live grant, if any.
+        self.holding = _Holding()
 
     def note_contended(self, key: str) -> None:
         """Remember that ``key`` was waited for (at most ``CONTENDED_KEYS`` keys)."""
@@ -258,9 +273,17 @@ class SessionModeBackend(OwnSessionBackend, mode="session"):
 class PgSessionAcquisition(OwnSessionAcquisition):
     """One acquisition in session mode on PostgreSQL: the session it takes (a thread's
     from the backend's :class:`SessionPool`, a task's from its async pool) holds the
-    lock from the grant to the release."""
+    lock from the grant to the release.
+
+    A thread's blocking wait runs on the session of a lock the thread already holds (one
+    of this backend's), so that PostgreSQL sees a cycle of waits through it and refuses
+    one (``Deadlock``); a grant that comes there shares that session, which goes back to
+    the pool when its last grant is released.
+    """
 
     backend: SessionModeBackend
+    #: The session is one that holds another grant of this thread (see the class).
+    shared = False
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
@@ -269,7 +292,7 @@ class PgSessionAcquisition(OwnSessionAcquisition):
         self.label = holder_label(self.token[:SHORT_OWNER], hold.holder_field)
         self.fencing: int | None = None
 
-    # -- the session: this acquisition's own -------------------------------------
+    # -- the session: this acquisition's own, or shared with the thread's grants -----
 
     def _session(self, bound: float | None = None) -> Session:
         taken = self.taken
@@ -278,23 +301,52 @@ class PgSessionAcquisition(OwnSessionAcquisition):
         if self.loop is not None:  # a task's, from the async pool: reopened there
             return super()._session(bound)
         if taken is not None:  # lost before the grant: another one
+            self.backend.grants.pop(taken, None)
             taken.close()
+            self.shared = False
         try:
             taken = self.taken = self.backend.pool.take(bound)
         except ERRORS as exc:
             raise self.backend.errors.translate(exc, "connecting", self.backend.where) from exc
         return taken
 
+    def _holding_session(self) -> Session | None:
+        """This thread's session that holds another of its grants, idle, and not of this
+        key (it would be granted again there, counted); None if none."""
+        session = self.backend.holding.session
+        if session is None or not session.usable or session.mutex.locked():
+            return None
+        held = self.backend.grants.get(session)
+        if held is None or held[0] != threading.get_ident() or self.hold.key in held[1]:
+            return None
+        return session
+
     def _give_back(self) -> None:
         if self.loop is not None:
             super()._give_back()
             return
         taken, self.taken = self.taken, None
-        if taken is not None:
+        if taken is not None and not self.shared:
             self.backend.pool.give_back(taken)
 
     def close(self) -> None:
-        self._give_back()  # it holds nothing: the next acquisition may use it
+        self._give_back()  # it holds nothing (or others' grants): not this one's
+
+    def _granted(self, session: Session, token: int, at: Any) -> Grant:
+        """Record a grant on ``session`` (a thread's: in the backend's table of grants)."""
+        self.fencing = token
+        if self.loop is None:
+            backend = self.backend
+            held = backend.grants.get(session)
+            if held is None:
+                ident = threading.get_ident()
+                backend.grants[session] = (ident, {self.hold.key: self.label})
+                first = backend.grants.get(backend.holding.session)  # type: ignore[arg-type]
+                if first is None or first[0] != ident:  # none, or stale: this one
+                    backend.holding.session = session
+            else:
+                held[1][self.hold.key] = self.label
+        return Grant(token, as_datetime(at), None)
 
     # -- the calls -----------------------------------------------------------------
 
@@ -319,13 +371,24 @@ class PgSessionAcquisition(OwnSessionAcquisition):
             raise backend.errors.translate(exc, "acquiring a lock", backend.where) from exc
         if row is None:
             return Miss()
-        self.fencing = row[0]
-        return Grant(row[0], as_datetime(row[1]), None)
+        return self._granted(session, row[0], row[1])
+
+    def wait(self, miss: Miss) -> Grant | None:
+        if not self.shared:
+            shared = self._holding_session()
+            if shared is not None:  # wait where the server sees this thread's other locks
+                self._give_back()  # the try's session holds nothing
+                self.taken, self.shared = shared, True
+        return super().wait(miss)
 
     def _wait_on(self, session: Session, call: Call) -> Grant | None:
         hold, backend = self.hold, self.backend
         backend.note_contended(hold.key)
-        params = [self.k1, self.k2, server_wait(self.deadline), self.label]
+        label = self.label
+        if self.shared:  # the session keeps the label of the first grant it holds
+            held = backend.grants.get(session)
+            label = next(iter(held[1].values())) if held else label
+        params = [self.k1, self.k2, server_wait(self.deadline), label]
         try:
             with session.mutex, self._watched(session), call.running_on(session):
                 row = session.execute(PG_WAIT, params).fetchone()
@@ -341,20 +404,38 @@ class PgSessionAcquisition(OwnSessionAcquisition):
             raise backend.errors.translate(exc, "waiting for a lock", backend.where) from exc
         if row is None or row[0] is None:
             return None
-        self.fencing = row[0]
-        return Grant(row[0], as_datetime(row[1]), None)
+        return self._granted(session, row[0], row[1])
+
+    def _drop(self, session: Session) -> None:
+        self.backend.grants.pop(session, None)  # its grants end with it
+        super()._drop(session)
 
     def release(self, exc_info: ExcInfo) -> bool:
-        session = self.taken
+        session, backend = self.taken, self.backend
         if session is None or not session.usable:
             self._give_back()
             return False  # its session is gone, and the lock went with it
+        held = backend.grants.get(session)
+        others = None
+        if held is not None:
+            held[1].pop(self.hold.key, None)
+            if held[1]:  # the session stays with the thread's other grants
+                others = next(iter(held[1].values()))
+                self.shared = True
+            else:
+                del backend.grants[session]
+                self.shared = False
         try:
             with session.mutex, self._watched(session, time.monotonic()):
-                row = session.execute(PG_UNLOCK, [self.k1, self.k2]).fetchone()
+                if others is None:
+                    row = session.execute(PG_UNLOCK, [self.k1, self.k2]).fetchone()
+                else:
+                    row = session.execute(PG_UNLOCK_RELABEL,
+                                          [self.k1, self.k2, others]).fetchone()
         except ERRORS:
-            # The session is closed: the server frees the lock with it (at once, or when
-            # it sees the close). Whether it was held until now is unknown: lost.
+            # The session is closed: the server frees the lock (and any other it held)
+            # with it, at once or when it sees the close. Whether it was held until now
+            # is unknown: lost.
             self._drop(session)
             self._give_back()
             return False
