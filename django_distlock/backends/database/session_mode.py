@@ -35,7 +35,7 @@ from ..base import ExcInfo, Freed, HeldCount
 from .backend import server_wait
 from .errors import ERRORS, is_deadlock
 from .session_acquisition import OwnSessionAcquisition, OwnSessionBackend
-from .sessions import CONTENDED_FOR, CONTENDED_KEYS, Call, Session, SessionPool
+from .sessions import CONTENDED_FOR, CONTENDED_KEYS, WATCHDOG, Call, Session, SessionPool
 from .sql import ENSURE_ROW, TABLE, as_datetime, upper_bound
 from .transaction import KNOWN_ROWS
 
@@ -52,8 +52,8 @@ ON CONFLICT (pid) DO UPDATE SET started = excluded.started, host = excluded.host
 #: Try: the grant's fencing token and server time, or no row. The session's
 #: application_name becomes the holder's label. Params: label, k1, k2.
 PG_TRY = """
-SELECT t, clock_timestamp(), set_config('application_name', %s, false)
-FROM (SELECT nextval('django_distlock_fencing') AS t WHERE pg_try_advisory_lock(%s, %s)) g"""
+SELECT t, clock_timestamp() FROM (SELECT nextval('django_distlock_fencing') AS t,
+    set_config('application_name', %s, false) WHERE pg_try_advisory_lock(%s, %s)) g"""
 #: Wait in the server (sql/postgresql.sql). Params: k1, k2, seconds, label. Row: (token,
 #: or NULL when the wait timed out; server time).
 PG_WAIT = "SELECT t, clock_timestamp() FROM django_distlock_session_wait(%s, %s, %s, %s) t"
@@ -358,8 +358,12 @@ class PgSessionAcquisition(OwnSessionAcquisition):
             if seen is not None and time.monotonic() - seen < CONTENDED_FOR:
                 return Miss()  # known contended: the wait queues (and grants if free)
         params = [self.label, self.k1, self.k2]
+        # The watchdog's registration written out (not self._watched(): a generator's
+        # context manager costs more than the rest of this method).
+        deadline = self.deadline
+        ident = None if deadline is None else WATCHDOG.watch(session, deadline)
         try:
-            with session.mutex, self._watched(session):
+            with session.mutex:
                 if key not in backend.rows:
                     # The name's row, for the listing: once per process (its own round
                     # trip, the first time only).
@@ -369,6 +373,9 @@ class PgSessionAcquisition(OwnSessionAcquisition):
         except ERRORS as exc:
             self._drop(session)
             raise backend.errors.translate(exc, "acquiring a lock", backend.where) from exc
+        finally:
+            if ident is not None:
+                WATCHDOG.done(ident)
         if row is None:
             return Miss()
         return self._granted(session, row[0], row[1])
@@ -425,8 +432,9 @@ class PgSessionAcquisition(OwnSessionAcquisition):
             else:
                 del backend.grants[session]
                 self.shared = False
+        ident = WATCHDOG.watch(session, time.monotonic())  # as in _attempt_on
         try:
-            with session.mutex, self._watched(session, time.monotonic()):
+            with session.mutex:
                 if others is None:
                     row = session.execute(PG_UNLOCK, [self.k1, self.k2]).fetchone()
                 else:
@@ -439,6 +447,8 @@ class PgSessionAcquisition(OwnSessionAcquisition):
             self._drop(session)
             self._give_back()
             return False
+        finally:
+            WATCHDOG.done(ident)
         self._give_back()
         return bool(row and row[0])
 

@@ -272,8 +272,9 @@ class Watchdog:
         return ident
 
     def done(self, ident: int) -> None:
-        with self._cond:
-            self._live.discard(ident)
+        """The call ``ident`` returned (no lock: a set's discard is atomic, and the thread
+        reads ``_live`` under the condition only to skip finished calls)."""
+        self._live.discard(ident)
 
     def _start(self) -> None:
         self._pid = os.getpid()
