@@ -6,6 +6,7 @@ session, is the contract's)."""
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 from typing import Any
@@ -23,6 +24,7 @@ from django_distlock.exceptions import Deadlock, InvalidBackendOptions, SelfDead
 from django_distlock.testing import LockContract
 
 from .conftest import LIBRARY_DB, eventually, in_thread, require_pg
+from .figures import record
 
 _DB = "django_distlock.backends.database.DatabaseBackend"
 
@@ -237,3 +239,52 @@ def test_a_lock_waited_for_by_a_holder_shares_its_session_until_both_are_release
     finally:
         inner.release()
     assert not backend.grants
+
+
+def test_a_session_has_the_servers_keepalives_and_records_its_client() -> None:
+    """The server ends a silent holder's session (and its locks) after about 8 s, not
+    the OS' two hours: each session sets its TCP keepalives; and its client's host and
+    process are recorded once, at its opening."""
+    require_pg()
+    backend = locks["pg-session"]
+    session = backend.pool.take()
+    try:
+        with session.mutex:
+            session.cursor.execute(
+                "SELECT current_setting('tcp_keepalives_idle'),"
+                " current_setting('tcp_keepalives_interval'),"
+                " current_setting('tcp_keepalives_count'), s.host, s.process"
+                " FROM django_distlock_session s WHERE s.pid = pg_backend_pid()")
+            row = session.cursor.fetchone()
+    finally:
+        backend.pool.give_back(session)
+    assert row == ("5", "1", "3", socket.gethostname(), os.getpid())
+
+
+def test_a_killed_holder_frees_the_name_when_the_server_sees_its_connection_close(
+    unique, distlock_hold_elsewhere,
+) -> None:
+    """A holder process SIGKILLed: the kernel closes its socket, the server ends its
+    session at once, and a waiter queued behind it is granted then: not after the
+    server's keepalives (8 s) or the waiter's timeout (measured, recorded)."""
+    require_pg()
+    backend, name = locks["pg-session"], unique("killed")
+    holder = distlock_hold_elsewhere(name, using="pg-session")
+    granted: dict[str, float] = {}
+
+    def wait() -> None:
+        handle = backend.lock(name, timeout=20)
+        if handle.acquire():
+            granted["at"] = time.monotonic()
+            handle.release()
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    assert eventually(lambda: backend.waiters(name), 5)
+    killed_at = time.monotonic()
+    holder.kill()
+    thread.join(25)
+    assert "at" in granted
+    freed_after = granted["at"] - killed_at
+    record("killed-holder", "pg-session", freed_after_s=round(freed_after, 3))
+    assert freed_after < 4.0, freed_after  # the close, not the keepalives (8 s)

@@ -74,16 +74,8 @@ ALIASES = [
     "default", "sqlite-lease", "sqlite-tx", "locmem", "pg-lease", "pg-tx", "redis",
     "redis-cache", "redis-djcache", "redis-unfair", "redis-decoded", "redlock",
     "redis-cluster", "zk", "zk-auth", "cache-memcached", "cache-redis", "mysql-lease",
-    "mysql-tx",
+    "mysql-tx", "pg-session",
 ]
-
-
-#: Aliases of tests/settings.py not yet in this catalogue, each with the work that adds it
-#: (named here, so that the test below still fails for an alias nobody accounted for).
-NOT_YET = {
-    "pg-session": "issue 35, part 3: the fault catalogue on session mode (its contract, "
-    "killed holder and listing run in test_backend_database_session.py)",
-}
 
 
 #: Fail (full run) or skip (local partial run) when an alias' server is absent.
@@ -95,8 +87,7 @@ def test_the_catalogue_names_every_configured_alias() -> None:
     lists of scenarios and reasons below are all checked against ALIASES."""
     if os.environ.get("DISTLOCK_SERVERS") != "1":
         pytest.skip("a partial run configures only the aliases whose servers it has")
-    assert set(settings.DISTLOCK) == set(ALIASES) | set(NOT_YET)
-    assert not set(ALIASES) & set(NOT_YET)
+    assert set(settings.DISTLOCK) == set(ALIASES)
 
 
 # -- the recorded history, and its check ----------------------------------------------
@@ -561,6 +552,7 @@ RELEASE_FAULTS = {
     "redis": "frozen", "redis-unfair": "frozen", "redis-decoded": "frozen",
     "redlock": "frozen", "pg-lease": "frozen", "pg-tx": "terminated", "zk": "frozen",
     "zk-auth": "frozen", "mysql-lease": "frozen", "mysql-tx": "terminated",
+    "pg-session": "terminated",
 }
 
 
@@ -570,10 +562,14 @@ def test_every_alias_is_taken_or_left_with_a_reason() -> None:
     assert not set(RELEASE_FAULTS) & set(NO_RELEASE_FAULT)
 
 
-def _pg_backend_pid(backend: Any, transaction_mode: bool) -> int:
-    """The server process of the session holding this thread's lock."""
+def _pg_backend_pid(backend: Any, transaction_mode: bool, handle: Any = None) -> int:
+    """The server process of the session holding this thread's lock (session mode: the
+    session ``handle``'s grant holds)."""
     if transaction_mode:
         pid: int = connections[backend.database].connection.info.backend_pid
+        return pid
+    if handle is not None and backend.mode == "session":
+        pid = handle._hold.acquisition.taken.cursor.connection.info.backend_pid
         return pid
     pid = backend.sessions.get().cursor.connection.info.backend_pid
     return pid
@@ -657,8 +653,10 @@ def _release_fault(alias: str, request: pytest.FixtureRequest) -> Iterator[tuple
 
         @contextlib.contextmanager
         def fault(handle: Any) -> Iterator[None]:
-            pid = _pg_backend_pid(backend, tx)
-            if tx:  # the holding connection cut: its transaction (the lock) ends with it
+            pid = _pg_backend_pid(backend, tx, handle)
+            if RELEASE_FAULTS[alias] == "terminated":
+                # The holding connection cut: its transaction (transaction mode) or its
+                # session (session mode), and the lock with it, ends.
                 _terminate(backend.database, pid)
                 yield
                 return
@@ -752,7 +750,8 @@ NO_RESTART = {
     "as a killed connection does (test_a_release_that_fails); a private MariaDB restarted "
     "from its data dir under lease-mode holders is test_backend_database_mysql.py's",
 }
-RESTARTS = ["redis-aof", "redis-snapshot", "pg-lease", "pg-tx", "mysql-lease", "zk"]
+RESTARTS = ["redis-aof", "redis-snapshot", "pg-lease", "pg-tx", "pg-session", "mysql-lease",
+            "zk"]
 
 
 def test_every_alias_is_restarted_or_left_with_a_reason() -> None:
@@ -845,7 +844,7 @@ def _kill_all_mysql(database: str) -> int:
     return len(idents)
 
 
-@pytest.mark.parametrize("alias", ["pg-lease", "pg-tx", "mysql-lease"])
+@pytest.mark.parametrize("alias", ["pg-lease", "pg-tx", "pg-session", "mysql-lease"])
 def test_every_session_ended_while_held(alias: str, unique) -> None:
     """Lease: the row outlives its session: a waiter is not granted before the release,
     which works on a new session. Transaction: the lock ended with its session: the
@@ -987,6 +986,8 @@ NO_WAITER_ENTRY = {
     "sqlite-tx": "the waiter waits for SQLite's write lock: no entry of ours",
     "pg-tx": "the waiter waits for the row lock in the server's lock manager: no entry of ours",
     "mysql-tx": "the waiter waits for the row lock in InnoDB's lock manager: no entry of ours",
+    "pg-session": "the waiter's place is its pg_advisory_lock wait in the server's lock "
+    "manager, which nothing deletes",
     "mysql-lease": "the waiter's place is its GET_LOCK wait in the server's lock manager, "
     "which nothing deletes; its row in django_distlock_waiter only lists it",
     "locmem": "process-local: its waiters are in this process' memory",

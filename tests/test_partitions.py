@@ -323,6 +323,52 @@ def test_postgres_transaction_mode_holder_partitioned(
            worst_call_s=round(calls.worst, 3), bound_s=round(calls.bound, 3))
 
 
+#: How long the server takes to see the partitioned holder's session end, in the session
+#: mode test (the forwarder's stand-in for the server's TCP keepalives).
+SESSION_PEER_TIMEOUT = 4.0
+
+
+def test_postgres_session_mode_holder_partitioned(
+    ns: Namespace, routes: Routes, tmp_path: Path, unique: Any
+) -> None:
+    """No TTL: the server frees the advisory lock when A's session ends (its TCP
+    keepalives, here 4 s); A's extend (the check that its session still holds) gives up
+    at the library's bound, its deadline plus the watchdog's grace, and tells A it lost
+    the lock before B is granted. A's stale token is refused by the storage (the history
+    checker)."""
+    require("pg-session")
+    name, history = unique("partition"), tmp_path / "history.jsonl"
+    rec = HistoryRecorder(history)
+    routes.peer_timeouts["pg"] = SESSION_PEER_TIMEOUT
+    a, calls = Child(ns, routes.env(), history), Calls(WATCHDOG_GRACE)
+    try:
+        assert "error" not in a("acquire", alias="pg-session", name=name, ttl=TTL)
+        ns.partition(routes.ports("pg"))
+        cut_at = time.monotonic()
+        b = routes.b("pg-session", name, rec, timeout=SESSION_PEER_TIMEOUT + 10)
+        extended = calls.check(a("extend"), None)
+        assert "error" in extended, extended
+        status = a("status")
+        assert status["lost"], status  # the failed check told A
+        lost_at = status["seen"].get("lost", status["now"])
+        b.join()
+        assert b.error is None and b.granted_at is not None, b.error
+        assert b.granted_at >= lost_at
+        a("end")
+        calls.check(a("release"), None)
+        ns.heal()
+        assert locks["pg-session"].is_locked(name)
+        b.release()
+    finally:
+        a.close()
+        connections.close_all()
+    report = checked(history)
+    record("partition", "pg-session", processes=2, acquisitions=report.holds,
+           overlaps=len(report.overlaps), repeated_tokens=len(report.repeated_tokens),
+           stale_writes_accepted=0, lost_notice_s=round(lost_at - cut_at, 3),
+           worst_call_s=round(calls.worst, 3), bound_s=round(calls.bound, 3))
+
+
 # -- a slow, lossy network ------------------------------------------------------------------
 
 SLOW_PROCESSES, SLOW_RUN, SLOW_TTL, SLOW_TIMEOUT = 3, 2.0, 2.0, 3.0

@@ -28,7 +28,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from ...exceptions import Deadlock, InvalidBackendOptions
+from ...exceptions import Deadlock, InvalidBackendOptions, LockLost
 from ...kinds import Kind
 from ...values import SHORT_OWNER, Grant, LockInfo, LockPage, Miss, WaiterInfo
 from ..base import ExcInfo, Freed, HeldCount
@@ -43,6 +43,15 @@ from .transaction import KNOWN_ROWS
 #: they come back).
 KEEP_IDLE = 16
 
+#: The server's TCP keepalives on each session (idle seconds, interval, count): a holder
+#: whose machine vanished (no FIN: power lost, a partition) has its session, and its
+#: locks, ended after about 5 + 3 x 1 = 8 s of silence, not after the OS default of
+#: two hours. Over a Unix socket they do nothing (a dead client's socket closes).
+KEEPALIVES = ("5", "1", "3")
+PG_KEEPALIVES = (
+    "SELECT set_config('tcp_keepalives_idle', %s, false),"
+    " set_config('tcp_keepalives_interval', %s, false),"
+    " set_config('tcp_keepalives_count', %s, false)")
 #: Each session, when it opens: its client's host and process (sql/postgresql.sql).
 PG_REGISTER = """
 INSERT INTO django_distlock_session (pid, started, host, process)
@@ -160,9 +169,10 @@ class _Holding(threading.local):
     session: Session | None = None
 
 
-def _register() -> tuple[str, list[Any]]:
-    """The statement that records a new session's client (``SessionFactory.setup``)."""
-    return PG_REGISTER, [socket.gethostname(), os.getpid()]
+def _register() -> list[tuple[str, list[Any]]]:
+    """The statements that set a new session up (``SessionFactory.setup``): its TCP
+    keepalives, then the record of its client."""
+    return [(PG_KEEPALIVES, list(KEEPALIVES)), (PG_REGISTER, [socket.gethostname(), os.getpid()])]
 
 
 class SessionModeBackend(OwnSessionBackend, mode="session"):
@@ -304,6 +314,9 @@ class PgSessionAcquisition(OwnSessionAcquisition):
             self.backend.grants.pop(taken, None)
             taken.close()
             self.shared = False
+            # What ended it (a restart, every session terminated) may have ended the idle
+            # ones too: none of them is tried (the next one comes new).
+            self.backend.pool.close()
         try:
             taken = self.taken = self.backend.pool.take(bound)
         except ERRORS as exc:
@@ -440,13 +453,15 @@ class PgSessionAcquisition(OwnSessionAcquisition):
                 else:
                     row = session.execute(PG_UNLOCK_RELABEL,
                                           [self.k1, self.k2, others]).fetchone()
-        except ERRORS:
+        except ERRORS as exc:
             # The session is closed: the server frees the lock (and any other it held)
             # with it, at once or when it sees the close. Whether it was held until now
             # is unknown: lost.
             self._drop(session)
             self._give_back()
-            return False
+            raise LockLost(
+                f"{backend.where}: the session holding {self.hold.name!r} failed at its "
+                f"release ({exc}); the lock ended with it.") from exc
         finally:
             WATCHDOG.done(ident)
         self._give_back()

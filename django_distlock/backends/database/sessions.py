@@ -308,9 +308,9 @@ class SessionFactory:
     def __init__(self, database: str, prepare: bool) -> None:
         self.database = database
         self.prepare = prepare
-        #: A statement a mode adds to each session's setup (one more round trip when it
-        #: opens): a callable giving (statement, params) then.
-        self.setup: Callable[[], tuple[str, list[Any]]] | None = None
+        #: Statements a mode adds to each session's setup (a round trip each when it
+        #: opens): a callable giving them, as (statement, params), then.
+        self.setup: Callable[[], list[tuple[str, list[Any]]]] | None = None
         self._mutex = threading.Lock()
         # Weak: a finished thread's session is closed when collected.
         self._open: weakref.WeakSet[Session] = weakref.WeakSet()
@@ -339,7 +339,7 @@ class SessionFactory:
             cursor, prepare = _pg_cursor(raw), self.prepare
             setup = [(PG_SESSION_SETUP, [ROW_LOCK_WAIT, CLIENT_CHECK])]
         if self.setup is not None:
-            setup.append(self.setup())
+            setup.extend(self.setup())
         try:
             for statement, params in setup:
                 cursor.execute(statement, params)
