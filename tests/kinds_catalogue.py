@@ -21,6 +21,8 @@ NO_KINDS = {
     "sqlite-tx": "the lock is SQLite's single write lock (docs/kinds.md, reason 4)",
     "pg-tx": "a row lock of one connection: no read side, no count (docs/kinds.md, 8 and 12)",
     "mysql-tx": "a row lock of one connection, as pg-tx: no read side, no count",
+    "pg-session": "one advisory lock of one session per name: read-write locks not built "
+    "yet, no count (docs/kinds.md)",
     "locmem": "process-local; no kinds (docs/kinds.md, 11 and 15)",
     "redlock": "a count or a read side on independent masters could disagree (9 and 13)",
     "cache-memcached": "`add` takes one key: no read side, no count that eviction cannot "
