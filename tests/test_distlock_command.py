@@ -178,13 +178,14 @@ def test_health_fails_on_a_database_that_was_never_migrated(tmp_path: Path) -> N
 
 @pytest.mark.parametrize("table", ["django_distlock_lock", LockEvent._meta.db_table])
 def test_health_command_and_view_fail_without_the_tables(settings: Any, table: str) -> None:
-    """The lock table gone (PostgreSQL: both modes), or the audit table gone under an
+    """The lock table gone (PostgreSQL: every mode), or the audit table gone under an
     alias that audits."""
     require_pg()
     audited = {"BACKEND": "django_distlock.backends.locmem.LocMemBackend", "AUDIT": True}
     with override_settings(DISTLOCK={**settings.DISTLOCK, "audited": audited}):
         assert "pg-tx\tok" in run("health") and "audited\tok" in run("health")
-        failing = ["pg-lease", "pg-tx"] if table == "django_distlock_lock" else ["audited"]
+        failing = (["pg-lease", "pg-tx", "pg-session"] if table == "django_distlock_lock"
+                   else ["audited"])
         database = "pg" if table == "django_distlock_lock" else "default"
         with table_missing(database, table):
             with pytest.raises(CommandError) as failed:

@@ -44,6 +44,19 @@ def _contexts(alias: str, name: str) -> list[str]:
     return [info.context for info in locks[alias].held_locks(prefix=name)]
 
 
+#: Aliases whose listing keeps only the start of a long context, and why.
+CUT = {"pg-session": "PostgreSQL keeps 63 bytes of a session's application_name, the "
+       "holder's label (docs/database.md, session mode)"}
+
+
+def _as_listed(alias: str, context: str, full: str) -> bool:
+    """Whether ``context`` is ``full`` as ``alias`` lists it: whole, or (``CUT``) its
+    start and an ellipsis."""
+    if alias in CUT and context != full:
+        return len(context) > 1 and context.endswith("…") and full.startswith(context[:-1])
+    return context == full
+
+
 @pytest.mark.parametrize("alias", ["default", "locmem"])
 def test_a_function_lists_its_task_name_and_a_method_its_request(alias: str, unique) -> None:
     name = unique("task")
@@ -138,7 +151,7 @@ def test_every_listing_alias_lists_a_views_path_and_a_tasks_name(
     if hidden:
         assert (host, context) == ("", "")
     else:
-        assert host and context == expected
+        assert host and _as_listed(alias, context, expected), (context, expected)
     limit = 2 if kind == "semaphore" else None
 
     @distlock(f"ctx:{name}/task", using=alias, kind=kind, limit=limit)
@@ -146,7 +159,11 @@ def test_every_listing_alias_lists_a_views_path_and_a_tasks_name(
         return _contexts(alias, f"ctx:{name}/task")
 
     task = f"{__name__}.{test_every_listing_alias_lists_a_views_path_and_a_tasks_name.__name__}"
-    assert nightly() == ([""] if hidden else [f"{task}.<locals>.nightly"])
+    listed = nightly()
+    if hidden:
+        assert listed == [""]
+    else:
+        assert len(listed) == 1 and _as_listed(alias, listed[0], f"{task}.<locals>.nightly")
     with locks[alias].lock(f"ctx:{name}/plain"):
         assert _contexts(alias, f"ctx:{name}/plain") == [""]
 
