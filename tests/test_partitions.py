@@ -282,22 +282,34 @@ def test_zookeeper_client_partitioned_from_the_leader_moves_to_another_node(
 TX_CLIENT_TIMEOUT = 2.0
 
 
-def test_postgres_transaction_mode_holder_partitioned(
-    ns: Namespace, routes: Routes, tmp_path: Path, unique: Any
+#: How long the server takes to see a partitioned holder's session end (the forwarder's
+#: stand-in for the server's TCP keepalives).
+PEER_TIMEOUT = 2 * TX_CLIENT_TIMEOUT
+
+
+@pytest.mark.parametrize(("alias", "grace", "connect"), [
+    ("pg-tx", 0.0, TX_CLIENT_TIMEOUT), ("pg-session", WATCHDOG_GRACE, 0.0),
+])
+def test_postgres_holder_without_a_ttl_partitioned(
+    ns: Namespace, routes: Routes, tmp_path: Path, unique: Any, alias: str, grace: float,
+    connect: float,
 ) -> None:
-    """No TTL: the server frees the row lock when it drops A's session (its TCP
-    keepalives, here 4 s); A's calls give up after its own libpq timeouts (2 s). With
-    the client's timeout the shorter, A knows before B is granted."""
-    require("pg-tx")
+    """No TTL: the server frees the lock (transaction mode: the row lock; session mode:
+    the advisory lock) when it drops A's session (its TCP keepalives, here 4 s). A's
+    extend gives up first: transaction mode after its own libpq timeouts (2 s), session
+    mode at its deadline plus the library's watchdog grace (its check that the session
+    still holds); so A knows it lost the lock before B is granted, and A's stale token
+    is refused by the storage (the history checker)."""
+    require(alias)
     name, history = unique("partition"), tmp_path / "history.jsonl"
     rec = HistoryRecorder(history)
-    routes.peer_timeouts["pg"] = 2 * TX_CLIENT_TIMEOUT
-    a, calls = Child(ns, routes.env(), history), Calls(0.0, TX_CLIENT_TIMEOUT)
+    routes.peer_timeouts["pg"] = PEER_TIMEOUT
+    a, calls = Child(ns, routes.env(), history), Calls(grace, connect)
     try:
-        assert "error" not in a("acquire", alias="pg-tx", name=name, ttl=TTL)
+        assert "error" not in a("acquire", alias=alias, name=name, ttl=TTL)
         ns.partition(routes.ports("pg"))
         cut_at = time.monotonic()
-        b = routes.b("pg-tx", name, rec, timeout=4 * TX_CLIENT_TIMEOUT + 5)
+        b = routes.b(alias, name, rec, timeout=2 * PEER_TIMEOUT + 5)
         extended = calls.check(a("extend"), None)
         assert "error" in extended, extended
         status = a("status")
@@ -311,59 +323,13 @@ def test_postgres_transaction_mode_holder_partitioned(
         ns.heal()
         again = a("release")
         assert "error" not in again or again["library"], again
-        assert locks["pg-tx"].is_locked(name)
+        assert locks[alias].is_locked(name)
         b.release()
     finally:
         a.close()
         connections.close_all()
     report = checked(history)
-    record("partition", "pg-tx", processes=2, acquisitions=report.holds,
-           overlaps=len(report.overlaps), repeated_tokens=len(report.repeated_tokens),
-           stale_writes_accepted=0, lost_notice_s=round(lost_at - cut_at, 3),
-           worst_call_s=round(calls.worst, 3), bound_s=round(calls.bound, 3))
-
-
-#: How long the server takes to see the partitioned holder's session end, in the session
-#: mode test (the forwarder's stand-in for the server's TCP keepalives).
-SESSION_PEER_TIMEOUT = 4.0
-
-
-def test_postgres_session_mode_holder_partitioned(
-    ns: Namespace, routes: Routes, tmp_path: Path, unique: Any
-) -> None:
-    """No TTL: the server frees the advisory lock when A's session ends (its TCP
-    keepalives, here 4 s); A's extend (the check that its session still holds) gives up
-    at the library's bound, its deadline plus the watchdog's grace, and tells A it lost
-    the lock before B is granted. A's stale token is refused by the storage (the history
-    checker)."""
-    require("pg-session")
-    name, history = unique("partition"), tmp_path / "history.jsonl"
-    rec = HistoryRecorder(history)
-    routes.peer_timeouts["pg"] = SESSION_PEER_TIMEOUT
-    a, calls = Child(ns, routes.env(), history), Calls(WATCHDOG_GRACE)
-    try:
-        assert "error" not in a("acquire", alias="pg-session", name=name, ttl=TTL)
-        ns.partition(routes.ports("pg"))
-        cut_at = time.monotonic()
-        b = routes.b("pg-session", name, rec, timeout=SESSION_PEER_TIMEOUT + 10)
-        extended = calls.check(a("extend"), None)
-        assert "error" in extended, extended
-        status = a("status")
-        assert status["lost"], status  # the failed check told A
-        lost_at = status["seen"].get("lost", status["now"])
-        b.join()
-        assert b.error is None and b.granted_at is not None, b.error
-        assert b.granted_at >= lost_at
-        a("end")
-        calls.check(a("release"), None)
-        ns.heal()
-        assert locks["pg-session"].is_locked(name)
-        b.release()
-    finally:
-        a.close()
-        connections.close_all()
-    report = checked(history)
-    record("partition", "pg-session", processes=2, acquisitions=report.holds,
+    record("partition", alias, processes=2, acquisitions=report.holds,
            overlaps=len(report.overlaps), repeated_tokens=len(report.repeated_tokens),
            stale_writes_accepted=0, lost_notice_s=round(lost_at - cut_at, 3),
            worst_call_s=round(calls.worst, 3), bound_s=round(calls.bound, 3))

@@ -246,6 +246,10 @@ class Call:
 WATCHDOG_GRACE = 2.0
 
 
+#: The watchdog thread's longest sleep, in seconds (it looks again after it).
+_LONGEST_SLEEP = 3600.0
+
+
 class Watchdog:
     """Cuts the connection of a call that runs past its deadline plus
     :data:`WATCHDOG_GRACE` (a frozen or unreachable server): one thread per process."""
@@ -292,7 +296,10 @@ class Watchdog:
                 until, ident, session = self._heap[0]
                 left = until - time.monotonic()
                 if left > 0:
-                    self._cond.wait(left)
+                    # At most an hour at a time: a deadline far off (``timeout=1e308``) is
+                    # past what a thread may sleep (OverflowError), which would end this
+                    # thread, and with it every cut of the process.
+                    self._cond.wait(min(left, _LONGEST_SLEEP))
                     continue
                 heapq.heappop(self._heap)
                 self._live.discard(ident)
