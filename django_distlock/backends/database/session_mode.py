@@ -3,10 +3,12 @@ backend's (PostgreSQL: a two-key advisory lock).
 
 A grant writes nothing: one round trip takes the lock and draws its fencing token from
 a sequence, as the raw advisory call would take the lock alone. The session that was
-granted the lock is lent to that acquisition until its release (a session holds at most
-one lock), so a release never waits behind another statement, and the lock ends with
-the session: a holder that crashes or whose connection is closed frees it as soon as
-the server sees the close (docs/database.md, "Session mode").
+granted the lock is lent to that acquisition until its release (it holds that lock
+alone, unless its thread waited for another while holding it: the wait runs there, so
+that the server sees a cycle through the thread), so a release does not wait behind
+another holder's statement, and the lock ends with the session: a holder that crashes
+or whose connection is closed frees it as soon as the server sees the close
+(docs/database.md, "Session mode").
 
 Who holds comes from the server, with no write per grant: each session, when it opens,
 records its client's host and process in ``django_distlock_session``; each grant (and
