@@ -21,22 +21,19 @@ from django_distlock.backends.database.session_mode import (
     server_key,
 )
 from django_distlock.exceptions import Deadlock, InvalidBackendOptions, SelfDeadlock
-from django_distlock.testing import LockContract
 
 from .conftest import LIBRARY_DB, eventually, in_thread, require_pg
 from .figures import record
+from .test_backend_database import PostgresContract
+from .test_hostile import _free_now
 
 _DB = "django_distlock.backends.database.DatabaseBackend"
 
 pytestmark = LIBRARY_DB
 
 
-class TestPostgresSession(LockContract):
+class TestPostgresSession(PostgresContract):
     alias = "pg-session"
-
-    @pytest.fixture(autouse=True)
-    def _pg(self) -> None:
-        require_pg()
 
 
 # -- what session locks add -------------------------------------------------------
@@ -79,7 +76,7 @@ def test_one_thread_holds_a_name_once(unique) -> None:
     assert not in_thread(lambda: backend.lock(name).acquire(timeout=0.2))
     first.release()
     assert not backend.is_locked(name)
-    assert in_thread(lambda: _taken_and_released(backend, name))
+    assert in_thread(lambda: _free_now(backend, name))
 
 
 def _held_in_thread(backend: Any, name: str) -> threading.Event:
@@ -96,14 +93,6 @@ def _held_in_thread(backend: Any, name: str) -> threading.Event:
     threading.Thread(target=hold, daemon=True).start()
     assert taken.wait(10)
     return done
-
-
-def _taken_and_released(backend: Any, name: str) -> bool:
-    handle = backend.lock(name)
-    if not handle.acquire(blocking=False):
-        return False
-    handle.release()
-    return True
 
 
 def test_a_listing_shows_each_holder_and_waiter_from_the_server(unique) -> None:

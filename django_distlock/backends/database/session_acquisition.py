@@ -11,6 +11,7 @@ was granted: nothing is left held by nobody.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import logging
@@ -69,14 +70,14 @@ class OwnSessionAcquisition(Acquisition):
     def wait(self, miss: Miss) -> Grant | None:
         return self._retried(lambda session: self._wait_on(session, Call()), self.deadline)
 
+    @abc.abstractmethod
     def _attempt_on(self, session: Session) -> Grant | Miss:
         """One attempt on ``session`` (it does not wait for another holder)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _wait_on(self, session: Session, call: Call) -> Grant | None:
         """One wait in the server on ``session`` until the deadline (``call`` lets a
         cancelled task stop it there): the grant, or None."""
-        raise NotImplementedError
 
     def _retried(self, op: Callable[[Session], T], bound: float | None = None) -> T:
         """Run ``op`` on this acquisition's session; if the connection turns out lost

@@ -37,7 +37,14 @@ from ..base import ExcInfo, Freed, HeldCount
 from .backend import server_wait
 from .errors import ERRORS, is_deadlock
 from .session_acquisition import OwnSessionAcquisition, OwnSessionBackend
-from .sessions import CONTENDED_FOR, CONTENDED_KEYS, WATCHDOG, Call, Session, SessionPool
+from .sessions import (
+    CONTENDED_FOR,
+    WATCHDOG,
+    Call,
+    Session,
+    SessionPool,
+    note_contended,
+)
 from .sql import ENSURE_ROW, TABLE, as_datetime, upper_bound
 from .transaction import KNOWN_ROWS
 
@@ -179,8 +186,8 @@ def _register() -> list[tuple[str, list[Any]]]:
 
 class SessionModeBackend(OwnSessionBackend, mode="session"):
     """The database backend's session mode (``OPTIONS["MODE"] = "session"``), on
-    PostgreSQL: session-level advisory locks, at the speed of the raw calls, with
-    fencing tokens, listing, waiters and force release."""
+    PostgreSQL: session-level advisory locks, one round trip per acquire and per
+    release, with fencing tokens, listing, waiters and force release."""
 
     supports_listing = True
     supports_counting = True
@@ -216,14 +223,6 @@ class SessionModeBackend(OwnSessionBackend, mode="session"):
         self.grants: dict[Session, tuple[int, dict[str, str]]] = {}
         #: This thread's session that holds its first live grant, if any.
         self.holding = _Holding()
-
-    def note_contended(self, key: str) -> None:
-        """Remember that ``key`` was waited for (at most ``CONTENDED_KEYS`` keys)."""
-        contended = self.contended
-        contended.pop(key, None)
-        contended[key] = time.monotonic()
-        if len(contended) > CONTENDED_KEYS:
-            contended.pop(next(iter(contended)), None)
 
     def note_row(self, key: str) -> None:
         """Remember that ``key``'s row exists (at most ``KNOWN_ROWS`` keys: past that, the
@@ -279,6 +278,7 @@ class SessionModeBackend(OwnSessionBackend, mode="session"):
 
     def close(self) -> None:
         self.pool.close()
+        self.grants.clear()  # their sessions are closed below, and the grants with them
         super().close()
 
 
@@ -356,7 +356,8 @@ class PgSessionAcquisition(OwnSessionAcquisition):
             if held is None:
                 ident = threading.get_ident()
                 backend.grants[session] = (ident, {self.hold.key: self.label})
-                first = backend.grants.get(backend.holding.session)  # type: ignore[arg-type]
+                holding = backend.holding.session
+                first = None if holding is None else backend.grants.get(holding)
                 if first is None or first[0] != ident:  # none, or stale: this one
                     backend.holding.session = session
             else:
@@ -405,7 +406,7 @@ class PgSessionAcquisition(OwnSessionAcquisition):
 
     def _wait_on(self, session: Session, call: Call) -> Grant | None:
         hold, backend = self.hold, self.backend
-        backend.note_contended(hold.key)
+        note_contended(backend.contended, hold.key)
         label = self.label
         if self.shared:  # the session keeps the label of the first grant it holds
             held = backend.grants.get(session)

@@ -53,6 +53,15 @@ CONTENDED_FOR = 10.0
 CONTENDED_KEYS = 256
 
 
+def note_contended(recent: dict[str, float], key: str) -> None:
+    """Record in ``recent`` (key → when, oldest first) that ``key`` is waited for now,
+    keeping the :data:`CONTENDED_KEYS` latest (a session's, or session mode's backend's)."""
+    recent.pop(key, None)
+    recent[key] = time.monotonic()
+    if len(recent) > CONTENDED_KEYS:
+        recent.pop(next(iter(recent)), None)
+
+
 def retry_row_waits(run: Callable[[], T], until: float) -> T:
     """Run a statement again while it fails only for waiting longer than
     :data:`ROW_LOCK_WAIT` (MySQL: a second) for another transaction's lock of a row (a
@@ -112,10 +121,7 @@ class Session:
 
     def note_contended(self, key: str) -> None:
         """Remember that this session waits for ``key`` (at most :data:`CONTENDED_KEYS`)."""
-        self._contended.pop(key, None)
-        self._contended[key] = time.monotonic()
-        if len(self._contended) > CONTENDED_KEYS:
-            del self._contended[next(iter(self._contended))]
+        note_contended(self._contended, key)
 
     @property
     def usable(self) -> bool:
