@@ -48,7 +48,7 @@ LIBRARY_APPS = [app for app in settings.INSTALLED_APPS if not app.startswith("dj
 LIBRARY_DB = pytest.mark.django_db(transaction=True, databases=DATABASES,
                                    available_apps=LIBRARY_APPS)
 
-MYSQL_ALIASES = ["mysql-lease", "mysql-tx"]
+MYSQL_ALIASES = ["mysql-lease", "mysql-tx", "mysql-session"]
 
 
 def require_mysql() -> None:

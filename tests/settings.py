@@ -98,6 +98,11 @@ if MYSQL_AVAILABLE:
         "OPTIONS": {"DATABASE": "mysql", "MODE": "transaction"},
         "KEY_PREFIX": "t:",
     }
+    DISTLOCK["mysql-session"] = {
+        "BACKEND": _DB,
+        "OPTIONS": {"DATABASE": "mysql", "MODE": "session"},
+        "KEY_PREFIX": "s:",
+    }
 if PG_AVAILABLE:
     DISTLOCK["pg-lease"] = {"BACKEND": _DB, "OPTIONS": {"DATABASE": "pg"}, "KEY_PREFIX": "l:"}
     DISTLOCK["pg-tx"] = {

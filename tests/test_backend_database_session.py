@@ -1,7 +1,7 @@
-"""Session mode on PostgreSQL (``backends/database/session_mode.py``): the contract, and
-what session locks add: the name's key, a grant on its own session, the listing from
-the server's lock table and the holder's label (force release, by ending the holder's
-session, is the contract's)."""
+"""Session mode on PostgreSQL (``backends/database/session_mode.py``) and on MariaDB
+(``session_mysql.py``): the contract, and what session locks add: the name's key, a
+grant on its own session, the listing from the server and the holder's label, deadlocks
+found by the server (force release, by ending the holder's session, is the contract's)."""
 
 from __future__ import annotations
 
@@ -14,20 +14,23 @@ from typing import Any
 import pytest
 
 from django_distlock import locks
-from django_distlock.backends.database.errors import sqlstate
+from django_distlock.backends.database.errors import mysql_errno, sqlstate
 from django_distlock.backends.database.session_mode import (
     holder_label,
     read_label,
     server_key,
 )
 from django_distlock.exceptions import Deadlock, InvalidBackendOptions, SelfDeadlock
+from django_distlock.testing import LockContract
 
-from .conftest import LIBRARY_DB, eventually, in_thread, require_pg
+from .conftest import LIBRARY_DB, eventually, in_thread, require_mysql, require_pg
 from .figures import record
 from .test_backend_database import PostgresContract
 from .test_hostile import _free_now
 
 _DB = "django_distlock.backends.database.DatabaseBackend"
+#: Session mode's aliases, each run where its server is.
+ALIASES = ["pg-session", "mysql-session"]
 
 pytestmark = LIBRARY_DB
 
@@ -36,15 +39,27 @@ class TestPostgresSession(PostgresContract):
     alias = "pg-session"
 
 
+class TestMySqlSession(LockContract):
+    alias = "mysql-session"
+
+    @pytest.fixture(autouse=True)
+    def _mysql(self) -> None:
+        require_mysql()
+
+
 # -- what session locks add -------------------------------------------------------
 
 
-def test_other_databases_are_refused_at_construction(settings) -> None:
-    """Session locks are PostgreSQL's here: SQLite's alias is refused before any I/O,
-    saying what to use instead."""
+def _require(alias: str) -> None:
+    (require_pg if alias.startswith("pg") else require_mysql)()
+
+
+def test_sqlite_is_refused_at_construction(settings) -> None:
+    """SQLite has no session locks: its alias is refused before any I/O, saying what to
+    use instead."""
     settings.DISTLOCK = {"s": {"BACKEND": _DB, "OPTIONS": {"DATABASE": "default",
                                                            "MODE": "session"}}}
-    with pytest.raises(InvalidBackendOptions, match=r"PostgreSQL has; .* is SQLite"):
+    with pytest.raises(InvalidBackendOptions, match=r"MySQL and MariaDB have; .* is SQLite"):
         locks["s"]
 
 
@@ -61,12 +76,28 @@ def test_the_key_is_the_servers_for_any_name(unique) -> None:
     assert len({server_key(key) for key in keys}) == len(keys)
 
 
-def test_one_thread_holds_a_name_once(unique) -> None:
-    """PostgreSQL counts a session's re-acquires of an advisory lock; each grant here has
-    a session of its own, so a second handle of the holder's thread misses (or, blocking,
+def test_the_named_lock_is_the_servers_for_any_name(unique) -> None:
+    """MariaDB: the client's named lock of a name is the server's SHA-256 of
+    ``DATABASE()`` and the name's UTF-8 (as the docs state it), distinct for distinct
+    names, within the 64 characters a named lock may have."""
+    require_mysql()
+    backend = locks["mysql-session"]
+    keys = [backend.make_key(name) for name in (
+        unique("k"), "é/ü/文字/🔒", "x" * 255, "long/" + "y" * 5000, "a'b\\c")]
+    found = [backend.run(
+        "SELECT CONCAT('dl:s:', LEFT(SHA2(CONCAT(CONVERT(DATABASE() USING utf8mb4), 0x00,"
+        " CONVERT(%s USING utf8mb4)), 256), 32))", [key], "reading keys")[0][0] for key in keys]
+    assert found == [backend.lock_name(key) for key in keys]
+    assert len(set(found)) == len(keys) and all(len(lock) == 37 for lock in found)
+
+
+@pytest.mark.parametrize("alias", ALIASES)
+def test_one_thread_holds_a_name_once(alias: str, unique) -> None:
+    """Both servers count a session's re-acquires of its lock; each grant here has a
+    session of its own, so a second handle of the holder's thread misses (or, blocking,
     raises SelfDeadlock at once), and the name is free after the first's release."""
-    require_pg()
-    backend, name = locks["pg-session"], unique("once")
+    _require(alias)
+    backend, name = locks[alias], unique("once")
     first = backend.lock(name)
     assert first.acquire()
     second = backend.lock(name)
@@ -95,13 +126,14 @@ def _held_in_thread(backend: Any, name: str) -> threading.Event:
     return done
 
 
-def test_a_listing_shows_each_holder_and_waiter_from_the_server(unique) -> None:
-    """Who holds and who waits, as the server shows them: host and process (recorded by
-    the session once), owner id and thread (its label), since when; the waiter in the
-    holder's row count and in ``waiters()``; fencing tokens are not listed (a grant
-    writes nothing)."""
-    require_pg()
-    backend, name = locks["pg-session"], unique("who")
+@pytest.mark.parametrize("alias", ALIASES)
+def test_a_listing_shows_each_holder_and_waiter_from_the_server(alias: str, unique) -> None:
+    """Who holds and who waits, as the server shows them: host and process (PostgreSQL:
+    recorded by the session once; MySQL: with the grant), owner id and thread (its
+    label), since when; the waiter in the holder's row count and in ``waiters()`` (MySQL:
+    its call in the process list); fencing tokens are not listed."""
+    _require(alias)
+    backend, name = locks[alias], unique("who")
     holder = backend.lock(name)
     assert holder.acquire()
     waiting = threading.Event()
@@ -132,7 +164,8 @@ def test_a_listing_shows_each_holder_and_waiter_from_the_server(unique) -> None:
     assert abs((info.acquired_at - holder.acquired_at).total_seconds()) < 1
     assert (waiter.position, waiter.host, waiter.pid, waiter.thread, waiter.kind) == (
         1, holder.holder.host, os.getpid(), "the-waiter", "exclusive")
-    assert waiter.session.startswith("pg ") and len(waiter.owner) == 8
+    assert waiter.session.startswith(alias.split("-")[0] + " ") and len(waiter.owner) == 8
+    assert waiter.owner != holder.owner_id
 
 
 @pytest.mark.parametrize("holder", [
@@ -148,13 +181,15 @@ def test_a_holder_label_keeps_what_fits_in_63_bytes(holder: str) -> None:
     assert text == holder or (text.endswith("…") and holder.startswith(text[:-1]))
 
 
-def test_crossed_waits_raise_deadlock_and_the_other_wait_goes_on(unique) -> None:
+@pytest.mark.parametrize("alias", ALIASES)
+def test_crossed_waits_raise_deadlock_and_the_other_wait_goes_on(alias: str, unique) -> None:
     """Two threads each holding one name and waiting for the other's: a thread's wait
     runs on the session of the lock it holds, so the server sees the cycle and refuses
-    one wait (40P01) as the typed Deadlock, chained to its error; that thread releases
-    what it holds, and the other wait is granted."""
-    require_pg()
-    backend = locks["pg-session"]
+    one wait (PostgreSQL 40P01, MariaDB 1213: inside a procedure, which a stored
+    function's wait would not be) as the typed Deadlock, chained to its error; that
+    thread releases what it holds, and the other wait is granted."""
+    _require(alias)
+    backend = locks[alias]
     a_name, b_name = unique("a"), unique("b")
     a_held = threading.Event()
     outcome: list[object] = []
@@ -194,20 +229,26 @@ def test_crossed_waits_raise_deadlock_and_the_other_wait_goes_on(unique) -> None
     assert len(deadlocks) == 1, (refused, outcome)  # one wait refused, the other granted
     assert outcome == ([True] if refused else deadlocks)
     error = deadlocks[0]
-    assert error.alias == "pg-session" and error.name in (a_name, b_name)
-    assert sqlstate(error.__cause__) == "40P01"
-    assert elapsed < 15  # the server's deadlock_timeout (1 s), not the 20 s timeouts
+    assert error.alias == alias and error.name in (a_name, b_name)
+    if alias.startswith("pg"):
+        assert sqlstate(error.__cause__) == "40P01"
+    else:
+        assert mysql_errno(error.__cause__) == 1213
+    assert elapsed < 15  # found by the server (PostgreSQL: deadlock_timeout, 1 s), not
+    # the 20 s timeouts
 
 
+@pytest.mark.parametrize("alias", ALIASES)
 def test_a_lock_waited_for_by_a_holder_shares_its_session_until_both_are_released(
-    unique,
+    alias: str, unique,
 ) -> None:
     """A thread holding one name that waits for another waits (and is granted) on the
-    first one's session: the listing shows both under the first grant's label; releasing
-    the first relabels the session for the second, and the session goes back to the
-    pool only when both are released."""
-    require_pg()
-    backend = locks["pg-session"]
+    first one's session: PostgreSQL's listing shows both under the first grant's label
+    (a session has one), MySQL's each under its own (a row per grant); releasing the
+    first leaves the second listed as its own, and the session goes back to the pool
+    only when both are released."""
+    _require(alias)
+    backend = locks[alias]
     outer_name, inner_name = unique("outer"), unique("inner")
     blocker = in_thread(lambda: _held_in_thread(backend, inner_name))
     outer = backend.lock(outer_name)
@@ -220,7 +261,8 @@ def test_a_lock_waited_for_by_a_holder_shares_its_session_until_both_are_release
         assert inner._hold.acquisition.taken is outer._hold.acquisition.taken
         listed = {info.name: info.owner for name in (outer_name, inner_name)
                   for info in backend.held_locks(prefix=name)}
-        assert listed == {outer_name: outer.owner_id, inner_name: outer.owner_id}
+        shown = outer.owner_id if alias.startswith("pg") else inner.owner_id
+        assert listed == {outer_name: outer.owner_id, inner_name: shown}
         outer.release()
         (info,) = backend.held_locks(prefix=inner_name)
         assert info.owner == inner.owner_id
@@ -250,15 +292,45 @@ def test_a_session_has_the_servers_keepalives_and_records_its_client() -> None:
     assert row == ("5", "1", "3", socket.gethostname(), os.getpid())
 
 
+def test_a_mysql_session_is_never_idled_out_and_sweeps_the_rows_that_no_longer_count(
+    unique,
+) -> None:
+    """MariaDB: a holder may sit idle past the server's ``wait_timeout`` (each session
+    sets its own to the most there is); a release writes nothing, so its row stays until
+    a new session sweeps the rows whose lock their session no longer holds (the held
+    one stays)."""
+    require_mysql()
+    backend = locks["mysql-session"]
+    released, held = backend.lock(unique("released")), backend.lock(unique("held"))
+    assert released.acquire() and held.acquire()
+    released.release()
+    count = "SELECT count(*) FROM django_distlock_session_grant WHERE name = %s"
+    try:
+        assert backend.run(count, [backend.make_key(released.name)], "reading")[0][0] == 1
+        session = backend.session_factory.open()
+        try:
+            with session.mutex:
+                timeout = session.execute("SELECT @@SESSION.wait_timeout", None).fetchone()
+        finally:
+            session.close()
+        assert timeout == (31536000,)
+        assert backend.run(count, [backend.make_key(released.name)], "reading")[0][0] == 0
+        assert backend.run(count, [backend.make_key(held.name)], "reading")[0][0] == 1
+        assert [info.name for info in backend.held_locks(prefix=held.name)] == [held.name]
+    finally:
+        held.release()
+
+
+@pytest.mark.parametrize("alias", ALIASES)
 def test_a_killed_holder_frees_the_name_when_the_server_sees_its_connection_close(
-    unique, distlock_hold_elsewhere,
+    alias: str, unique, distlock_hold_elsewhere,
 ) -> None:
     """A holder process SIGKILLed: the kernel closes its socket, the server ends its
     session at once, and a waiter queued behind it is granted then: not after the
     server's keepalives (8 s) or the waiter's timeout (measured, recorded)."""
-    require_pg()
-    backend, name = locks["pg-session"], unique("killed")
-    holder = distlock_hold_elsewhere(name, using="pg-session")
+    _require(alias)
+    backend, name = locks[alias], unique("killed")
+    holder = distlock_hold_elsewhere(name, using=alias)
     granted: dict[str, float] = {}
 
     def wait() -> None:
@@ -275,5 +347,5 @@ def test_a_killed_holder_frees_the_name_when_the_server_sees_its_connection_clos
     thread.join(25)
     assert "at" in granted
     freed_after = granted["at"] - killed_at
-    record("killed-holder", "pg-session", freed_after_s=round(freed_after, 3))
+    record("killed-holder", alias, freed_after_s=round(freed_after, 3))
     assert freed_after < 4.0, freed_after  # the close, not the keepalives (8 s)

@@ -503,3 +503,89 @@ BEGIN
     COMMIT;
     SELECT gone;
 END
+-- ;;
+-- Session mode (backends/database/session_mysql.py). A name's lock is the named lock
+-- dl:s:<hash of the database and the name> of the session that was granted it: nothing
+-- else decides who holds, and the lock ends with its session. Each grant records its
+-- holder in django_distlock_session_grant, a MEMORY table (no redo log, no flush, empty
+-- after a restart, when every session is gone): one row per grant of a session, keyed by
+-- the connection and the lock. A release leaves its row (no write at the release): a row
+-- counts while its connection holds its lock (IS_USED_LOCK(lk) = session), a session's
+-- next grant alone deletes its rows, and a new session deletes every row that no longer
+-- counts. A MEMORY table's rows have a fixed size (about 1.4 KB here): the server's
+-- max_heap_table_size when the table was made bounds how many grants it lists at once
+-- (16 MB: about 12,000); a grant that finds it full is refused, and its lock given back.
+CREATE TABLE IF NOT EXISTS django_distlock_session_grant (
+    session BIGINT UNSIGNED NOT NULL,
+    lk CHAR(37) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+    name VARCHAR(255) CHARACTER SET utf8mb4 COLLATE {bin} NOT NULL,
+    label VARCHAR(63) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+    host VARCHAR(64) CHARACTER SET utf8mb4 COLLATE {bin} NOT NULL,
+    pid INT NOT NULL,
+    since DATETIME(6) NOT NULL,
+    PRIMARY KEY (session, lk) USING HASH,
+    KEY distlock_session_grant_lock (lk) USING HASH,
+    KEY distlock_session_grant_name (name) USING BTREE
+) ENGINE = MEMORY
+-- ;;
+DROP PROCEDURE IF EXISTS django_distlock_session_take
+-- ;;
+-- Session mode: take the named lock p_lock, waiting up to p_wait seconds (0: a try; a
+-- wait is rounded up to whole seconds on MySQL 8, which waits no fraction), and record
+-- the holder. A procedure, not a function: the server's detection of deadlocks
+-- between named locks does not reach a GET_LOCK inside a stored function (its waits
+-- just time out), and it does reach one in a procedure. p_alone: the session holds no
+-- other lock (its older rows go). One row: the fencing token (UUID_SHORT(): it grows
+-- with every call on this server, and across its restarts) and the server's time; the
+-- token is NULL when the lock was not had (busy, timed out, or the wait killed).
+CREATE PROCEDURE django_distlock_session_take(
+    IN p_lock CHAR(37), IN p_name VARCHAR(255), IN p_wait DOUBLE, IN p_label VARCHAR(63),
+    IN p_host VARCHAR(64), IN p_pid INT, IN p_alone BOOL
+) SQL SECURITY INVOKER
+BEGIN
+    DECLARE got INT;
+    DECLARE EXIT HANDLER FOR 1114  -- the table is full
+    BEGIN
+        DO RELEASE_LOCK(p_lock);
+        SIGNAL SQLSTATE 'HY000' SET MYSQL_ERRNO = 1114, MESSAGE_TEXT =
+            'django_distlock_session_grant is full: raise max_heap_table_size, then make '
+            'the table again (docs/database.md, session mode on MySQL and MariaDB)';
+    END;
+    SET got = GET_LOCK(p_lock,
+        IF(p_wait <= 0 OR @@version LIKE '%MariaDB%', p_wait, CEIL(p_wait)));
+    IF got = 1 THEN
+        IF p_alone THEN
+            DELETE FROM django_distlock_session_grant WHERE session = CONNECTION_ID();
+        END IF;
+        REPLACE INTO django_distlock_session_grant
+            (session, lk, name, label, host, pid, since)
+        VALUES (CONNECTION_ID(), p_lock, p_name, p_label, p_host, p_pid, UTC_TIMESTAMP(6));
+        SELECT UUID_SHORT(), UTC_TIMESTAMP(6);
+    ELSE
+        SELECT NULL, UTC_TIMESTAMP(6);
+    END IF;
+END
+-- ;;
+DROP PROCEDURE IF EXISTS django_distlock_session_force
+-- ;;
+-- Session mode: end the session that holds p_lock, if its holder's short owner id is
+-- p_owner ('': any holder), and wait up to 5 s for the server to free the lock. One
+-- row: whether a session was ended.
+CREATE PROCEDURE django_distlock_session_force(IN p_lock CHAR(37), IN p_owner VARCHAR(8))
+SQL SECURITY INVOKER
+BEGIN
+    DECLARE holder BIGINT UNSIGNED DEFAULT IS_USED_LOCK(p_lock);
+    DECLARE waited INT DEFAULT 0;
+    IF holder IS NOT NULL AND (p_owner = '' OR EXISTS (
+            SELECT 1 FROM django_distlock_session_grant
+            WHERE session = holder AND lk = p_lock AND SUBSTRING(label, 4, 8) = p_owner)) THEN
+        KILL CONNECTION holder;
+        WHILE IS_USED_LOCK(p_lock) <=> holder AND waited < 5000 DO
+            DO SLEEP(0.001);
+            SET waited = waited + 1;
+        END WHILE;
+        SELECT TRUE;
+    ELSE
+        SELECT FALSE;
+    END IF;
+END

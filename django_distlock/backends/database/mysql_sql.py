@@ -142,3 +142,45 @@ LEFT JOIN (
     ORDER BY name LIMIT %(limit)s FOR UPDATE SKIP LOCKED
 ) f ON f.name = p.name
 ORDER BY p.name"""
+
+
+# -- Session mode (backends/database/session_mysql.py; the routines in sql/mysql.sql) --
+
+#: Take a name's lock and record its holder. Params: lock, key, seconds to wait (0: a
+#: try), label, host, pid, alone. Row: (fencing token, or NULL when not had; server time).
+SESSION_TAKE = "CALL django_distlock_session_take(%s, %s, %s, %s, %s, %s, %s)"
+SESSION_UNLOCK = "SELECT RELEASE_LOCK(%s)"
+#: Whether this session holds the lock (params: lock).
+SESSION_HOLDS = "SELECT IS_USED_LOCK(%s) <=> CONNECTION_ID()"
+SESSION_IS_LOCKED = "SELECT IS_USED_LOCK(%s) IS NOT NULL"
+#: A new session deletes the rows of grants that no longer hold (their session released,
+#: or ended): the table keeps about one row per open session.
+SESSION_SWEEP = """
+DELETE FROM django_distlock_session_grant WHERE NOT IS_USED_LOCK(lk) <=> session"""
+#: The waits for session-mode locks, by lock: the server's process list shows each
+#: waiting session's statement, whose first argument is the lock (a session sees the
+#: other sessions of its own user, or all with the PROCESS privilege).
+_WAITS = """
+SELECT SUBSTRING(p.INFO, 36, 37) AS lk, p.ID, p.TIME_MS, p.INFO
+FROM information_schema.PROCESSLIST p
+WHERE p.STATE = 'User lock' AND p.INFO LIKE 'CALL django\\_distlock\\_session\\_take(''dl:s:%%'"""
+#: A page of held names. Params: after, low, high, limit. Rows: name, label, since, host,
+#: pid, session, waiters.
+SESSION_HELD = f"""
+SELECT g.name, g.label, g.since, g.host, g.pid, g.session,
+    (SELECT count(*) FROM ({_WAITS}) w WHERE w.lk = g.lk)
+FROM django_distlock_session_grant g
+WHERE g.name > %s AND g.name >= %s AND g.name < %s AND IS_USED_LOCK(g.lk) <=> g.session
+ORDER BY g.name LIMIT %s"""
+#: How many names are held in a range, up to a limit. Params: low, high, limit.
+SESSION_COUNT = """
+SELECT count(*) FROM (SELECT 1 FROM django_distlock_session_grant g
+    WHERE g.name >= %s AND g.name < %s AND IS_USED_LOCK(g.lk) <=> g.session LIMIT %s) c"""
+#: A lock's waiters, longest waiting first. Params: lock, limit. Rows: session, since when
+#: it waits, statement (whose arguments carry the waiter's label, host and pid).
+SESSION_WAITERS = f"""
+SELECT w.ID, UTC_TIMESTAMP(6) - INTERVAL ROUND(w.TIME_MS * 1000) MICROSECOND, w.INFO FROM ({_WAITS}) w WHERE w.lk = %s
+ORDER BY w.TIME_MS DESC, w.ID LIMIT %s"""
+#: End the holder's session, only while its short owner id is the one given ("": any).
+#: Params: lock, owner. Row: (ended,).
+SESSION_FORCE = "CALL django_distlock_session_force(%s, %s)"

@@ -1,5 +1,6 @@
 """Session mode: a lock is the server's own session lock, held by a session of the
-backend's (PostgreSQL: a two-key advisory lock).
+backend's (PostgreSQL: a two-key advisory lock; MySQL and MariaDB: a named lock,
+``session_mysql.py``).
 
 A grant writes nothing: one round trip takes the lock and draws its fencing token from
 a sequence, as the raw advisory call would take the lock alone. The session that was
@@ -28,13 +29,13 @@ import socket
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from ...exceptions import Deadlock, InvalidBackendOptions, LockLost
 from ...kinds import Kind
 from ...values import SHORT_OWNER, Grant, LockInfo, LockPage, Miss, WaiterInfo
 from ..base import ExcInfo, Freed, HeldCount
-from .backend import server_wait
+from .backend import DatabaseBackend, server_wait
 from .errors import ERRORS, is_deadlock
 from .session_acquisition import OwnSessionAcquisition, OwnSessionBackend
 from .sessions import (
@@ -178,16 +179,16 @@ class _Holding(threading.local):
     session: Session | None = None
 
 
-def _register() -> list[tuple[str, list[Any]]]:
-    """The statements that set a new session up (``SessionFactory.setup``): its TCP
-    keepalives, then the record of its client."""
-    return [(PG_KEEPALIVES, list(KEEPALIVES)), (PG_REGISTER, [socket.gethostname(), os.getpid()])]
-
-
 class SessionModeBackend(OwnSessionBackend, mode="session"):
     """The database backend's session mode (``OPTIONS["MODE"] = "session"``), on
     PostgreSQL: session-level advisory locks, one round trip per acquire and per
-    release, with fencing tokens, listing, waiters and force release."""
+    release, with fencing tokens, listing, waiters and force release (MySQL and
+    MariaDB: :class:`~.session_mysql.MySqlSessionBackend`, from :meth:`for_vendor`)."""
+
+    #: A vendor → the subclass that serves session mode there (filled by the subclasses).
+    vendors: ClassVar[dict[str, type[SessionModeBackend]]] = {}
+    #: How the listing names a server session without a label ("pg <pid>").
+    session_tag = "pg"
 
     supports_listing = True
     supports_counting = True
@@ -202,15 +203,25 @@ class SessionModeBackend(OwnSessionBackend, mode="session"):
         "was granted it",
     }
 
+    def __init_subclass__(cls, vendor: str = "", **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if vendor:
+            SessionModeBackend.vendors[vendor] = cls
+
+    @classmethod
+    def for_vendor(cls, vendor: str) -> type[DatabaseBackend]:
+        return cls.vendors.get(vendor, cls)
+
     def __init__(self, alias: str, params: Mapping[str, Any]) -> None:
         super().__init__(alias, params)
-        if self.vendor != "postgresql":
+        if self.vendor not in ("postgresql", *self.vendors):
             raise InvalidBackendOptions(
                 f"DISTLOCK[{alias!r}]['OPTIONS']['MODE'] = 'session' takes the server's own "
-                f"session locks, which PostgreSQL has; DATABASES[{self.database!r}] is "
-                f"{self.vendor_name}. Use MODE 'lease' or 'transaction' there."
+                f"session locks, which PostgreSQL, MySQL and MariaDB have; "
+                f"DATABASES[{self.database!r}] is {self.vendor_name}. Use MODE 'lease' or "
+                f"'transaction' there."
             )
-        self.session_factory.setup = _register
+        self.session_factory.setup = self.session_setup
         self.pool = SessionPool(self.session_factory, KEEP_IDLE)
         #: Keys whose row this process has made (or found): the listing's names.
         self.rows: dict[str, None] = {}
@@ -223,6 +234,12 @@ class SessionModeBackend(OwnSessionBackend, mode="session"):
         self.grants: dict[Session, tuple[int, dict[str, str]]] = {}
         #: This thread's session that holds its first live grant, if any.
         self.holding = _Holding()
+
+    def session_setup(self) -> list[tuple[str, list[Any] | None]]:
+        """The statements that set a new session up (``SessionFactory.setup``): its TCP
+        keepalives, then the record of its client."""
+        return [(PG_KEEPALIVES, list(KEEPALIVES)),
+                (PG_REGISTER, [socket.gethostname(), os.getpid()])]
 
     def note_row(self, key: str) -> None:
         """Remember that ``key``'s row exists (at most ``KNOWN_ROWS`` keys: past that, the
@@ -248,7 +265,7 @@ class SessionModeBackend(OwnSessionBackend, mode="session"):
         return LockInfo(
             alias=self.alias, name=self.name_of(key), owner=owner, fencing_token=None,
             acquired_at=as_datetime(since), expires_at=None, host=host or "", pid=process,
-            thread=holder or f"pg {session}", waiters=waiters,
+            thread=holder or f"{self.session_tag} {session}", waiters=waiters,
         )
 
     def _count_held(self, prefix: str, limit: int) -> HeldCount:
@@ -267,7 +284,7 @@ class SessionModeBackend(OwnSessionBackend, mode="session"):
             waiters.append(WaiterInfo(
                 position=position, owner=owner, since=as_datetime(since), host=host or "",
                 pid=process, thread=holder, kind=Kind.EXCLUSIVE.value,
-                session=f"pg {session}",
+                session=f"{self.session_tag} {session}",
             ))
         return waiters
 
@@ -282,10 +299,11 @@ class SessionModeBackend(OwnSessionBackend, mode="session"):
         super().close()
 
 
-class PgSessionAcquisition(OwnSessionAcquisition):
-    """One acquisition in session mode on PostgreSQL: the session it takes (a thread's
-    from the backend's :class:`SessionPool`, a task's from its async pool) holds the
-    lock from the grant to the release.
+class SessionAcquisition(OwnSessionAcquisition):
+    """One acquisition in session mode (on PostgreSQL; :meth:`_try`, :meth:`_wait_call`,
+    :meth:`_unlock` and :meth:`_holds` are the vendor's statements): the session it
+    takes (a thread's from the backend's :class:`SessionPool`, a task's from its async
+    pool) holds the lock from the grant to the release.
 
     A thread's blocking wait runs on the session of a lock the thread already holds (one
     of this backend's), so that PostgreSQL sees a cycle of waits through it and refuses
@@ -373,28 +391,54 @@ class PgSessionAcquisition(OwnSessionAcquisition):
             seen = backend.contended.get(key)
             if seen is not None and time.monotonic() - seen < CONTENDED_FOR:
                 return Miss()  # known contended: the wait queues (and grants if free)
-        params = [self.label, self.k1, self.k2]
         # The watchdog's registration written out (not self._watched(): a generator's
         # context manager costs more than the rest of this method).
         deadline = self.deadline
         ident = None if deadline is None else WATCHDOG.watch(session, deadline)
         try:
             with session.mutex:
-                if key not in backend.rows:
-                    # The name's row, for the listing: once per process (its own round
-                    # trip, the first time only).
-                    session.execute(ENSURE_ROW, [key])
-                    backend.note_row(key)
-                row = session.execute(PG_TRY, params).fetchone()
+                row = self._try(session)
         except ERRORS as exc:
             self._drop(session)
             raise backend.errors.translate(exc, "acquiring a lock", backend.where) from exc
         finally:
             if ident is not None:
                 WATCHDOG.done(ident)
-        if row is None:
+        if row is None or row[0] is None:
             return Miss()
         return self._granted(session, row[0], row[1])
+
+    def _try(self, session: Session) -> tuple[Any, ...] | None:
+        """The try's statement (``session.mutex`` held): its row, (token, server time),
+        or no row (or a NULL token) on a miss."""
+        key = self.hold.key
+        if key not in self.backend.rows:
+            # The name's row, for the listing: once per process (its own round trip,
+            # the first time only).
+            session.execute(ENSURE_ROW, [key])
+            self.backend.note_row(key)
+        row: tuple[Any, ...] | None = session.execute(
+            PG_TRY, [self.label, self.k1, self.k2]).fetchone()
+        return row
+
+    def _wait_call(self, label: str) -> tuple[str, list[Any]]:
+        """The wait's statement and parameters (``label``: the session's label while it
+        waits); its row is the try's."""
+        return PG_WAIT, [self.k1, self.k2, server_wait(self.deadline), label]
+
+    def _unlock(self, session: Session, others: str | None) -> bool:
+        """The release's statement (``session.mutex`` held; ``others``: the label of the
+        session's other grants, if it keeps any): whether the lock was held."""
+        if others is None:
+            row = session.execute(PG_UNLOCK, [self.k1, self.k2]).fetchone()
+        else:
+            row = session.execute(PG_UNLOCK_RELABEL, [self.k1, self.k2, others]).fetchone()
+        return bool(row and row[0])
+
+    def _holds(self, session: Session) -> bool:
+        """Whether ``session`` holds this lock (``session.mutex`` held)."""
+        return session.execute(
+            PG_HOLDS, [self.k1 & 0xFFFFFFFF, self.k2 & 0xFFFFFFFF]).fetchone() is not None
 
     def wait(self, miss: Miss) -> Grant | None:
         if not self.shared:
@@ -411,10 +455,10 @@ class PgSessionAcquisition(OwnSessionAcquisition):
         if self.shared:  # the session keeps the label of the first grant it holds
             held = backend.grants.get(session)
             label = next(iter(held[1].values())) if held else label
-        params = [self.k1, self.k2, server_wait(self.deadline), label]
+        statement, params = self._wait_call(label)
         try:
             with session.mutex, self._watched(session), call.running_on(session):
-                row = session.execute(PG_WAIT, params).fetchone()
+                row = session.execute(statement, params).fetchone()
         except ERRORS as exc:
             if is_deadlock(exc):  # the session is fine: the statement alone failed
                 raise Deadlock(
@@ -451,11 +495,7 @@ class PgSessionAcquisition(OwnSessionAcquisition):
         ident = WATCHDOG.watch(session, time.monotonic())  # as in _attempt_on
         try:
             with session.mutex:
-                if others is None:
-                    row = session.execute(PG_UNLOCK, [self.k1, self.k2]).fetchone()
-                else:
-                    row = session.execute(PG_UNLOCK_RELABEL,
-                                          [self.k1, self.k2, others]).fetchone()
+                held_until_now = self._unlock(session, others)
         except ERRORS as exc:
             # The session is closed: the server frees the lock (and any other it held)
             # with it, at once or when it sees the close. Whether it was held until now
@@ -468,7 +508,7 @@ class PgSessionAcquisition(OwnSessionAcquisition):
         finally:
             WATCHDOG.done(ident)
         self._give_back()
-        return bool(row and row[0])
+        return held_until_now
 
     def extend(self, ttl: float) -> Grant | None:
         """The lock does not expire: check that our session still holds it (one round
@@ -478,14 +518,13 @@ class PgSessionAcquisition(OwnSessionAcquisition):
             return None
         try:
             with session.mutex, self._watched(session, time.monotonic()):
-                row = session.execute(PG_HOLDS, [self.k1 & 0xFFFFFFFF,
-                                                 self.k2 & 0xFFFFFFFF]).fetchone()
+                holds = self._holds(session)
         except ERRORS:
             self._drop(session)
             return None
-        if row is None:
+        if not holds:
             return None
         return Grant(self.fencing, self.hold.acquired_at, None)
 
 
-SessionModeBackend.kinds = {Kind.EXCLUSIVE: PgSessionAcquisition}
+SessionModeBackend.kinds = {Kind.EXCLUSIVE: SessionAcquisition}

@@ -1,0 +1,166 @@
+"""Session mode on MySQL and MariaDB: a lock is a named lock (``GET_LOCK``) held by a
+session of the backend's, as session mode on PostgreSQL holds an advisory lock
+(``session_mode.py``, whose sessions, grants' table and waits on a holding session this
+module keeps).
+
+A name's lock is ``dl:s:`` and 32 hex digits of the SHA-256 of the database's name and
+the name (named locks are server-wide and stop at 64 characters). The grant is one
+round trip, a procedure (sql/mysql.sql) that takes the lock, draws the fencing token
+(``UUID_SHORT()``) and records the holder in a ``MEMORY`` table, which no release
+writes to (a row counts while its session holds its lock). A wait is the same call with
+a time: the server queues its waiters, and refuses a wait that closes a cycle (MariaDB
+1213, MySQL 3058: ``Deadlock``). The waiters are read from the server's process list,
+where each waiting session shows its call. Force release ends the holder's session
+(``KILL CONNECTION``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import socket
+from collections.abc import Mapping
+from typing import Any
+
+from django.db import connections
+
+from ...kinds import Kind
+from ...values import SHORT_OWNER, LockPage, WaiterInfo
+from ..base import Freed, HeldCount
+from .backend import server_wait
+from .mysql_sql import (
+    SESSION_COUNT,
+    SESSION_FORCE,
+    SESSION_HELD,
+    SESSION_HOLDS,
+    SESSION_IS_LOCKED,
+    SESSION_SWEEP,
+    SESSION_TAKE,
+    SESSION_UNLOCK,
+    SESSION_WAITERS,
+)
+from .session_acquisition import OwnSessionAcquisition
+from .session_mode import SessionAcquisition, SessionModeBackend, holder_label, read_label
+from .sessions import Session
+from .sql import as_datetime, upper_bound
+
+#: The host recorded with each grant (the table keeps 64 characters).
+_HOST = socket.gethostname()[:64]
+#: A session of the backend's is never closed by the server for being idle: a holder may
+#: hold for hours without a statement (the most MySQL and MariaDB take on Linux: a year).
+#: A holder whose machine vanished is found by the server's TCP keepalives instead
+#: (docs/guarantees.md).
+_NEVER_IDLE_OUT = "SET SESSION wait_timeout = 31536000"
+#: A string literal of a statement in the process list, as MySQLdb escapes it.
+_LITERAL = re.compile(r"'((?:[^'\\]|\\.)*)'")
+_UNESCAPED = {"0": "\0", "n": "\n", "r": "\r", "Z": "\x1a"}
+
+
+def lock_name(database: str, key: str) -> str:
+    """The named lock of storage key ``key`` in database ``database`` (``DATABASE()``):
+    ``dl:s:`` and the first 32 hex digits of the SHA-256 of both, split by a NUL byte."""
+    digest = hashlib.sha256(database.encode() + b"\0" + key.encode()).hexdigest()
+    return "dl:s:" + digest[:32]
+
+
+def _literals(statement: str) -> list[str]:
+    """The string literals of a statement the driver wrote, unescaped."""
+    return [re.sub(r"\\(.)", lambda m: _UNESCAPED.get(m[1], m[1]), text)
+            for text in _LITERAL.findall(statement)]
+
+
+class MySqlSessionBackend(SessionModeBackend, vendor="mysql"):
+    """Session mode on MySQL and MariaDB: named locks (``GET_LOCK``), one round trip
+    per acquire and per release, with fencing tokens, listing, waiters and force
+    release (``KILL CONNECTION``)."""
+
+    session_tag = "mysql"
+
+    def __init__(self, alias: str, params: Mapping[str, Any]) -> None:
+        super().__init__(alias, params)
+        #: What ``DATABASE()`` returns on the backend's sessions (no I/O).
+        self.database_name = str(connections[self.database].settings_dict["NAME"])
+
+    def session_setup(self) -> list[tuple[str, list[Any] | None]]:
+        """A new session: never idled out by the server; and the rows of grants whose
+        session is gone, or released, go."""
+        return [(_NEVER_IDLE_OUT, None), (SESSION_SWEEP, None)]
+
+    def lock_name(self, key: str) -> str:
+        """The named lock of storage key ``key`` (:func:`lock_name`)."""
+        return lock_name(self.database_name, key)
+
+    def is_locked(self, name: str) -> bool:
+        lock = self.lock_name(self.make_key(name))
+        return bool(self.run(SESSION_IS_LOCKED, [lock], "checking a lock")[0][0])
+
+    def _held_locks(self, prefix: str, limit: int, cursor: str | None) -> LockPage:
+        low = self.key_prefix + prefix
+        rows = self.run(SESSION_HELD, [cursor or "", low, upper_bound(low), limit],
+                        "listing locks")
+        infos = [self._info(row) for row in rows]
+        return LockPage(infos, rows[-1][0] if len(rows) == limit else None)
+
+    def _count_held(self, prefix: str, limit: int) -> HeldCount:
+        low = self.key_prefix + prefix
+        rows = self.run(SESSION_COUNT, [low, upper_bound(low), limit + 1], "counting locks")
+        found = int(rows[0][0])
+        return HeldCount(min(found, limit), found <= limit)
+
+    def _waiters(self, key: str, limit: int) -> list[WaiterInfo]:
+        rows = self.run(SESSION_WAITERS, [self.lock_name(key), limit], "listing waiters")
+        waiters = []
+        for position, (session, since, statement) in enumerate(rows, 1):
+            # The call's arguments: lock, name, wait, label, host, pid, alone.
+            texts = _literals(statement)
+            label, host = (texts[2], texts[3]) if len(texts) >= 4 else ("", "")
+            pid = re.search(r"'\s*,\s*(\d+)\s*,\s*\w+\s*\)\s*$", statement)
+            owner, holder = read_label(label)
+            waiters.append(WaiterInfo(
+                position=position, owner=owner, since=as_datetime(since), host=host,
+                pid=int(pid[1]) if pid else None, thread=holder, kind=Kind.EXCLUSIVE.value,
+                session=f"mysql {session}",
+            ))
+        return waiters
+
+    def _force_release(self, key: str, owner: str) -> Freed | None:
+        rows = self.run(SESSION_FORCE, [self.lock_name(key), owner], "force-releasing a lock")
+        return Freed() if rows and rows[0][0] else None
+
+
+class MySqlSessionAcquisition(SessionAcquisition):
+    """One acquisition in session mode on MySQL or MariaDB: a try is the grant's call
+    with no wait, a wait the same call with the time left; a release gives the named
+    lock back and writes nothing (the holder's row stops counting)."""
+
+    backend: MySqlSessionBackend
+
+    def __init__(self, *args: Any) -> None:
+        OwnSessionAcquisition.__init__(self, *args)  # not PostgreSQL's keys
+        hold = self.hold
+        self.lock = self.backend.lock_name(hold.key)
+        self.label = holder_label(self.token[:SHORT_OWNER], hold.holder_field)
+        self.fencing: int | None = None
+
+    def _try(self, session: Session) -> tuple[Any, ...] | None:
+        row: tuple[Any, ...] | None = session.execute(SESSION_TAKE, [
+            self.lock, self.hold.key, 0, self.label, _HOST, os.getpid(), not self.shared,
+        ]).fetchone()
+        return row
+
+    def _wait_call(self, label: str) -> tuple[str, list[Any]]:
+        # Each grant has its own row: this one's label, on a shared session too.
+        return SESSION_TAKE, [self.lock, self.hold.key, server_wait(self.deadline),
+                              self.label, _HOST, os.getpid(), not self.shared]
+
+    def _unlock(self, session: Session, others: str | None) -> bool:
+        row = session.execute(SESSION_UNLOCK, [self.lock]).fetchone()
+        return bool(row and row[0] == 1)
+
+    def _holds(self, session: Session) -> bool:
+        row = session.execute(SESSION_HOLDS, [self.lock]).fetchone()
+        return bool(row and row[0])
+
+
+MySqlSessionBackend.kinds = {Kind.EXCLUSIVE: MySqlSessionAcquisition}
