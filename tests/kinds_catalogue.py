@@ -23,6 +23,8 @@ NO_KINDS = {
     "mysql-tx": "a row lock of one connection, as pg-tx: no read side, no count",
     "pg-session": "one advisory lock of one session per name: read-write locks not built "
     "yet, no count (docs/kinds.md)",
+    "mysql-session": "one named lock of one session per name: MySQL's named locks have no "
+    "shared mode, no count (docs/kinds.md)",
     "locmem": "process-local; no kinds (docs/kinds.md, 11 and 15)",
     "redlock": "a count or a read side on independent masters could disagree (9 and 13)",
     "cache-memcached": "`add` takes one key: no read side, no count that eviction cannot "

@@ -79,8 +79,11 @@ class MariaDB:
         connection = connections[alias]
         saved = connection.settings_dict
         connection.close()
-        connection.settings_dict = {**saved, "HOST": "127.0.0.1", "PORT": str(self.port),
-                                    "NAME": "distlock", "USER": "distlock"}
+        # Both the wrapper's and the handler's: a backend's own sessions are new wrappers
+        # made from the handler's settings (connections.create_connection).
+        here = {**saved, "HOST": "127.0.0.1", "PORT": str(self.port), "NAME": "distlock",
+                "USER": "distlock"}
+        connection.settings_dict = connections.settings[alias] = here
         try:
             executor = MigrationExecutor(connection)
             executor.migrate([("django_distlock", executor.loader.graph.leaf_nodes(
@@ -88,7 +91,7 @@ class MariaDB:
             yield alias
         finally:
             connection.close()
-            connection.settings_dict = saved
+            connection.settings_dict = connections.settings[alias] = saved
 
     def backend(self, alias: str, mode: str = "lease") -> Any:
         """A database backend in ``mode`` on the Django alias ``alias`` (of :meth:`alias`)."""

@@ -357,7 +357,7 @@ def test_the_migration_unapplied_leaves_nothing_and_applies_again() -> None:
             cursor.execute(
                 "SELECT table_name FROM information_schema.tables WHERE table_schema ="
                 " DATABASE() AND table_name IN ('django_distlock_lock', 'django_distlock_token',"
-                " 'django_distlock_waiter') ORDER BY 1")
+                " 'django_distlock_waiter', 'django_distlock_session_grant') ORDER BY 1")
             tables = [row[0] for row in cursor.fetchall()]
             cursor.execute(
                 "SELECT routine_name FROM information_schema.routines WHERE routine_schema ="
@@ -377,10 +377,11 @@ def test_the_migration_unapplied_leaves_nothing_and_applies_again() -> None:
     finally:
         MigrationExecutor(connection).migrate(leaves)
     assert schema() == (
-        ["django_distlock_lock", "django_distlock_token", "django_distlock_waiter"],
+        ["django_distlock_lock", "django_distlock_session_grant", "django_distlock_token",
+         "django_distlock_waiter"],
         [f"django_distlock_{name}" for name in (
-            "acquire", "extend", "force", "prune", "recompute", "release", "take", "tx_grant",
-                "wait")],
+            "acquire", "extend", "force", "prune", "recompute", "release", "session_force",
+            "session_take", "take", "tx_grant", "wait")],
         "utf8mb4_nopad_bin")
     with transaction.atomic(using="mysql"), locks["mysql-tx"].lock("after-migrate") as handle:
         assert handle.fencing_token
@@ -545,6 +546,22 @@ def private_mariadb() -> Iterator[MariaDB]:
         own.stop()
 
 
+def test_a_private_servers_backends_open_their_sessions_on_it(private_mariadb: MariaDB) -> None:
+    """The restarts below act on the backends' own sessions: those are new connections
+    made from the handler's settings, which ``borrowed()`` points at the private server
+    too (it once changed the wrapper's alone, and the restarts hit no session)."""
+    with private_mariadb.borrowed() as alias:
+        backend = private_mariadb.backend(alias, "session")
+        try:
+            session = backend.session_factory.open()
+            with session.mutex:
+                port = session.execute("SELECT @@port", None).fetchone()
+            session.close()
+        finally:
+            backend.close()
+    assert port == (private_mariadb.port,)
+
+
 def test_mariadb_restarted_from_disk_under_holders(private_mariadb: MariaDB, unique) -> None:
     """SIGKILL of the server, started again on its data dir: a lease outlives it (a waiter
     queued before it is not granted until the holder's release, which reconnects), and
@@ -566,6 +583,19 @@ def test_mariadb_restarted_from_disk_under_holders(private_mariadb: MariaDB, uni
             assert _acquire_retrying(again, blocking=False)
             assert again.fencing_token > max(before), (again.fencing_token, before)
             again.release()
+        finally:
+            backend.close()
+
+
+def test_mariadb_restarted_under_a_session_mode_holder(private_mariadb: MariaDB, unique) -> None:
+    """Session mode: the restart ends every session and its named locks; the holder's
+    release reports the loss, the name is free, and tokens (``UUID_SHORT()``, which
+    starts from the server's start time) go on above every one before it."""
+    with private_mariadb.borrowed() as alias:
+        backend = private_mariadb.backend(alias, "session")
+        try:
+            _every_session_ended("mysql-session", backend, unique("restarted"),
+                                 private_mariadb.restart)
         finally:
             backend.close()
 

@@ -54,6 +54,7 @@ NO_CLOCK = {
     "pg-tx": "no expiry: the lock lives as long as its transaction, no clock involved",
     "mysql-tx": "no expiry: the lock lives as long as its transaction, no clock involved",
     "pg-session": "no expiry: the lock lives as long as its session, no clock involved",
+    "mysql-session": "no expiry: the lock lives as long as its session, no clock involved",
     "sqlite-tx": "no expiry: SQLite's write lock, no clock involved",
     "zk": "no expiry: the ZooKeeper session's timeout is the server's to judge",
     "zk-auth": "no expiry (ZooKeeper)",

@@ -46,7 +46,9 @@ def _contexts(alias: str, name: str) -> list[str]:
 
 #: Aliases whose listing keeps only the start of a long context, and why.
 CUT = {"pg-session": "PostgreSQL keeps 63 bytes of a session's application_name, the "
-       "holder's label (docs/database.md, session mode)"}
+       "holder's label (docs/database.md, session mode)",
+       "mysql-session": "the holder's label, as on PostgreSQL (one format, 63 bytes, for "
+       "both vendors' listings)"}
 
 
 def _as_listed(alias: str, context: str, full: str) -> bool:

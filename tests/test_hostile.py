@@ -74,7 +74,7 @@ ALIASES = [
     "default", "sqlite-lease", "sqlite-tx", "locmem", "pg-lease", "pg-tx", "redis",
     "redis-cache", "redis-djcache", "redis-unfair", "redis-decoded", "redlock",
     "redis-cluster", "zk", "zk-auth", "cache-memcached", "cache-redis", "mysql-lease",
-    "mysql-tx", "pg-session",
+    "mysql-tx", "pg-session", "mysql-session",
 ]
 
 
@@ -552,7 +552,7 @@ RELEASE_FAULTS = {
     "redis": "frozen", "redis-unfair": "frozen", "redis-decoded": "frozen",
     "redlock": "frozen", "pg-lease": "frozen", "pg-tx": "terminated", "zk": "frozen",
     "zk-auth": "frozen", "mysql-lease": "frozen", "mysql-tx": "terminated",
-    "pg-session": "terminated",
+    "pg-session": "terminated", "mysql-session": "terminated",
 }
 
 
@@ -638,10 +638,14 @@ def _release_fault(alias: str, request: pytest.FixtureRequest) -> Iterator[tuple
 
         @contextlib.contextmanager
         def fault(handle: Any) -> Iterator[None]:
-            # The holding connection killed: InnoDB rolls its transaction (the lock) back.
-            with connections[backend.database].cursor() as cursor:
-                cursor.execute("SELECT CONNECTION_ID()")
-                (ident,) = cursor.fetchone()
+            # The holding connection killed: InnoDB rolls its transaction (the lock) back;
+            # session mode's named lock ends with its session.
+            if backend.mode == "session":
+                ident = handle._hold.acquisition.taken._thread_id
+            else:
+                with connections[backend.database].cursor() as cursor:
+                    cursor.execute("SELECT CONNECTION_ID()")
+                    (ident,) = cursor.fetchone()
             kill_mysql_connection(backend.database, ident)
             yield
 
@@ -751,7 +755,7 @@ NO_RESTART = {
     "from its data dir under lease-mode holders is test_backend_database_mysql.py's",
 }
 RESTARTS = ["redis-aof", "redis-snapshot", "pg-lease", "pg-tx", "pg-session", "mysql-lease",
-            "zk"]
+            "mysql-session", "zk"]
 
 
 def test_every_alias_is_restarted_or_left_with_a_reason() -> None:
@@ -844,7 +848,8 @@ def _kill_all_mysql(database: str) -> int:
     return len(idents)
 
 
-@pytest.mark.parametrize("alias", ["pg-lease", "pg-tx", "pg-session", "mysql-lease"])
+@pytest.mark.parametrize("alias", ["pg-lease", "pg-tx", "pg-session", "mysql-lease",
+                                   "mysql-session"])
 def test_every_session_ended_while_held(alias: str, unique) -> None:
     """Lease: the row outlives its session: a waiter is not granted before the release,
     which works on a new session. Transaction: the lock ended with its session: the
@@ -990,6 +995,8 @@ NO_WAITER_ENTRY = {
     "manager, which nothing deletes",
     "mysql-lease": "the waiter's place is its GET_LOCK wait in the server's lock manager, "
     "which nothing deletes; its row in django_distlock_waiter only lists it",
+    "mysql-session": "the waiter's place is its GET_LOCK wait in the server's lock "
+    "manager, which nothing deletes (the process list shows it)",
     "locmem": "process-local: its waiters are in this process' memory",
     "redis-unfair": "FAIR False: waiters retry, they do not queue",
     "redlock": "waiters back off and retry on every master: they leave no entry",

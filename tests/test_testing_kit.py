@@ -28,6 +28,7 @@ from .conftest import (
     LIBRARY_DB,
     eventually,
     needs_pg,
+    require_mysql,
     require_pg,
     require_redis,
     require_zookeeper,
@@ -53,6 +54,8 @@ def require(alias: str) -> None:
         require_redis(redlock=True)
     elif alias == "zk":
         require_zookeeper()
+    elif alias.startswith("mysql"):
+        require_mysql()
 
 
 def free(alias: str, name: str) -> bool:
@@ -81,7 +84,7 @@ def test_hold_elsewhere_holds_the_lock_in_another_process_until_the_block_ends(
     assert free(alias, name)
 
 
-@pytest.mark.parametrize("alias", ["pg-tx", "pg-session", "zk", "sqlite-tx"])
+@pytest.mark.parametrize("alias", ["pg-tx", "pg-session", "mysql-session", "zk", "sqlite-tx"])
 def test_a_killed_holder_frees_a_lock_that_lives_with_its_session(
     alias: str, unique, distlock_hold_elsewhere
 ) -> None:

@@ -179,8 +179,8 @@ SELECT count(*) FROM (SELECT 1 FROM django_distlock_session_grant g
 #: A lock's waiters, longest waiting first. Params: lock, limit. Rows: session, since when
 #: it waits, statement (whose arguments carry the waiter's label, host and pid).
 SESSION_WAITERS = f"""
-SELECT w.ID, UTC_TIMESTAMP(6) - INTERVAL ROUND(w.TIME_MS * 1000) MICROSECOND, w.INFO FROM ({_WAITS}) w WHERE w.lk = %s
-ORDER BY w.TIME_MS DESC, w.ID LIMIT %s"""
+SELECT w.ID, UTC_TIMESTAMP(6) - INTERVAL ROUND(w.TIME_MS * 1000) MICROSECOND, w.INFO
+FROM ({_WAITS}) w WHERE w.lk = %s ORDER BY w.TIME_MS DESC, w.ID LIMIT %s"""
 #: End the holder's session, only while its short owner id is the one given ("": any).
 #: Params: lock, owner. Row: (ended,).
 SESSION_FORCE = "CALL django_distlock_session_force(%s, %s)"
