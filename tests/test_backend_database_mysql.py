@@ -357,7 +357,9 @@ def test_the_migration_unapplied_leaves_nothing_and_applies_again() -> None:
             cursor.execute(
                 "SELECT table_name FROM information_schema.tables WHERE table_schema ="
                 " DATABASE() AND table_name IN ('django_distlock_lock', 'django_distlock_token',"
-                " 'django_distlock_waiter', 'django_distlock_session_grant') ORDER BY 1")
+                " 'django_distlock_waiter', 'django_distlock_session_grant',"
+                " 'django_distlock_session_epoch', 'django_distlock_session_start')"
+                " ORDER BY 1")
             tables = [row[0] for row in cursor.fetchall()]
             cursor.execute(
                 "SELECT routine_name FROM information_schema.routines WHERE routine_schema ="
@@ -377,8 +379,9 @@ def test_the_migration_unapplied_leaves_nothing_and_applies_again() -> None:
     finally:
         MigrationExecutor(connection).migrate(leaves)
     assert schema() == (
-        ["django_distlock_lock", "django_distlock_session_grant", "django_distlock_token",
-         "django_distlock_waiter"],
+        ["django_distlock_lock", "django_distlock_session_epoch",
+         "django_distlock_session_grant", "django_distlock_session_start",
+         "django_distlock_token", "django_distlock_waiter"],
         [f"django_distlock_{name}" for name in (
             "acquire", "extend", "force", "prune", "recompute", "release", "session_force",
             "session_take", "take", "tx_grant", "wait")],

@@ -186,9 +186,11 @@ def _stored(alias: str, backend: Any, tag: str) -> tuple[list[str], str] | None:
         parents = [f"{root}/{child}" for child in kazoo.get_children(root) if tag in child]
         return [f"{parent}/{child}" for parent in parents
                 for child in kazoo.get_children(parent)], root + "/"
+    # MySQL's session mode keeps a name with its grant; every other mode, in its row.
+    table = ("django_distlock_session_grant" if alias == "mysql-session"
+             else "django_distlock_lock")
     with connections[backend.database].cursor() as cursor:
-        cursor.execute("SELECT name FROM django_distlock_lock WHERE name LIKE %s",
-                       [f"%{tag}%"])
+        cursor.execute(f"SELECT name FROM {table} WHERE name LIKE %s", [f"%{tag}%"])
         return [row[0] for row in cursor.fetchall()], backend.key_prefix
 
 

@@ -21,7 +21,8 @@ MYSQL_UNINSTALL = [
         "tx_grant", "recompute", "take", "acquire", "wait", "release", "extend", "force",
         "prune", "session_take", "session_force")),
     "DROP TABLE IF EXISTS django_distlock_token, django_distlock_waiter,"
-    " django_distlock_session_grant",
+    " django_distlock_session_grant, django_distlock_session_epoch,"
+    " django_distlock_session_start",
 ]
 
 #: The indexes of held rows (the listings by name and by age), partial, on PostgreSQL and

@@ -528,6 +528,25 @@ CREATE TABLE IF NOT EXISTS django_distlock_session_grant (
     KEY distlock_session_grant_name (name) USING BTREE
 ) ENGINE = MEMORY
 -- ;;
+-- Session mode's fencing tokens: (epoch << 44) + the calls of UUID_SHORT() since the
+-- epoch began. UUID_SHORT() grows by one at each call while the server runs, and starts
+-- again from the server's start time (in seconds) at each start: a clock set back, or a
+-- crash within the second of the start, would give its values again. So each server run
+-- draws an epoch, once, from an AUTO_INCREMENT counter, which gives no value twice and
+-- survives a crash (MySQL 8.0 and MariaDB 10.2.4 and later; a MariaDB SEQUENCE does not:
+-- 10.11 starts one again from its first value after a SIGKILL, measured); the run's
+-- epoch and the UUID_SHORT() it began at are kept in a MEMORY table, empty after each
+-- start. 44 bits: 17.6 trillion grants per run; 19 bits: half a million runs.
+CREATE TABLE IF NOT EXISTS django_distlock_session_epoch (
+    epoch BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY
+) ENGINE = InnoDB
+-- ;;
+CREATE TABLE IF NOT EXISTS django_distlock_session_start (
+    id TINYINT NOT NULL PRIMARY KEY,
+    epoch BIGINT NOT NULL,
+    base BIGINT UNSIGNED NOT NULL
+) ENGINE = MEMORY
+-- ;;
 DROP PROCEDURE IF EXISTS django_distlock_session_take
 -- ;;
 -- Session mode: take the named lock p_lock, waiting up to p_wait seconds (0: a try; a
@@ -535,15 +554,17 @@ DROP PROCEDURE IF EXISTS django_distlock_session_take
 -- the holder. A procedure, not a function: the server's detection of deadlocks
 -- between named locks does not reach a GET_LOCK inside a stored function (its waits
 -- just time out), and it does reach one in a procedure. p_alone: the session holds no
--- other lock (its older rows go). One row: the fencing token (UUID_SHORT(): it grows
--- with every call on this server, and across its restarts) and the server's time; the
--- token is NULL when the lock was not had (busy, timed out, or the wait killed).
+-- other lock (its older rows go). One row: the fencing token (see the tables above)
+-- and the server's time; the token is NULL when the lock was not had (busy, timed out,
+-- or the wait killed).
 CREATE PROCEDURE django_distlock_session_take(
     IN p_lock CHAR(37), IN p_name VARCHAR(255), IN p_wait DOUBLE, IN p_label VARCHAR(63),
     IN p_host VARCHAR(64), IN p_pid INT, IN p_alone BOOL
 ) SQL SECURITY INVOKER
 BEGIN
     DECLARE got INT;
+    DECLARE e BIGINT;
+    DECLARE b BIGINT UNSIGNED;
     DECLARE EXIT HANDLER FOR 1114  -- the table is full
     BEGIN
         DO RELEASE_LOCK(p_lock);
@@ -560,7 +581,16 @@ BEGIN
         REPLACE INTO django_distlock_session_grant
             (session, lk, name, label, host, pid, since)
         VALUES (CONNECTION_ID(), p_lock, p_name, p_label, p_host, p_pid, UTC_TIMESTAMP(6));
-        SELECT UUID_SHORT(), UTC_TIMESTAMP(6);
+        SET e = (SELECT epoch FROM django_distlock_session_start WHERE id = 1);
+        IF e IS NULL THEN  -- the first grant of this server run: its epoch
+            INSERT INTO django_distlock_session_epoch () VALUES ();
+            SET e = LAST_INSERT_ID();
+            DELETE FROM django_distlock_session_epoch WHERE epoch = e;
+            INSERT IGNORE INTO django_distlock_session_start VALUES (1, e, UUID_SHORT());
+            SET e = (SELECT epoch FROM django_distlock_session_start WHERE id = 1);
+        END IF;
+        SET b = (SELECT base FROM django_distlock_session_start WHERE id = 1);
+        SELECT (e << 44) + (UUID_SHORT() - b), UTC_TIMESTAMP(6);
     ELSE
         SELECT NULL, UTC_TIMESTAMP(6);
     END IF;
