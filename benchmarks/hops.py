@@ -82,6 +82,8 @@ def configure() -> list[str]:
         aliases["mysql-lease"] = {"BACKEND": db, "OPTIONS": {"DATABASE": "mysql"}}
         aliases["mysql-tx"] = {"BACKEND": db,
                                "OPTIONS": {"DATABASE": "mysql", "MODE": "transaction"}}
+        aliases["mysql-session"] = {"BACKEND": db,
+                                    "OPTIONS": {"DATABASE": "mysql", "MODE": "session"}}
     redis = "django_distlock.backends.redis."
     if env.get("DISTLOCK_REDIS_URL"):
         aliases["redis"] = {

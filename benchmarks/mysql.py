@@ -277,6 +277,7 @@ class Permits(DistLock):
 
 lease = functools.partial(DistLock, alias="mysql")
 transaction_mode = functools.partial(DistLock, alias="mysql-tx")
+session_mode = functools.partial(DistLock, alias="mysql-session")
 for_update_raw = functools.partial(ForUpdate, django_binding=False)
 for_update_write = functools.partial(ForUpdate, write=True)
 
@@ -299,12 +300,15 @@ add_case(_U, "mysql.for-update-raw", for_update_raw,
          "(e') `BEGIN` + `FOR UPDATE` + `COMMIT` on MySQLdb", group=GROUP)
 add_case(_U, "mysql.lease", lease, "(f) django-distlock, lease mode", group=GROUP)
 add_case(_U, "mysql.tx", transaction_mode, "(g) django-distlock, transaction mode", group=GROUP)
+add_case(_U, "mysql.session", session_mode, "(i) django-distlock, session mode", group=GROUP)
 add_bar(_U, "mysql.lease", "mysql.floor", 1.3)
 add_bar(_U, "mysql.lease", "mysql.get_lock", None)
 add_bar(_U, "mysql.lease", "mysql.django-mysql", None)
 add_bar(_U, "mysql.tx", "mysql.for-update-django", 1.2)
 add_bar(_U, "mysql.tx", "mysql.for-update-write", None)
 add_bar(_U, "mysql.tx", "mysql.for-update-raw", None)
+add_bar(_U, "mysql.session", "mysql.get_lock", 1.15)
+add_bar(_U, "mysql.session", "mysql.django-mysql", 1.0)
 
 add_case(_C, "mysql.get_lock", GetLock, "`GET_LOCK` (blocking)", group=GROUP,
          reference="GET_LOCK")
@@ -316,11 +320,15 @@ add_case(_C, "mysql.lease", lease, "django-distlock lease mode (queue in the ser
          group=GROUP)
 add_case(_C, "mysql.tx", transaction_mode, "django-distlock transaction mode (row lock)",
          group=GROUP)
+add_case(_C, "mysql.session", session_mode, "django-distlock session mode (named lock)",
+         group=GROUP)
 add_case(_C, "mysql.semaphore-1", functools.partial(Permits, limit=1),
          "django-distlock `semaphore(name, 1)`, lease mode", group=GROUP)
 add_case(_C, "mysql.semaphore-2", functools.partial(Permits, limit=2),
          "django-distlock `semaphore(name, 2)`: 2 permits", group=GROUP, at_once=2)
 add_bar(_C, "mysql.lease", "mysql.get_lock", None)
 add_bar(_C, "mysql.tx", "mysql.for-update-raw", None)
+add_bar(_C, "mysql.session", "mysql.get_lock", 1.2)
+add_bar(_C, "mysql.session", "mysql.django-mysql", None)
 add_bar(_C, "mysql.semaphore-1", "mysql.lease", None, metric="rate")
 add_bar(_C, "mysql.semaphore-2", "mysql.lease", None, metric="rate")

@@ -64,6 +64,8 @@ DISTLOCK = {
 if "mysql" in DATABASES:
     DISTLOCK["mysql"] = {"BACKEND": _DB, "OPTIONS": {"DATABASE": "mysql"}}
     DISTLOCK["mysql-tx"] = {"BACKEND": _DB, "OPTIONS": {"DATABASE": "mysql", "MODE": "transaction"}}
+    DISTLOCK["mysql-session"] = {"BACKEND": _DB,
+                                 "OPTIONS": {"DATABASE": "mysql", "MODE": "session"}}
 
 # Redis (benchmarks/redis.py): django-distlock with a pool of its own from a URL, and
 # through the pool of a django-redis cache, on the same server as the peers.

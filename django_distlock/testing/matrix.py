@@ -47,6 +47,7 @@ COLUMNS = (
     Column("MySQL/MariaDB lease", _DB, "mysql", "lease"),
     Column("PostgreSQL transaction", _DB, "postgresql", "transaction"),
     Column("PostgreSQL session", _DB, "postgresql", "session"),
+    Column("MySQL/MariaDB session", _DB, "mysql", "session"),
     Column("SQLite transaction", _DB, "sqlite", "transaction"),
     Column("MySQL/MariaDB transaction", _DB, "mysql", "transaction"),
     Column("Redis", _REDIS),
@@ -70,7 +71,7 @@ def _always(cls: type) -> bool:
 #: Fair: waiters served in arrival order by the server; else they poll with backoff.
 _FAIR = {
     "PostgreSQL lease": True, "PostgreSQL transaction": True, "MySQL/MariaDB lease": True,
-    "PostgreSQL session": True,
+    "PostgreSQL session": True, "MySQL/MariaDB session": True,
     "Redis": True,
     "Redis Cluster": True, "ZooKeeper": True,
 }
@@ -119,6 +120,8 @@ REASONS: dict[tuple[str, str], str] = {
     ("PostgreSQL session", "read-write"): "not built yet (PostgreSQL's shared advisory "
     "locks can serve it: docs/database.md)",
     ("PostgreSQL session", "semaphore"): "an advisory lock has one holder; not built",
+    ("MySQL/MariaDB session", "read-write"): "a named lock (`GET_LOCK`) has no shared mode",
+    ("MySQL/MariaDB session", "semaphore"): "a named lock has one holder; not built",
     ("MySQL/MariaDB transaction", "read-write"): "`LOCK IN SHARE MODE` readers would let a "
     "stream of readers starve a writer and show no owner, as on PostgreSQL",
     ("MySQL/MariaDB transaction", "semaphore"): _TX,

@@ -323,7 +323,7 @@ class SessionFactory:
         self.prepare = prepare
         #: Statements a mode adds to each session's setup (a round trip each when it
         #: opens): a callable giving them, as (statement, params), then.
-        self.setup: Callable[[], list[tuple[str, list[Any]]]] | None = None
+        self.setup: Callable[[], list[tuple[str, list[Any] | None]]] | None = None
         self._mutex = threading.Lock()
         # Weak: a finished thread's session is closed when collected.
         self._open: weakref.WeakSet[Session] = weakref.WeakSet()
