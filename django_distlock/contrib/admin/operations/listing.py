@@ -137,6 +137,16 @@ def read_page(
     """
     validate_page_args(prefix, limit, None)
     states = alias_states(aliases)
+    page = _read_page(aliases, states, prefix, limit, position)
+    if page.next_position is not None and _ends_here(list(aliases), states,
+                                                     page.next_position, prefix):
+        page.next_position = None  # no link to an empty page
+    return page
+
+
+def _read_page(aliases: Sequence[str], states: dict[str, AliasState], prefix: str, limit: int,
+               position: tuple[str, str | None] | None) -> Page:
+    """:func:`read_page`'s rows and where the next page starts."""
     page = Page(aliases=list(states.values()))
     order = list(aliases)
     start, cursor = 0, None
@@ -183,6 +193,25 @@ def read_page(
                 page.next_position = (order[index + 1], None)
             return page
     return page
+
+
+def _ends_here(order: list[str], states: dict[str, AliasState], position: tuple[str, str | None],
+               prefix: str) -> bool:
+    """Whether nothing is held from ``position`` on: a backend gives a cursor whenever it
+    filled the page it was asked for, so a full page may be the last. One read of one
+    row per alias looked at, until a row is found; an alias that fails counts as more."""
+    start, cursor = order.index(position[0]), position[1]
+    for alias in order[start:]:
+        state = states[alias]
+        if state.listing and not state.error:
+            try:
+                found = locks[alias].held_locks(prefix=prefix, limit=1, cursor=cursor)
+            except (DistLockError, UnsupportedOperation):
+                return False
+            if len(found) or found.next_cursor is not None:
+                return False
+        cursor = None
+    return True
 
 
 def find_lock(alias: str, name: str) -> LockInfo | None:
