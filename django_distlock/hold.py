@@ -254,6 +254,10 @@ class Hold:
                 return False  # holds nothing, or released meanwhile: not a loss
             if self._lost:
                 return True
+            # Renew no more before the loss shows: whoever sees the handle lost (the
+            # holder, a test) also sees it off the watchdog's schedule, not a moment
+            # later (the contract's check of it failed once on that window).
+            self.stop_renewal()
             self._lost = True
             let_go = self._release_unsure
         if let_go:  # a release that raised was sent in time: not a loss

@@ -551,6 +551,9 @@ def start_mariadb(dir_: Path, port: int) -> dict:
         f"--pid-file={run / 'mysqld.pid'}", f"--log-error={server_log}",
         "--skip-name-resolve", "--skip-log-bin", "--character-set-server=utf8mb4",
         "--max-connections=500", "--innodb-buffer-pool-size=128M",
+        # As docs/database.md advises for session mode: a vanished client's connection,
+        # and its named locks, end after about 8 s of silence.
+        "--tcp-keepalive-time=5", "--tcp-keepalive-interval=1", "--tcp-keepalive-probes=3",
     ]
     if not durable:  # tests: no flush per commit (a SIGKILL of the server keeps commits)
         argv += ["--innodb-flush-log-at-trx-commit=2", "--innodb-doublewrite=0"]

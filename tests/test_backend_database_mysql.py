@@ -463,6 +463,16 @@ def test_the_deploy_check_reads_the_servers_durability() -> None:
         assert _ids(locks["mysql-tx"].check(deploy=True)) == ["distlock.W055"]
 
 
+def test_session_modes_deploy_check_reads_the_servers_keepalives() -> None:
+    """Session mode: the suite's server sets the keepalives the docs advise (5 s idle):
+    nothing to say; at 0 (the OS' two hours) a vanished holder's lock outlives it that
+    long, which the check says."""
+    with _global("innodb_flush_log_at_trx_commit", 1):
+        assert _ids(locks["mysql-session"].check(deploy=True)) == []
+        with _global("tcp_keepalive_time", 0):
+            assert _ids(locks["mysql-session"].check(deploy=True)) == ["distlock.W062"]
+
+
 def test_the_deploy_check_reports_a_lock_table_without_row_locks() -> None:
     """Aria (MariaDB's MyISAM, whose keys stop short of the name's) has no row locks and
     no transactions: the check names the engine. (Aria indexes no virtual column: the
@@ -508,6 +518,30 @@ def test_a_short_wait_timeout_is_reported_for_lease_mode() -> None:
 _SERVED = {"version": "8.0.36", "innodb_rollback_on_timeout": "OFF",
            "innodb_flush_log_at_trx_commit": "1", "wait_timeout": "28800", "log_bin": "ON",
            "binlog_format": "ROW"}
+
+
+@pytest.mark.parametrize(("variables", "session"), [
+    ({}, []),
+    ({"sync_binlog": "1"}, ["distlock.W061"]),
+    ({"sync_binlog": "1", "log_bin": "OFF"}, []),
+    ({"binlog_format": "STATEMENT"}, ["distlock.W059"]),
+    ({"tcp_keepalive_time": "0"}, ["distlock.W062"]),
+    ({"tcp_keepalive_time": "7200"}, ["distlock.W062"]),
+    ({"tcp_keepalive_time": "5"}, []),
+    ({"wsrep_on": "ON"}, ["distlock.E053"]),
+    ({"group_replication_group_name": "aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee",
+      "group_replication_single_primary_mode": "OFF", "super_read_only": "OFF"},
+     ["distlock.E054"]),
+])
+def test_what_the_server_variables_tell_session_mode(variables: dict, session: list) -> None:
+    """Session mode's named locks are each server's (Galera refuses them; a multi-primary
+    group's members would each grant), each grant's row goes to the binary log (flushed
+    with sync_binlog=1), and a vanished holder keeps its lock as long as the server's
+    keepalives take."""
+    from django_distlock.backends.database.mysql_checks import checks_of
+
+    found = {**_SERVED, **variables}
+    assert _ids(checks_of(locks["mysql-session"], found, "InnoDB")) == session
 
 
 @pytest.mark.parametrize(("variables", "lease", "tx"), [

@@ -26,7 +26,7 @@ VARIABLES = """
 SHOW GLOBAL VARIABLES WHERE Variable_name IN ('version', 'innodb_rollback_on_timeout',
     'innodb_flush_log_at_trx_commit', 'wsrep_on', 'wait_timeout', 'log_bin', 'binlog_format',
     'group_replication_group_name', 'group_replication_single_primary_mode',
-    'super_read_only')"""
+    'super_read_only', 'sync_binlog', 'tcp_keepalive_time')"""
 #: The lock table's engine (no row before ``migrate``).
 ENGINE = f"""
 SELECT engine FROM information_schema.tables
@@ -34,6 +34,10 @@ WHERE table_schema = DATABASE() AND table_name = '{TABLE}'"""
 #: Below this many seconds of ``wait_timeout`` the server closes the backend's sessions
 #: between a lease's calls, and the bells of their grants with them.
 SHORTEST_WAIT_TIMEOUT = 600
+#: Past this many idle seconds before the server's first TCP keepalive probe (MariaDB's
+#: ``tcp_keepalive_time``; 0: the OS default, two hours), a session-mode holder whose
+#: machine vanished keeps its lock that long.
+LONGEST_KEEPALIVE_IDLE = 60
 #: The oldest servers served: SKIP LOCKED (listing, prune) and NOWAIT.
 OLDEST_MARIADB = (10, 6)
 OLDEST_MYSQL = (8, 0, 1)
@@ -100,11 +104,12 @@ def checks_of(backend: DatabaseBackend, found: dict[str, Any],
             f"DISTLOCK[{alias!r}]: the table {TABLE} is {engine}, which has no row locks "
             "and no transactions.",
             hint=f"ALTER TABLE {TABLE} ENGINE=InnoDB", obj=alias, id="distlock.E051"))
+    named_locks = backend.mode in ("lease", "session")  # GET_LOCK: each server's own
     if str(found.get("wsrep_on", "")).upper() == "ON":
-        if backend.mode == "lease":
+        if named_locks:
             messages.append(checks.Error(
                 f"DISTLOCK[{alias!r}]: the server is a Galera cluster node, which refuses "
-                "the named locks lease mode queues its waiters on.",
+                f"the named locks {backend.mode} mode takes (GET_LOCK).",
                 hint="Send lock traffic to one writer node, or use Redis or ZooKeeper.",
                 obj=alias, id="distlock.E053"))
         else:
@@ -133,7 +138,7 @@ def checks_of(backend: DatabaseBackend, found: dict[str, Any],
             "next call reconnects.",
             hint=f"Set wait_timeout to {SHORTEST_WAIT_TIMEOUT} or more (the default is "
             "28800).", obj=alias, id="distlock.W056"))
-    if (backend.mode == "lease" and _on(found.get("log_bin"))
+    if (named_locks and _on(found.get("log_bin"))
             and str(found.get("binlog_format", "")).upper() == "STATEMENT"):
         messages.append(checks.Warning(
             f"DISTLOCK[{alias!r}]: the binary log is on with binlog_format STATEMENT, for "
@@ -141,6 +146,33 @@ def checks_of(backend: DatabaseBackend, found: dict[str, Any],
             "a warning for every lease call.",
             hint="Use binlog_format ROW (MySQL 8's default) or MIXED.",
             obj=alias, id="distlock.W059"))
+    if backend.mode == "session":
+        messages.extend(_session_mode(backend, found))
+    return messages
+
+
+def _session_mode(backend: DatabaseBackend, found: dict[str, Any]) -> list[checks.CheckMessage]:
+    """Session mode: a grant's write to the binary log, and how long a vanished holder
+    keeps its lock (docs/database.md, "Session mode on MySQL and MariaDB")."""
+    alias = backend.alias
+    messages: list[checks.CheckMessage] = []
+    if _on(found.get("log_bin")) and str(found.get("sync_binlog", "0")) == "1":
+        messages.append(checks.Warning(
+            f"DISTLOCK[{alias!r}]: the binary log is on with sync_binlog=1: each session-mode "
+            "grant writes its holder's row, which the server logs and flushes to disk, so a "
+            "grant costs a disk flush.",
+            hint="Measure it (benchmarks/mysql.py), or point session mode at a server "
+            "without a binary log, or use lease mode.", obj=alias, id="distlock.W061"))
+    idle = found.get("tcp_keepalive_time")  # MariaDB's; MySQL 8 has none
+    if idle is not None and not 0 < int(idle) <= LONGEST_KEEPALIVE_IDLE:
+        shown = "0 (the OS default, about two hours)" if int(idle) == 0 else f"{idle} s"
+        messages.append(checks.Warning(
+            f"DISTLOCK[{alias!r}]: tcp_keepalive_time is {shown}: a session-mode holder "
+            "whose machine or network vanished keeps its lock until the server's keepalives "
+            "give up.",
+            hint="Set tcp_keepalive_time=5, tcp_keepalive_interval=1, tcp_keepalive_probes=3 "
+            "in the server's configuration (about 8 s, as PostgreSQL's sessions set theirs).",
+            obj=alias, id="distlock.W062"))
     return messages
 
 
@@ -159,11 +191,11 @@ def _group_replication(backend: DatabaseBackend,
             hint="Connect to the group's primary.", obj=alias, id="distlock.E054")]
     if _on(found.get("group_replication_single_primary_mode", "ON")):
         return []
-    if backend.mode == "lease":
+    if backend.mode in ("lease", "session"):
         return [checks.Error(
             f"DISTLOCK[{alias!r}]: the server is a member of a multi-primary replication "
-            "group: the named locks lease mode queues its waiters on are each member's "
-            "own, and two members could grant one name at once.",
+            f"group: the named locks {backend.mode} mode takes are each member's own, and "
+            "two members could grant one name at once.",
             hint="Use single-primary mode (the default), or Redis or ZooKeeper.",
             obj=alias, id="distlock.E054")]
     return [checks.Warning(
