@@ -289,25 +289,27 @@ PEER_TIMEOUT = 2 * TX_CLIENT_TIMEOUT
 
 @pytest.mark.parametrize(("alias", "grace", "connect"), [
     ("pg-tx", 0.0, TX_CLIENT_TIMEOUT), ("pg-session", WATCHDOG_GRACE, 0.0),
+    ("mysql-session", WATCHDOG_GRACE, 0.0),
 ])
-def test_postgres_holder_without_a_ttl_partitioned(
+def test_a_database_holder_without_a_ttl_partitioned(
     ns: Namespace, routes: Routes, tmp_path: Path, unique: Any, alias: str, grace: float,
     connect: float,
 ) -> None:
     """No TTL: the server frees the lock (transaction mode: the row lock; session mode:
-    the advisory lock) when it drops A's session (its TCP keepalives, here 4 s). A's
-    extend gives up first: transaction mode after its own libpq timeouts (2 s), session
-    mode at its deadline plus the library's watchdog grace (its check that the session
-    still holds); so A knows it lost the lock before B is granted, and A's stale token
-    is refused by the storage (the history checker)."""
+    PostgreSQL's advisory lock, MariaDB's named lock) when it drops A's session (its TCP
+    keepalives, here 4 s). A's extend gives up first: transaction mode after its own
+    libpq timeouts (2 s), session mode at its deadline plus the library's watchdog grace
+    (its check that the session still holds); so A knows it lost the lock before B is
+    granted, and A's stale token is refused by the storage (the history checker)."""
     require(alias)
     name, history = unique("partition"), tmp_path / "history.jsonl"
     rec = HistoryRecorder(history)
-    routes.peer_timeouts["pg"] = PEER_TIMEOUT
+    server = "mysql" if alias.startswith("mysql") else "pg"
+    routes.peer_timeouts[server] = PEER_TIMEOUT
     a, calls = Child(ns, routes.env(), history), Calls(grace, connect)
     try:
         assert "error" not in a("acquire", alias=alias, name=name, ttl=TTL)
-        ns.partition(routes.ports("pg"))
+        ns.partition(routes.ports(server))
         cut_at = time.monotonic()
         b = routes.b(alias, name, rec, timeout=2 * PEER_TIMEOUT + 5)
         extended = calls.check(a("extend"), None)
