@@ -5,15 +5,19 @@ found by the server (force release, by ending the holder's session, is the contr
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from django.db import connections
 
 from django_distlock import locks
+from django_distlock.backends.database import DatabaseBackend
 from django_distlock.backends.database.errors import mysql_errno, sqlstate
 from django_distlock.backends.database.session_mode import (
     holder_label,
@@ -25,6 +29,7 @@ from django_distlock.testing import LockContract
 
 from .conftest import LIBRARY_DB, eventually, in_thread, require_mysql, require_pg
 from .figures import record
+from .forwarder import Forwarder
 from .test_backend_database import PostgresContract
 from .test_hostile import _free_now
 
@@ -349,3 +354,41 @@ def test_a_killed_holder_frees_the_name_when_the_server_sees_its_connection_clos
     freed_after = granted["at"] - killed_at
     record("killed-holder", alias, freed_after_s=round(freed_after, 3))
     assert freed_after < 4.0, freed_after  # the close, not the keepalives (8 s)
+
+
+@contextlib.contextmanager
+def _through(database: str, port: int) -> Iterator[None]:
+    """The Django alias ``database`` connecting to ``port`` while the block runs (the
+    handler's settings too: the backend's own sessions are made from them)."""
+    connection = connections[database]
+    saved = connection.settings_dict
+    connection.close()
+    connection.settings_dict = connections.settings[database] = {**saved, "PORT": str(port)}
+    try:
+        yield
+    finally:
+        connection.close()
+        connection.settings_dict = connections.settings[database] = saved
+
+
+@pytest.mark.parametrize("alias", ALIASES)
+def test_the_deploy_check_tells_a_proxy_between_django_and_the_server(alias: str) -> None:
+    """A pooler in transaction mode hands a session, and its locks, to other clients: the
+    deploy check sees a proxy when the server accepted the session on another port than
+    the one configured. Direct: nothing; through a real TCP forwarder: W063."""
+    _require(alias)
+    assert "distlock.W063" not in [m.id for m in locks[alias].check(deploy=True)]
+    database = locks[alias].database
+    settings_dict = connections[database].settings_dict
+    forwarder = Forwarder((str(settings_dict["HOST"]), int(settings_dict["PORT"])))
+    params = {"BACKEND": _DB, "OPTIONS": {"DATABASE": database, "MODE": "session"}}
+    try:
+        with _through(database, forwarder.port):
+            backend = DatabaseBackend(f"{alias}-through", params)
+            try:
+                found = [m for m in backend.check(deploy=True) if m.id == "distlock.W063"]
+            finally:
+                backend.close()
+    finally:
+        forwarder.close()
+    assert len(found) == 1 and f"port {forwarder.port}" in found[0].msg, found

@@ -31,6 +31,10 @@ import time
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from django.conf import settings
+from django.core import checks
+from django.db import connections
+
 from ...exceptions import Deadlock, InvalidBackendOptions, LockLost
 from ...kinds import Kind
 from ...values import SHORT_OWNER, Grant, LockInfo, LockPage, Miss, WaiterInfo
@@ -189,6 +193,10 @@ class SessionModeBackend(OwnSessionBackend, mode="session"):
     vendors: ClassVar[dict[str, type[SessionModeBackend]]] = {}
     #: How the listing names a server session without a label ("pg <pid>").
     session_tag = "pg"
+    #: The port the server's session was accepted on (NULL over a Unix socket), and the
+    #: vendor's default port (the check of a proxy in between).
+    SERVER_PORT = "SELECT inet_server_port()"
+    DEFAULT_PORT = 5432
 
     supports_listing = True
     supports_counting = True
@@ -240,6 +248,41 @@ class SessionModeBackend(OwnSessionBackend, mode="session"):
         keepalives, then the record of its client."""
         return [(PG_KEEPALIVES, list(KEEPALIVES)),
                 (PG_REGISTER, [socket.gethostname(), os.getpid()])]
+
+    def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
+        messages = super().check(**kwargs)
+        if kwargs.get("deploy") and self.database in settings.DATABASES:
+            messages.extend(self._proxy_check())
+        return messages
+
+    def _proxy_check(self) -> list[checks.CheckMessage]:
+        """``check --deploy``: whether something between Django and the server forwards the
+        connections (the port the server accepted them on is not the one configured): a
+        pooler in transaction mode (PgBouncer's ``pool_mode = transaction``, ProxySQL's
+        multiplexing) hands a session, and its locks, to another client between
+        statements. One round trip; nothing to say over a Unix socket."""
+        configured = connections[self.database].settings_dict
+        host, port = str(configured.get("HOST") or ""), str(configured.get("PORT") or "")
+        if not host or host.startswith("/"):
+            return []  # a Unix socket: no TCP proxy in between
+        try:
+            (found,) = self.run(self.SERVER_PORT, [], "checking the server")[0]
+        except Exception as exc:  # reported, never raised: a check must not crash
+            return [checks.Warning(
+                f"DISTLOCK[{self.alias!r}]: could not ask the server which port it accepted "
+                f"the session on: {exc}", obj=self.alias, id="distlock.W054")]
+        expected = int(port) if port.isdigit() else self.DEFAULT_PORT
+        if found is None or int(found) == expected:
+            return []
+        return [checks.Warning(
+            f"DISTLOCK[{self.alias!r}]: session mode connects to port {expected}, and the "
+            f"server accepted the session on port {found}: something forwards the "
+            "connections. A pooler in transaction mode (PgBouncer's pool_mode = transaction, "
+            "ProxySQL's multiplexing) gives a session, and the locks it holds, to another "
+            "client between statements.",
+            hint=f"Point DATABASES[{self.database!r}] at the server, or at a pooler in "
+            "session mode (docs/database.md, session mode, \"Poolers\").",
+            obj=self.alias, id="distlock.W063")]
 
     def note_row(self, key: str) -> None:
         """Remember that ``key``'s row exists (at most ``KNOWN_ROWS`` keys: past that, the

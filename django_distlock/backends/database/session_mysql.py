@@ -78,6 +78,8 @@ class MySqlSessionBackend(SessionModeBackend, vendor="mysql"):
     release (``KILL CONNECTION``)."""
 
     session_tag = "mysql"
+    SERVER_PORT = "SELECT @@port"  # ProxySQL's multiplexing hands sessions round too
+    DEFAULT_PORT = 3306
 
     def __init__(self, alias: str, params: Mapping[str, Any]) -> None:
         super().__init__(alias, params)
