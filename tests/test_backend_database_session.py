@@ -24,7 +24,12 @@ from django_distlock.backends.database.session_mode import (
     read_label,
     server_key,
 )
-from django_distlock.exceptions import Deadlock, InvalidBackendOptions, SelfDeadlock
+from django_distlock.exceptions import (
+    Deadlock,
+    DistLockError,
+    InvalidBackendOptions,
+    SelfDeadlock,
+)
 from django_distlock.testing import LockContract
 
 from .conftest import LIBRARY_DB, eventually, in_thread, require_mysql, require_pg
@@ -392,3 +397,43 @@ def test_the_deploy_check_tells_a_proxy_between_django_and_the_server(alias: str
     finally:
         forwarder.close()
     assert len(found) == 1 and f"port {forwarder.port}" in found[0].msg, found
+
+
+def test_a_full_grants_table_refuses_the_grant_and_gives_its_lock_back(unique) -> None:
+    """MariaDB: the grants' table is a MEMORY table of a fixed size; a grant that finds it
+    full is refused with an error that says what to do, its named lock given back (the
+    name stays free), and the grants before it hold on. (The table is made small here
+    with MAX_ROWS, as a small max_heap_table_size would make it: the server rounds it up
+    to its blocks, about 14 rows.)"""
+    require_mysql()
+    backend = locks["mysql-session"]
+    table = "django_distlock_session_grant"
+    tag = unique("full")
+    held: list[Any] = []
+    with connections["mysql"].cursor() as cursor:
+        cursor.execute(f"ALTER TABLE {table} MAX_ROWS = 3")
+    try:
+        with connections["mysql"].cursor() as cursor:
+            cursor.execute(f"DELETE FROM {table}")  # other tests' rows that no longer count
+        refused = None
+        while refused is None and len(held) < 100:
+            handle = backend.lock(f"{tag}:{len(held):03}")
+            try:
+                assert handle.acquire(blocking=False)
+            except DistLockError as exc:
+                refused = (handle, exc)
+            else:
+                held.append(handle)
+        assert refused is not None, f"{len(held)} grants and none refused"
+        handle, error = refused
+        assert "is full: raise max_heap_table_size" in str(error)
+        assert mysql_errno(error.__cause__) == 1114
+        assert not backend.is_locked(handle.name)
+        assert all(backend.is_locked(other.name) for other in held)
+        assert len(backend.held_locks(prefix=tag, limit=200)) == len(held) >= 3
+    finally:
+        for handle in held:
+            if handle.held:
+                handle.release()
+        with connections["mysql"].cursor() as cursor:
+            cursor.execute(f"ALTER TABLE {table} MAX_ROWS = 0")
