@@ -461,3 +461,32 @@ def test_one_held_among_thousands_of_released_names_is_listed(boss: Client) -> N
         first = boss.get(reverse(LIST), {"q": "txold:", "alias": "pg-tx"}).content.decode()
         assert 'id="distlock-read-on"' in first and "No lock held" not in first
         assert len(reads) <= pages * listing.READS_PER_PAGE
+
+
+@pytest.mark.parametrize("held_count", [2, 3])
+def test_a_page_full_at_the_last_held_lock_links_to_no_empty_page(
+    unique: Any, held_count: int
+) -> None:
+    """A backend gives a cursor whenever it filled the page it was asked for, so a page
+    that ends exactly at the last held lock would link to an empty one; the listing looks
+    one row ahead first. 2 locks on pages of 2: one page, no next; 3: a next page with
+    the third."""
+    from django_distlock.contrib.admin.operations.listing import read_page
+
+    tag = unique("exact")
+    handles = [locks["locmem"].lock(f"{tag}:{i}") for i in range(held_count)]
+    for handle in handles:
+        assert handle.acquire()
+    try:
+        first = read_page(["locmem", "sqlite-tx"], tag, 2)
+        assert len(first.rows) == 2
+        if held_count == 2:
+            assert first.next_position is None
+        else:
+            assert first.next_position is not None
+            second = read_page(["locmem", "sqlite-tx"], tag, 2, first.next_position)
+            assert [row.info.name for row in second.rows] == [f"{tag}:2"]
+            assert second.next_position is None
+    finally:
+        for handle in handles:
+            handle.release()
