@@ -14,7 +14,6 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
-import logging
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar, cast
@@ -27,7 +26,6 @@ from .errors import ERRORS, connection_lost, did_not_answer
 from .sessions import WATCHDOG, AsyncSessions, Call, Session
 
 T = TypeVar("T")
-logger = logging.getLogger("django_distlock")
 
 
 class OwnSessionBackend(DatabaseBackend):
@@ -170,7 +168,7 @@ class OwnSessionAcquisition(Acquisition):
     def _settle(self, outcome: object) -> None:
         """After a cancelled task's call: release its grant, or give its session back."""
         if isinstance(outcome, Grant):
-            self._release_quietly()  # gives the session back
+            self._release_abandoned()  # gives the session back
         else:
             self._give_back()
 
@@ -192,13 +190,6 @@ class OwnSessionAcquisition(Acquisition):
         taken, self.taken = self.taken, None
         if taken is not None and self.loop is not None:
             self.backend.async_pool.give_back(taken, self.loop)
-
-    def _release_quietly(self) -> None:
-        try:
-            self.release((None, None, None))
-        except Exception:
-            logger.warning("Releasing %r after its task was cancelled failed", self.hold,
-                           exc_info=True)
 
     # -- calls -------------------------------------------------------------------
 

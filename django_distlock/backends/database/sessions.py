@@ -464,6 +464,12 @@ class SessionPool:
     def take(self, bound: float | None = None) -> Session:
         """An idle session (the last given back), or one opened by ``bound`` (see
         :meth:`SessionFactory.open`)."""
+        session = self.idle()
+        return self.factory.open(bound) if session is None else session
+
+    def idle(self) -> Session | None:
+        """The idle session given back last that is still usable, or None (the unusable
+        ones met on the way are closed)."""
         while self._idle:
             try:
                 session = self._idle.pop()  # atomic: no mutex on the hot path
@@ -472,7 +478,7 @@ class SessionPool:
             if session.usable:
                 return session
             session.close()  # cut, or inherited over a fork: closes only our own
-        return self.factory.open(bound)
+        return None
 
     def give_back(self, session: Session) -> None:
         """Keep ``session`` for the next acquisition (one that holds nothing), unless it is
@@ -498,7 +504,8 @@ class AsyncSessions:
     def __init__(self, factory: SessionFactory, size: int) -> None:
         self.factory = factory
         self.size = size
-        self._idle: list[Session] = []
+        #: The sessions given back, for the next task of any loop.
+        self._idle = SessionPool(factory, size)
         self._mutex = threading.Lock()
         self._slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
             weakref.WeakKeyDictionary()
@@ -519,11 +526,9 @@ class AsyncSessions:
         else:
             await slots.acquire()  # free: does not wait (wait_for(..., 0) would refuse)
         try:
-            with self._mutex:
-                while self._idle:
-                    session = self._idle.pop()
-                    if session.usable:
-                        return session
+            session = self._idle.idle()
+            if session is not None:
+                return session
             opening = asyncio.ensure_future(self.run(self.factory.open))
             try:
                 return await asyncio.shield(opening)
@@ -537,14 +542,11 @@ class AsyncSessions:
     def _keep(self, opening: asyncio.Future[Session]) -> None:
         """A session opened for a task cancelled meanwhile joins the idle ones."""
         if not opening.cancelled() and opening.exception() is None:
-            with self._mutex:
-                self._idle.append(opening.result())
+            self._idle.give_back(opening.result())
 
     def give_back(self, session: Session, loop: asyncio.AbstractEventLoop) -> None:
         """Return a session taken on ``loop`` (closed ones are dropped)."""
-        if session.usable:
-            with self._mutex:
-                self._idle.append(session)
+        self._idle.give_back(session)
         slots = self._slots.get(loop)
         if slots is not None and not loop.is_closed():
             loop.call_soon_threadsafe(slots.release)
@@ -565,7 +567,7 @@ class AsyncSessions:
             with self._mutex:
                 if self._executor is None or self._pid != os.getpid():
                     self._pid = os.getpid()
-                    self._idle = []
+                    self._idle = SessionPool(self.factory, self.size)  # the parent's
                     self._executor = ThreadPoolExecutor(
                         max_workers=self.size, thread_name_prefix="django-distlock-async"
                     )
@@ -573,10 +575,8 @@ class AsyncSessions:
 
     def close(self) -> None:
         with self._mutex:
-            idle, self._idle = self._idle, []
             executor, self._executor = self._executor, None
-        for session in idle:
-            session.close()
+        self._idle.close()
         if executor is not None and self._pid == os.getpid():
             executor.shutdown(wait=False, cancel_futures=True)
 
