@@ -564,7 +564,6 @@ CREATE PROCEDURE django_distlock_session_take(
 BEGIN
     DECLARE got INT;
     DECLARE e BIGINT;
-    DECLARE b BIGINT UNSIGNED;
     DECLARE EXIT HANDLER FOR 1114  -- the table is full
     BEGIN
         DO RELEASE_LOCK(p_lock);
@@ -581,16 +580,21 @@ BEGIN
         REPLACE INTO django_distlock_session_grant
             (session, lk, name, label, host, pid, since)
         VALUES (CONNECTION_ID(), p_lock, p_name, p_label, p_host, p_pid, UTC_TIMESTAMP(6));
-        SET e = (SELECT epoch FROM django_distlock_session_start WHERE id = 1);
-        IF e IS NULL THEN  -- the first grant of this server run: its epoch
-            INSERT INTO django_distlock_session_epoch () VALUES ();
-            SET e = LAST_INSERT_ID();
-            DELETE FROM django_distlock_session_epoch WHERE epoch = e;
-            INSERT IGNORE INTO django_distlock_session_start VALUES (1, e, UUID_SHORT());
+        IF @django_distlock_epoch IS NULL THEN
+            -- This session's first grant: the run's epoch and base, kept in the session
+            -- (a restart ends every session, so a session's copy is always its run's).
             SET e = (SELECT epoch FROM django_distlock_session_start WHERE id = 1);
+            IF e IS NULL THEN  -- the first grant of this server run: its epoch
+                INSERT INTO django_distlock_session_epoch () VALUES ();
+                SET e = LAST_INSERT_ID();
+                DELETE FROM django_distlock_session_epoch WHERE epoch = e;
+                INSERT IGNORE INTO django_distlock_session_start VALUES (1, e, UUID_SHORT());
+            END IF;
+            SELECT epoch, base INTO @django_distlock_epoch, @django_distlock_base
+            FROM django_distlock_session_start WHERE id = 1;
         END IF;
-        SET b = (SELECT base FROM django_distlock_session_start WHERE id = 1);
-        SELECT (e << 44) + (UUID_SHORT() - b), UTC_TIMESTAMP(6);
+        SELECT (@django_distlock_epoch << 44) + (UUID_SHORT() - @django_distlock_base),
+            UTC_TIMESTAMP(6);
     ELSE
         SELECT NULL, UTC_TIMESTAMP(6);
     END IF;
