@@ -23,7 +23,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, overload
 
 from django.db import Error, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -461,15 +461,15 @@ class SessionPool:
         self._idle: list[Session] = []
         self._mutex = threading.Lock()
 
-    def take(self, bound: float | None = None) -> Session:
-        """An idle session (the last given back), or one opened by ``bound`` (see
-        :meth:`SessionFactory.open`)."""
-        session = self.idle()
-        return self.factory.open(bound) if session is None else session
+    @overload
+    def take(self, bound: float | None = None) -> Session: ...
+    @overload
+    def take(self, bound: float | None, opening: Literal[False]) -> Session | None: ...
 
-    def idle(self) -> Session | None:
-        """The idle session given back last that is still usable, or None (the unusable
-        ones met on the way are closed)."""
+    def take(self, bound: float | None = None, opening: bool = True) -> Session | None:
+        """The idle session given back last that is still usable (the unusable ones met
+        on the way are closed), else one opened by ``bound`` (see
+        :meth:`SessionFactory.open`); with ``opening`` False, None instead."""
         while self._idle:
             try:
                 session = self._idle.pop()  # atomic: no mutex on the hot path
@@ -478,7 +478,7 @@ class SessionPool:
             if session.usable:
                 return session
             session.close()  # cut, or inherited over a fork: closes only our own
-        return None
+        return self.factory.open(bound) if opening else None
 
     def give_back(self, session: Session) -> None:
         """Keep ``session`` for the next acquisition (one that holds nothing), unless it is
@@ -526,7 +526,7 @@ class AsyncSessions:
         else:
             await slots.acquire()  # free: does not wait (wait_for(..., 0) would refuse)
         try:
-            session = self._idle.idle()
+            session = self._idle.take(None, opening=False)
             if session is not None:
                 return session
             opening = asyncio.ensure_future(self.run(self.factory.open))
