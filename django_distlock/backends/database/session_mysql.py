@@ -5,15 +5,14 @@ module keeps).
 
 A name's lock is ``dl:s:`` and 32 hex digits of the SHA-256 of the database's name and
 the name (named locks are server-wide and stop at 64 characters). The grant is one
-round trip, a procedure (sql/mysql.sql) that takes the lock, draws the fencing token
-(an epoch per server run from a durable counter, and ``UUID_SHORT()`` within the run;
-sql/mysql.sql says why not ``UUID_SHORT()`` alone) and records the holder
-in a ``MEMORY`` table, which no release writes to (a row counts while its session holds
-its lock). A wait is the same call with
-a time: the server queues its waiters, and refuses a wait that closes a cycle (MariaDB
-1213, MySQL 3058: ``Deadlock``). The waiters are read from the server's process list,
-where each waiting session shows its call. Force release ends the holder's session
-(``KILL CONNECTION``).
+round trip, a procedure (sql/mysql.sql) that takes the lock, draws the fencing token (an
+epoch per server run from a durable counter, and ``UUID_SHORT()`` within the run;
+sql/mysql.sql says why not ``UUID_SHORT()`` alone) and records the holder in a
+``MEMORY`` table, which no release writes to (a row counts while its session holds its
+lock). A wait is the same call with a time: the server queues its waiters, and refuses
+a wait that closes a cycle (MariaDB 1213, MySQL 3058: ``Deadlock``). The waiters are
+read from the server's process list, where each waiting session shows its call. Force
+release ends the holder's session (``KILL CONNECTION``).
 """
 
 from __future__ import annotations
