@@ -24,6 +24,7 @@ from django_distlock.backends.database.session_mode import (
     read_label,
     server_key,
 )
+from django_distlock.backends.database.session_mysql import lock_name
 from django_distlock.exceptions import (
     Deadlock,
     DistLockError,
@@ -99,6 +100,22 @@ def test_the_named_lock_is_the_servers_for_any_name(unique) -> None:
         " CONVERT(%s USING utf8mb4)), 256), 32))", [key], "reading keys")[0][0] for key in keys]
     assert found == [backend.lock_name(key) for key in keys]
     assert len(set(found)) == len(keys) and all(len(lock) == 37 for lock in found)
+
+
+def test_the_named_lock_follows_the_database_renamed_in_place() -> None:
+    """Django's test runner renames the database in the settings' dict in place: a backend
+    built before it must name its locks by the database its sessions use then, as a
+    process that starts later does (a name copied at construction excluded nobody)."""
+    require_mysql()
+    backend = locks["mysql-session"]
+    settings_dict = connections["mysql"].settings_dict
+    name = settings_dict["NAME"]
+    settings_dict["NAME"] = "renamed_in_place"
+    try:
+        renamed = backend.lock_name("s:key")
+    finally:
+        settings_dict["NAME"] = name
+    assert renamed == lock_name("renamed_in_place", "s:key") != backend.lock_name("s:key")
 
 
 @pytest.mark.parametrize("alias", ALIASES)

@@ -38,6 +38,8 @@ SHORTEST_WAIT_TIMEOUT = 600
 #: ``tcp_keepalive_time``; 0: the OS default, two hours), a session-mode holder whose
 #: machine vanished keeps its lock that long.
 LONGEST_KEEPALIVE_IDLE = 60
+#: The modes that take named locks (GET_LOCK), which are each server's own.
+NAMED_LOCK_MODES = ("lease", "session")
 #: The oldest servers served: SKIP LOCKED (listing, prune) and NOWAIT.
 OLDEST_MARIADB = (10, 6)
 OLDEST_MYSQL = (8, 0, 1)
@@ -104,7 +106,7 @@ def checks_of(backend: DatabaseBackend, found: dict[str, Any],
             f"DISTLOCK[{alias!r}]: the table {TABLE} is {engine}, which has no row locks "
             "and no transactions.",
             hint=f"ALTER TABLE {TABLE} ENGINE=InnoDB", obj=alias, id="distlock.E051"))
-    named_locks = backend.mode in ("lease", "session")  # GET_LOCK: each server's own
+    named_locks = backend.mode in NAMED_LOCK_MODES
     if str(found.get("wsrep_on", "")).upper() == "ON":
         if named_locks:
             messages.append(checks.Error(
@@ -191,7 +193,7 @@ def _group_replication(backend: DatabaseBackend,
             hint="Connect to the group's primary.", obj=alias, id="distlock.E054")]
     if _on(found.get("group_replication_single_primary_mode", "ON")):
         return []
-    if backend.mode in ("lease", "session"):
+    if backend.mode in NAMED_LOCK_MODES:
         return [checks.Error(
             f"DISTLOCK[{alias!r}]: the server is a member of a multi-primary replication "
             f"group: the named locks {backend.mode} mode takes are each member's own, and "

@@ -164,12 +164,14 @@ _WAITS = """
 SELECT SUBSTRING(p.INFO, 36, 37) AS lk, p.ID, p.TIME_MS, p.INFO
 FROM information_schema.PROCESSLIST p
 WHERE p.STATE = 'User lock' AND p.INFO LIKE 'CALL django\\_distlock\\_session\\_take(''dl:s:%%'"""
-#: A page of held names. Params: after, low, high, limit. Rows: name, label, since, host,
-#: pid, session, waiters.
+#: A page of held names, with the waiters of each counted from one read of the process
+#: list (not one per row). Params: after, low, high, limit. Rows: name, label, since,
+#: host, pid, session, waiters.
 SESSION_HELD = f"""
-SELECT g.name, g.label, g.since, g.host, g.pid, g.session,
-    (SELECT count(*) FROM ({_WAITS}) w WHERE w.lk = g.lk)
+SELECT g.name, g.label, g.since, g.host, g.pid, g.session, COALESCE(w.waiting, 0)
 FROM django_distlock_session_grant g
+LEFT JOIN (SELECT x.lk, count(*) AS waiting FROM ({_WAITS}) x GROUP BY x.lk) w
+    ON w.lk = g.lk
 WHERE g.name > %s AND g.name >= %s AND g.name < %s AND IS_USED_LOCK(g.lk) <=> g.session
 ORDER BY g.name LIMIT %s"""
 #: How many names are held in a range, up to a limit. Params: low, high, limit.

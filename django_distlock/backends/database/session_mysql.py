@@ -82,8 +82,11 @@ class MySqlSessionBackend(SessionModeBackend, vendor="mysql"):
 
     def __init__(self, alias: str, params: Mapping[str, Any]) -> None:
         super().__init__(alias, params)
-        #: What ``DATABASE()`` returns on the backend's sessions (no I/O).
-        self.database_name = str(connections[self.database].settings_dict["NAME"])
+        #: The database's settings, whose ``NAME`` is what ``DATABASE()`` returns on the
+        #: backend's sessions: read at each use, not copied (Django's test runner renames
+        #: the database in this very dict; a copy would name other locks than a process
+        #: that reads it later).
+        self._database_settings = connections[self.database].settings_dict
 
     def session_setup(self) -> list[tuple[str, list[Any] | None]]:
         """A new session: never idled out by the server; and the rows of grants whose
@@ -92,7 +95,7 @@ class MySqlSessionBackend(SessionModeBackend, vendor="mysql"):
 
     def lock_name(self, key: str) -> str:
         """The named lock of storage key ``key`` (:func:`lock_name`)."""
-        return lock_name(self.database_name, key)
+        return lock_name(str(self._database_settings["NAME"]), key)
 
     def is_locked(self, name: str) -> bool:
         lock = self.lock_name(self.make_key(name))
@@ -123,7 +126,7 @@ class MySqlSessionBackend(SessionModeBackend, vendor="mysql"):
             waiters.append(WaiterInfo(
                 position=position, owner=owner, since=as_datetime(since), host=host,
                 pid=int(pid[1]) if pid else None, thread=holder, kind=Kind.EXCLUSIVE.value,
-                session=f"mysql {session}",
+                session=f"{self.session_tag} {session}",
             ))
         return waiters
 
