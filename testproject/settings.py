@@ -136,6 +136,18 @@ if os.environ.get("DISTLOCK_REDIS_URL"):
         "KEY_PREFIX": "shop:",
         "TIMEOUT": 10,
     }
+# The product page's cache (shop/views.py, caching.cached): the Redis of
+# DISTLOCK_REDIS_URL in a database number of its own (12), shared by every web worker;
+# without it, each process' memory.
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": urlsplit(os.environ["DISTLOCK_REDIS_URL"])._replace(path="/12").geturl(),
+        "KEY_PREFIX": "shop",
+    }
+    if os.environ.get("DISTLOCK_REDIS_URL")
+    else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
+}
 # Celery (testproject/celery.py, ``manage.py flashsale --via celery``): the broker from
 # DISTLOCK_CELERY_BROKER_URL, else the Redis of DISTLOCK_REDIS_URL in a database number
 # of its own (11); none: Celery stays unconfigured (the app still imports).

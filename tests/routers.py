@@ -22,3 +22,30 @@ class DjangoAppsOnDefault:
         if app_label in DJANGO_APPS:
             return db == "default"
         return None
+
+
+#: ``CACHES`` aliases' database tables (tests/settings.py) and the database each lives on.
+CACHE_TABLES = {"distlock_fill_pg": "pg", "distlock_fill_mysql": "mysql"}
+
+
+class CacheTablesByName:
+    """Each ``DatabaseCache`` of the test settings on the database its table names
+    (``distlock_fill_pg`` on ``pg``...), the others on ``default``: Django routes every
+    cache table through one model label, ``django_cache``, so the table tells them apart."""
+
+    def _db(self, model: Any) -> str | None:
+        if model._meta.app_label != "django_cache":
+            return None
+        return CACHE_TABLES.get(model._meta.db_table, "default")
+
+    def db_for_read(self, model: Any, **hints: Any) -> str | None:
+        return self._db(model)
+
+    def db_for_write(self, model: Any, **hints: Any) -> str | None:
+        return self._db(model)
+
+    def allow_migrate(self, db: str, app_label: str, **hints: Any) -> bool | None:
+        model = hints.get("model")
+        if app_label != "django_cache" or model is None:
+            return None
+        return db == self._db(model)

@@ -33,7 +33,7 @@ INSTALLED_APPS = [
     "testproject.shop",
 ]
 
-DATABASE_ROUTERS = ["tests.routers.DjangoAppsOnDefault"]
+DATABASE_ROUTERS = ["tests.routers.DjangoAppsOnDefault", "tests.routers.CacheTablesByName"]
 
 _SQLITE_DIR = os.environ.get("DISTLOCK_SQLITE_DIR") or tempfile.mkdtemp(prefix="distlock-tests-")
 _SQLITE_OPTIONS = {
@@ -191,6 +191,18 @@ if REDIS_URL:
         "KEY_PREFIX": "dl-tests",
     }
     DISTLOCK["cache-redis"] = {"BACKEND": _CACHE_LOCKS, "OPTIONS": {"CACHE": "locks-redis"}}
+
+# Database caches for django_distlock.caching's tests: one table per database, each put
+# on its database by tests.routers.CacheTablesByName (created with the test databases).
+CACHES = globals().get("CACHES") or {
+    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
+}
+_DB_CACHE = "django.core.cache.backends.db.DatabaseCache"
+CACHES["fill-sqlite"] = {"BACKEND": _DB_CACHE, "LOCATION": "distlock_fill_sqlite"}
+if PG_AVAILABLE:
+    CACHES["fill-pg"] = {"BACKEND": _DB_CACHE, "LOCATION": "distlock_fill_pg"}
+if MYSQL_AVAILABLE:
+    CACHES["fill-mysql"] = {"BACKEND": _DB_CACHE, "LOCATION": "distlock_fill_mysql"}
 
 # ZooKeeper (started by scripts/test): the 3-node ensemble, and one alias with digest
 # auth whose nodes other ZooKeeper clients cannot delete.

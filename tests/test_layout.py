@@ -32,6 +32,7 @@ PUBLIC = (
     "django_distlock.backends.locmem",
     "django_distlock.backends.redis",
     "django_distlock.backends.zookeeper",
+    "django_distlock.caching",
     "django_distlock.exceptions",
     "django_distlock.health",
     "django_distlock.housekeeping",

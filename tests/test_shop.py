@@ -136,6 +136,23 @@ def test_the_buy_view_sells_answers_sold_out_and_busy() -> None:
     assert b"busy" in busy.content
 
 
+def test_the_product_page_is_served_from_the_cache_and_rebuilt_once() -> None:
+    from testproject.shop.views import product_card
+
+    product = Product.objects.create(name="page", price="9.50", stock=4)
+    product_card.invalidate(product.pk)  # a pk an earlier test's flushed product had
+    client = Client()
+    url = f"/shop/product/{product.pk}/"
+    first = client.get(url)
+    assert first.status_code == 200
+    assert first.json() == {"pk": product.pk, "name": "page", "price": "9.50", "stock": 4}
+    Product.objects.filter(pk=product.pk).update(stock=3)
+    assert client.get(url).json()["stock"] == 4  # the cached card, for up to 5 s
+    assert product_card.invalidate(product.pk) is True
+    assert client.get(url).json()["stock"] == 3
+    assert client.get("/shop/product/999999/").status_code == 404
+
+
 def test_the_task_waits_for_the_stock_lock() -> None:
     product = Product.objects.create(name="task", stock=1)
     holder = locks["default"].lock(services.stock_lock_name(product.pk), ttl=30)

@@ -5,4 +5,5 @@ from . import views
 app_name = "shop"
 urlpatterns = [
     path("buy/<int:product_id>/", views.buy, name="buy"),
+    path("product/<int:product_id>/", views.product, name="product"),
 ]

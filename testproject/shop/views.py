@@ -7,7 +7,7 @@ import socket
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_POST
 
-from django_distlock import distlock
+from django_distlock import caching, distlock
 from django_distlock.http import locked_response
 
 from . import services
@@ -32,3 +32,26 @@ def buy(request: HttpRequest, product_id: int) -> JsonResponse:
     return JsonResponse(
         {"bought": True, "order": order.pk, "stock": order.product.stock}, status=201
     )
+
+
+def product(request: HttpRequest, product_id: int) -> JsonResponse:
+    """The product page's data: 200 with name, price and stock, 404 when unknown.
+
+    Served from the cache: when it expires, one web worker reads the product again
+    while the others keep answering with the previous card (``stale``), so a sale's
+    crowd refreshing the page never sends every request to the database. The stock
+    shown may lag the sales by up to the card's 5 s (the sale itself reads the row).
+    """
+    card = product_card(product_id)
+    if card is None:
+        return JsonResponse({"error": f"No product {product_id}."}, status=404)
+    return JsonResponse(card)
+
+
+@caching.cached("shop:product:{product_id}", timeout=5, stale=30)
+def product_card(product_id: int) -> dict[str, object] | None:
+    """The product's card as the page shows it (None for an unknown product: cached too)."""
+    found = Product.objects.filter(pk=product_id).values("pk", "name", "price", "stock").first()
+    if found is None:
+        return None
+    return {**found, "price": str(found["price"])}
