@@ -141,14 +141,24 @@ def test_expiring_hot_key_one_builder_at_a_time(using: str, tmp_path, unique) ->
 # -- a builder that dies or pauses ------------------------------------------------
 
 
-def _slow_builder(using: str, cache: str, key: str, ready: Any, out: Any) -> None:
+def _slow_builder(using: str, cache: str, key: str, ready: Any, resume: Any, out: Any) -> None:
     def build() -> str:
         ready.set()
-        time.sleep(3)
+        resume.wait(60)  # until the test lets it finish (or kills it)
         return "paused builder's"
 
-    out.put(caching.get_or_set(key, build, 60, cache=cache, using=using, ttl=1, wait=30))
+    out.put(caching.get_or_set(key, build, 60, cache=cache, using=using, ttl=0.5, wait=30))
     done()
+
+
+def _start_builder(using: str, cache: str, key: str) -> tuple[Any, Any, Any]:
+    """A process building ``key`` until ``resume`` is set: (process, resume, out)."""
+    fork_ready()
+    ready, resume, out = FORK.Event(), FORK.Event(), FORK.Queue()
+    builder = FORK.Process(target=_slow_builder, args=(using, cache, key, ready, resume, out))
+    builder.start()
+    assert ready.wait(30)
+    return builder, resume, out
 
 
 @pytest.mark.parametrize("using", ["redis", "pg-session", "zk"])
@@ -156,11 +166,7 @@ def test_a_sigkilled_builder_lets_a_waiter_build(using: str, unique) -> None:
     require_redis()
     _require(using)
     key = unique("killed")
-    fork_ready()
-    ready, out = FORK.Event(), FORK.Queue()
-    builder = FORK.Process(target=_slow_builder, args=(using, "django-redis", key, ready, out))
-    builder.start()
-    assert ready.wait(30)
+    builder, _, _ = _start_builder(using, "django-redis", key)
     os.kill(builder.pid, signal.SIGKILL)
     killed = time.monotonic()
     builder.join(10)
@@ -181,19 +187,16 @@ def test_a_paused_builder_cannot_overwrite_a_later_builders_value(cache: str, un
     elif cache == "fill-pg":
         require_pg()
     key = unique("paused")
-    fork_ready()
-    ready, out = FORK.Event(), FORK.Queue()
-    builder = FORK.Process(target=_slow_builder, args=("redis", cache, key, ready, out))
-    builder.start()
+    builder, resume, out = _start_builder("redis", cache, key)
     try:
-        assert ready.wait(30)
         os.kill(builder.pid, signal.SIGSTOP)
-        time.sleep(1.5)  # past its 1 s lease: its watchdog is stopped too
+        time.sleep(0.8)  # past its 0.5 s lease: its watchdog is stopped too
         later = caching.get_or_set(key, lambda: "later builder's", 60, cache=cache,
                                    using="redis", wait=10, on_timeout="raise")
         assert later == "later builder's"
     finally:
         os.kill(builder.pid, signal.SIGCONT)
+        resume.set()
     assert out.get(timeout=30) == "paused builder's"  # it returns what it built...
     builder.join(10)
     stored = caches[cache].get(key)

@@ -294,7 +294,7 @@ def _options(
         raise TypeError(f"using must be the str alias of a DISTLOCK entry, not {using!r}.")
     _check(timeout, version, stale, beta, ttl, wait, on_timeout, on_unavailable)
     cache_object = caches[cache]
-    locks[using]  # an unknown alias raises InvalidLockAlias here, before any I/O
+    backend = locks[using]  # an unknown alias raises InvalidLockAlias here, before any I/O
     fresh = cast(
         float | None, cache_object.default_timeout if timeout is DEFAULT_TIMEOUT else timeout
     )
@@ -309,6 +309,7 @@ def _options(
         cache=cache_object, key=key, version=cast(int | None, version),
         timeout=None if fresh is None else float(fresh),
         stale=float(cast(float, stale)), beta=float(cast(float, beta)), using=using,
-        lock_name=f"cache:{cache}:{keyed}:{_escape(key)}", ttl=ttl, wait=wait,
+        lock_name=f"cache:{cache}:{keyed}:{_escape(key)}", ttl=ttl,
+        wait=backend.default_timeout if isinstance(wait, _Default) else cast(float | None, wait),
         on_timeout=cast(Policy, on_timeout), on_unavailable=cast(Policy, on_unavailable),
     )

@@ -68,7 +68,8 @@ class Fill:
     using: str
     lock_name: str
     ttl: Any
-    wait: Any
+    #: Seconds a caller with nothing to serve waits for the lock (None: for ever).
+    wait: float | None
     on_timeout: Policy
     on_unavailable: Policy
 
@@ -90,7 +91,7 @@ class Fill:
         if self.timeout is None:
             return None
         kept = self.timeout + self.stale
-        if self.on_timeout == "stale" and isinstance(self.wait, int | float):
+        if self.on_timeout == "stale" and self.wait is not None:
             kept += self.wait
         return kept
 
