@@ -15,13 +15,16 @@ that never expires: the floor every ratio divides by.
 
 Cases: ``plain``; Django's ``cache.get_or_set()`` (no lock); dogpile.cache's region
 on Redis with ``distributed_lock`` (an expired value is served while one process
-regenerates; if dogpile.cache is installed); and ``django_distlock.caching``'s
-``get_or_set`` on the ``redis`` alias, without and with ``stale`` and early refresh.
+regenerates); django-cacheops' ``cached_as(lock=True)`` (its own settings module: a
+lock key in the cache, waiters woken through a signal list); each peer if installed;
+and ``django_distlock.caching``'s ``get_or_set`` on the ``redis`` alias, without and
+with ``stale`` and early refresh.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.util
 import multiprocessing
 import os
 import threading
@@ -62,6 +65,13 @@ def _reader(case: str, key: str) -> Callable[[Callable[[], Any]], Any]:
         return lambda build: cache.get(key)
     if case == "django":
         return lambda build: cache.get_or_set(key, build, FRESH)
+    if case == "cacheops":
+        from cacheops import cached_as
+
+        from .shopbench.models import PlainProduct
+
+        cached = cached_as(PlainProduct, timeout=int(FRESH), lock=True)(_cacheops_call)
+        return lambda build: cached(key, build)
     if case == "dogpile":
         from dogpile.cache import make_region
 
@@ -78,6 +88,12 @@ def _reader(case: str, key: str) -> Callable[[Callable[[], Any]], Any]:
     beta = 1.0 if "xfetch" in case else 0.0
     return lambda build: caching.get_or_set(key, build, FRESH, cache="redis", using="redis",
                                             stale=stale, beta=beta, wait=30)
+
+
+def _cacheops_call(key: str, build: Callable[[], Any]) -> Any:
+    """What ``cached_as`` wraps: its cache key is this function's and ``key``'s (the
+    builder, a closure of each process, is left out of it)."""
+    return build()
 
 
 def _process(case: str, key: str, window: float, barrier: Any, results: Any) -> None:
@@ -126,8 +142,14 @@ def _round(case: Case, window: float) -> list[tuple[Any, ...]]:
     barrier, results = ctx.Barrier(PROCESSES), ctx.Queue()
     procs = [ctx.Process(target=_process, args=(kind, key, window, barrier, results),
                          daemon=True) for _ in range(PROCESSES)]
-    for proc in procs:
-        proc.start()
+    settings_module = os.environ.get("DJANGO_SETTINGS_MODULE", "benchmarks.settings")
+    if kind == "cacheops":  # spawned children read the settings module from os.environ
+        os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.stampede_settings"
+    try:
+        for proc in procs:
+            proc.start()
+    finally:
+        os.environ["DJANGO_SETTINGS_MODULE"] = settings_module
     try:
         fired = [results.get(timeout=STARTUP_TIMEOUT + window) for _ in procs]
     except threading.BrokenBarrierError as exc:
@@ -246,16 +268,18 @@ _CASES = [
     ("stampede.plain", "plain", "`cache.get()` of a key that never expires (the floor)"),
     ("stampede.django", "django", "Django's `cache.get_or_set()` (no lock)"),
     ("stampede.dogpile", "dogpile", "dogpile.cache region, Redis `distributed_lock`"),
+    ("stampede.cacheops", "cacheops", "django-cacheops `cached_as(lock=True)`"),
     ("stampede.distlock", "distlock", "`caching.get_or_set` (no stale, no early refresh)"),
     ("stampede.distlock-stale", "distlock-stale", f"`caching.get_or_set`, stale={FRESH:g}"),
     ("stampede.distlock-xfetch", "distlock-xfetch", "`caching.get_or_set`, early refresh"),
     ("stampede.distlock-stale-xfetch", "distlock-stale-xfetch",
      f"`caching.get_or_set`, stale={FRESH:g} and early refresh"),
 ]
-try:
-    import dogpile.cache  # noqa: F401
-except ImportError:
-    _CASES = [case for case in _CASES if case[1] != "dogpile"]
+for _module, _kind_name in (("dogpile.cache", "dogpile"), ("cacheops", "cacheops")):
+    # A peer not installed: its row is left out (found, not imported: cacheops reads
+    # Django's settings at import).
+    if importlib.util.find_spec(_module.split(".")[0]) is None:
+        _CASES = [case for case in _CASES if case[1] != _kind_name]
 for _name, _kind_name, _what in _CASES:
     add_case(NAME, _name, functools.partial(_kind, _kind_name), _what, group="redis",
              reference="stampede.plain" if _kind_name == "plain" else None)

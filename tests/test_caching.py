@@ -1,6 +1,7 @@
 """``django_distlock.caching``: the fill's rules in one process (the process-local lock,
-or a holder in another process), and the fenced write on every cache kind's real
-server. The stampedes of OS processes on every lock backend: test_caching_processes.py."""
+or a holder in another process). The fenced write on every cache kind's real server:
+test_caching_stores.py (it reads Django's cache internals: every Django env runs it);
+the stampedes of OS processes on every lock backend: test_caching_processes.py."""
 
 from __future__ import annotations
 
@@ -19,9 +20,9 @@ from django_distlock.caching import entry, stores
 from django_distlock.exceptions import BackendUnavailable, InvalidLockAlias, LockTimeout
 from django_distlock.testing import backend_unavailable, hold_elsewhere
 
-from .conftest import LIBRARY_DB, require_memcached, require_mysql, require_pg, require_redis
+from .conftest import LIBRARY_DB, require_redis
 
-pytestmark = [pytest.mark.django_versions, LIBRARY_DB]
+pytestmark = LIBRARY_DB
 
 LOCK = "locmem"
 
@@ -375,68 +376,6 @@ def test_cached_refuses_a_template_naming_no_argument() -> None:
 def test_a_cache_whose_default_timeout_stores_nothing_is_refused(unique) -> None:
     with pytest.raises(ValueError, match="TIMEOUT"):
         caching.get_or_set(unique("k"), 1, using=LOCK)
-
-
-# -- fenced writes on every cache kind --------------------------------------------
-
-
-def _cache(alias: str) -> str:
-    if alias in ("django-redis", "django-builtin"):
-        require_redis()
-    elif alias == "locks-memcached":
-        require_memcached()
-    elif alias == "fill-pg":
-        require_pg()
-    elif alias == "fill-mysql":
-        require_mysql()
-    return alias
-
-
-CACHE_KINDS = ["default", "django-redis", "django-builtin", "locks-memcached", "fill-sqlite",
-               "fill-pg", "fill-mysql"]
-
-
-@pytest.mark.parametrize("alias", CACHE_KINDS)
-def test_a_write_under_an_earlier_grant_is_dropped(alias: str, unique) -> None:
-    cache = caches[_cache(alias)]
-    assert stores.atomic(cache)
-    key = unique("fenced")
-    later = entry.pack("later", time.time() + 60, 0.1, "redis", 7)
-    earlier = entry.pack("earlier", time.time() + 60, 0.1, "redis", 5)
-    assert stores.write(cache, key, None, later, 60) is True
-    assert stores.write(cache, key, None, earlier, 60) is False
-    assert cache.get(key)[1] == "later"
-    # The same grant, a later one, or another alias' tokens: written.
-    assert stores.write(cache, key, None, entry.pack("same", None, 0, "redis", 7), 60)
-    assert stores.write(cache, key, None, entry.pack("next", None, 0, "redis", 9), 60)
-    assert stores.write(cache, key, None, entry.pack("zk's", None, 0, "zk", 1), 60)
-    assert cache.get(key)[1] == "zk's"
-    # A missing key: the first writer adds it.
-    other = unique("fresh")
-    assert stores.write(cache, other, None, earlier, 60) is True
-    assert cache.get(other)[1] == "earlier"
-
-
-def test_fenced_writes_keep_the_caches_expiry(unique) -> None:
-    key = unique("expiring")
-    kinds = [caches[_cache(alias)] for alias in CACHE_KINDS]
-    for cache in kinds:
-        assert stores.write(cache, key, None, entry.pack("v", None, 0, "redis", 1), 1)
-        assert cache.get(key)[1] == "v"
-    time.sleep(2.1)  # once for all: memcached and the database cache count whole seconds
-    assert [cache.get(key) for cache in kinds] == [None] * len(kinds)
-
-
-def test_a_cache_without_compare_falls_back_and_says_so(tmp_path, unique) -> None:
-    with override_settings(CACHES={"files": {
-        "BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
-        "LOCATION": str(tmp_path),
-    }}):
-        cache = caches["files"]
-        assert not stores.atomic(cache)
-        key = unique("file")
-        assert stores.write(cache, key, None, entry.pack("later", None, 0, "x", 7), 60)
-        assert not stores.write(cache, key, None, entry.pack("earlier", None, 0, "x", 5), 60)
 
 
 def test_the_fill_through_a_real_redis_cache_and_lock(unique) -> None:
