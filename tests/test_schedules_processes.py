@@ -38,7 +38,7 @@ from .conftest import require_pg, require_redis
 from .test_flashsale import ROOT, _create_database, _env
 
 NODES = 4
-SLOTS = 4
+SLOTS = 3
 #: The schedule's period (s), the late node's clock skew (s), the lock's min_hold (s):
 #: SKEW < MIN_HOLD < EVERY, with margins for the processes' scheduling on a busy machine.
 EVERY = 3.0
