@@ -84,6 +84,16 @@ SCENARIOS: dict[str, str] = {
     "traffic: histories checked, every call within its bound.",
     "sentinel-failover-lagging-replica": "a Sentinel failover where only one replica got "
     "the grants (`WAIT_REPLICAS` = 1): Sentinel promotes that replica, every grant kept.",
+    "cache-stampede": "16 processes call `caching.get_or_set` on one missing key at once "
+    "(tests/test_caching_processes.py): builds counted by the history checker (must be 1; "
+    "Django's own `get_or_set`, the control, builds in many).",
+    "cache-hot-key": "6 processes read a key fresh for 0.2 s (stale 0.1 s, early refresh) "
+    "for 1 s: rebuilds counted, never two at once.",
+    "cache-builder-killed": "a process SIGKILLed while it builds a cache value: seconds "
+    "until a waiter has built it instead.",
+    "renewal-long-hold": "a worker process keeps a 1 s lease for a long hold with "
+    "`auto_renew` while another tries to take it every half second: renewed all along, "
+    "never granted to the other.",
     "o1-million": "the Redis scripts' server time per call with 1,000,000 other keys and "
     "~10,000 held locks, against an almost empty server (tests/test_redis_o1.py).",
 }

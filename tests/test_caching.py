@@ -113,8 +113,37 @@ def test_stale_is_served_at_once_while_another_rebuilds(unique) -> None:
     finally:
         let_go.set()
         thread.join()
+    time.sleep(0.05)  # past this process' note that it is being rebuilt (10 ms here)
     # The lock free, the first caller after the expiry rebuilds and gets the new value.
     assert caching.get_or_set(key, Builder("new"), 60, using=LOCK, stale=30) == "new"
+
+
+def test_a_caller_that_found_the_rebuild_busy_does_not_ask_again_at_once(unique) -> None:
+    from django_distlock.signals import lock_not_acquired
+
+    key = unique("k")
+    caching.get_or_set(key, Builder("old", sleep=0.3), 0.05, using=LOCK, stale=30, beta=0)
+    time.sleep(0.1)
+    misses = []
+
+    def missed(**kwargs: object) -> None:
+        misses.append(kwargs["name"])
+
+    lock_not_acquired.connect(missed)
+    let_go, thread = held_in_thread(lock_name(key))
+    try:
+        for _ in range(5):  # within the last build's 0.3 s: one try of the lock, no more
+            assert caching.get_or_set(key, Builder("new"), 0.05, using=LOCK, stale=30,
+                                      beta=0) == "old"
+        assert misses == [lock_name(key)]
+        time.sleep(0.35)
+        assert caching.get_or_set(key, Builder("new"), 0.05, using=LOCK, stale=30,
+                                  beta=0) == "old"
+        assert misses == [lock_name(key)] * 2  # the note ran out: it tried again
+    finally:
+        lock_not_acquired.disconnect(missed)
+        let_go.set()
+        thread.join()
 
 
 def test_past_the_stale_window_callers_wait_and_build(unique) -> None:

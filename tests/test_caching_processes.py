@@ -123,12 +123,12 @@ def _looping_worker(using: str, key: str, path: str, until: float, start: Any,
 @pytest.mark.parametrize("using", ["redis", "pg-session", "zk"])
 def test_expiring_hot_key_one_builder_at_a_time(using: str, tmp_path, unique) -> None:
     """6 processes read an expiring key (0.2 s fresh, 0.1 s stale, early refresh) for
-    2 s: rebuilds happen, never two at once (how many: recorded, about one per expiry;
+    1 s: rebuilds happen, never two at once (how many: recorded, about one per expiry;
     XFetch may pick any moment, so no upper bound is a law)."""
     require_redis()
     _require(using)
     path = str(tmp_path / "builds.jsonl")
-    until = time.monotonic() + 2.0
+    until = time.monotonic() + 1.0
     calls, exitcodes = run_forked(_looping_worker,
                                   (using, unique("hot"), path, until), 6)
     assert exitcodes == [0] * 6
@@ -161,7 +161,7 @@ def _start_builder(using: str, cache: str, key: str) -> tuple[Any, Any, Any]:
     return builder, resume, out
 
 
-@pytest.mark.parametrize("using", ["redis", "pg-session", "zk"])
+@pytest.mark.parametrize("using", ["redis", "pg-session"])  # a lease; a session's lock
 def test_a_sigkilled_builder_lets_a_waiter_build(using: str, unique) -> None:
     require_redis()
     _require(using)

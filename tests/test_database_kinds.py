@@ -113,21 +113,28 @@ def _killed_holder(alias: str, name: str, kind: str, ttl: float) -> None:
     proc.join(10)
 
 
-@pytest.mark.parametrize("kind", ["read", "write", "semaphore"])
-def test_a_sigkilled_holder_frees_its_share_at_its_ttl(alias: str, kind: str, unique) -> None:
+def test_a_sigkilled_holder_frees_its_share_at_its_ttl(alias: str, unique) -> None:
+    """A reader, a writer and a permit holder SIGKILLed (each on a name of its own, their
+    TTLs running together): each share stays counted until its TTL, then frees."""
     backend = locks[alias]
-    name = unique(f"crash-{kind}")
     started = time.monotonic()
-    _killed_holder(alias, name, kind, ttl=3.0)
-    other = {"read": lambda: backend.write_lock(name), "write": lambda: backend.read_lock(name),
-             "semaphore": lambda: backend.semaphore(name, 1)}[kind]
-    assert not _take(other)  # the dead holder's share is still counted
-    if needs_pg(alias) and kind != "write":  # its session's hold of the bell went with it
-        assert eventually(lambda: advisory_locks(backend, backend.make_key(name), -4) == 0)
-    handle = other()
-    assert handle.acquire(timeout=10)
-    assert time.monotonic() - started >= 2.9  # freed by its TTL, on the server's clock
-    handle.release()
+    others = {}
+    for kind in ("read", "write", "semaphore"):
+        name = unique(f"crash-{kind}")
+        _killed_holder(alias, name, kind, ttl=3.0)
+        others[kind] = (name, {"read": lambda n=name: backend.write_lock(n),
+                               "write": lambda n=name: backend.read_lock(n),
+                               "semaphore": lambda n=name: backend.semaphore(n, 1)}[kind])
+    for kind, (name, other) in others.items():
+        assert not _take(other), kind  # the dead holder's share is still counted
+        if needs_pg(alias) and kind != "write":  # its session's hold of the bell went with it
+            assert eventually(lambda n=name: advisory_locks(backend, backend.make_key(n), -4)
+                              == 0), kind
+    for kind, (_, other) in others.items():
+        handle = other()
+        assert handle.acquire(timeout=10), kind
+        assert time.monotonic() - started >= 2.9, kind  # freed by its TTL, on the server's clock
+        handle.release()
 
 
 def test_each_readers_lease_ends_on_its_own(alias: str, unique) -> None:
@@ -350,13 +357,11 @@ def test_async_acquires_of_each_kind(alias: str, unique) -> None:
 def test_auto_renew_keeps_a_share_past_its_ttl(alias: str, unique) -> None:
     backend = locks[alias]
     name = unique("renew")
-    with backend.read_lock(name, ttl=2, auto_renew=True) as reader:
-        time.sleep(3.0)  # renewed every third of its ttl
-        assert not reader.lost
+    with backend.read_lock(name, ttl=2, auto_renew=True) as reader, \
+            backend.semaphore(name + "/s", 1, ttl=2, auto_renew=True) as permit:
+        time.sleep(3.0)  # both renewed every third of their ttl
+        assert not reader.lost and not permit.lost
         assert not _take(lambda: backend.write_lock(name))
-    with backend.semaphore(name + "/s", 1, ttl=2, auto_renew=True) as permit:
-        time.sleep(3.0)
-        assert not permit.lost
         assert not _take(lambda: backend.semaphore(name + "/s", 1))
     assert _take(lambda: backend.write_lock(name))
 

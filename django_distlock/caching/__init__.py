@@ -29,12 +29,12 @@ from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 from django.core.cache import caches
-from django.core.cache.backends.base import DEFAULT_TIMEOUT
+from django.core.cache.backends.base import DEFAULT_TIMEOUT, BaseCache
 
 from ..decorators import _escape, _key_function
 from ..handler import DEFAULT_LOCK_ALIAS, locks
 from ..values import DEFAULT, _Default, validate_timeout, validate_ttl
-from .fill import Fill, Policy, arun, fill, invalidation, run
+from .fill import MISSING, Fill, Policy, arun, fill, hit, invalidation, run
 
 __all__ = ["aget_or_set", "ainvalidate", "cached", "get_or_set", "invalidate"]
 
@@ -93,9 +93,15 @@ def get_or_set(
     :raises: what ``default`` raises (nothing is stored; the lock is released and the
         next waiter builds in turn).
     """
-    options = _options(key, timeout, version, cache, using, stale, beta, ttl, wait,
-                       on_timeout, on_unavailable)
-    return run(fill(options), options, default)
+    cache_object, fresh = _prepare(key, timeout, version, cache, using, stale, beta, ttl,
+                                   wait, on_timeout, on_unavailable)
+    stored = cache_object.get(key, MISSING, version=version)
+    value = hit(stored, beta)
+    if value is not MISSING:  # the common case: one read, no lock, no more Python
+        return value
+    options = _fill(cache_object, fresh, key, version, cache, using, stale, beta, ttl, wait,
+                    on_timeout, on_unavailable)
+    return run(fill(options, stored), options, default)
 
 
 async def aget_or_set(
@@ -118,9 +124,15 @@ async def aget_or_set(
 
     Example: ``await caching.aget_or_set("front", build_front, 60, stale=10)``.
     """
-    options = _options(key, timeout, version, cache, using, stale, beta, ttl, wait,
-                       on_timeout, on_unavailable)
-    return await arun(fill(options), options, default)
+    cache_object, fresh = _prepare(key, timeout, version, cache, using, stale, beta, ttl,
+                                   wait, on_timeout, on_unavailable)
+    stored = await cache_object.aget(key, MISSING, version=version)
+    value = hit(stored, beta)
+    if value is not MISSING:
+        return value
+    options = _fill(cache_object, fresh, key, version, cache, using, stale, beta, ttl, wait,
+                    on_timeout, on_unavailable)
+    return await arun(fill(options, stored), options, default)
 
 
 def invalidate(
@@ -142,8 +154,7 @@ def invalidate(
         lock server down) and the key was only deleted.
     :raises TypeError, ValueError: for a bad argument.
     """
-    options = _options(key, DEFAULT_TIMEOUT, version, cache, using, 0.0, 0.0, ttl, wait,
-                       "raise", "raise")
+    options = _options(key, DEFAULT_TIMEOUT, version, cache, using, ttl, wait)
     return cast(bool, run(invalidation(options), options, None))
 
 
@@ -157,8 +168,7 @@ async def ainvalidate(
     wait: float | _Default | None = DEFAULT,
 ) -> bool:
     """Async :func:`invalidate`."""
-    options = _options(key, DEFAULT_TIMEOUT, version, cache, using, 0.0, 0.0, ttl, wait,
-                       "raise", "raise")
+    options = _options(key, DEFAULT_TIMEOUT, version, cache, using, ttl, wait)
     return cast(bool, await arun(invalidation(options), options, None))
 
 
@@ -280,12 +290,13 @@ def _policy(option: str, policy: object, names: tuple[str, ...]) -> None:
     raise error(f"{option} must be {choices} or a callable, not {policy!r}.")
 
 
-def _options(
+def _prepare(
     key: object, timeout: object, version: object, cache: object, using: object,
     stale: object, beta: object, ttl: object, wait: object, on_timeout: object,
     on_unavailable: object,
-) -> Fill:
-    """Check a call's arguments and resolve its aliases (no I/O)."""
+) -> tuple[BaseCache, float | None]:
+    """Check a call's arguments and its aliases (no I/O); return the cache object and
+    the value's freshness in seconds (None: for ever)."""
     if not isinstance(key, str) or not key:
         raise TypeError(f"key must be a non-empty str, not {key!r}.")
     if not isinstance(cache, str):
@@ -294,7 +305,7 @@ def _options(
         raise TypeError(f"using must be the str alias of a DISTLOCK entry, not {using!r}.")
     _check(timeout, version, stale, beta, ttl, wait, on_timeout, on_unavailable)
     cache_object = caches[cache]
-    backend = locks[using]  # an unknown alias raises InvalidLockAlias here, before any I/O
+    locks[using]  # an unknown alias raises InvalidLockAlias here, before any I/O
     fresh = cast(
         float | None, cache_object.default_timeout if timeout is DEFAULT_TIMEOUT else timeout
     )
@@ -304,12 +315,33 @@ def _options(
         )
     if stale and fresh is None:
         raise ValueError("stale needs a timeout: a value cached for ever never goes stale.")
+    return cache_object, fresh
+
+
+def _fill(
+    cache_object: BaseCache, fresh: float | None, key: str, version: int | None, cache: str,
+    using: str, stale: float, beta: float, ttl: object, wait: object, on_timeout: object,
+    on_unavailable: object,
+) -> Fill:
+    """The options of a fill that goes past the first read (arguments checked)."""
     keyed = cache_object.version if version is None else version
     return Fill(
-        cache=cache_object, key=key, version=cast(int | None, version),
-        timeout=None if fresh is None else float(fresh),
-        stale=float(cast(float, stale)), beta=float(cast(float, beta)), using=using,
-        lock_name=f"cache:{cache}:{keyed}:{_escape(key)}", ttl=ttl,
-        wait=backend.default_timeout if isinstance(wait, _Default) else cast(float | None, wait),
+        cache=cache_object, key=key, version=version,
+        timeout=None if fresh is None else float(fresh), stale=float(stale),
+        beta=float(beta), using=using, lock_name=f"cache:{cache}:{keyed}:{_escape(key)}",
+        ttl=ttl,
+        wait=locks[using].default_timeout if isinstance(wait, _Default)
+        else cast(float | None, wait),
         on_timeout=cast(Policy, on_timeout), on_unavailable=cast(Policy, on_unavailable),
     )
+
+
+def _options(
+    key: str, timeout: object, version: int | None, cache: str, using: str, ttl: object,
+    wait: object,
+) -> Fill:
+    """An invalidation's options, checked (no I/O)."""
+    cache_object, fresh = _prepare(key, timeout, version, cache, using, 0.0, 0.0, ttl, wait,
+                                   "raise", "raise")
+    return _fill(cache_object, fresh, key, version, cache, using, 0.0, 0.0, ttl, wait,
+                 "raise", "raise")
