@@ -162,13 +162,7 @@ def _refresh(options: Fill, seen: float | None, value: Any, delta: float) -> Cor
         _note_busy(busy_key, delta)
         return value  # another caller is rebuilding it
     _busy.pop(busy_key, None)
-    try:
-        stored = yield (GET,)
-        if _rebuilt(stored, seen):
-            return stored[1] if is_entry(stored) else stored
-        return (yield from _build(options, handle))
-    finally:
-        yield from _unlock(handle)
+    return (yield from _holding(options, handle, seen))
 
 
 #: ``(alias, lock name) -> monotonic time``: keys this process found being rebuilt
@@ -204,6 +198,12 @@ def _miss(options: Fill, seen: float | None, old: Any) -> Core:
             name=options.lock_name, alias=options.using,
         )
         return (yield from _policy(options, options.on_timeout, timed_out, old))
+    return (yield from _holding(options, handle, seen))
+
+
+def _holding(options: Fill, handle: Lock[Any], seen: float | None) -> Core:
+    """With the lock had: read again, and return what a builder stored since the first
+    read (``seen``: the freshness end read then), or build; then release."""
     try:
         stored = yield (GET,)
         if _rebuilt(stored, seen):
