@@ -1,9 +1,10 @@
 """The single-flight fill of one cache key, written once for sync and async callers.
 
-:func:`fill` is a generator that yields the I/O it needs next (read the key, take
-or give back the lock, run the builder, write the entry, call a policy) and
-receives its result, as the lock handle's core does (``steps.py``): :func:`run`
-makes the calls blocking, :func:`arun` awaits their async forms.
+The caller reads the key first and :func:`hit` answers the common case (a fresh value:
+one read, no lock). Past it, :func:`fill` is a generator that yields the I/O it needs
+next (take or give back the lock, read again, run the builder, write the entry, call a
+policy) and receives its result, as the lock handle's core does (``steps.py``):
+:func:`run` makes the calls blocking, :func:`arun` awaits their async forms.
 
 What a caller does, by what it reads (times on the wall clock, see ``entry.py``):
 
