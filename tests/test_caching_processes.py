@@ -30,15 +30,6 @@ LOCK_ALIASES = ["sqlite-lease", "pg-lease", "pg-tx", "pg-session", "mysql-lease"
 STAMPEDE = 16
 
 
-def _require(alias: str) -> None:
-    if alias == "redlock":
-        require_redis(redlock=True)
-    elif alias == "redis-cluster":
-        require_redis(cluster=True)
-    else:
-        require_alias(alias)
-
-
 def _stampede_worker(cache: str, using: str | None, key: str, path: str, start: Any,
                      out: Any) -> None:
     recorder = HistoryRecorder(path)
@@ -78,7 +69,7 @@ def test_djangos_get_or_set_builds_in_every_process(tmp_path, unique) -> None:
 @pytest.mark.parametrize("using", LOCK_ALIASES)
 def test_a_stampede_builds_once_on_every_lock_backend(using: str, tmp_path, unique) -> None:
     require_redis()
-    _require(using)
+    require_alias(using)
     values, report = _stampede("django-redis", using, unique("stampede"), tmp_path)
     assert report.holds == 1, report
     assert report.ok, report
@@ -126,7 +117,7 @@ def test_expiring_hot_key_one_builder_at_a_time(using: str, tmp_path, unique) ->
     1 s: rebuilds happen, never two at once (how many: recorded, about one per expiry;
     XFetch may pick any moment, so no upper bound is a law)."""
     require_redis()
-    _require(using)
+    require_alias(using)
     path = str(tmp_path / "builds.jsonl")
     until = time.monotonic() + 1.0
     calls, exitcodes = run_forked(_looping_worker,
@@ -164,7 +155,7 @@ def _start_builder(using: str, cache: str, key: str) -> tuple[Any, Any, Any]:
 @pytest.mark.parametrize("using", ["redis", "pg-session"])  # a lease; a session's lock
 def test_a_sigkilled_builder_lets_a_waiter_build(using: str, unique) -> None:
     require_redis()
-    _require(using)
+    require_alias(using)
     key = unique("killed")
     builder, _, _ = _start_builder(using, "django-redis", key)
     os.kill(builder.pid, signal.SIGKILL)

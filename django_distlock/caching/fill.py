@@ -38,8 +38,8 @@ from django.core.cache.backends.base import BaseCache
 from ..exceptions import BackendUnavailable, LockLost, LockTimeout
 from ..handle import Lock
 from ..handler import locks
-from . import stores
 from .entry import GONE, Entry, due, is_entry, pack, tombstone
+from .stores import write
 
 logger = logging.getLogger("django_distlock")
 
@@ -355,4 +355,4 @@ def _put(options: Fill, entry: Entry | None, timeout: float | None) -> bool:
     if entry is None:
         options.cache.delete(options.key, version=options.version)
         return True
-    return stores.write(options.cache, options.key, options.version, entry, timeout)
+    return write(options.cache, options.key, options.version, entry, timeout)
