@@ -21,6 +21,7 @@ __all__ = [
     "InvalidBackendOptions",
     "InvalidLockAlias",
     "InvalidLockName",
+    "LeadershipLost",
     "LockConfigurationError",
     "LockLost",
     "LockNotAcquired",
@@ -82,6 +83,12 @@ class LockLost(LockNotHeld):
     The lease expired, was force-released, or the backend's session ended.
     Whatever the critical section did after the loss was not protected.
     """
+
+
+class LeadershipLost(LockLost):
+    """A leadership term is lost: leadership may have passed to another process
+    (:class:`~django_distlock.leadership.Term`). Raised by ``term.check()``, and by the
+    exit of a term lost without its leader having been told."""
 
 
 class BackendUnavailable(DistLockError):

@@ -18,6 +18,7 @@ import socket
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -120,7 +121,11 @@ class Hold:
         #: Set by a backend while it cannot tell whether the lock is still held (a
         #: ZooKeeper session suspended: the connection dropped and the session may
         #: yet expire); stop writing until it turns False again, or ``lost`` True.
+        #: Changed through :meth:`set_unsure` once granted.
         self.unsure = False
+        #: Called (no arguments, in the thread that found it) when the hold is marked
+        #: lost or turns unsure: a leadership term's (``leadership.py``) wake-up.
+        self.on_change: Callable[[], None] | None = None
         self._mutex = threading.Lock()
         self._acquisition: Acquisition | None = None
         self._token: str | None = None
@@ -266,8 +271,21 @@ class Hold:
         if why:
             logger.warning("Lock %r was lost: %s.", self, why)
         self._forget()  # stop renewing; a new handle may wait for the name
+        self._changed()
         self._send(signals.lock_lost)
         return True
+
+    def set_unsure(self, unsure: bool) -> None:
+        """Record whether the backend can tell that the lock is still held (a ZooKeeper
+        session suspended, then reconnected): :attr:`unsure`, told to :attr:`on_change`."""
+        self.unsure = unsure
+        if unsure:
+            self._changed()
+
+    def _changed(self) -> None:
+        callback = self.on_change
+        if callback is not None:
+            callback()
 
     def _send(self, signal: Any, handle: object = None, **extra: Any) -> None:
         """Send ``signal`` for ``handle`` (None: the handle that built this hold)."""
@@ -292,6 +310,7 @@ class Hold:
         if self._lost:
             return
         self._lost = True
+        self._changed()
         self._send(signals.lock_lost)
 
     def _forget(self) -> None:

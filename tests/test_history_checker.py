@@ -117,6 +117,31 @@ def test_a_fencing_token_granted_twice_is_caught(rec: HistoryRecorder) -> None:
     assert "token 7 of 'x' granted 2 times" in str(report)
 
 
+def test_a_grant_with_a_lower_token_than_the_one_before_is_caught(rec: HistoryRecorder) -> None:
+    """Tokens grow with every grant (a leadership term's epoch is one): a later valid
+    hold of the name with a lower token is caught; other names, reads, semaphores, and
+    a hold that was never valid (granted after its lease had ended) are not compared."""
+    for name, token in (("x", 5), ("y", 1), ("x", 6)):
+        op = rec.invoke(name)
+        rec.granted(op, token)
+        rec.released(op)
+    for kind, token in (("read", 2), ("semaphore", 1)):
+        op = rec.invoke("x", kind, limit=2 if kind == "semaphore" else None)
+        rec.granted(op, token)
+        rec.released(op)
+    stale = rec.invoke("x")
+    rec.granted(stale, 3, valid_until=time.monotonic() - 1)  # its lease had ended
+    rec.released(stale)
+    assert checked(rec).ok
+    late = rec.invoke("x", "write")
+    rec.granted(late, 4)
+    rec.released(late)
+    report = checked(rec)
+    assert [(a.token, b.token) for a, b in report.tokens_out_of_order] == [(6, 4)]
+    assert "token 4 of 'x' granted after token 6" in str(report)
+    assert not report.ok
+
+
 def test_an_accepted_write_with_a_lower_token_is_caught(rec: HistoryRecorder) -> None:
     rec.write("x", 5, True)
     rec.write("x", 4, False)  # refused: fine

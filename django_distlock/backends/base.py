@@ -291,6 +291,11 @@ class BaseLockBackend(abc.ABC):
     #: :meth:`waiters` lists who waits for a lock, in arrival order (the backend keeps a
     #: queue on its server and implements :meth:`_waiters`).
     supports_waiters: ClassVar[bool] = False
+    #: :func:`~django_distlock.leadership.leadership` holds terms here: grants carry fencing
+    #: tokens (a term's epoch) and a holder learns that its lock may have passed to another
+    #: before the server can grant it to another (a lease it renews and counts on its own
+    #: clock, or a session whose suspension the client reports).
+    supports_leadership: ClassVar[bool] = False
     #: Locks exclude other processes and machines (False: a process-local backend).
     distributed: ClassVar[bool] = False
     #: Leases are written on the caller's own database connection (the database

@@ -262,6 +262,7 @@ class LocMemBackend(BaseLockBackend):
     kinds = {Kind.EXCLUSIVE: LocMemAcquisition}
     supports_fencing = True
     supports_expiry = True
+    supports_leadership = True
     supports_listing = True
     supports_counting = True
     supports_force_release = True

@@ -91,6 +91,9 @@ class HistoryReport:
     #: Claimed holds that overlapped only after one had a loss notice (allowed).
     overlaps_after_loss: list[Overlap] = field(default_factory=list)
     repeated_tokens: list[RepeatedToken] = field(default_factory=list)
+    #: (earlier hold, later hold) of one name, exclusive or write, both valid for a while:
+    #: the later grant carries a lower token (tokens must grow with every grant).
+    tokens_out_of_order: list[tuple[Hold, Hold]] = field(default_factory=list)
     #: (earlier write, later write): the later accepted write has a lower token.
     backwards_writes: list[tuple[Write, Write]] = field(default_factory=list)
     invariant_errors: list[str] = field(default_factory=list)
@@ -101,10 +104,10 @@ class HistoryReport:
 
     @property
     def ok(self) -> bool:
-        """Whether no overlap of valid holds, repeated token, backwards write or invariant
-        error was found."""
-        return not (self.overlaps or self.repeated_tokens or self.backwards_writes
-                    or self.invariant_errors)
+        """Whether no overlap of valid holds, repeated token, token out of order, backwards
+        write or invariant error was found."""
+        return not (self.overlaps or self.repeated_tokens or self.tokens_out_of_order
+                    or self.backwards_writes or self.invariant_errors)
 
     def __str__(self) -> str:
         lines = [f"{self.holds} holds of {self.processes} processes, {self.writes} writes: "
@@ -115,6 +118,10 @@ class HistoryReport:
         for r in self.repeated_tokens[:3]:
             lines.append(f"token {r.token} of {r.name!r} granted {len(r.holds)} times: "
                          + " / ".join(h.describe(self.t0) for h in r.holds))
+        for earlier, later in self.tokens_out_of_order[:3]:
+            lines.append(f"token {later.token} of {later.name!r} granted after token "
+                         f"{earlier.token}: {earlier.describe(self.t0)} / "
+                         f"{later.describe(self.t0)}")
         for a, b in self.backwards_writes[:3]:
             lines.append(f"write of {b.name!r} with token {b.token} (pid {b.pid}) accepted after "
                          f"one with token {a.token} (pid {a.pid})")
@@ -186,6 +193,22 @@ def _overlaps(holds: list[Hold], valid: bool) -> list[Overlap]:
     return found
 
 
+def _out_of_order(holds: list[Hold]) -> list[tuple[Hold, Hold]]:
+    """Exclusive or write holds of a name, each valid for a while, in grant order (valid
+    holds of a name do not overlap, so their starts order their grants), whose token is
+    lower than the one before."""
+    found = []
+    last: dict[str, Hold] = {}
+    for h in sorted(holds, key=lambda h: h.start):
+        if h.token is None or h.kind not in (Kind.EXCLUSIVE, Kind.WRITE) or h.valid_end <= h.start:
+            continue
+        before = last.get(h.name)
+        if before is not None and h.token < before.token:  # type: ignore[operator]
+            found.append((before, h))
+        last[h.name] = h
+    return found
+
+
 def _backwards(writes: list[Write]) -> list[tuple[Write, Write]]:
     """Accepted writes whose token is lower than one accepted and answered before they began."""
     found = []
@@ -233,6 +256,7 @@ def check(
             tokens.setdefault((h.name, h.token), []).append(h)
     report.repeated_tokens = [RepeatedToken(n, t, tuple(hs))
                               for (n, t), hs in tokens.items() if len(hs) > 1]
+    report.tokens_out_of_order = _out_of_order(holds)
     report.backwards_writes = _backwards(writes)
     report.invariant_errors = invariant(writes) if invariant else []
     return report

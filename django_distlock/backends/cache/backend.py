@@ -46,6 +46,10 @@ class CacheBackend(BaseLockBackend):
             "a counter in a cache can be evicted or lost in a restart apart from the lock, "
             "so its numbers would not always grow"
         ),
+        "supports_leadership": (
+            "a term's epoch is a fencing token, which a cache cannot keep growing (use the "
+            "Redis or the database backend)"
+        ),
     }
 
     def __init__(self, alias: str, params: Mapping[str, Any]) -> None:

@@ -66,6 +66,7 @@ class LeaseBackend(OwnSessionBackend, mode="lease"):
     """The database backend's lease mode (``OPTIONS["MODE"] = "lease"``, the default)."""
 
     supports_expiry = True
+    supports_leadership = True
     supports_listing = True
     supports_counting = True
     supports_force_release = True

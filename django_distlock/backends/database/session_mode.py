@@ -209,6 +209,9 @@ class SessionModeBackend(OwnSessionBackend, mode="session"):
         "server's lock table, which has no order by age",
         "supports_shared_owner": "a session-mode lock belongs to the one session that "
         "was granted it",
+        "supports_leadership": "a leader cut off from the server could not learn in time "
+        "that the server ended its session (TCP keepalives, or a kill) and granted the "
+        "name to another: a session lock has no lease to count down (use MODE 'lease')",
     }
 
     def __init_subclass__(cls, vendor: str = "", **kwargs: Any) -> None:

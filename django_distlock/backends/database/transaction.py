@@ -98,6 +98,9 @@ class TransactionBackend(DatabaseBackend, mode="transaction"):
         "supports_waiters": "its waiters are transactions blocked in SELECT ... FOR UPDATE "
         "on the row, which PostgreSQL lists as waits on the holder's transaction (not "
         "stored with the lock), not in a queue of the name",
+        "supports_leadership": "a term would be a transaction open for the leader's whole "
+        "life, and a leader cut off from the server could not learn in time that the "
+        "server rolled it back and granted the name to another (use MODE 'lease')",
     }
 
     #: Whether the name's row is locked. Params: key, key. Row: (held,).

@@ -139,6 +139,7 @@ class RedisBackend(BaseLockBackend):
     distributed = True
     supports_fencing = True
     supports_expiry = True
+    supports_leadership = True
     supports_listing = True
     supports_counting = True
     supports_force_release = True

@@ -157,6 +157,8 @@ class RedlockBackend(BaseLockBackend):
     supports_force_release = True
     why_unsupported = {
         "supports_fencing": "independent masters' counters cannot be ordered",
+        "supports_leadership": "a term's epoch is a fencing token, and independent masters' "
+        "counters cannot be ordered (use RedisBackend, or ZooKeeper)",
         "supports_listing": "no master knows which locks a majority holds",
         "supports_read_write": "shares would need a majority each, and Redlock has no queue "
         "to keep a waiting writer ahead of later readers",

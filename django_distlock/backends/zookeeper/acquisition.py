@@ -474,11 +474,11 @@ class ZooKeeperAcquisition(AheadWatches, ThreadHops):
         CONNECTED: it does; LOST: it does not (``mark_lost``). Waiters wake up."""
         if self.granted:
             if state == KazooState.SUSPENDED:
-                self.hold.unsure = True
+                self.hold.set_unsure(True)
             elif state == KazooState.CONNECTED:
-                self.hold.unsure = False
+                self.hold.set_unsure(False)
             else:
-                self.hold.unsure = False
+                self.hold.set_unsure(False)
                 self.client.watchers.discard(self)
                 if self.backend.writers.get(self.parent) is self:
                     del self.backend.writers[self.parent]

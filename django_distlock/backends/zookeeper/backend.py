@@ -75,6 +75,9 @@ class ZooKeeperBackend(BaseLockBackend):
     errors = ZOOKEEPER_ERRORS
     distributed = True
     supports_fencing = True
+    # A term learns of a suspended session (kazoo's SUSPENDED) before the ensemble can
+    # expire it and hand the name to another (a third of SESSION_TIMEOUT at least).
+    supports_leadership = True
     supports_listing = True
     supports_counting = True
     supports_force_release = True

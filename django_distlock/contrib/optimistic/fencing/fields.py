@@ -9,6 +9,7 @@ from django.db import models
 
 from django_distlock.exceptions import LockLost, LockNotHeld, UnsupportedOperation
 from django_distlock.handle import Lock, hold_of
+from django_distlock.leadership import Term
 
 from ..version import VersionField
 
@@ -76,19 +77,24 @@ def fencing_field(model: type[models.Model] | models.Model) -> FencingTokenField
     return found[0]
 
 
-def fencing_token_of(fence: Lock | int) -> int:
-    """Return the fencing token of ``fence``: a held lock handle or an int token.
+def fencing_token_of(fence: Lock | Term | int) -> int:
+    """Return the fencing token of ``fence``: a held lock handle, a leadership
+    :class:`~django_distlock.leadership.Term` (its epoch) or an int token.
 
     Only local state is checked (no I/O); whether the token is still the
     newest is decided by the storage, at the write.
 
-    :raises TypeError: if ``fence`` is neither a :class:`~django_distlock.handle.Lock`
-        nor an int (a bool is refused).
+    :raises TypeError: if ``fence`` is neither a :class:`~django_distlock.handle.Lock`,
+        a term nor an int (a bool is refused).
     :raises ValueError: if an int token is negative or does not fit a BIGINT.
-    :raises LockLost: if the handle's lease is known, or must be assumed, gone.
+    :raises LockLost: if the handle's lease is known, or must be assumed, gone; for a
+        term, :class:`~django_distlock.exceptions.LeadershipLost` (one) when it is lost.
     :raises LockNotHeld: if the handle does not hold its lock (never acquired, released).
     :raises UnsupportedOperation: if the handle's backend issues no fencing tokens.
     """
+    if isinstance(fence, Term):
+        fence.check()
+        return fence.epoch
     if isinstance(fence, Lock):
         if fence.lost:
             raise LockLost(
@@ -113,11 +119,12 @@ def fencing_token_of(fence: Lock | int) -> int:
     return fence
 
 
-def check_fence_scope(fence: Lock | int, using: str) -> None:
+def check_fence_scope(fence: Lock | Term | int, using: str) -> None:
     """Let the handle's backend refuse a write it cannot fence on ``using`` (transaction
     mode: a write outside the holding transaction), before any query.
 
-    :param fence: a lock handle (checked by its backend) or an int token (nothing to check).
+    :param fence: a lock handle (checked by its backend), a term or an int token (nothing
+        to check).
     :param using: the database alias the write goes to.
     :raises UnsupportedOperation: when the backend cannot fence a write on ``using``.
     """

@@ -12,6 +12,7 @@ from django.db.models import Count, F, Max, Q
 import django_distlock.contrib.optimistic.fencing.fields as fields
 from django_distlock.exceptions import StaleFencingToken
 from django_distlock.handle import Lock
+from django_distlock.leadership import Term
 
 from .save import fenced_save
 
@@ -24,7 +25,7 @@ _M = TypeVar("_M", bound=models.Model)
 class FencedQuerySet(models.QuerySet[_M]):
     """A QuerySet with :meth:`fenced_update`, for models with a :class:`FencingTokenField`."""
 
-    def fenced_update(self, fence: Lock | int, /, **values: Any) -> int:
+    def fenced_update(self, fence: Lock | Term | int, /, **values: Any) -> int:
         """Update every row of this queryset, all or nothing, guarded by ``fence``.
 
         In one transaction: ``UPDATE <table> SET <values>, <token> = t WHERE pk
@@ -38,7 +39,8 @@ class FencedQuerySet(models.QuerySet[_M]):
         locks the rows, then the UPDATE of the values. No signals are sent (as
         for ``QuerySet.update()``).
 
-        :param fence: a held :class:`~django_distlock.handle.Lock` or its int token.
+        :param fence: a held :class:`~django_distlock.handle.Lock`, a leadership
+            :class:`~django_distlock.leadership.Term` (its epoch) or an int token.
         :param values: the fields to set, as for ``update()`` (expressions allowed).
         :returns: the number of rows updated.
         :raises TypeError, ValueError: for bad arguments; nothing is written.
@@ -164,7 +166,7 @@ class FencedModelMixin(models.Model):
 
     def fenced_save(
         self,
-        fence: Lock | int,
+        fence: Lock | Term | int,
         *,
         update_fields: Iterable[str] | None = None,
         using: str | None = None,

@@ -14,6 +14,7 @@ from django.db.models.signals import post_save, pre_save
 
 from django_distlock.exceptions import StaleFencingToken, VersionConflict
 from django_distlock.handle import Lock
+from django_distlock.leadership import Term
 
 from .fields import (
     FencingTokenField,
@@ -57,7 +58,7 @@ def _fields_to_write(
 
 def fenced_save(
     instance: models.Model,
-    fence: Lock | int,
+    fence: Lock | Term | int,
     *,
     update_fields: Iterable[str] | None = None,
     using: str | None = None,
@@ -73,7 +74,8 @@ def fenced_save(
     ``pre_save`` and ``post_save`` are sent as ``save()`` sends them; on
     success the instance's token attribute is ``t``.
 
-    :param fence: a held :class:`~django_distlock.handle.Lock` or its int token.
+    :param fence: a held :class:`~django_distlock.handle.Lock`, a leadership
+        :class:`~django_distlock.leadership.Term` (its epoch) or an int token.
     :param update_fields: the fields to write (names or attnames), as for
         ``save()``; the token is always written. Default: every loaded field.
         Not allowed for a new object.

@@ -1,11 +1,14 @@
 """``manage.py distlock``: list, inspect and force-release held locks, prune the database
 backend's idle rows, check each alias' health (exit status 1 when one fails: a container
-probe). The audit trail's purge is ``manage.py distlock_audit purge`` (the audit app)."""
+probe), run a command on one host at a time (``singleton``: ``singleton.py``). The audit
+trail's purge is ``manage.py distlock_audit purge`` (the audit app)."""
 
 from __future__ import annotations
 
+import argparse
 import getpass
 import json
+import sys
 from typing import Any
 
 from django.conf import settings
@@ -13,10 +16,11 @@ from django.core import checks
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_distlock.exceptions import DistLockError, InvalidLockName, LockConfigurationError
-from django_distlock.handler import locks
+from django_distlock.handler import DEFAULT_LOCK_ALIAS, locks
 from django_distlock.health import check_health
 from django_distlock.housekeeping import prunable
-from django_distlock.values import LockInfo
+from django_distlock.singleton import run_singleton
+from django_distlock.values import DEFAULT, LockInfo
 
 from ...operations.bulk import MAX_PER_ACTION
 from ...operations.listing import BadPosition, find_lock, read_page
@@ -81,6 +85,20 @@ class Command(BaseCommand):
         prune.add_argument("--batch", type=int, default=1000, help="rows per transaction")
         health = sub.add_parser("health", help="one round trip per alias; exit 1 if one fails")
         health.add_argument("--json", action="store_true")
+        singleton = sub.add_parser(
+            "singleton",
+            help="run a command only while this process leads NAME, on one host at a time "
+            "(docs/leadership.md): manage.py distlock singleton beat -- celery -A proj beat",
+        )
+        singleton.add_argument("name", help="the leadership's name")
+        singleton.add_argument("--using", default=DEFAULT_LOCK_ALIAS,
+                               help="the DISTLOCK alias (default: 'default')")
+        singleton.add_argument("--ttl", type=float, help="the term's lease in seconds "
+                               "(default: the alias' TTL)")
+        singleton.add_argument("--grace", type=float, default=5.0,
+                               help="seconds from the child's SIGTERM to its SIGKILL (5)")
+        singleton.add_argument("command", nargs=argparse.REMAINDER,
+                               help="-- then the command and its arguments")
 
     def check(self, *args: Any, **kwargs: Any) -> None:
         """Run the system checks as every command does, except that errors of single
@@ -110,6 +128,25 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         getattr(self, f"do_{options['action']}")(**options)
+
+    def do_singleton(
+        self, *, name: str, using: str, ttl: float | None, grace: float, command: list[str],
+        **options: Any,
+    ) -> None:
+        self._alias(using)
+        if command[:1] == ["--"]:
+            command = command[1:]
+        if not command:
+            raise CommandError("singleton needs a command: distlock singleton NAME -- COMMAND ...")
+        try:
+            status = run_singleton(
+                name, command, using=using, ttl=DEFAULT if ttl is None else ttl, grace=grace,
+                say=lambda line: self.stderr.write(f"distlock singleton: {line}"),
+            )
+        except (DistLockError, TypeError, ValueError) as exc:
+            raise CommandError(str(exc)) from exc
+        if status:
+            sys.exit(status)
 
     def _alias(self, alias: str) -> None:
         if alias not in locks:
