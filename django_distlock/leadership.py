@@ -21,6 +21,7 @@ leads. The singleton runner (``singleton.py``) keeps one child process alive per
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import threading
@@ -38,6 +39,7 @@ from .exceptions import (
     LockLost,
     LockNotHeld,
     LockTimeout,
+    UnsupportedOperation,
 )
 from .handle import Lock, hold_of
 from .handler import DEFAULT_LOCK_ALIAS, locks
@@ -121,26 +123,49 @@ class Leadership:
         #: The ``DISTLOCK`` alias its terms are held on.
         self.alias = backend.alias
         self._timeout = validate_timeout(timeout)
-        self._lock: Lock[Any] = backend.lock(
-            LEADER_PREFIX + name, ttl=ttl, timeout=self._timeout, blocking=True,
-            auto_renew=backend.supports_expiry,
-        )
+        self._backend = backend
+        self._ttl = ttl
+        self._lock = self._new_lock()  # checks ttl before any I/O
         self._term: Term | None = None
+
+    def _new_lock(self) -> Lock[Any]:
+        """A handle of its own for each term: a term whose release failed (the server
+        down) leaves its handle to its lease's end, not to the next term."""
+        return self._backend.lock(
+            LEADER_PREFIX + self.name, ttl=self._ttl, timeout=self._timeout, blocking=True,
+            auto_renew=self._backend.supports_expiry,
+        )
 
     def __repr__(self) -> str:
         return f"<Leadership {self.name!r} alias={self.alias!r}>"
 
     def __enter__(self) -> Term:
+        if self._lock.held or self._lock.lost:
+            self._lock = self._new_lock()
         with holder_context(f"leader of {self.name}"):
             if not self._lock.acquire():
                 raise self._timed_out()
-        return self._began()
+        session, sure = _session_timeout(self._lock.backend), None
+        if session is not None:  # a lock without a lease: see Term._check_session
+            sent = time.monotonic()
+            with contextlib.suppress(LockNotHeld, BackendUnavailable):
+                self._lock.extend()
+                sure = sent + session
+        return self._began(session, sure)
 
     async def __aenter__(self) -> Term:
+        if self._lock.held or self._lock.lost:
+            self._lock = self._new_lock()
         with holder_context(f"leader of {self.name}"):
             if not await self._lock.aacquire():
                 raise self._timed_out()
-        return self._began()
+        session, sure = _session_timeout(self._lock.backend), None
+        if session is not None:
+            sent = time.monotonic()
+            with contextlib.suppress(LockNotHeld, BackendUnavailable):
+                await self._lock.aextend()
+                sure = sent + session
+        return self._began(session, sure)
 
     def __exit__(
         self,
@@ -172,8 +197,8 @@ class Leadership:
             f"{self._timeout} s: another process leads it.", name=self.name, alias=self.alias,
         )
 
-    def _began(self) -> Term:
-        self._term = Term(self.name, self.alias, self._lock)
+    def _began(self, session: float | None, sure: float | None) -> Term:
+        self._term = Term(self.name, self.alias, self._lock, session, sure)
         return self._term
 
     def _ending(self) -> Term:
@@ -204,7 +229,10 @@ class Term:
                 Invoice.objects.filter(due=today).fenced_update(term.epoch, sent=True)
     """
 
-    def __init__(self, name: str, alias: str, lock: Lock[Any]) -> None:
+    def __init__(
+        self, name: str, alias: str, lock: Lock[Any], session: float | None = None,
+        sure_until: float | None = None,
+    ) -> None:
         #: The leadership's name.
         self.name = name
         #: The ``DISTLOCK`` alias the term is held on.
@@ -225,8 +253,19 @@ class Term:
         self._callbacks: list[Callable[[Term], object]] = []
         self._watcher: threading.Thread | None = None
         self._futures: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        #: A lock that does not expire (ZooKeeper's node lives with its session): until
+        #: when (monotonic) the session surely lives, from the check ``Leadership`` made
+        #: at the grant (failing that: connected, kazoo has heard from the ensemble
+        #: within two thirds of ``session``); each check below moves it on.
+        self._sure_until: float | None = None
         self._hold.on_change = self._changed
         self._changed()  # lost between the grant and here: latch it now
+        if session is not None and self._hold.valid_until is None:
+            self._sure_until = sure_until or time.monotonic() + session / 3
+            threading.Thread(
+                target=self._check_session, args=(session,),
+                name=f"distlock-term-check-{name[:40]}", daemon=True,
+            ).start()
 
     def __repr__(self) -> str:
         state = "lost" if self._latched else "over" if self._over else "leading"
@@ -246,12 +285,11 @@ class Term:
 
     @property
     def remaining(self) -> float | None:
-        """Seconds the term lasts for sure on this process' clock if no renewal
-        succeeds from now (0 once lost); None where terms do not expire (ZooKeeper: a
-        suspended session is what ends them, told by :attr:`lost`)."""
+        """Seconds the term lasts for sure on this process' clock if no renewal (or,
+        on ZooKeeper, no check of its node) succeeds from now; 0 once lost."""
         if self._lost_now():
             return 0.0
-        until = self._hold.valid_until
+        until = self._until()
         return None if until is None else max(until - time.monotonic(), 0.0)
 
     def check(self) -> None:
@@ -269,9 +307,39 @@ class Term:
         if self._latched:
             return True
         hold = self._hold
-        if hold.lost or hold.unsure:
+        sure = self._sure_until
+        if hold.lost or hold.unsure or (sure is not None and time.monotonic() >= sure):
             self._latched = True
         return self._latched
+
+    def _until(self) -> float | None:
+        """The end of the lease (or of the session's sure life) on the monotonic clock."""
+        until = self._hold.valid_until
+        return self._sure_until if until is None else until
+
+    def _check_session(self, session: float) -> None:
+        """(a thread of the term) A lock that does not expire: ask the server every
+        third of ``session`` whether the node is still this term's (one round trip). A
+        yes to a request sent at ``sent`` proves the session lives until ``sent +
+        session`` at least (the server restarts its timeout when it hears from us): so a
+        leader paused past its session finds its term lost the moment it resumes, and a
+        node deleted by an operator is found within a third of ``session``."""
+        while True:
+            with self._cond:
+                if self._over or self._latched:
+                    return
+                self._cond.wait(session / 3)
+                if self._over or self._latched:
+                    return
+            sent = time.monotonic()
+            try:
+                self.lock.extend()
+            except LockNotHeld:  # LockLost (the hold marked lost), or released meanwhile
+                return
+            except BackendUnavailable:
+                pass  # not moved on: the term ends at its sure end unless a check succeeds
+            else:
+                self._sure_until = sent + session
 
     # -- being told ---------------------------------------------------------------
 
@@ -376,7 +444,7 @@ class Term:
         if self._over:
             return True
         now = time.monotonic()
-        until = self._hold.valid_until
+        until = self._until()
         edge = None if until is None else until - ahead
         if edge is not None and now >= edge:
             return True
@@ -402,6 +470,33 @@ class Term:
         self._over = True
         self._hold.on_change = None
         self._changed()
+
+
+def _session_timeout(backend: BaseLockBackend) -> float | None:
+    """The session timeout of a backend whose locks live with a client session instead of
+    a lease (ZooKeeper's ``SESSION_TIMEOUT``), else None."""
+    if backend.supports_expiry:
+        return None
+    session = getattr(getattr(backend, "settings", None), "session_timeout", None)
+    return session if isinstance(session, float) else None
+
+
+def notice(backend: BaseLockBackend, ttl: float) -> float:
+    """How long before a term can pass to another its leader must have stopped, at most:
+    a third of the lease (renewals come every third, so at least two thirds are left
+    after each), or of a session-bound lock's session timeout (checked every third).
+
+    :raises UnsupportedOperation: for a backend with neither (it cannot lead).
+    """
+    if backend.supports_expiry:
+        return ttl / 3
+    session = _session_timeout(backend)
+    if session is None:
+        raise UnsupportedOperation(
+            f"{type(backend).__name__} (alias {backend.alias!r}) has neither a lease nor a "
+            "session timeout: a term's end cannot be known ahead."
+        )
+    return session / 3
 
 
 def _settle(future: asyncio.Future[None]) -> None:
@@ -494,11 +589,12 @@ class Leader:
                 continue  # stop is looked at; the wait goes on
             except LeadershipLost:
                 logger.warning("%r lost term unchecked", self, exc_info=True)
-            except BackendUnavailable:
+            except BackendUnavailable as exc:
                 pause = random.uniform(0, _RETRY[min(failures, len(_RETRY) - 1)])
                 failures += 1
-                logger.warning("%r: the lock server failed; campaigning again in %.1f s",
-                               self, pause, exc_info=True)
+                logger.warning("%r: the lock server failed (%s); campaigning again in %.1f s",
+                               self, exc, pause)
+                logger.debug("%r: the failure", self, exc_info=True)
                 if stop is not None:
                     stop.wait(pause)
                 else:

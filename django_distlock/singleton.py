@@ -31,11 +31,11 @@ from typing import TYPE_CHECKING
 
 from .exceptions import UnsupportedOperation
 from .handler import DEFAULT_LOCK_ALIAS, locks
-from .leadership import Leader, Term
+from .leadership import Leader, Term, notice
 from .values import DEFAULT, _Default, validate_ttl
 
 if TYPE_CHECKING:
-    from .backends.base import BaseLockBackend
+    pass
 
 __all__ = ["EPOCH_ENV", "KILL_MARGIN", "LEADER_ENV", "run_singleton"]
 
@@ -95,30 +95,14 @@ def run_singleton(
     backend = locks[using]
     ahead = float(grace) + KILL_MARGIN
     lease = backend.default_ttl if isinstance(ttl, _Default) else validate_ttl(ttl)
-    window = _notice(backend, lease)
-    if ahead > window:
+    window = notice(backend, lease)
+    if ahead > window + 1e-9:  # (a float error is no excess: 0.3 + 0.5 > 2.4 / 3)
         raise ValueError(
             f"grace ({grace:g} s) + {KILL_MARGIN:g} s must fit in {window:g} s, a third of "
             "the term's lease (ZooKeeper: of its SESSION_TIMEOUT): the child must be dead "
             "before leadership can pass. Lower --grace or raise --ttl."
         )
     return _Runner(candidate, list(command), float(grace), ahead, say or _stderr).run()
-
-
-def _notice(backend: BaseLockBackend, ttl: float) -> float:
-    """How long before leadership can pass to another the runner must have stopped its
-    child: a third of the lease (renewals come every third, so two thirds are left
-    after each, and the runner acts with ``ahead`` left), or of ZooKeeper's session
-    timeout (kazoo reports a connection silent for two thirds of it as suspended)."""
-    if backend.supports_expiry:
-        return ttl / 3
-    session = getattr(getattr(backend, "settings", None), "session_timeout", None)
-    if not isinstance(session, float):
-        raise UnsupportedOperation(
-            f"{type(backend).__name__} (alias {backend.alias!r}) says neither a lease nor a "
-            "session timeout: the runner cannot tell when to stop its child."
-        )
-    return session / 3
 
 
 def _stderr(line: str) -> None:

@@ -94,6 +94,14 @@ SCENARIOS: dict[str, str] = {
     "renewal-long-hold": "a worker process keeps a 1 s lease for a long hold with "
     "`auto_renew` while another tries to take it every half second: renewed all along, "
     "never granted to the other.",
+    "leadership-campaign": "5 processes campaign for one leadership, 2 terms each "
+    "(tests/test_leadership_processes.py): terms checked by the history checker, never "
+    "two at once, epochs strictly growing.",
+    "leader-killed": "the leader SIGKILLed while another process campaigns: seconds until "
+    "the other leads, against the term's lease (ZooKeeper: its session timeout).",
+    "leader-paused": "the leader SIGSTOPped past its lease: seconds until another leads; "
+    "resumed, whether it found its term lost at once (it must) before its write, which "
+    "the database refuses.",
     "o1-million": "the Redis scripts' server time per call with 1,000,000 other keys and "
     "~10,000 held locks, against an almost empty server (tests/test_redis_o1.py).",
 }

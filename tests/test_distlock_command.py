@@ -22,7 +22,7 @@ from django_distlock.contrib.audit.models import LockEvent
 from django_distlock.exceptions import LockLost
 from django_distlock.health import check_health
 
-from .conftest import LIBRARY_DB, require_pg
+from .conftest import DATABASES, LIBRARY_DB, require_pg
 from .tables import table_missing
 
 pytestmark = [
@@ -34,6 +34,12 @@ DOWN = {
     "BACKEND": "django_distlock.backends.redis.RedisBackend",
     "LOCATION": "redis://127.0.0.1:1/0",
 }
+
+
+#: The tests that request a page through the test client: its middleware (sessions,
+#: auth) needs Django's own apps, which LIBRARY_DB leaves out of the registry. Run alone,
+#: the module failed on them (auth's middleware imported for the first time there).
+WITH_DJANGOS_APPS = pytest.mark.django_db(transaction=True, databases=DATABASES)
 
 
 def run(*args: str, **kwargs: Any) -> str:
@@ -100,6 +106,7 @@ def test_purge_keeps_what_is_recent() -> None:
     assert set(LockEvent.objects.values_list("kind", flat=True)) == {"purged"}
 
 
+@WITH_DJANGOS_APPS
 def test_health_exit_status_and_view(settings: Any) -> None:
     assert "default\tok" in run("health")
     body = Client().get("/distlock/health/")
@@ -176,6 +183,7 @@ def test_health_fails_on_a_database_that_was_never_migrated(tmp_path: Path) -> N
     assert found["default"]["latency_ms"] is None
 
 
+@WITH_DJANGOS_APPS
 @pytest.mark.parametrize("table", ["django_distlock_lock", LockEvent._meta.db_table])
 def test_health_command_and_view_fail_without_the_tables(settings: Any, table: str) -> None:
     """The lock table gone (PostgreSQL: every mode), or the audit table gone under an
@@ -267,3 +275,18 @@ def test_other_check_errors_still_stop_the_command(tmp_path: Path) -> None:
     done = _distlock_with_settings(tmp_path, no_default, "health")
     assert done.returncode == 1 and "SystemCheckError" in done.stderr, done.stderr
     assert "distlock.E001" in done.stderr
+
+
+def test_singleton_refuses_what_it_cannot_run_before_campaigning() -> None:
+    """``distlock singleton``: a missing command, an unknown alias, a backend that cannot
+    lead, a grace that does not fit in the term: each a clear error, nothing held.
+    (Runners at work: tests/test_singleton_processes.py.)"""
+    with pytest.raises(CommandError, match="needs a command"):
+        run("singleton", "beat", "--using", "locmem")
+    with pytest.raises(CommandError, match="No lock alias 'nowhere'"):
+        run("singleton", "beat", "true", "--using", "nowhere")
+    with pytest.raises(CommandError, match="cannot hold a leadership term"):
+        run("singleton", "beat", "true", "--using", "sqlite-tx")
+    with pytest.raises(CommandError, match="must fit in"):
+        run("singleton", "beat", "true", "--using", "locmem", "--ttl", "3", "--grace", "1")
+    assert not locks["locmem"].is_locked("leader:beat")

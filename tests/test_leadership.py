@@ -60,7 +60,7 @@ def test_terms_follow_each_other_with_growing_epochs(alias: str, unique) -> None
         with leadership(name, using=alias, ttl=5) as term:
             assert not term.lost and term.name == name and term.alias == alias
             remaining = term.remaining
-            assert remaining is None if alias == "zk" else 0 < remaining <= 5
+            assert remaining is not None and 0 < remaining <= 5
             epochs.append(term.epoch)
             # another candidate waits its turn
             with pytest.raises(LockTimeout, match="another process leads it"):
@@ -166,7 +166,9 @@ def test_an_async_term_is_told_on_its_event_loop(alias: str, unique) -> None:
 
     early, told, took = asyncio.run(lead())
     assert (early, told) == (False, True)
-    assert took < 1.5  # told by the renewal (or the node's watch), not at its timeout
+    # Told by the next renewal (a third of the ttl) or check of the node (a third of
+    # ZooKeeper's 4 s session), plus its round trip: not at the wait's timeout.
+    assert took < (4 if alias == "zk" else 1.5) / 3 + 1.0
 
 
 @pytest.mark.parametrize("alias", REFUSED)

@@ -88,6 +88,7 @@ ROWS: tuple[tuple[str, str | None, Callable[[type], bool] | None], ...] = (
     ("fair", None, None),
     ("fencing", "supports_fencing", _flag("supports_fencing")),
     ("expiry/renewal", "supports_expiry", _flag("supports_expiry")),
+    ("leadership", "supports_leadership", _flag("supports_leadership")),
     ("listing", "supports_listing", _flag("supports_listing")),
     ("counting", "supports_counting", _flag("supports_counting")),
     ("force release", "supports_force_release", _flag("supports_force_release")),

@@ -18,6 +18,7 @@ from ...backends.base import BaseLockBackend, HeldCount
 from ...context import holder_context
 from ...exceptions import InvalidLockName, LockLost, UnsupportedOperation
 from ...handler import locks
+from ...leadership import Leadership
 from .support import (
     FLAGS,
     ContractBase,
@@ -202,6 +203,7 @@ class CapabilityChecks(ContractBase):
             ("supports_expiry", lambda: backend.lock(name, auto_renew=True).acquire(timeout=1)),
             ("supports_waiters", lambda: backend.waiters(name)),
             ("supports_age_order", lambda: backend.held_locks_by_age("acquired", prefix=name)),
+            ("supports_leadership", lambda: Leadership(backend, name).__enter__()),
         ]
         for flag, ask in asks:
             if getattr(backend, flag):

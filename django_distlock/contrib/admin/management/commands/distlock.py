@@ -5,7 +5,6 @@ trail's purge is ``manage.py distlock_audit purge`` (the audit app)."""
 
 from __future__ import annotations
 
-import argparse
 import getpass
 import json
 import sys
@@ -97,8 +96,8 @@ class Command(BaseCommand):
                                "(default: the alias' TTL)")
         singleton.add_argument("--grace", type=float, default=5.0,
                                help="seconds from the child's SIGTERM to its SIGKILL (5)")
-        singleton.add_argument("command", nargs=argparse.REMAINDER,
-                               help="-- then the command and its arguments")
+        singleton.add_argument("command", nargs="*", help="-- then the command and its "
+                               "arguments (after --, options are the command's)")
 
     def check(self, *args: Any, **kwargs: Any) -> None:
         """Run the system checks as every command does, except that errors of single
@@ -126,6 +125,15 @@ class Command(BaseCommand):
         for issue in issues:
             self.stderr.write(f"{issue.obj}: misconfigured ({issue.id}): {issue.msg}")
 
+    def run_from_argv(self, argv: list[str]) -> None:
+        """``singleton NAME [options] -- COMMAND ...``: what follows the first ``--`` is
+        the command, kept from argparse (whose subcommands do not take ``--``)."""
+        self._command: list[str] | None = None
+        if "singleton" in argv[2:3] and "--" in argv:
+            at = argv.index("--")
+            argv, self._command = argv[:at], argv[at + 1:]
+        super().run_from_argv(argv)
+
     def handle(self, *args: Any, **options: Any) -> None:
         getattr(self, f"do_{options['action']}")(**options)
 
@@ -134,8 +142,7 @@ class Command(BaseCommand):
         **options: Any,
     ) -> None:
         self._alias(using)
-        if command[:1] == ["--"]:
-            command = command[1:]
+        command = getattr(self, "_command", None) or command  # call_command: no "--"
         if not command:
             raise CommandError("singleton needs a command: distlock singleton NAME -- COMMAND ...")
         try:
