@@ -440,30 +440,36 @@ def describe() -> str:
     if _zookeeper_hosts():
         from importlib.metadata import version
 
+        from django_distlock import locks
+
         client = _kazoo_client()
         try:
             first = client.command(b"srvr").splitlines()[0]  # "Zookeeper version: 3.8.0-..."
+            conf = dict(line.split("=", 1) for line in client.command(b"conf").splitlines()
+                        if "=" in line)
         finally:
             client.stop()
             client.close()
         server = first.split(":", 1)[1].strip().split("-")[0]
-        parts.append(f"ZooKeeper {server} (3-node ensemble, tickTime from the server's "
-                     f"config); kazoo {version('kazoo')}")
+        timeout = locks["zk"].settings.session_timeout  # type: ignore[attr-defined]
+        # tickTime: the server expires sessions in buckets of it (a failover's slack)
+        parts.append(f"ZooKeeper {server} (3-node ensemble, tickTime {conf.get('tickTime')} "
+                     f"ms; `zk` SESSION_TIMEOUT {timeout:g} s); kazoo {version('kazoo')}")
     return "; ".join(parts)
 
 
 def _notes(options: Options) -> str:
     return (
-        f"Failover ({options.repeat} rounds a row): two candidate processes; the leader is "
-        "SIGKILLed right after a renewal of its lease returned (ZooKeeper: right after a "
-        "ping was written), then the other's first act as leader is timed from the kill "
-        "(`CLOCK_MONOTONIC`, one clock for both). Lease rows lead with "
-        f"`ttl={TTL:g}` (renewed every {TTL / 3:g} s); the ZooKeeper rows' bound is the "
-        "`zk` alias' `SESSION_TIMEOUT` (kazoo's `Election` gets a `KazooClient` of the "
-        "same timeout). over bound: the max minus the bound. Term cost: one leader holds "
-        f"for {options.duration:g} s a round; counted in its process: `Hold.renew` calls "
-        "and the packets kazoo writes (pings, requests). The ratio divides the failover "
-        "p50 by kazoo `Election`'s, on the same ensemble."
+        f"Failover, {options.repeat} round(s) a row: two candidate processes; the leader "
+        "is SIGKILLed right after a renewal of its lease returned (ZooKeeper rows: right "
+        "after kazoo wrote a ping), its term's longest end; failover: from the kill to the "
+        "other's first act as leader (`CLOCK_MONOTONIC`, one clock for both). bound: the "
+        f"lease rows' `ttl` ({TTL:g} s, renewed every {TTL / 3:g} s), the ZooKeeper rows' "
+        "session timeout (the `zk` alias' `SESSION_TIMEOUT`; kazoo's `Election` on a "
+        "`KazooClient` of the same timeout); max over bound: the max minus it. Term cost: "
+        f"one leader holds its term {options.duration:g} s a round; counted in its process, "
+        "`Hold.renew` calls and the packets kazoo writes (pings, requests). x kazoo: "
+        "failover p50 over kazoo `Election`'s, on the same ensemble."
     )
 
 
