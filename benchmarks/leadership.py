@@ -161,7 +161,7 @@ class _Link:
             self.conn.send((what, self.pid, *values))
 
     def stopped(self, timeout: float) -> bool:
-        """Wait until this process says stop (or is gone), at most ``timeout`` s."""
+        """Wait until the benchmark's process says stop (or is gone), at most ``timeout`` s."""
         return self.conn.poll(timeout)
 
 
