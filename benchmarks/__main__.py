@@ -26,7 +26,8 @@ CASE_MODULES = ("benchmarks.pg", "benchmarks.mysql", "benchmarks.orm", "benchmar
                 "benchmarks.redlock", "benchmarks.zookeeper", "benchmarks.cache",
                 *(f"benchmarks.scale_server_{s}" for s in ("redis", "pg", "zk", "memcached")),
                 "benchmarks.schedules", "benchmarks.scale_listing", "benchmarks.scale_throughput",
-                "benchmarks.scale_mixed", "benchmarks.locmem", "benchmarks.stampede")
+                "benchmarks.scale_mixed", "benchmarks.locmem", "benchmarks.stampede",
+                "benchmarks.leadership")
 #: Suites run in this order by default; suites registered elsewhere follow.
 SUITE_ORDER = ("uncontended", "contended", "asyncio")
 RESULTS = Path(__file__).resolve().parent / "results" / "latest.md"
