@@ -210,6 +210,7 @@ class _Runner:
         try:
             child.wait(self.grace)
         except subprocess.TimeoutExpired:
+            self.say(f"pid {child.pid} did not end within {self.grace:g} s: SIGKILL")
             _signal_group(child, signal.SIGKILL)
             child.wait()
         self.say(f"pid {child.pid} ended with status {_status(child.returncode)}")

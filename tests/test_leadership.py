@@ -7,12 +7,15 @@ before it campaigns. OS processes, kills and pauses: ``test_leadership_processes
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
 import threading
 import time
+from io import StringIO
 
 import pytest
+from django.core.management import call_command
 
 from django_distlock import locks
 from django_distlock.exceptions import (
@@ -113,6 +116,25 @@ def test_a_term_taken_away_is_lost_told_and_fences_no_more(alias: str, unique) -
     assert called == [term]
     item.refresh_from_db()
     assert item.stock == 3
+
+
+@pytest.mark.parametrize("alias", ["pg-lease", "redis", "zk"])
+def test_a_term_is_listed_with_its_epoch_and_who_leads(alias: str, unique) -> None:
+    """``manage.py distlock list`` (and the admin's held-locks page, which reads the same
+    listing) shows a term: the lock ``leader:<name>``, its epoch as the fencing token,
+    the leader's host and pid, and "leader of <name>" as what it is doing."""
+    require_alias(alias)
+    name = unique("listed")
+    with leadership(name, using=alias) as term:
+        out = StringIO()
+        call_command("distlock", "list", "--alias", alias, "--prefix", LEADER_PREFIX + name,
+                     "--json", stdout=out)
+        listed = json.loads(out.getvalue())["locks"]
+    assert [(i["name"], i["fencing_token"], i["host"], i["pid"], i["context"])
+            for i in listed] == [
+        (LEADER_PREFIX + name, term.epoch, socket.gethostname(), os.getpid(),
+         f"leader of {name}")
+    ]
 
 
 def test_a_loss_nobody_looked_at_raises_at_the_exit(unique) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -26,6 +27,7 @@ import pytest
 
 from django_distlock import locks
 from django_distlock.leadership import LEADER_PREFIX
+from django_distlock.singleton import KILL_MARGIN
 
 from .conftest import eventually, require_alias
 from .test_flashsale import ROOT
@@ -149,6 +151,41 @@ def test_a_term_taken_away_stops_the_child_and_the_runner_leads_again(tmp_path: 
     assert first["ended"] and second["ended"], output
     _no_overlap([first, second])
     assert "lost: stopping pid" in output  # the renewal found it gone
+
+
+def test_a_runner_whose_renewals_fail_stops_its_child_while_the_term_still_lasts(
+    tmp_path: Path, unique, own_redis
+) -> None:
+    """The runner's Redis frozen (SIGSTOP): renewals get no answer; with ``grace`` + 0.5 s
+    of the term left on its clock, the runner stops its child (SIGTERM, which the child
+    obeys at once), so the child is gone before the term can end on the server (the
+    lease counts from a renewal's sending, which the server received later)."""
+    name, path = unique("frozen"), tmp_path / "children.jsonl"
+    env = {**_env(tmp_path), "DISTLOCK_REDIS_URL": own_redis.url()}
+    runner = subprocess.Popen(
+        [sys.executable, "-m", "django", "distlock", "singleton", name, "--using", "redis",
+         "--ttl", str(TTL), "--grace", str(GRACE), "--", sys.executable, CHILD, str(path)],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        _started(path, 1, 30)
+        time.sleep(1.0)  # a renewal or two
+        own_redis.pause()
+        paused = time.monotonic_ns()
+        assert eventually(lambda: _children(path)[0]["ended"], TTL + 5), _children(path)
+        own_redis.resume()
+    finally:
+        output = _stop(runner)
+    child = _children(path)[0]
+    stopping = re.search(r"not renewed, ([0-9.]+) s left: stopping pid", output)
+    assert stopping, output
+    # The runner stopped the child with more than grace left on its clock (which counts
+    # the lease from the last renewal's sending: the server's ends later), and the child
+    # ended on the SIGTERM (its "end": a SIGKILL after grace would leave none) ...
+    assert GRACE < float(stopping.group(1)) <= GRACE + KILL_MARGIN, output
+    assert child["ended"] and "did not end within" not in output, output
+    # ... so before the lease could end, which is never later than the ttl after the pause.
+    assert (child["end"] - paused) / 1e9 < TTL, (child, output)
 
 
 #: Workers, and the beat ticks to see after each runner's start.
