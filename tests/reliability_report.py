@@ -98,7 +98,9 @@ SCENARIOS: dict[str, str] = {
     "(tests/test_leadership_processes.py): terms checked by the history checker, never "
     "two at once, epochs strictly growing.",
     "leader-killed": "the leader SIGKILLed while another process campaigns: seconds until "
-    "the other leads, against the term's lease (ZooKeeper: its session timeout).",
+    "the other leads, against the longest a dead leader's term lasts: its lease (ZooKeeper: "
+    "the session timeout, and up to a tickTime more: the ensemble expires sessions in "
+    "buckets of a tick).",
     "leader-paused": "the leader SIGSTOPped past its lease: seconds until another leads; "
     "resumed, whether it found its term lost at once (it must) before its write, which "
     "the database refuses.",
