@@ -18,7 +18,7 @@ import sqlite3
 
 from django.db import DatabaseError, Error
 
-from ...exceptions import BackendUnavailable, DistLockError, LockConfigurationError
+from ...exceptions import BackendUnavailable, Deadlock, DistLockError, LockConfigurationError
 from ..base import ErrorMap
 
 
@@ -105,9 +105,19 @@ def transaction_refused(exc: BaseException) -> bool:
 
 
 def is_deadlock(exc: BaseException) -> bool:
-    """Whether a wait for a session's named lock was refused as a deadlock (PostgreSQL's
-    40P01 from an advisory lock; MySQL's 3058 and MariaDB's 1213 from ``GET_LOCK``)."""
+    """Whether a lock wait was refused as a deadlock: PostgreSQL's 40P01 (an advisory
+    lock's wait, a row lock's), MySQL's 3058 (``GET_LOCK``) and 1213 (InnoDB's row locks,
+    MariaDB's ``GET_LOCK``)."""
     return sqlstate(exc) == "40P01" or mysql_errno(exc) in (3058, 1213)
+
+
+def refused_wait(where: str, name: str, alias: str, exc: BaseException) -> Deadlock:
+    """The error for a wait for ``name`` the server refused as closing a cycle of waits
+    (:func:`is_deadlock`; raise it ``from`` the driver's error)."""
+    return Deadlock(
+        f"{where}: waiting for {name!r} would deadlock: the server found a cycle of "
+        f"sessions each waiting for a lock another holds ({exc}).", name=name, alias=alias,
+    )
 
 
 def is_duplicate(exc: BaseException) -> bool:

@@ -31,7 +31,7 @@ from ..base import (
     WaiterInfo,
 )
 from .backend import DatabaseBackend, server_wait
-from .errors import ERRORS, is_busy, statement_cancelled
+from .errors import ERRORS, is_busy, is_deadlock, refused_wait, statement_cancelled
 from .mysql_sql import MYSQL
 from .mysql_sql import WAIT as MYSQL_WAIT
 from .ordered import held_by_age
@@ -319,6 +319,9 @@ class SessionLeaseAcquisition(OwnSessionAcquisition):
             self._drop(session)
             if is_busy(exc) and not session.timed_out:  # a grant waited too long for a row
                 return None
+            if is_deadlock(exc):  # MariaDB: the queue's named locks closed a cycle
+                raise refused_wait(self.backend.where, hold.name, self.backend.alias,
+                                   exc) from exc
             raise self.backend.errors.translate(
                 exc, "waiting for a lock", self.backend.where) from exc
         except BaseException:

@@ -35,12 +35,12 @@ from django.conf import settings
 from django.core import checks
 from django.db import connections
 
-from ...exceptions import Deadlock, InvalidBackendOptions, LockLost
+from ...exceptions import InvalidBackendOptions, LockLost
 from ...kinds import Kind
 from ...values import SHORT_OWNER, Grant, LockInfo, LockPage, Miss, WaiterInfo
 from ..base import ExcInfo, Freed, HeldCount
 from .backend import DatabaseBackend, server_wait
-from .errors import ERRORS, is_deadlock
+from .errors import ERRORS, is_deadlock, refused_wait
 from .session_acquisition import OwnSessionAcquisition, OwnSessionBackend
 from .sessions import (
     CONTENDED_FOR,
@@ -507,10 +507,7 @@ class SessionAcquisition(OwnSessionAcquisition):
                 row = session.execute(statement, params).fetchone()
         except ERRORS as exc:
             if is_deadlock(exc):  # the session is fine: the statement alone failed
-                raise Deadlock(
-                    f"{backend.where}: waiting for {hold.name!r} would deadlock: the "
-                    f"server found a cycle of sessions each waiting for another's lock "
-                    f"({exc}).", name=hold.name, alias=backend.alias) from exc
+                raise refused_wait(backend.where, hold.name, backend.alias, exc) from exc
             self._drop(session)
             if call.cancelled:
                 return None

@@ -21,13 +21,27 @@ from typing import Any, ClassVar
 from django.db import connections, transaction
 
 from ...backoff import remaining
-from ...exceptions import BackendUnavailable, ConnectionInUse, LockLost, UnsupportedOperation
+from ...exceptions import (
+    BackendUnavailable,
+    ConnectionInUse,
+    Deadlock,
+    LockLost,
+    UnsupportedOperation,
+)
 from ...hold import Hold
 from ...holders import current_holder
 from ...kinds import Kind
 from ..base import Acquisition, ExcInfo, Grant, LockInfo, LockPage, Miss
 from .backend import DatabaseBackend, server_wait
-from .errors import ERRORS, is_busy, is_duplicate, session_ended, transaction_refused
+from .errors import (
+    ERRORS,
+    is_busy,
+    is_deadlock,
+    is_duplicate,
+    refused_wait,
+    session_ended,
+    transaction_refused,
+)
 from .mysql_sql import ENSURE_ROW as MYSQL_ENSURE_ROW
 from .mysql_sql import TX_GRANT, TX_HELD, TX_IS_LOCKED, TX_NOWAIT, tx_wait
 from .sql import (
@@ -78,12 +92,13 @@ class KnownKeys:
 
 
 class _Stack(threading.local):
-    """This thread's transaction-mode acquisitions, innermost last: their keys, and who
-    took each (``holders.current_holder()``: the asyncio task or the thread)."""
+    """This thread's transaction-mode acquisitions, innermost last: their keys, who took
+    each (``holders.current_holder()``: the asyncio task or the thread), their holds."""
 
     def __init__(self) -> None:
         self.keys: list[str] = []
         self.owners: list[object] = []
+        self.holds: list[Hold] = []
 
 
 class TransactionBackend(DatabaseBackend, mode="transaction"):
@@ -304,6 +319,7 @@ class _TxAcquisition(Acquisition):
         self.raw = self.connection.connection
         self.backend.stack.keys.append(self.hold.key)
         self.backend.stack.owners.append(self.owner or current_holder())
+        self.backend.stack.holds.append(self.hold)
         return Grant(fencing, as_datetime(acquired_at), None)
 
     def check_fenced_write(self, using: str) -> None:
@@ -352,6 +368,7 @@ class _TxAcquisition(Acquisition):
             )
         stack.pop()
         self.backend.stack.owners.pop()
+        self.backend.stack.holds.pop()
         self.atomic = None
         try:
             atomic.__exit__(*exc_info)  # commit, or roll back on an exception
@@ -414,6 +431,8 @@ class _RowTxAcquisition(_TxAcquisition):
                 if row is None:
                     atomic.__exit__(None, None, None)
             except ERRORS as exc:
+                if is_deadlock(exc):
+                    raise self._refused(exc) from exc
                 raise self.backend.errors.translate(
                     exc, "acquiring a lock", self.backend.where) from exc
             if row is not None:
@@ -424,6 +443,18 @@ class _RowTxAcquisition(_TxAcquisition):
             left = remaining(self.deadline)
             if wait is not None:
                 wait = max(min(wait, left if left is not None else wait), 0.001)
+
+    def _refused(self, exc: BaseException) -> Deadlock:
+        """The wait for the row closed a cycle of waits, and the server refused it. On
+        PostgreSQL it rolled back to the wait's savepoint only: this thread's outer locks
+        stay held. InnoDB rolled this connection's whole transaction back (its row locks
+        with it): the outer locks are gone, so their holds are marked lost now (their
+        releases raise ``LockLost``; Django refuses queries in their blocks until then),
+        before the other waits of the cycle are granted them."""
+        if self.backend.vendor == "mysql":
+            for hold in list(self.backend.stack.holds):
+                hold.mark_lost()
+        return refused_wait(self.backend.where, self.hold.name, self.backend.alias, exc)
 
     def _row_first(self) -> bool:
         """Before the locking read: make the name's row if it may not exist yet (False: a
