@@ -533,6 +533,7 @@ class Hold:
                 self._grant = grant
                 expires = grant.expires_at is not None
                 self._valid_until = sent + grant.granted_after + ttl if expires else None
+        self._send(signals.lock_renewed)
 
     # -- the watchdog's side (renewal.py) --------------------------------------
 
@@ -579,6 +580,7 @@ class Hold:
             self._grant = grant
             expires = grant.expires_at is not None
             self._valid_until = sent + grant.granted_after + ttl if expires else None
+        self._send(signals.lock_renewed)
         return True
 
     def renew(self, acquisition: Acquisition, ttl: float) -> bool | None:

@@ -33,6 +33,7 @@ __all__ = [
     "lock_not_acquired",
     "lock_released",
     "lock_released_by_operator",
+    "lock_renewed",
     "locks_bulk_released",
 ]
 
@@ -42,6 +43,9 @@ lock_acquired = Signal()
 lock_not_acquired = Signal()
 #: A held lock was released by its handle.
 lock_released = Signal()
+#: A held lock's lease was moved on (the watchdog's renewal, or ``extend()``): its
+#: handle's ``expires_at`` is the new end. Sent off the hot path, in the renewing thread.
+lock_renewed = Signal()
 #: A handle learned its lock is gone (a release found it taken, a session ended, a renewal
 #: was refused; ``mark_lost()``); sent once per grant.
 lock_lost = Signal()

@@ -37,6 +37,7 @@ PUBLIC = (
     "django_distlock.health",
     "django_distlock.housekeeping",
     "django_distlock.http",
+    "django_distlock.integrations.opentelemetry",
     "django_distlock.leadership",
     "django_distlock.signals",
     "django_distlock.singleton",
