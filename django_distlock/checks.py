@@ -45,6 +45,11 @@ def _gather(deploy: bool) -> list[checks.CheckMessage]:
     except ImproperlyConfigured as exc:
         return [] if deploy else [checks.Error(str(exc), id="distlock.E003")]
     messages: list[checks.CheckMessage] = []
+    if not deploy:
+        try:
+            LockHandler.check_order()
+        except ImproperlyConfigured as exc:
+            messages.append(checks.Error(str(exc), id="distlock.E007"))
     if DEFAULT_LOCK_ALIAS not in aliases and not deploy:
         messages.append(
             checks.Error(

@@ -42,6 +42,7 @@ def lock(
     reentrant: bool | _Default = DEFAULT,
     auto_renew: bool | _Default = DEFAULT,
     max_hold: float | None = None,
+    order_class: str | None = None,
 ) -> Lock:
     """Return a handle on ``name`` of alias ``using``, for ``with`` or ``async with``.
 
@@ -53,6 +54,7 @@ def lock(
     block nested in another of the same name (in the same thread or task) enters at
     once; the lease is renewed while the block runs, and the exit raises
     :class:`~django_distlock.exceptions.LockLost` if a renewal found it gone.
+    ``order_class`` names the lock's class for the lock-order checker (``ordering.py``).
 
     :raises InvalidLockAlias: for an unknown alias.
     :raises InvalidLockName: for a bad name.
@@ -60,7 +62,7 @@ def lock(
     """
     return locks[using].lock(
         name, ttl=ttl, timeout=timeout, blocking=blocking, reentrant=reentrant,
-        auto_renew=auto_renew, max_hold=max_hold,
+        auto_renew=auto_renew, max_hold=max_hold, order_class=order_class,
     )
 
 
@@ -161,6 +163,8 @@ def distlock(
         _check_policy(where, "on_lost", on_lost, ("raise", "log"))
         _check_policy(where, "on_unavailable", on_unavailable, ("raise", "skip"))
         name_of = _key_function(key, func, where)
+        # The lock-order checker's class of the locks: the template (one str key).
+        order = {"order_class": key} if isinstance(key, str) else {}
         describe = describer(func)
         raise_lost = on_lost == "raise"
         call_lost = None if isinstance(on_lost, str) else on_lost
@@ -180,7 +184,7 @@ def distlock(
                 held = _handle(
                     using, lock_kind, limit, name_of(args, kwargs), ttl=ttl, timeout=timeout,
                     blocking=blocking, reentrant=reentrant, auto_renew=auto_renew,
-                    max_hold=max_hold,
+                    max_hold=max_hold, **order,
                 )
                 context = enter(describe(args))
                 try:
@@ -215,7 +219,7 @@ def distlock(
                 held = _handle(
                     using, lock_kind, limit, name_of(args, kwargs), ttl=ttl, timeout=timeout,
                     blocking=blocking, reentrant=reentrant, auto_renew=auto_renew,
-                    max_hold=max_hold,
+                    max_hold=max_hold, **order,
                 )
                 context = enter(describe(args))
                 try:

@@ -26,6 +26,7 @@ __all__ = [
     "LockLost",
     "LockNotAcquired",
     "LockNotHeld",
+    "LockOrderViolation",
     "LockTimeout",
     "NotReplicated",
     "SelfDeadlock",
@@ -71,6 +72,13 @@ class Deadlock(LockNotAcquired):
 
     A :class:`LockNotAcquired`, so ``on_fail`` policies see it as a miss. Chained to the
     server's error."""
+
+
+class LockOrderViolation(DistLockError):
+    """A blocking acquire would take two lock classes in the reverse of an order seen
+    before in this process (``DISTLOCK_CHECK_ORDER = "raise"``: ``ordering.py``): a
+    deadlock waiting for two processes to meet. Raised before any server call; the
+    message names both orders and where each was first seen."""
 
 
 class LockNotHeld(DistLockError):

@@ -12,6 +12,7 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 from django.utils.module_loading import import_string
 
+from . import ordering
 from .backends.base import BaseLockBackend
 from .exceptions import InvalidBackendOptions, InvalidLockAlias, LockConfigurationError
 
@@ -107,6 +108,22 @@ class LockHandler:
             )
         return backend_cls(alias, params)
 
+    @staticmethod
+    def check_order() -> str | bool:
+        """The lock-order checker's mode (``ordering.py``): ``settings.DISTLOCK_CHECK_ORDER``
+        (``"raise"``, ``"warn"`` or False), by default ``"warn"`` under ``DEBUG``.
+
+        :raises LockConfigurationError: for another value.
+        """
+        mode = getattr(django_settings, "DISTLOCK_CHECK_ORDER", None)
+        if mode is None:
+            return "warn" if django_settings.DEBUG else False
+        if mode not in ("raise", "warn", False):
+            raise LockConfigurationError(
+                f"DISTLOCK_CHECK_ORDER must be 'raise', 'warn' or False, not {mode!r}."
+            )
+        return mode
+
     def __iter__(self) -> Iterator[str]:
         return iter(self.settings)
 
@@ -141,10 +158,13 @@ class LockHandler:
 
 
 locks = LockHandler()
+ordering.read_mode = LockHandler.check_order
 
 
 @receiver(setting_changed)
 def _reset_locks(*, setting: str, **kwargs: Any) -> None:
     if setting in ("DISTLOCK", "DATABASES"):
         locks.reset()
+    if setting in ("DISTLOCK_CHECK_ORDER", "DEBUG"):
+        ordering.reset_mode()
 

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
-from . import holders, signals
+from . import holders, ordering, signals
 from .context import current_context
 from .exceptions import DistLockError, LockLost, LockNotHeld
 from .kinds import Kind
@@ -126,6 +126,9 @@ class Hold:
         #: Called (no arguments, in the thread that found it) when the hold is marked
         #: lost or turns unsure: a leadership term's (``leadership.py``) wake-up.
         self.on_change: Callable[[], None] | None = None
+        #: The lock's class for the lock-order checker (``ordering.py``): ``order_class=``
+        #: or ``@distlock``'s template; None: derived from the name when needed.
+        self.order_class: str | None = None
         self._mutex = threading.Lock()
         self._acquisition: Acquisition | None = None
         self._token: str | None = None
@@ -360,6 +363,8 @@ class Hold:
                 )
             if blocking:
                 holders.refuse(self, holder, self.backend.supports_downgrade)
+                if ordering.MODE is not False:  # the checker's off (False) costs no call
+                    ordering.check(self, holder)
             self._holder = holder
             self.busy = True
         self.pid = os.getpid()

@@ -26,8 +26,17 @@ if TYPE_CHECKING:
     from .hold import Hold
 
 __all__ = [
-    "SelfDeadlock", "current_holder", "hold", "holder_label", "holder_of", "label_of",
-    "let_go", "reentry", "refuse", "running_task",
+    "SelfDeadlock",
+    "current_holder",
+    "held_by",
+    "hold",
+    "holder_label",
+    "holder_of",
+    "label_of",
+    "let_go",
+    "reentry",
+    "refuse",
+    "running_task",
 ]
 
 Key = tuple[str, str]
@@ -200,6 +209,14 @@ def hold(handle: Hold, holder: object) -> weakref.ref[Hold]:
             refs = _held[key] = {}
         refs[ref] = holder
     return ref
+
+
+def held_by(holder: object) -> list[Hold]:
+    """The holds ``holder`` (:func:`current_holder`) holds now, on every alias."""
+    with _held_mutex:
+        _purge_collected()
+        found = [ref() for refs in _held.values() for ref, who in refs.items() if who == holder]
+    return [hold for hold in found if hold is not None and hold.held]
 
 
 def let_go(handle: Hold, ref: weakref.ref[Hold]) -> None:

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
+from . import ordering
 from .exceptions import (
     BackendUnavailable,
     DistLockError,
@@ -113,11 +114,12 @@ class MultiLock:
         """
         blocking, deadline = self._deadline(blocking, timeout)
         try:
-            for handle in self.handles:
-                if not handle.acquire(blocking=blocking, timeout=self._left(deadline)):
-                    self._give_back()
-                    return False
-                self._taken.append(handle)
+            with ordering.exempt():  # sorted: its own orders form no cycle
+                for handle in self.handles:
+                    if not handle.acquire(blocking=blocking, timeout=self._left(deadline)):
+                        self._give_back()
+                        return False
+                    self._taken.append(handle)
         except BaseException:
             self._give_back()
             raise
@@ -129,11 +131,13 @@ class MultiLock:
         """Async :meth:`acquire`."""
         blocking, deadline = self._deadline(blocking, timeout)
         try:
-            for handle in self.handles:
-                if not await handle.aacquire(blocking=blocking, timeout=self._left(deadline)):
-                    await self._agive_back()
-                    return False
-                self._taken.append(handle)
+            with ordering.exempt():
+                for handle in self.handles:
+                    if not await handle.aacquire(blocking=blocking,
+                                                 timeout=self._left(deadline)):
+                        await self._agive_back()
+                        return False
+                    self._taken.append(handle)
         except BaseException:
             await self._agive_back()
             raise

@@ -39,6 +39,7 @@ PUBLIC = (
     "django_distlock.http",
     "django_distlock.integrations.opentelemetry",
     "django_distlock.leadership",
+    "django_distlock.ordering",
     "django_distlock.signals",
     "django_distlock.singleton",
     "django_distlock.testing",
@@ -151,6 +152,9 @@ CORE_PAIRS = {
         "a Hold starts its renewal; the watchdog renews a Hold",
     frozenset({"django_distlock.hold", "django_distlock.backends.acquisition"}):
         "an Acquisition is of a Hold; a Hold keeps the Acquisition it holds by",
+    frozenset({"django_distlock.ordering", "django_distlock.holders"}):
+        "the lock-order checker reads who holds what from the holders' registry, which "
+        "a Hold's acquire asks it about",
 }
 #: The largest import circle inside each backend package: a ratchet (they are the
 #: backend's own modules, a backend class beside its acquisitions); never to grow.

@@ -37,7 +37,7 @@ from ..exceptions import (
     LockConfigurationError,
     UnsupportedOperation,
 )
-from ..handle import Lock
+from ..handle import Lock, hold_of
 from ..hold import Hold
 from ..kinds import Kind, KindFlag
 from ..multilock import MultiLock
@@ -381,6 +381,7 @@ class BaseLockBackend(abc.ABC):
         owner: str | None = None,
         auto_renew: bool | _Default = DEFAULT,
         max_hold: float | None = None,
+        order_class: str | None = None,
     ) -> Lock[Self]:
         """Build a handle on the lock ``name``; no I/O happens until ``acquire()``.
 
@@ -405,15 +406,19 @@ class BaseLockBackend(abc.ABC):
         :param max_hold: with ``auto_renew``, the longest the watchdog keeps the
             lock, in seconds from the grant (default: no limit); past it the lease
             is no longer renewed and ends.
+        :param order_class: the lock's class for the lock-order checker
+            (``ordering.py``; default: ``@distlock``'s template, or the name with its
+            variable parts taken out).
         :raises InvalidLockName: for a bad name.
         :raises TypeError, ValueError: for a bad ``ttl``, ``timeout``, ``owner``,
-            ``auto_renew`` or ``max_hold``.
+            ``auto_renew``, ``max_hold`` or ``order_class``.
         :raises UnsupportedOperation: for ``owner=`` or ``auto_renew=True`` on a backend
             without it.
         """
         return self._new_lock(
             name, Kind.EXCLUSIVE, None, ttl=ttl, timeout=timeout, blocking=blocking,
             reentrant=reentrant, owner=owner, auto_renew=auto_renew, max_hold=max_hold,
+            order_class=order_class,
         )
 
     def _new_lock(
@@ -421,6 +426,7 @@ class BaseLockBackend(abc.ABC):
         timeout: float | _Default | None = DEFAULT, blocking: bool = True,
         reentrant: bool | _Default = DEFAULT, owner: str | None = None,
         auto_renew: bool | _Default = DEFAULT, max_hold: float | None = None,
+        order_class: str | None = None,
     ) -> Lock[Self]:
         """Validate the options of :meth:`lock` and build a handle of ``kind``."""
         key = self.make_key(name)
@@ -453,11 +459,16 @@ class BaseLockBackend(abc.ABC):
         max_hold = validate_max_hold(max_hold)
         if max_hold is not None and not auto_renew:
             raise ValueError("max_hold caps the renewals of auto_renew: pass auto_renew=True.")
-        return Lock(
+        if order_class is not None and (not isinstance(order_class, str) or not order_class):
+            raise TypeError("order_class must be a non-empty str (the lock's class).")
+        handle = Lock(
             self, name, key, ttl=ttl, timeout=timeout, blocking=blocking,
             reentrant=reentrant, owner_token=owner_token, auto_renew=auto_renew,
             max_hold=max_hold, kind=kind, limit=limit,
         )
+        if order_class is not None:
+            hold_of(handle).order_class = order_class
+        return handle
 
     def multi_lock(self, names: Iterable[str], **options: Any) -> MultiLock:
         """Build a handle that takes the exclusive locks of all ``names`` or none.

@@ -10,6 +10,10 @@
 - ``distlock_history``: a history recorder in ``tmp_path``, checked for overlaps at
   the end of the test (or earlier with ``.check()``).
 
+And one fixture every test gets (autouse): a test during which the lock-order checker
+(``DISTLOCK_CHECK_ORDER``, ``django_distlock.ordering``) found two lock classes taken in
+both orders fails, naming both, whether the checker raises or only warns.
+
 Loading it reads no Django setting and imports no model, no lock backend and no
 Redis, ZooKeeper or PostgreSQL client (only the package's own light modules); the
 fixtures import what they need when a test uses them. A project that does not use
@@ -96,3 +100,20 @@ def distlock_history(tmp_path: Path) -> Iterator[CheckedHistory]:
     history.close()
     if history.check_at_end and history.events():
         history.check()
+
+
+@pytest.fixture(autouse=True)
+def _distlock_lock_order() -> Iterator[None]:
+    """Fail a test during which the lock-order checker found a violation (``"warn"``
+    mode too). Nothing is imported here when the package's ordering module is not."""
+    import sys
+
+    ordering = sys.modules.get("django_distlock.ordering")
+    before = len(ordering.violations()) if ordering is not None else 0
+    yield
+    ordering = sys.modules.get("django_distlock.ordering")
+    if ordering is not None:
+        found = ordering.violations()[before:]
+        if found:
+            pytest.fail("Lock order inverted during this test:\n" + "\n".join(found),
+                        pytrace=False)

@@ -1,0 +1,227 @@
+"""The lock-order checker: Linux's lockdep, for lock names.
+
+A thread or task that holds a lock of class A and waits for one of class B records the
+order A → B. An acquire that would close a cycle in those orders (B → A seen before,
+now A → B; also through longer chains: A → B, B → C, now C → A) is a deadlock that has
+not happened yet: two processes taking the two orders at the same moment would each
+wait for the other until their timeouts (seed 001's pitfalls). The checker finds it the
+first time both orders run, in one process, whatever their timing.
+
+``DISTLOCK_CHECK_ORDER`` (a setting of its own: the graph spans every alias) is
+``"raise"`` (the acquire raises :class:`~django_distlock.exceptions.LockOrderViolation`
+before any server call), ``"warn"`` (a :class:`LockOrderWarning`) or ``False``; by
+default ``"warn"`` under ``DEBUG`` and ``False`` otherwise. Read through the registry
+(``handler.py``), and again after ``override_settings``.
+
+A lock's class is its ``order_class=``, else the ``@distlock`` template it came from
+(``"order:{order_id}"``), else its name with every segment that holds a digit replaced
+by ``*`` (segments are split at ``:``, ``/``, ``.``, ``-``, ``_``, ``=``, ``@``, ``#``,
+``,``, ``|`` and spaces): ``order:42`` and ``order:43`` are ``order:*``. Only blocking
+acquires are checked (a try-lock cannot wait, as lockdep treats trylocks); locks of one
+class taken together, ``multi_lock()``'s own acquisitions (it sorts them) and a
+reentrant handle's re-acquisitions record nothing.
+
+The graph is this process' (:data:`GRAPH`); :func:`violations` lists what it found, and
+the pytest plugin fails a test that made one. Off, the checker costs the acquire one
+comparison and no call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import re
+import sys
+import threading
+import warnings
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from .exceptions import LockOrderViolation
+
+
+class _Classed(Protocol):
+    """What the checker reads of a ``Hold`` (named here, not imported: ``hold.py``
+    imports this module)."""
+
+    name: str
+    order_class: str | None
+
+__all__ = ["GRAPH", "LockOrderWarning", "Order", "OrderGraph", "lock_class", "violations"]
+
+#: The mode in force: ``"raise"``, ``"warn"``, False (off), or None (not read yet: the
+#: next blocking acquire reads it through the registry).
+MODE: str | bool | None = None
+#: How the mode is read: the registry's (``handler.py`` sets it, and resets :data:`MODE`
+#: on ``setting_changed``).
+def _off() -> str | bool:
+    return False
+
+
+read_mode: Callable[[], str | bool] = _off
+#: Inside ``multi_lock()``'s own acquisitions (sorted: they cannot form a cycle).
+_exempt: ContextVar[bool] = ContextVar("django_distlock_order_exempt", default=False)
+_SEPARATORS = re.compile(r"([:/.\-_=@#,| ]+)")
+_PACKAGE = str(Path(__file__).resolve().parent)
+
+
+class LockOrderWarning(RuntimeWarning):
+    """Two lock classes were taken in both orders (``DISTLOCK_CHECK_ORDER = "warn"``)."""
+
+
+@dataclass(frozen=True, order=True)
+class Order:
+    """A recorded order: class ``first`` held while class ``then`` was acquired, first
+    seen at ``where`` (``file:line`` of the acquire, outside this package)."""
+
+    first: str
+    then: str
+    where: str
+
+
+def lock_class(name: str) -> str:
+    """The class of a lock named ``name`` (no ``order_class`` nor template): its segments
+    holding a digit become ``*``. Example: ``lock_class("stock:7/eu") == "stock:*/eu"``."""
+    return "".join("*" if any(c.isdigit() for c in part) and not _SEPARATORS.fullmatch(part)
+                   else part for part in _SEPARATORS.split(name))
+
+
+class OrderGraph:
+    """The orders seen in this process, and the violations found (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._edges: dict[str, dict[str, str]] = {}
+        self._violations: list[str] = []
+
+    def orders(self) -> list[Order]:
+        """Every order recorded, sorted."""
+        with self._mutex:
+            return sorted(Order(a, b, where) for a, then in self._edges.items()
+                          for b, where in then.items())
+
+    def violations(self) -> list[str]:
+        """The messages of the violations found so far, oldest first."""
+        with self._mutex:
+            return list(self._violations)
+
+    def reset(self) -> None:
+        """Forget every order and violation (a test's fresh start)."""
+        with self._mutex:
+            self._edges.clear()
+            self._violations.clear()
+
+    def record(self, held: list[str], wanted: str) -> str | None:
+        """Record the orders ``h → wanted`` for each class ``h`` held; return the message
+        of a violation (an order that closes a cycle) instead, recording nothing."""
+        with self._mutex:
+            for first in held:
+                path = self._path(wanted, first)
+                if path is not None:
+                    message = self._message(first, wanted, path)
+                    self._violations.append(message)
+                    return message
+            where = None
+            for first in held:
+                then = self._edges.setdefault(first, {})
+                if wanted not in then:
+                    where = where or _caller()
+                    then[wanted] = where
+        return None
+
+    def _path(self, start: str, goal: str) -> list[str] | None:
+        """A path ``start`` → ... → ``goal`` through recorded orders (``_mutex`` held)."""
+        seen = {start}
+        stack = [[start]]
+        while stack:
+            path = stack.pop()
+            for then in self._edges.get(path[-1], {}):
+                if then == goal:
+                    return [*path, then]
+                if then not in seen:
+                    seen.add(then)
+                    stack.append([*path, then])
+        return None
+
+    def _message(self, first: str, wanted: str, path: list[str]) -> str:
+        steps = "; ".join(f"{a!r} then {b!r} at {self._edges[a][b]}"
+                          for a, b in itertools.pairwise(path))
+        return (
+            f"Lock order inverted: acquiring {wanted!r} while holding {first!r} (at "
+            f"{_caller()}), but {' -> '.join(repr(c) for c in path)} was taken before "
+            f"({steps}). Two processes taking both orders at once would deadlock until "
+            "their timeouts: take these locks in one order (multi_lock() sorts them)."
+        )
+
+
+#: This process' graph.
+GRAPH = OrderGraph()
+
+
+def violations() -> list[str]:
+    """The lock-order violations found in this process so far (:data:`GRAPH`'s)."""
+    return GRAPH.violations()
+
+
+def check(hold: _Classed, holder: object) -> None:
+    """Before a blocking acquire of ``hold`` by ``holder`` (``Hold.begin``): record its
+    orders, or act on a violation as ``DISTLOCK_CHECK_ORDER`` says.
+
+    :raises LockOrderViolation: in ``"raise"`` mode, for an order that closes a cycle.
+    """
+    global MODE
+    mode = MODE
+    if mode is None:
+        mode = MODE = read_mode()
+    if not mode or _exempt.get():
+        return
+    from .holders import held_by
+
+    wanted = hold.order_class or lock_class(hold.name)
+    held = {h.order_class or lock_class(h.name) for h in held_by(holder) if h is not hold}
+    held.discard(wanted)
+    if not held:
+        return
+    message = GRAPH.record(sorted(held), wanted)
+    if message is None:
+        return
+    if mode == "raise":
+        raise LockOrderViolation(message)
+    filename, line = _caller_frame()
+    warnings.warn_explicit(message, LockOrderWarning, filename, line)
+
+
+@contextlib.contextmanager
+def exempt() -> Iterator[None]:
+    """Within: acquires record no order (``multi_lock()``'s own, which it sorts)."""
+    token = _exempt.set(True)
+    try:
+        yield
+    finally:
+        _exempt.reset(token)
+
+
+def reset_mode() -> None:
+    """Read ``DISTLOCK_CHECK_ORDER`` again at the next acquire (``setting_changed``)."""
+    global MODE
+    MODE = None
+
+
+def _caller_frame() -> tuple[str, int]:
+    """The file and line of the innermost frame outside this package and the standard
+    library's ``contextlib``: where the user's code acquires."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not filename.startswith(_PACKAGE) and not filename.endswith("contextlib.py"):
+            return filename, frame.f_lineno
+        frame = frame.f_back  # type: ignore[assignment]
+    return "<unknown>", 0
+
+
+def _caller() -> str:
+    filename, line = _caller_frame()
+    return f"{filename}:{line}"

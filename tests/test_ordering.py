@@ -1,0 +1,165 @@
+"""The lock-order checker (``django_distlock.ordering``, ``DISTLOCK_CHECK_ORDER``): two
+lock classes taken in both orders raise or warn before any server call, naming both
+orders and where each was first seen, also through longer chains; classes from
+``order_class=``, ``@distlock`` templates or names; what records nothing (try-locks,
+one class, multi_lock, reentrant handles); the setting's defaults and check; and the
+pytest plugin failing a test that inverted an order."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from django.test import override_settings
+
+from django_distlock import distlock, locks, ordering
+from django_distlock.checks import check_distlock
+from django_distlock.exceptions import LockOrderViolation
+from django_distlock.ordering import GRAPH, LockOrderWarning, lock_class
+
+from .conftest import LIBRARY_DB
+
+pytestmark = [pytest.mark.django_versions, LIBRARY_DB]
+
+HERE = Path(__file__).name
+
+
+@pytest.fixture
+def raising() -> Iterator[None]:
+    GRAPH.reset()
+    with override_settings(DISTLOCK_CHECK_ORDER="raise"):
+        yield
+    GRAPH.reset()  # what the test found on purpose does not fail it (the plugin)
+
+
+def take(*names: str, **options: object) -> None:
+    """Hold ``names`` one inside the other, in this order, then let them go."""
+    handles = [locks["locmem"].lock(name, timeout=1, **options) for name in names]
+    try:
+        for handle in handles:
+            assert handle.acquire()
+    finally:
+        for handle in reversed(handles):
+            if handle.held:
+                handle.release()
+
+
+def test_a_class_is_the_name_with_its_variable_parts_out() -> None:
+    assert lock_class("order:42") == "order:*"
+    assert lock_class("stock:7/eu") == "stock:*/eu"
+    assert lock_class("user:3f2a-77b1:cart") == "user:*-*:cart"
+    assert lock_class("report.2026-11-29") == "report.*-*-*"
+    assert lock_class("nightly import") == "nightly import"
+
+
+def test_the_reverse_of_a_seen_order_raises_before_any_server_call(raising: None) -> None:
+    take("order:1", "stock:1")
+    with pytest.raises(LockOrderViolation) as caught:
+        take("stock:2", "order:2")
+    message = str(caught.value)
+    assert "acquiring 'order:*' while holding 'stock:*'" in message
+    assert "'order:*' then 'stock:*' at" in message and HERE in message
+    assert not locks["locmem"].is_locked("order:2")  # refused before the acquire
+    assert [(o.first, o.then) for o in GRAPH.orders()] == [("order:*", "stock:*")]
+    take("order:3", "stock:3")  # the order seen first is fine
+
+
+def test_a_longer_cycle_is_found(raising: None) -> None:
+    take("a:1", "b:1")
+    take("b:2", "c:2")
+    with pytest.raises(LockOrderViolation, match="'a:\\*' -> 'b:\\*' -> 'c:\\*'"):
+        take("c:3", "a:3")  # closes a -> b -> c -> a
+
+
+def test_templates_and_order_class_name_the_classes(raising: None) -> None:
+    @distlock("invoice:{pk}", using="locmem", timeout=1)
+    def bill(pk: int) -> None:
+        take(f"batch-{pk}", order_class="batch")
+
+    bill(1)
+    assert [(o.first, o.then) for o in GRAPH.orders()] == [("invoice:{pk}", "batch")]
+    batch = locks["locmem"].lock("nightly", order_class="batch")
+    with batch, pytest.raises(LockOrderViolation, match=r"'invoice:\{pk\}' while holding"):
+        bill(2)
+
+
+def test_what_records_no_order(raising: None) -> None:
+    take("p:1", "p:2")  # one class
+    with locks["locmem"].lock("q:1"):
+        tried = locks["locmem"].lock("r:1", blocking=False)  # a try-lock cannot wait
+        assert tried.acquire()
+        tried.release()
+    reentrant = locks["locmem"].lock("s:1", reentrant=True)
+    with reentrant, reentrant:  # acquired again: no order with itself
+        pass
+    with locks["locmem"].multi_lock(["u:1", "t:1"]):  # sorted by multi_lock itself
+        pass
+    assert GRAPH.orders() == []
+    with locks["locmem"].multi_lock(["u:2", "t:2"]):
+        take("v:2")  # but what is taken while a multi_lock holds is recorded
+    assert {(o.first, o.then) for o in GRAPH.orders()} == {("t:*", "v:*"), ("u:*", "v:*")}
+
+
+def test_warn_mode_warns_at_the_callers_line_and_goes_on() -> None:
+    GRAPH.reset()
+    with override_settings(DISTLOCK_CHECK_ORDER="warn"):
+        take("m:1", "n:1")
+        with pytest.warns(LockOrderWarning, match="acquiring 'm:\\*' while holding") as seen:
+            take("n:2", "m:2")  # acquired all the same
+    assert seen[0].filename.endswith(HERE)
+    GRAPH.reset()
+
+
+def test_the_mode_defaults_to_warn_under_debug_and_off_otherwise() -> None:
+    GRAPH.reset()
+    take("d:1", "e:1")
+    assert GRAPH.orders() == []  # DEBUG is False in tests: off
+    with override_settings(DEBUG=True):
+        take("d:2", "e:2")
+        assert ordering.MODE == "warn" and len(GRAPH.orders()) == 1
+    with override_settings(DEBUG=True, DISTLOCK_CHECK_ORDER=False):
+        take("e:3", "d:3")
+    GRAPH.reset()
+    with override_settings(DISTLOCK_CHECK_ORDER="always"):
+        assert [m.id for m in check_distlock() if m.id == "distlock.E007"] == ["distlock.E007"]
+
+
+def test_the_pytest_plugin_fails_a_test_that_inverted_an_order(tmp_path: Path) -> None:
+    (tmp_path / "test_inverted.py").write_text(
+        "from django.test import override_settings\n"
+        "from django_distlock import locks\n"
+        "def test_inverts():\n"
+        "    with override_settings(DISTLOCK_CHECK_ORDER='warn'):\n"
+        "        for first, then in (('f:1', 'g:1'), ('g:2', 'f:2')):\n"
+        "            with locks['locmem'].lock(first), locks['locmem'].lock(then):\n"
+        "                pass\n"
+        "def test_fine():\n"
+        "    with locks['locmem'].lock('h:1'):\n"
+        "        pass\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W",
+         "ignore::django_distlock.ordering.LockOrderWarning", str(tmp_path)],
+        capture_output=True, text=True, timeout=120,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    # The fixture fails the test at its teardown: pytest reports that as an error.
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "2 passed, 1 error" in done.stdout, done.stdout
+    assert "ERROR" in done.stdout and "test_inverted.py::test_inverts" in done.stdout
+    assert "Lock order inverted during this test" in done.stdout
+
+
+def test_warnings_filters_may_make_the_warning_an_error() -> None:
+    GRAPH.reset()
+    with override_settings(DISTLOCK_CHECK_ORDER="warn"), warnings.catch_warnings():
+        warnings.simplefilter("error", LockOrderWarning)
+        take("j:1", "k:1")
+        with pytest.raises(LockOrderWarning):
+            take("k:2", "j:2")
+    assert not locks["locmem"].is_locked("j:2") and not locks["locmem"].is_locked("k:2")
+    GRAPH.reset()
