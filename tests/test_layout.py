@@ -49,6 +49,7 @@ PUBLIC = (
     "django_distlock.contrib.celery",
     "django_distlock.contrib.celery.once",
     "django_distlock.contrib.celery.testing",
+    "django_distlock.contrib.debug_toolbar",
     "django_distlock.contrib.health_check",
     "django_distlock.contrib.optimistic",
     "django_distlock.contrib.optimistic.admin",
