@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from .conftest import FULL_RUN
+from .private_redis import _free_port
 
 pytest.importorskip("debug_toolbar")
 
@@ -58,13 +59,6 @@ def test_the_panel_lists_the_locks_a_request_asked_for(tmp_path: Path) -> None:
     assert "stock:7" in rows[1] and "acquired" in rows[1]
     assert "order:7" in rows[2] and "busy" in rows[2] and "&mdash;" in rows[2]
     assert "No lock was asked for" not in panel
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def test_the_panel_in_a_browser(tmp_path: Path) -> None:
