@@ -306,8 +306,9 @@ class Lock(Generic[B]):
         if circuit.cause is not None:  # FAIL_FAST: the server failed lately (circuit.py)
             try:
                 circuit.check("acquire", self.name)
-            except BackendUnavailable:
+            except BackendUnavailable as exc:
                 hold.busy = False
+                hold.acquire_failed(exc)
                 raise
         try:
             while True:
@@ -341,8 +342,11 @@ class Lock(Generic[B]):
                     logger.warning("Giving back an expired grant of %r failed", self, exc_info=True)
                 if not blocking or _past(deadline):
                     return False
-        except BackendUnavailable as exc:
-            circuit.failed(exc)
+        except DistLockError as exc:  # the server failed, or refused the wait or call
+            if isinstance(exc, BackendUnavailable):
+                circuit.failed(exc)
+            hold.busy = False
+            hold.acquire_failed(exc)
             raise
         finally:
             hold.busy = False

@@ -308,6 +308,12 @@ class Hold:
         """Send :data:`~django_distlock.signals.lock_not_acquired` (an acquire missed)."""
         self._send(signals.lock_not_acquired, waited=time.monotonic() - self._started)
 
+    def acquire_failed(self, error: BaseException) -> None:
+        """Send :data:`~django_distlock.signals.lock_acquire_failed` (an acquire raised
+        ``error``)."""
+        self._send(signals.lock_acquire_failed, waited=time.monotonic() - self._started,
+                   error=error)
+
     def _send_lost(self) -> None:
         """Record the loss found by a release; signal it unless it was known already."""
         if self._lost:

@@ -5,7 +5,8 @@ arguments ``backend``, ``alias``, ``name`` and ``fencing_token``; those sent by
 a lock handle also carry ``handle``, the :class:`~django_distlock.Lock` (its
 ``holder``, ``owner_id`` and ``held_for`` describe the holder; None for a loss found
 after the handle was dropped unreleased). ``lock_acquired`` and
-``lock_not_acquired`` carry ``waited`` (seconds spent in ``acquire()``);
+``lock_not_acquired`` carry ``waited`` (seconds spent in ``acquire()``),
+``lock_acquire_failed`` ``waited`` and ``error`` (the exception ``acquire()`` raised);
 ``lock_force_released`` carries no token and no handle but ``by_operator``
 (True within :func:`by_operator`, where an operator signal below describes the
 action). Receivers run on the hot path: keep them quick.
@@ -27,6 +28,7 @@ from django.dispatch import Signal
 __all__ = [
     "by_operator",
     "is_by_operator",
+    "lock_acquire_failed",
     "lock_acquired",
     "lock_force_released",
     "lock_lost",
@@ -41,6 +43,12 @@ __all__ = [
 lock_acquired = Signal()
 #: ``acquire()`` returned False: timed out, or busy without blocking.
 lock_not_acquired = Signal()
+#: ``acquire()`` raised (``error``: the exception): the server failed
+#: (``BackendUnavailable``, also when the circuit fails fast), or refused the wait
+#: (``Deadlock``), or the call was refused (``UnsupportedOperation``). ``waited``: seconds
+#: spent in it. Not sent for the errors ``acquire()`` raises before it starts (bad
+#: arguments, ``SelfDeadlock``, ``LockOrderViolation``).
+lock_acquire_failed = Signal()
 #: A held lock was released by its handle.
 lock_released = Signal()
 #: A held lock's lease was moved on (the watchdog's renewal, or ``extend()``): its

@@ -51,6 +51,25 @@ def audited(settings: Any) -> Iterator[None]:
     recorder.flush()
 
 
+def test_an_acquire_that_raised_is_a_failed_row_with_the_error(settings: Any) -> None:
+    """The server failed the acquire (``lock_acquire_failed``): a row of kind failed
+    whose reason is the error, counted among the failures."""
+    require_redis()
+    from django_distlock.exceptions import BackendUnavailable
+    from django_distlock.testing import backend_unavailable
+
+    recorder.flush()
+    LockEvent.objects.all().delete()
+    audited = {**settings.DISTLOCK, "redis": {**settings.DISTLOCK["redis"], "AUDIT": True}}
+    with override_settings(DISTLOCK=audited), backend_unavailable("redis") as broken, \
+            pytest.raises(BackendUnavailable) as raised:
+        broken.lock("audit:down", timeout=1).acquire()
+    recorder.flush()
+    (row,) = LockEvent.objects.filter(alias="redis")
+    assert (row.kind, row.name) == ("failed", "audit:down")
+    assert row.reason == f"BackendUnavailable: {raised.value}" and row.waited is not None
+
+
 def test_a_hold_is_one_row_with_its_wait_and_hold_times(audited: None) -> None:
     handle = locks["locmem"].lock("audit:a", ttl=30)
     handle.acquire()

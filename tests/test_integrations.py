@@ -21,7 +21,7 @@ from django_distlock.contrib.audit.models import LockEvent
 from django_distlock.contrib.health_check import LockBackends
 from django_distlock.handle import hold_of
 
-from .conftest import DATABASES, require_pg
+from .conftest import DATABASES, require_pg, require_redis
 from .tables import table_missing
 
 # every alias' health() runs, the database ones included (on every test database)
@@ -102,6 +102,20 @@ def test_prometheus_counts_lock_events(registry: CollectorRegistry, unique: Any)
     assert value("distlock_wait_seconds_count") == 3
     assert value("distlock_hold_seconds_count") == 1
     assert prometheus.install(registry) is prometheus.install()  # installed once
+
+
+def test_prometheus_counts_acquires_that_raised(registry: CollectorRegistry, unique: Any
+                                                ) -> None:
+    require_redis()
+    from django_distlock.exceptions import BackendUnavailable
+    from django_distlock.testing import backend_unavailable
+
+    with backend_unavailable("redis") as broken, pytest.raises(BackendUnavailable):
+        broken.lock(unique(), timeout=1).acquire()
+    labels = {"alias": "redis"}
+    assert registry.get_sample_value("distlock_acquire_errors_total", labels) == 1
+    assert registry.get_sample_value("distlock_acquire_failures_total", labels) in (None, 0)
+    assert registry.get_sample_value("distlock_wait_seconds_count", labels) == 1
 
 
 def test_prometheus_uninstalled_counts_nothing(unique: Any) -> None:

@@ -1,8 +1,8 @@
 """``DistlockInstrumentor`` with the OpenTelemetry SDK's in-memory exporter and metric
 reader, on every backend: the spans (``distlock.acquire`` under the current span,
 ``distlock.hold`` with the fencing token, renewal and loss events), the metrics (no
-lock name among their attributes), timeouts and busy names, async, uninstrument, and
-nothing of OpenTelemetry imported by an uninstrumented process."""
+lock name among their attributes), timeouts and busy names, an acquire the server failed,
+async, uninstrument, and nothing of OpenTelemetry imported by an uninstrumented process."""
 
 from __future__ import annotations
 
@@ -28,8 +28,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
 from opentelemetry.trace import StatusCode
 
 from django_distlock import locks
+from django_distlock.exceptions import BackendUnavailable
 from django_distlock.integrations.opentelemetry import DistlockInstrumentor
+from django_distlock.testing import backend_unavailable
 from django_distlock.testing.contract.support import in_thread
+from django_distlock.testing.signals import signals_sent
 
 from .conftest import LIBRARY_DB, require_alias
 
@@ -117,6 +120,28 @@ def test_timeouts_and_busy_names_are_acquire_spans_with_their_outcome(
     assert timeout.status.status_code == StatusCode.ERROR
     (timeouts,) = telemetry.points("distlock.timeouts")
     assert timeouts.value == 1  # the busy name is no timeout
+
+
+@pytest.mark.parametrize("alias", ["redis", "pg-lease", "zk"])
+def test_an_acquire_the_server_failed_is_an_acquire_span_with_outcome_error(
+    alias: str, telemetry: Telemetry, unique
+) -> None:
+    require_alias(alias)
+    name = unique("otel-error")
+    with backend_unavailable(alias) as broken, signals_sent("lock_acquire_failed") as sent, \
+            pytest.raises(BackendUnavailable) as raised:
+        broken.lock(name, timeout=1).acquire()
+    assert sent == [("lock_acquire_failed", name)]
+    (acquire,) = telemetry.spans("distlock.acquire")
+    assert telemetry.spans("distlock.hold") == []
+    assert acquire.attributes["distlock.outcome"] == "error"
+    assert acquire.attributes["error.type"] == "BackendUnavailable"
+    assert acquire.status.status_code == StatusCode.ERROR
+    (event,) = acquire.events
+    assert event.name == "exception"
+    assert event.attributes["exception.message"] == str(raised.value)
+    (wait,) = telemetry.points("distlock.wait.duration")
+    assert wait.attributes["distlock.outcome"] == "error" and wait.count == 1
 
 
 @pytest.mark.parametrize("alias", ["locmem", "redis", "pg-lease"])

@@ -9,11 +9,12 @@ panel shows its queries.
     ]
 
 Each lock the request's code asked for is a row: its name, alias, kind, the outcome
-(acquired, timeout, busy), the wait and the hold (ms), the fencing token, whether it was
-lost; below the table, the lock-order checker's findings made during the request
-(``ordering.py``). Recorded from the library's signals, only those sent in the request's
-own context (its thread, or its task under ASGI: another request served at the same time
-is not mixed in). Nothing of it runs unless the toolbar is on for the request.
+(acquired, timeout, busy, or the error the acquire raised), the wait and the hold (ms),
+the fencing token, whether it was lost; below the table, the lock-order checker's
+findings made during the request (``ordering.py``). Recorded from the library's signals,
+only those sent in the request's own context (its thread, or its task under ASGI:
+another request served at the same time is not mixed in). Nothing of it runs unless the
+toolbar is on for the request.
 """
 
 from __future__ import annotations
@@ -115,6 +116,7 @@ class LocksPanel(Panel):
         return [
             (signals.lock_acquired, self._acquired),
             (signals.lock_not_acquired, self._not_acquired),
+            (signals.lock_acquire_failed, self._acquire_failed),
             (signals.lock_released, self._released),
             (signals.lock_lost, self._lost),
         ]
@@ -144,6 +146,12 @@ class LocksPanel(Panel):
         if handle is None or _current.get() is not self:
             return
         self._row(handle, kwargs, "timeout" if handle.options.blocking else "busy", waited)
+
+    def _acquire_failed(self, sender: Any, handle: Any = None, waited: float = 0.0,
+                        error: BaseException | None = None, **kwargs: Any) -> None:
+        if handle is None or _current.get() is not self:
+            return
+        self._row(handle, kwargs, f"error: {type(error).__name__}", waited)
 
     def _released(self, sender: Any, handle: Any = None, **kwargs: Any) -> None:
         if handle is None or _current.get() is not self:

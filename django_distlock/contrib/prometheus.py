@@ -4,7 +4,9 @@ Call :func:`install` once (an ``AppConfig.ready``, say), then expose the
 registry as usual (``prometheus_client.make_wsgi_app()``, django-prometheus...):
 
 - ``distlock_acquisitions_total``, ``distlock_acquire_failures_total`` (timed out
-  or busy), ``distlock_lost_total``, ``distlock_force_releases_total``: counters;
+  or busy), ``distlock_acquire_errors_total`` (``acquire()`` raised: the server failed
+  or refused the wait), ``distlock_lost_total``, ``distlock_force_releases_total``:
+  counters;
 - ``distlock_wait_seconds`` (time in ``acquire()``) and ``distlock_hold_seconds``
   (acquire to release): histograms;
 - ``distlock_locks_held``: locks this site holds now (gauge, summed over live worker
@@ -58,6 +60,7 @@ BUCKETS = (0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300)
 class Metrics(NamedTuple):
     acquired: Counter
     failed: Counter
+    errors: Counter
     lost: Counter
     force_released: Counter
     wait: Histogram
@@ -159,6 +162,10 @@ def install(registry: CollectorRegistry = REGISTRY) -> Metrics:
             "distlock_acquire_failures", "Acquires that timed out or found the lock busy",
             ["alias"], registry=registry,
         ),
+        Counter(
+            "distlock_acquire_errors", "Acquires that raised (the server failed or refused)",
+            ["alias"], registry=registry,
+        ),
         Counter("distlock_lost", "Held locks found lost", ["alias"], registry=registry),
         Counter(
             "distlock_force_releases", "Locks force-released", ["alias"], registry=registry
@@ -216,6 +223,10 @@ def _receivers(m: Metrics, holds: Holds) -> dict[Any, Any]:
         m.failed.labels(alias).inc()
         m.wait.labels(alias).observe(waited)
 
+    def errored(sender: Any, alias: str, waited: float = 0.0, **kwargs: Any) -> None:
+        m.errors.labels(alias).inc()
+        m.wait.labels(alias).observe(waited)
+
     def released(sender: Any, alias: str, handle: Any = None, **kwargs: Any) -> None:
         held_for = getattr(handle, "held_for", None)
         if held_for is not None:
@@ -234,6 +245,7 @@ def _receivers(m: Metrics, holds: Holds) -> dict[Any, Any]:
     return {
         signals.lock_acquired: acquired,
         signals.lock_not_acquired: failed,
+        signals.lock_acquire_failed: errored,
         signals.lock_released: released,
         signals.lock_lost: lost,
         signals.lock_force_released: force_released,

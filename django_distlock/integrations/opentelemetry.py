@@ -10,11 +10,13 @@
 or, with ``opentelemetry-instrument`` (the entry point ``distlock`` of the group
 ``opentelemetry_instrumentor``), nothing in code. What it makes (docs/observability.md):
 
-- a span ``distlock.acquire`` per ``acquire()`` that returned (granted, or not: a
-  timeout, a busy name), a child of the span current in the acquiring thread or task,
-  from the call's start to its end, with ``distlock.name``, ``distlock.alias``,
+- a span ``distlock.acquire`` per ``acquire()`` (granted, or not: a timeout, a busy
+  name, an error), a child of the span current in the acquiring thread or task, from
+  the call's start to its end, with ``distlock.name``, ``distlock.alias``,
   ``distlock.backend``, ``distlock.kind``, ``distlock.outcome`` (``acquired``,
-  ``timeout``, ``busy``) and ``distlock.wait`` (seconds);
+  ``timeout``, ``busy``, ``error``) and ``distlock.wait`` (seconds); an ``error`` span
+  records the exception ``acquire()`` raised (``BackendUnavailable``, ``Deadlock``:
+  the signal ``lock_acquire_failed``) and its ``error.type``;
 - a span ``distlock.hold`` from each grant to its release (``distlock.fencing_token``,
   ``distlock.lost``), with an event ``distlock.renewed`` per renewal and
   ``distlock.lost`` when the lock was lost (the span then ends, with an error status);
@@ -25,8 +27,9 @@ or, with ``opentelemetry-instrument`` (the entry point ``distlock`` of the group
 
 They are made from the library's signals (``signals.py``), which the lock handle sends
 only to receivers there are: uninstrumented, nothing of OpenTelemetry is imported and
-the hot path makes no call more (the ``benchmarks.hops`` budget is unchanged). A call
-that raised (``BackendUnavailable``) sends no signal and makes no span.
+the hot path makes no call more (the ``benchmarks.hops`` budget is unchanged). An
+``acquire()`` refused before it starts (bad arguments, ``SelfDeadlock``,
+``LockOrderViolation``) makes no span.
 """
 
 from __future__ import annotations
@@ -117,6 +120,7 @@ class _Receivers:
         return [
             (signals.lock_acquired, self.acquired),
             (signals.lock_not_acquired, self.not_acquired),
+            (signals.lock_acquire_failed, self.acquire_failed),
             (signals.lock_released, self.released),
             (signals.lock_lost, self.lost_lock),
             (signals.lock_renewed, self.renewed),
@@ -151,6 +155,12 @@ class _Receivers:
         if outcome == "timeout":
             self.timeouts.add(1, _metric(attributes))
 
+    def acquire_failed(self, sender: Any, handle: Any = None, waited: float = 0.0,
+                       error: BaseException | None = None, **kwargs: Any) -> None:
+        if handle is None:
+            return
+        self._acquire_span(_attributes(handle, kwargs), waited, "error", error)
+
     def released(self, sender: Any, handle: Any = None, **kwargs: Any) -> None:
         held = self.holds.pop(handle, None) if handle is not None else None
         if held is None:
@@ -183,7 +193,8 @@ class _Receivers:
             held[0].add_event("distlock.renewed", {
                 "distlock.expires_at": expires.isoformat() if expires else ""})
 
-    def _acquire_span(self, attributes: dict[str, Any], waited: float, outcome: str) -> None:
+    def _acquire_span(self, attributes: dict[str, Any], waited: float, outcome: str,
+                      error: BaseException | None = None) -> None:
         """A span from the acquire's start (``waited`` ago) to now, in the current
         context (the acquiring thread's or task's: signals run there)."""
         now = time.time_ns()
@@ -191,7 +202,11 @@ class _Receivers:
             "distlock.acquire", start_time=now - int(waited * 1e9),
             attributes={**attributes, "distlock.outcome": outcome, "distlock.wait": waited},
         )
-        if outcome != "acquired":
+        if error is not None:
+            span.record_exception(error, timestamp=now)
+            span.set_attribute("error.type", type(error).__qualname__)
+            span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+        elif outcome != "acquired":
             span.set_status(Status(StatusCode.ERROR, f"not acquired: {outcome}"))
         span.end(end_time=now)
         self.wait.record(waited, {**_metric(attributes), "distlock.outcome": outcome})

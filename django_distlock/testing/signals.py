@@ -9,7 +9,8 @@ from typing import Any
 from .. import signals
 
 #: Every lock signal, by its name in :mod:`django_distlock.signals`.
-ALL = ("lock_acquired", "lock_not_acquired", "lock_released", "lock_lost", "lock_force_released")
+ALL = ("lock_acquired", "lock_not_acquired", "lock_acquire_failed", "lock_released", "lock_lost",
+       "lock_force_released")
 
 
 @contextmanager

@@ -55,6 +55,7 @@ class LockEvent(models.Model):
     #: Who forced a release or purged (a username, "command:<user>" for the management
     #: command, "task:purge_audit" for the Celery task).
     actor = models.CharField(max_length=150, blank=True, default="")
+    #: Why: the operator's words; of a failed acquisition that raised, the error.
     reason = models.TextField(blank=True, default="")
 
     class Meta:

@@ -252,6 +252,9 @@ def _receiver(kind: str) -> Any:
             return
         row = _row(kind, alias, name, handle)
         row.update(fencing_token=kwargs.get("fencing_token"), waited=kwargs.get("waited"))
+        error = kwargs.get("error")
+        if error is not None:  # an acquire that raised: what the server said
+            row["reason"] = f"{type(error).__name__}: {error}"
         if ends and handle is not None:
             waited, start = recorder.close_hold(handle)
             if start is None and config.sample < 1.0:
@@ -277,6 +280,7 @@ def _connect_celery_shutdown() -> None:
 _RECEIVERS = {
     signals.lock_acquired: _receiver(LockEvent.ACQUIRED),
     signals.lock_not_acquired: _receiver(LockEvent.FAILED),
+    signals.lock_acquire_failed: _receiver(LockEvent.FAILED),
     signals.lock_released: _receiver(LockEvent.RELEASED),
     signals.lock_lost: _receiver(LockEvent.LOST),
     signals.lock_force_released: _receiver(LockEvent.FORCE_RELEASED),
