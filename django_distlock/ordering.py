@@ -24,6 +24,12 @@ reentrant handle's re-acquisitions record nothing.
 The graph is this process' (:data:`GRAPH`); :func:`violations` lists what it found, and
 the pytest plugin fails a test that made one. Off, the checker costs the acquire one
 comparison and no call.
+
+Across processes, the orders come from a record of past holds: :func:`orders_in` reads
+them from holds (each with its holder, name, start and end) and :func:`inversions` finds
+the cycles among them. A history of holds registers itself with
+:func:`register_history` (the audit app registers its trail); ``manage.py distlock
+order`` prints this process' graph and each registered history's orders.
 """
 
 from __future__ import annotations
@@ -34,9 +40,10 @@ import re
 import sys
 import threading
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Protocol
 
@@ -50,7 +57,20 @@ class _Classed(Protocol):
     name: str
     order_class: str | None
 
-__all__ = ["GRAPH", "LockOrderWarning", "Order", "OrderGraph", "lock_class", "violations"]
+__all__ = [
+    "GRAPH",
+    "HISTORIES",
+    "LockOrderWarning",
+    "Order",
+    "OrderGraph",
+    "PastHold",
+    "SeenOrder",
+    "inversions",
+    "lock_class",
+    "orders_in",
+    "register_history",
+    "violations",
+]
 
 #: The mode in force: ``"raise"``, ``"warn"``, False (off), or None (not read yet: the
 #: next blocking acquire reads it through the registry).
@@ -134,17 +154,7 @@ class OrderGraph:
 
     def _path(self, start: str, goal: str) -> list[str] | None:
         """A path ``start`` → ... → ``goal`` through recorded orders (``_mutex`` held)."""
-        seen = {start}
-        stack = [[start]]
-        while stack:
-            path = stack.pop()
-            for then in self._edges.get(path[-1], {}):
-                if then == goal:
-                    return [*path, then]
-                if then not in seen:
-                    seen.add(then)
-                    stack.append([*path, then])
-        return None
+        return _path(self._edges, start, goal)
 
     def _message(self, first: str, wanted: str, path: list[str]) -> str:
         steps = "; ".join(f"{a!r} then {b!r} at {self._edges[a][b]}"
@@ -159,6 +169,106 @@ class OrderGraph:
 
 #: This process' graph.
 GRAPH = OrderGraph()
+
+
+def _path(edges: Mapping[str, Iterable[str]], start: str, goal: str) -> list[str] | None:
+    """A path ``start`` → ... → ``goal`` through ``edges`` (class → the classes taken
+    while holding it), or None."""
+    seen = {start}
+    stack = [[start]]
+    while stack:
+        path = stack.pop()
+        for then in edges.get(path[-1], ()):
+            if then == goal:
+                return [*path, then]
+            if then not in seen:
+                seen.add(then)
+                stack.append([*path, then])
+    return None
+
+
+# -- orders across processes, from a record of past holds ------------------------------
+
+
+@dataclass(frozen=True)
+class PastHold:
+    """A hold read back from a record: who held (``holder``: one thread or task of one
+    process, as ``"host pid 12 MainThread"``), the lock's ``name``, when the hold began
+    and ended (the holder's clock), and what the holder was doing (``context``)."""
+
+    holder: str
+    name: str
+    start: datetime
+    end: datetime
+    context: str = ""
+
+
+@dataclass(frozen=True)
+class SeenOrder:
+    """An order found in past holds: class ``first`` held while class ``then`` was
+    acquired, ``count`` times, first by ``example`` (the later hold: its holder, start
+    and context)."""
+
+    first: str
+    then: str
+    count: int
+    example: PastHold
+
+
+def orders_in(holds: Iterable[PastHold]) -> list[SeenOrder]:
+    """The orders of ``holds``: ``A → B`` each time a holder's hold of class B began while
+    its hold of class A had not ended (classes by :func:`lock_class`: a record keeps
+    names, not ``order_class=`` nor templates).
+
+    :param holds: grouped by holder, each holder's sorted by ``start`` (one pass, in
+        memory only the holds of one holder still open).
+    :returns: the orders, sorted.
+    """
+    counts: dict[tuple[str, str], list[int]] = {}
+    examples: dict[tuple[str, str], PastHold] = {}
+    holder = None
+    open_holds: list[tuple[datetime, str]] = []
+    for hold in holds:
+        if hold.holder != holder:
+            holder, open_holds = hold.holder, []
+        wanted = lock_class(hold.name)
+        open_holds = [(end, cls) for end, cls in open_holds if end > hold.start]
+        for first in {cls for _, cls in open_holds if cls != wanted}:
+            edge = (first, wanted)
+            if edge in counts:
+                counts[edge][0] += 1
+            else:
+                counts[edge], examples[edge] = [1], hold
+        open_holds.append((hold.end, wanted))
+    return [SeenOrder(a, b, counts[(a, b)][0], examples[(a, b)]) for a, b in sorted(counts)]
+
+
+def inversions(orders: Iterable[tuple[str, str]]) -> list[list[str]]:
+    """The cycles among ``orders`` (pairs ``(first, then)``): each as its classes from
+    its smallest round to it again (``["a", "b", "a"]``), once, sorted."""
+    edges: dict[str, set[str]] = {}
+    for first, then in orders:
+        edges.setdefault(first, set()).add(then)
+    found = set()
+    for first in sorted(edges):
+        for then in sorted(edges[first]):
+            path = _path(edges, then, first)
+            if path is not None:
+                cycle = [first, *path[:-1]]
+                at = cycle.index(min(cycle))
+                found.add(tuple(cycle[at:] + cycle[:at]))
+    return [[*cycle, cycle[0]] for cycle in sorted(found)]
+
+
+#: Records of past holds, by label: each a function of a start time (None: all) that
+#: yields the holds recorded since, as :func:`orders_in` takes them.
+HISTORIES: dict[str, Callable[[datetime | None], Iterable[PastHold]]] = {}
+
+
+def register_history(label: str, holds: Callable[[datetime | None], Iterable[PastHold]]
+                     ) -> None:
+    """Register a record of past holds (an app's ``ready()``: the audit app's trail)."""
+    HISTORIES[label] = holds
 
 
 def violations() -> list[str]:

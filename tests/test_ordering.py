@@ -7,17 +7,24 @@ pytest plugin failing a test that inverted an order."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 import warnings
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from io import StringIO
 from pathlib import Path
 
 import pytest
+from django.core.management import CommandError, call_command
+from django.db import connections
 from django.test import override_settings
 
 from django_distlock import distlock, locks, ordering
 from django_distlock.checks import check_distlock
+from django_distlock.contrib.audit.models import LockEvent
 from django_distlock.exceptions import LockOrderViolation
 from django_distlock.ordering import GRAPH, LockOrderWarning, lock_class
 
@@ -26,6 +33,7 @@ from .conftest import LIBRARY_DB
 pytestmark = [pytest.mark.django_versions, LIBRARY_DB]
 
 HERE = Path(__file__).name
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -163,3 +171,81 @@ def test_warnings_filters_may_make_the_warning_an_error() -> None:
             take("k:2", "j:2")
     assert not locks["locmem"].is_locked("j:2") and not locks["locmem"].is_locked("k:2")
     GRAPH.reset()
+
+
+# -- orders across processes: past holds, the audit trail, manage.py distlock order ------
+
+
+def _hold(holder: str, name: str, start: int, end: int) -> ordering.PastHold:
+    at = datetime(2026, 11, 30, tzinfo=UTC)
+    return ordering.PastHold(holder, name, at + timedelta(seconds=start),
+                             at + timedelta(seconds=end))
+
+
+def test_orders_in_past_holds_count_each_hold_begun_inside_another_of_its_holder() -> None:
+    holds = [
+        _hold("a", "order:1", 0, 10), _hold("a", "stock:1", 1, 2), _hold("a", "stock:2", 3, 4),
+        _hold("a", "order:2", 11, 12),  # after order:1 ended: no order
+        _hold("a", "order:3", 5, 6),  # one class held twice: no order
+        _hold("b", "stock:9", 0, 5), _hold("b", "invoice:9", 1, 2),  # another holder
+    ]
+    holds.sort(key=lambda h: (h.holder, h.start))
+    seen = ordering.orders_in(holds)
+    assert [(o.first, o.then, o.count) for o in seen] == [
+        ("order:*", "stock:*", 2), ("stock:*", "invoice:*", 1)]
+    assert seen[0].example.name == "stock:1"  # the first hold that made it
+    assert ordering.inversions((o.first, o.then) for o in seen) == []
+
+
+def test_inversions_are_the_cycles_each_once_from_its_smallest_class() -> None:
+    assert ordering.inversions([("b", "a"), ("a", "b")]) == [["a", "b", "a"]]
+    assert ordering.inversions([("a", "b"), ("b", "c"), ("c", "a"), ("x", "y")]) == [
+        ["a", "b", "c", "a"]]
+    assert ordering.inversions([("a", "b"), ("b", "c"), ("a", "c")]) == []
+
+
+def _take_elsewhere(first: str, second: str) -> int:
+    database = connections["default"].settings_dict
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.order_taker",
+         json.dumps({"ENGINE": database["ENGINE"], "NAME": str(database["NAME"]),
+                     "OPTIONS": {"timeout": 20}}), first, second],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return int(done.stdout.split()[-1])
+
+
+def test_distlock_order_finds_an_inversion_across_processes_in_the_audit_trail() -> None:
+    """Two processes, each with the checker off and each seeing one order only: the
+    command reads both from the audit trail, names the inversion, and --check exits 1."""
+    assert connections["default"].vendor == "sqlite"  # the helper writes to its file
+    LockEvent.objects.all().delete()
+    GRAPH.reset()
+    first = _take_elsewhere("order:41", "stock:41")
+    second = _take_elsewhere("stock:42", "order:42")
+    out = StringIO()
+    call_command("distlock", "order", stdout=out)
+    text = out.getvalue()
+    assert "Orders seen in this process:\n  none" in text
+    assert "order:* -> stock:*, 1 time; first at " in text and f"pid {first} " in text
+    assert "stock:* -> order:*, 1 time; first at " in text and f"pid {second} " in text
+    assert "INVERTED: order:* -> stock:* -> order:*" in text
+    with pytest.raises(CommandError) as failed:
+        call_command("distlock", "order", "--check", stdout=StringIO())
+    assert failed.value.returncode == 1
+    out = StringIO()
+    call_command("distlock", "order", "--json", stdout=out)
+    found = json.loads(out.getvalue())["the audit trail"]
+    assert found["inversions"] == [["order:*", "stock:*", "order:*"]]
+    LockEvent.objects.all().delete()
+
+
+def test_distlock_order_prints_this_process_graph(raising: None) -> None:
+    take("order:1", "stock:1")
+    out = StringIO()
+    call_command("distlock", "order", "--check", "--json", stdout=out)  # no inversion
+    found = json.loads(out.getvalue())["this process"]
+    assert [(o["first"], o["then"]) for o in found["orders"]] == [("order:*", "stock:*")]
+    assert HERE in found["orders"][0]["where"] and found["inversions"] == []

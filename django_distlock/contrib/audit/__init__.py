@@ -12,10 +12,11 @@ The modules of this package:
 - :mod:`.buckets`: the activity page's pre-aggregated counts, added by the writer;
 - :mod:`.totals`: their sums over a window, by the database;
 - :mod:`.purge`: deleting old rows (recorded);
+- :mod:`.history`: the ended holds, for the lock-order checker across processes;
 - :mod:`.tasks`: the Celery task ``django_distlock.purge_audit``.
 
-This module imports no model; import :mod:`.recorder`, :mod:`.buckets`, :mod:`.totals`
-and :mod:`.purge` themselves once the app registry is ready.
+This module imports no model; import :mod:`.recorder`, :mod:`.buckets`, :mod:`.totals`,
+:mod:`.purge` and :mod:`.history` themselves once the app registry is ready.
 """
 
 from .conf import AuditSettings, audit_for, parse_audit

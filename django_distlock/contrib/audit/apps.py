@@ -14,9 +14,10 @@ class AuditConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from django_distlock import health
+        from django_distlock import health, ordering
 
         from . import checks  # noqa: F401  (registers the system checks)
+        from .history import past_holds
         from .probe import check_audit_table
         from .recorder import connect_operator_receivers, follow_audit
 
@@ -24,6 +25,7 @@ class AuditConfig(AppConfig):
         if check_audit_table not in health.extra_probes:
             health.extra_probes.append(check_audit_table)
         follow_audit()  # the receivers of lock events, only while an alias audits
+        ordering.register_history("the audit trail", past_holds)
         setting_changed.connect(_follow, dispatch_uid="django_distlock.contrib.audit.follow")
 
 

@@ -1,19 +1,23 @@
 """``manage.py distlock``: list, inspect and force-release held locks, prune the database
 backend's idle rows, check each alias' health (exit status 1 when one fails: a container
-probe), run a command on one host at a time (``singleton``: ``singleton.py``). The audit
-trail's purge is ``manage.py distlock_audit purge`` (the audit app)."""
+probe), run a command on one host at a time (``singleton``: ``singleton.py``), print the
+lock orders seen and any inverted pair (``order``: ``ordering.py``). The audit trail's
+purge is ``manage.py distlock_audit purge`` (the audit app)."""
 
 from __future__ import annotations
 
 import getpass
 import json
 import sys
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
 from django.core import checks
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.utils import timezone
 
+from django_distlock import ordering
 from django_distlock.exceptions import DistLockError, InvalidLockName, LockConfigurationError
 from django_distlock.handler import DEFAULT_LOCK_ALIAS, locks
 from django_distlock.health import check_health
@@ -99,6 +103,17 @@ class Command(BaseCommand):
         singleton.add_argument("command", nargs="*", help="-- then the command and its "
                                "arguments (after --, options are the command's)")
 
+        order = sub.add_parser(
+            "order",
+            help="the lock orders seen (this process' graph, and each record of past holds: "
+            "the audit trail) and any inverted pair; exit 1 with --check if one is found",
+        )
+        order.add_argument("--since", type=float, default=24.0,
+                           help="holds that ended in the last this many hours (24; 0: all)")
+        order.add_argument("--check", action="store_true",
+                           help="exit 1 when an order is inverted (for CI or cron)")
+        order.add_argument("--json", action="store_true")
+
     def check(self, *args: Any, **kwargs: Any) -> None:
         """Run the system checks as every command does, except that errors of single
         ``DISTLOCK`` aliases only warn: ``list`` and ``health`` report such an alias as
@@ -154,6 +169,44 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from exc
         if status:
             sys.exit(status)
+
+    def do_order(self, *, since: float, check: bool, **options: Any) -> None:
+        if since < 0:
+            raise CommandError("--since must be 0 (all) or more hours.")
+        start = None if not since else timezone.now() - timedelta(hours=since)
+        graph = [(o.first, o.then) for o in ordering.GRAPH.orders()]
+        found: dict[str, dict[str, Any]] = {"this process": {
+            "orders": [{"first": o.first, "then": o.then, "where": o.where}
+                       for o in ordering.GRAPH.orders()],
+            "inversions": ordering.inversions(graph),
+        }}
+        for label, history in ordering.HISTORIES.items():
+            seen = ordering.orders_in(history(start))
+            found[label] = {
+                "orders": [{"first": o.first, "then": o.then, "count": o.count,
+                            "where": _where(o.example)} for o in seen],
+                "inversions": ordering.inversions((o.first, o.then) for o in seen),
+            }
+        if options["json"]:
+            self.stdout.write(json.dumps(found))
+        else:
+            for label, part in found.items():
+                since_text = "" if label == "this process" else (
+                    f" (holds ended since {start:%Y-%m-%d %H:%M} UTC)" if start else " (all)")
+                self.stdout.write(f"Orders seen in {label}{since_text}:")
+                if not part["orders"]:
+                    self.stdout.write("  none")
+                for seen_order in part["orders"]:
+                    count = seen_order.get("count")
+                    times = f", {count} time{'s' * (count != 1)}" if count else ""
+                    self.stdout.write(f"  {seen_order['first']} -> {seen_order['then']}"
+                                      f"{times}; first at {seen_order['where']}")
+                for cycle in part["inversions"]:
+                    self.stdout.write(f"  INVERTED: {' -> '.join(cycle)} (two holders taking "
+                                      "these orders at once would deadlock)")
+        if check and any(part["inversions"] for part in found.values()):
+            raise CommandError("Lock orders are inverted: take these locks in one order "
+                               "(multi_lock() sorts them).", returncode=1)
 
     def _alias(self, alias: str) -> None:
         if alias not in locks:
@@ -302,3 +355,10 @@ class Command(BaseCommand):
                 self.stdout.write(f"{h.alias}\t{state}")
         if not all(h.ok for h in results):
             raise CommandError("Some aliases are unavailable.", returncode=1)
+
+
+def _where(hold: ordering.PastHold) -> str:
+    """Where an order was first seen in a record: the later hold's start, holder and
+    context."""
+    context = f" ({hold.context})" if hold.context else ""
+    return f"{hold.start:%Y-%m-%d %H:%M:%S} by {hold.holder}{context}"

@@ -1,0 +1,42 @@
+"""A process that takes two locks one inside the other, audited, and exits
+(tests/test_ordering.py: the orders seen across processes, from the audit trail).
+
+``python -m tests.order_taker DATABASE_JSON FIRST SECOND``: ``DATABASE_JSON`` is the
+``DATABASES["default"]`` entry the audit trail is written to; the process holds the
+lock ``FIRST`` while it takes ``SECOND`` (the checker is off: this process alone sees
+no inversion), releases both, and prints its pid.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+import django
+from django.conf import settings
+
+
+def main(database: dict[str, Any], first: str, second: str) -> None:
+    settings.configure(
+        INSTALLED_APPS=["django.contrib.contenttypes", "django.contrib.auth", "django_distlock",
+                        "django_distlock.contrib.audit"],
+        DATABASES={"default": database},
+        DISTLOCK={"default": {"BACKEND": "django_distlock.backends.locmem.LocMemBackend",
+                              "AUDIT": True}},
+        DISTLOCK_CHECK_ORDER=False,
+        USE_TZ=True,
+    )
+    django.setup()
+    from django_distlock import locks
+    from django_distlock.contrib.audit.recorder import recorder
+
+    with locks["default"].lock(first, timeout=5), locks["default"].lock(second, timeout=5):
+        pass
+    recorder.flush()
+    print(os.getpid())
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]), sys.argv[2], sys.argv[3])
