@@ -27,7 +27,7 @@ CASE_MODULES = ("benchmarks.pg", "benchmarks.mysql", "benchmarks.orm", "benchmar
                 *(f"benchmarks.scale_server_{s}" for s in ("redis", "pg", "zk", "memcached")),
                 "benchmarks.schedules", "benchmarks.scale_listing", "benchmarks.scale_throughput",
                 "benchmarks.scale_mixed", "benchmarks.locmem", "benchmarks.stampede",
-                "benchmarks.leadership")
+                "benchmarks.leadership", "benchmarks.ordering")
 #: Suites run in this order by default; suites registered elsewhere follow.
 SUITE_ORDER = ("uncontended", "contended", "asyncio")
 RESULTS = Path(__file__).resolve().parent / "results" / "latest.md"

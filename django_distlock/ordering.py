@@ -35,6 +35,7 @@ order`` prints this process' graph and each registered history's orders.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import re
 import sys
@@ -47,6 +48,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Protocol
 
+from . import holders
 from .exceptions import LockOrderViolation
 
 
@@ -102,6 +104,7 @@ class Order:
     where: str
 
 
+@functools.lru_cache(maxsize=4096)  # an acquire classes every lock its holder holds
 def lock_class(name: str) -> str:
     """The class of a lock named ``name`` (no ``order_class`` nor template): its segments
     holding a digit become ``*``. Example: ``lock_class("stock:7/eu") == "stock:*/eu"``."""
@@ -288,10 +291,9 @@ def check(hold: _Classed, holder: object) -> None:
         mode = MODE = read_mode()
     if not mode or _exempt.get():
         return
-    from .holders import held_by
-
     wanted = hold.order_class or lock_class(hold.name)
-    held = {h.order_class or lock_class(h.name) for h in held_by(holder) if h is not hold}
+    held = {h.order_class or lock_class(h.name) for h in holders.held_by(holder)
+            if h is not hold}
     held.discard(wanted)
     if not held:
         return
