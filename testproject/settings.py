@@ -166,6 +166,22 @@ if os.environ.get("DISTLOCK_ZK_HOSTS"):
         "TIMEOUT": 10,
     }
 
+# django-debug-toolbar with the locks panel (docs/observability.md), when asked for:
+# SHOP_DEBUG_TOOLBAR=1 ./manage.py runserver, then /shop/p/<id>/. Off by default, so
+# that no other manage.py process of the demo loads the toolbar.
+if os.environ.get("SHOP_DEBUG_TOOLBAR") == "1":
+    INSTALLED_APPS.append("debug_toolbar")
+    MIDDLEWARE.insert(0, "debug_toolbar.middleware.DebugToolbarMiddleware")
+    INTERNAL_IPS = ["127.0.0.1"]
+    DEBUG_TOOLBAR_PANELS = [  # (the toolbar's own list needs the apps loaded)
+        "debug_toolbar.panels.timer.TimerPanel",
+        "debug_toolbar.panels.request.RequestPanel",
+        "debug_toolbar.panels.sql.SQLPanel",
+        "debug_toolbar.panels.cache.CachePanel",
+        "django_distlock.contrib.debug_toolbar.LocksPanel",
+    ]
+    DEBUG_TOOLBAR_CONFIG = {"IS_RUNNING_TESTS": False}
+
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},

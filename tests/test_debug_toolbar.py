@@ -1,7 +1,9 @@
 """The django-debug-toolbar panel (``django_distlock.contrib.debug_toolbar.LocksPanel``)
-in a site of its own (``tests/debug_toolbar_settings.py``, run in a subprocess so that this
-process' apps stay as they are): a page's toolbar lists the locks its view asked for,
-with their outcome, wait, hold and token, as the toolbar's own panel endpoint serves it."""
+on the demo shop (``testproject``, with ``SHOP_DEBUG_TOOLBAR=1``: its settings add the
+toolbar; run in subprocesses, on a SQLite file of the test's own, so that this process'
+apps stay as they are): the product page's toolbar lists the locks its view took (the
+stock lock of a sale, with its fencing token, and the card's rebuild lock), as the
+toolbar's own panel endpoint serves it and as Chromium shows it."""
 
 from __future__ import annotations
 
@@ -28,13 +30,24 @@ ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 
-_SCRIPT = """
-import json, re
+#: Sets the shop's database up and adds a product; prints its pk.
+_PREPARE = """
+import django
+django.setup()
+from django.core.management import call_command
+call_command("migrate", verbosity=0)
+from testproject.shop.models import Product
+print(Product.objects.create(name="Toolbar tea", price="3.50", stock=5).pk)
+"""
+
+#: A sale through the product page, then the page's panel as the toolbar serves it.
+_SALE = """
+import json, re, sys
 import django
 django.setup()
 from django.test import Client
-client = Client()
-page = client.get("/order/7/").content.decode()
+client = Client(HTTP_HOST="127.0.0.1")
+page = client.post(f"/shop/p/{sys.argv[1]}/").content.decode()
 request_id = re.search(r'data-request-id="([0-9a-f]+)"', page).group(1)
 panel = client.get("/__debug__/render_panel/",
                    {"request_id": request_id, "panel_id": "LocksPanel"}).json()
@@ -42,28 +55,43 @@ print(json.dumps({"page": page, "panel": panel["content"]}))
 """
 
 
-def test_the_panel_lists_the_locks_a_request_asked_for(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", _SCRIPT], cwd=ROOT, capture_output=True, text=True, timeout=120,
-        env={**os.environ, "DJANGO_SETTINGS_MODULE": "tests.debug_toolbar_settings",
-             "PYTHONPATH": str(ROOT), "DISTLOCK_SQLITE_DIR": str(tmp_path)},
-    )
+def _shop_env(folder: Path) -> dict[str, str]:
+    """The demo shop with the toolbar, on a SQLite file in ``folder``, no other server
+    (its cache and locks in the process and the file)."""
+    env = {key: value for key, value in os.environ.items()
+           if not key.startswith(("DISTLOCK_REDIS", "DISTLOCK_ZK", "DISTLOCK_CELERY"))}
+    return {**env, "DJANGO_SETTINGS_MODULE": "testproject.settings", "PYTHONPATH": str(ROOT),
+            "SHOP_DEBUG_TOOLBAR": "1", "DISTLOCK_DEMO_DATABASE": "sqlite",
+            "DISTLOCK_SQLITE_PATH": str(folder / "shop.sqlite3")}
+
+
+def _python(code: str, env: dict[str, str], *args: str) -> str:
+    done = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    found = json.loads(done.stdout.splitlines()[-1])
+    return done.stdout.splitlines()[-1]
+
+
+def test_the_panel_lists_the_locks_a_request_asked_for(tmp_path: Path) -> None:
+    env = _shop_env(tmp_path)
+    pk = _python(_PREPARE, env)
+    found = json.loads(_python(_SALE, env, pk))
     page, panel = found["page"], found["panel"]
-    assert "again: False" in page and "djDebug" in page  # the toolbar is on the page
-    assert "3 locks in" in page  # the panel's subtitle: two grants and a busy try
+    assert 'id="bought"' in page and "djDebug" in page  # sold, and the toolbar is on
+    assert "2 locks in" in page  # the panel's subtitle: the sale's lock, the card's
     rows = panel.split("<tr")[2:]  # after the header row
-    assert len(rows) == 3, panel
-    assert "order:7" in rows[0] and "acquired" in rows[0] and "held" not in rows[0]
-    assert "stock:7" in rows[1] and "acquired" in rows[1]
-    assert "order:7" in rows[2] and "busy" in rows[2] and "&mdash;" in rows[2]
+    assert len(rows) == 2, panel
+    token = page.split("stock lock token ")[1].split(")")[0]
+    assert f"stock:{pk}" in rows[0] and "acquired" in rows[0] and f">{token}<" in rows[0]
+    assert "held" not in rows[0]  # released before the response: its hold time shown
+    assert f"shop:product:{pk}" in rows[1] and "acquired" in rows[1]
     assert "No lock was asked for" not in panel
 
 
 def test_the_panel_in_a_browser(tmp_path: Path) -> None:
-    """The toolbar in headless Chromium (``runserver`` of the site, its static files
-    served by it): a click on "Locks" shows the table. The screenshot goes to
+    """The toolbar in headless Chromium (the shop's ``runserver``, its static files
+    served by it): the product page, a click on "Buy one", then on "Locks": the table
+    shows the sale's stock lock (the card was cached by the first visit). The screenshot goes to
     ``$DISTLOCK_SCREENSHOTS`` when set (``docs/img`` keeps the one the docs show)."""
     missing = None if shutil.which(CHROMIUM) and shutil.which(CHROMEDRIVER) else (
         "chromium is missing (scripts/servers.py install)")
@@ -76,12 +104,12 @@ def test_the_panel_in_a_browser(tmp_path: Path) -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.wait import WebDriverWait
 
+    env = _shop_env(tmp_path)
+    pk = _python(_PREPARE, env)
     port = _free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "django", "runserver", "--noreload", f"127.0.0.1:{port}"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "DJANGO_SETTINGS_MODULE": "tests.debug_toolbar_settings",
-             "PYTHONPATH": str(ROOT), "DISTLOCK_SQLITE_DIR": str(tmp_path)},
+        [sys.executable, "manage.py", "runserver", "--noreload", f"127.0.0.1:{port}"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
     )
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
@@ -100,8 +128,10 @@ def test_the_panel_in_a_browser(tmp_path: Path) -> None:
                     server.communicate(timeout=5)[0] if server.poll() is not None else "")
                 time.sleep(0.1)
         browser = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-        browser.get(f"http://127.0.0.1:{port}/order/7/")
+        browser.get(f"http://127.0.0.1:{port}/shop/p/{pk}/")
         wait = WebDriverWait(browser, 15)
+        browser.find_element(By.ID, "buy").click()  # a sale: the page comes back
+        wait.until(lambda _: browser.find_elements(By.ID, "bought"))
         # The toolbar lives in a shadow root of its own (django-debug-toolbar 6+).
         root = browser.find_element(By.ID, "djDebugRoot").shadow_root
 
@@ -110,10 +140,10 @@ def test_the_panel_in_a_browser(tmp_path: Path) -> None:
                     if e.is_displayed()]
 
         link = wait.until(lambda _: (found("#djdt-LocksPanel a") or [None])[0])
-        assert "3 locks" in link.text
+        assert "1 lock" in link.text  # the card was cached by the page before the sale
         link.click()
         cells = wait.until(lambda _: found("#LocksPanel td.djdt-distlock-name"))
-        assert [cell.text for cell in cells] == ["order:7", "stock:7", "order:7"]
+        assert [cell.text for cell in cells] == [f"stock:{pk}"]
         folder = Path(os.environ.get("DISTLOCK_SCREENSHOTS") or tmp_path)
         browser.save_screenshot(str(folder / "debug-toolbar-locks.png"))
     finally:

@@ -153,6 +153,28 @@ def test_the_product_page_is_served_from_the_cache_and_rebuilt_once() -> None:
     assert client.get("/shop/product/999999/").status_code == 404
 
 
+def test_the_product_page_sells_under_the_stock_lock_and_shows_the_stock_left() -> None:
+    product = Product.objects.create(name="html page", price="2.00", stock=1)
+    client = Client()
+    url = f"/shop/p/{product.pk}/"
+    page = client.get(url)
+    assert page.status_code == 200 and b"in stock: <span id=\"stock\">1<" in page.content
+    sold = client.post(url)
+    assert b'id="bought"' in sold.content and b"in stock: <span id=\"stock\">0<" in sold.content
+    order = Order.objects.get(product=product)
+    assert f"order {order.pk} (stock lock token ".encode() in sold.content
+    assert b'id="sold-out"' in client.post(url).content
+    holder = locks["default"].lock(services.stock_lock_name(product.pk), ttl=30)
+    assert in_thread(holder.acquire)  # another worker holds the stock lock
+    try:
+        busy = client.post(url)  # waits 2 s for it, then says busy
+    finally:
+        in_thread(holder.release)
+    assert busy.status_code == 200 and b'id="busy"' in busy.content
+    assert client.get("/shop/p/999999/").status_code == 404
+    assert client.post("/shop/p/999999/").status_code == 404
+
+
 def test_the_task_waits_for_the_stock_lock() -> None:
     product = Product.objects.create(name="task", stock=1)
     holder = locks["default"].lock(services.stock_lock_name(product.pk), ttl=30)

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import socket
 
-from django.http import HttpRequest, JsonResponse
-from django.views.decorators.http import require_POST
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import render
+from django.views.decorators.http import require_http_methods, require_POST
 
-from django_distlock import caching, distlock
+from django_distlock import caching, distlock, locks
+from django_distlock.exceptions import LockNotAcquired
 from django_distlock.http import locked_response
 
 from . import services
-from .models import Product
+from .models import Order, Product
 
 
 @require_POST
@@ -46,6 +48,37 @@ def product(request: HttpRequest, product_id: int) -> JsonResponse:
     if card is None:
         return JsonResponse({"error": f"No product {product_id}."}, status=404)
     return JsonResponse(card)
+
+
+@require_http_methods(["GET", "POST"])
+def product_page(request: HttpRequest, product_id: int) -> HttpResponse:
+    """The product's page (HTML): its card, and a button that buys one (POST, under the
+    stock lock as :func:`buy`; a sale that waits more than 2 s for it says busy).
+
+    With ``SHOP_DEBUG_TOOLBAR=1`` (testproject/settings.py) django-debug-toolbar shows
+    the locks the request took in its "Locks" panel: the stock lock with its fencing
+    token, and the card's rebuild lock on a cache miss. The stock shown is the card's
+    (up to 5 s old), or after a sale the stock that sale left.
+    """
+    context: dict[str, object] = {}
+    if request.method == "POST":
+        try:
+            with locks["default"].lock(services.stock_lock_name(product_id),
+                                       timeout=2) as held:
+                order = services.sell_one(product_id, strategy="page",
+                                          worker=socket.gethostname(), fence=held)
+        except Product.DoesNotExist:
+            raise Http404(f"No product {product_id}.") from None
+        except LockNotAcquired:
+            context["busy"] = True
+        else:
+            context.update(bought=order, sold_out=order is None, token=held.fencing_token)
+    card = product_card(product_id)
+    if card is None:
+        raise Http404(f"No product {product_id}.")
+    bought = context.get("bought")
+    stock = bought.product.stock if isinstance(bought, Order) else card["stock"]
+    return render(request, "shop/product.html", {**context, "card": card, "stock": stock})
 
 
 @caching.cached("shop:product:{product_id}", timeout=5, stale=30)
