@@ -21,6 +21,7 @@ from django.db import connections
 
 from django_distlock import locks
 from django_distlock.exceptions import Deadlock, LockLost, LockTimeout
+from django_distlock.testing.signals import signals_sent
 
 from .conftest import LIBRARY_DB, require_alias
 
@@ -65,9 +66,13 @@ def _crossed(alias: str, name: str, timeout: float) -> dict[str, dict[str, Any]]
 @pytest.mark.parametrize("alias", ["pg-tx", "mysql-tx", "mysql-lease"])
 def test_crossed_waits_refuse_one_wait_as_a_deadlock(alias: str, unique) -> None:
     require_alias(alias)
-    seen = _crossed(alias, unique("crossed"), timeout=20)
+    name = unique("crossed")
+    with signals_sent("lock_acquire_failed", "lock_not_acquired") as sent:
+        seen = _crossed(alias, name, timeout=20)
     refused = [tag for tag, report in seen.items() if isinstance(report["inner"], Deadlock)]
     assert len(refused) == 1, seen
+    # The refused wait is an acquire that raised: one lock_acquire_failed, of its name.
+    assert sent == [("lock_acquire_failed", name + ("b" if refused == ["a"] else "a"))]
     loser, winner = seen[refused[0]], seen["b" if refused == ["a"] else "a"]
     error = loser["inner"]
     assert error.alias == alias and error.__cause__ is not None
