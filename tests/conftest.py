@@ -229,3 +229,13 @@ def soak(ci: Any, longer: Any) -> Any:
     """A scenario's size: ``ci`` in a normal run, ``longer`` under ``scripts/test --soak``
     (``DISTLOCK_SOAK=1``: the same fault scenarios, longer and with more processes)."""
     return longer if os.environ.get("DISTLOCK_SOAK") == "1" else ci
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Refuse a module marked both ``django_versions`` and ``second_env``: it would run in
+    py312-django6 only (CONTRIBUTING.md, "The tiers")."""
+    both = sorted({item.module.__name__ for item in items if item.module is not None
+                   and item.get_closest_marker("django_versions")
+                   and item.get_closest_marker("second_env")})
+    if both:
+        raise pytest.UsageError(f"marked both django_versions and second_env: {both}")

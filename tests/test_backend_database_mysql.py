@@ -45,7 +45,7 @@ from .private_mariadb import MariaDB
 from .test_hostile import _acquire_retrying, _every_session_ended
 from .test_hostile_kinds_servers import _restart_while_held
 
-pytestmark = LIBRARY_DB
+pytestmark = [pytest.mark.second_env, LIBRARY_DB]
 
 
 @pytest.fixture(autouse=True)

@@ -43,7 +43,7 @@ _DB = "django_distlock.backends.database.DatabaseBackend"
 #: Session mode's aliases, each run where its server is.
 ALIASES = ["pg-session", "mysql-session"]
 
-pytestmark = LIBRARY_DB
+pytestmark = [pytest.mark.second_env, LIBRARY_DB]
 
 
 class TestPostgresSession(PostgresContract):

@@ -14,7 +14,7 @@ from django_distlock.testing import LockContract
 
 from .conftest import LIBRARY_DB, eventually, require_pg
 
-pytestmark = LIBRARY_DB
+pytestmark = [pytest.mark.second_env, LIBRARY_DB]
 
 
 class TestPostgresLease(LockContract):

@@ -32,6 +32,8 @@ from django_distlock.testing import LockContract
 
 from .conftest import REDIS_ALIASES, eventually, in_thread, require_redis
 
+pytestmark = pytest.mark.second_env  # CONTRIBUTING.md, the tiers
+
 URL = os.environ.get("DISTLOCK_REDIS_URL", "")
 
 

@@ -36,6 +36,8 @@ from django_distlock.testing import LockContract
 
 from .conftest import eventually, in_thread, require_zookeeper
 
+pytestmark = pytest.mark.second_env  # CONTRIBUTING.md, the tiers
+
 HOSTS = os.environ.get("DISTLOCK_ZK_HOSTS", "")
 
 

@@ -21,7 +21,7 @@ from .conftest import LIBRARY_DB, require_alias, require_memcached, require_pg, 
 from .figures import record
 from .histories import FORK, done, fork_ready, run_forked
 
-pytestmark = LIBRARY_DB
+pytestmark = [pytest.mark.second_env, LIBRARY_DB]
 
 #: One alias per lock backend and database mode.
 LOCK_ALIASES = ["sqlite-lease", "pg-lease", "pg-tx", "pg-session", "mysql-lease",

@@ -28,7 +28,7 @@ from .celery_workers import Running, workers_fixture  # noqa: F401  (celery_work
 from .conftest import LIBRARY_DB, eventually, psycopg_params, require_memcached
 
 # The workers use the PostgreSQL test database (pg-lease, pg-tx): have it made.
-pytestmark = [pytest.mark.servers, LIBRARY_DB]
+pytestmark = [pytest.mark.servers, pytest.mark.second_env, LIBRARY_DB]
 RESULT = 30  # seconds a test waits for a task's result at most
 
 

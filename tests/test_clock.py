@@ -35,7 +35,7 @@ from .conftest import DATABASES, FULL_RUN, LIBRARY_DB, require_memcached
 from .figures import record
 from .test_hostile import ALIASES, require
 
-pytestmark = LIBRARY_DB
+pytestmark = [pytest.mark.second_env, LIBRARY_DB]
 
 LIBFAKETIME = [Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"),
                Path("/usr/lib/faketime/libfaketime.so.1"),

@@ -29,7 +29,7 @@ from .conftest import (
 )
 from .histories import FORK, done, fork_ready, run_forked
 
-pytestmark = LIBRARY_DB
+pytestmark = [pytest.mark.second_env, LIBRARY_DB]
 ALIASES = ["sqlite-lease", "pg-lease", "mysql-lease"]
 WORKERS = 8
 
