@@ -15,8 +15,7 @@ import sys
 import time
 from typing import Any
 
-import django
-from django.conf import settings
+from tests.audited_process import configure
 
 #: Holds released before the exit (one row each) ...
 EVENTS = 400
@@ -26,15 +25,7 @@ STUCK_EXIT_TIMEOUT = 1.0
 
 
 def main(database: dict[str, Any], how: str) -> None:
-    settings.configure(
-        INSTALLED_APPS=["django.contrib.contenttypes", "django.contrib.auth", "django_distlock",
-                        "django_distlock.contrib.audit"],
-        DATABASES={"default": database},
-        DISTLOCK={"default": {"BACKEND": "django_distlock.backends.locmem.LocMemBackend",
-                              "AUDIT": True}},
-        USE_TZ=True,
-    )
-    django.setup()
+    configure(database)
     from django_distlock import locks
     from django_distlock.contrib.audit import recorder
 

@@ -14,21 +14,11 @@ import os
 import sys
 from typing import Any
 
-import django
-from django.conf import settings
+from tests.audited_process import configure
 
 
 def main(database: dict[str, Any], first: str, second: str) -> None:
-    settings.configure(
-        INSTALLED_APPS=["django.contrib.contenttypes", "django.contrib.auth", "django_distlock",
-                        "django_distlock.contrib.audit"],
-        DATABASES={"default": database},
-        DISTLOCK={"default": {"BACKEND": "django_distlock.backends.locmem.LocMemBackend",
-                              "AUDIT": True}},
-        DISTLOCK_CHECK_ORDER=False,
-        USE_TZ=True,
-    )
-    django.setup()
+    configure(database, DISTLOCK_CHECK_ORDER=False)
     from django_distlock import locks
     from django_distlock.contrib.audit.recorder import recorder
 
