@@ -142,7 +142,7 @@ class OrderGraph:
         of a violation (an order that closes a cycle) instead, recording nothing."""
         with self._mutex:
             for first in held:
-                path = self._path(wanted, first)
+                path = _path(self._edges, wanted, first)
                 if path is not None:
                     message = self._message(first, wanted, path)
                     self._violations.append(message)
@@ -154,10 +154,6 @@ class OrderGraph:
                     where = where or _caller()
                     then[wanted] = where
         return None
-
-    def _path(self, start: str, goal: str) -> list[str] | None:
-        """A path ``start`` → ... → ``goal`` through recorded orders (``_mutex`` held)."""
-        return _path(self._edges, start, goal)
 
     def _message(self, first: str, wanted: str, path: list[str]) -> str:
         steps = "; ".join(f"{a!r} then {b!r} at {self._edges[a][b]}"

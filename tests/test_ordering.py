@@ -248,4 +248,22 @@ def test_distlock_order_prints_this_process_graph(raising: None) -> None:
     call_command("distlock", "order", "--check", "--json", stdout=out)  # no inversion
     found = json.loads(out.getvalue())["this process"]
     assert [(o["first"], o["then"]) for o in found["orders"]] == [("order:*", "stock:*")]
-    assert HERE in found["orders"][0]["where"] and found["inversions"] == []
+    assert HERE in found["orders"][0]["where"] and found["violations"] == []
+
+
+def test_distlock_order_names_this_process_violations_and_check_fails() -> None:
+    """The checker records no inverting order (it refuses it): the command reports what
+    it found from its violations, and --check exits 1 on them."""
+    GRAPH.reset()
+    with override_settings(DISTLOCK_CHECK_ORDER="warn"), pytest.warns(LockOrderWarning):
+        take("order:1", "stock:1")
+        take("stock:2", "order:2")
+    try:
+        out = StringIO()
+        with pytest.raises(CommandError) as failed:
+            call_command("distlock", "order", "--check", "--since", "0.001", stdout=out)
+        assert failed.value.returncode == 1
+        assert "INVERTED: Lock order inverted: acquiring 'order:*' while holding " \
+            "'stock:*'" in out.getvalue()
+    finally:
+        GRAPH.reset()  # found on purpose: the plugin must not fail this test
