@@ -81,6 +81,7 @@ class Lock(Generic[B]):
         max_hold: float | None = None,
         kind: Kind | str = Kind.EXCLUSIVE,
         limit: int | None = None,
+        order_class: str | None = None,
     ) -> None:
         if not isinstance(kind, Kind):  # lock() & co. pass a Kind: no enum lookup per handle
             kind = Kind(kind)
@@ -103,7 +104,7 @@ class Lock(Generic[B]):
         self._own = self._hold = Hold(
             self, backend, name, key, kind=kind, limit=limit, ttl=ttl, timeout=timeout,
             blocking=blocking, reentrant=reentrant, auto_renew=auto_renew, max_hold=max_hold,
-            owner_token=owner_token,
+            owner_token=owner_token, order_class=order_class,
         )
         self._reentrant = reentrant
         #: A reentrant handle's acquisitions not yet released.

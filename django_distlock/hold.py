@@ -85,6 +85,7 @@ class Hold:
         auto_renew: bool,
         max_hold: float | None,
         owner_token: str | None,
+        order_class: str | None = None,
     ) -> None:
         #: The user's handle, for the signals (weakly: a dropped handle is let go).
         self._handle = weakref.ref(handle)
@@ -128,7 +129,7 @@ class Hold:
         self.on_change: Callable[[], None] | None = None
         #: The lock's class for the lock-order checker (``ordering.py``): ``order_class=``
         #: or ``@distlock``'s template; None: derived from the name when needed.
-        self.order_class: str | None = None
+        self.order_class = order_class
         self._mutex = threading.Lock()
         self._acquisition: Acquisition | None = None
         self._token: str | None = None

@@ -17,12 +17,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import debug_toolbar  # noqa: F401  (the dev extra has it: missing, the module fails)
 import pytest
 
 from .conftest import FULL_RUN
 from .private_redis import _free_port
-
-pytest.importorskip("debug_toolbar")
 
 pytestmark = pytest.mark.django_versions
 

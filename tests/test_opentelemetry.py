@@ -15,9 +15,6 @@ from importlib.metadata import entry_points
 from typing import Any
 
 import pytest
-
-pytest.importorskip("opentelemetry.sdk")
-
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider

@@ -37,7 +37,7 @@ from ..exceptions import (
     LockConfigurationError,
     UnsupportedOperation,
 )
-from ..handle import Lock, hold_of
+from ..handle import Lock
 from ..hold import Hold
 from ..kinds import Kind, KindFlag
 from ..multilock import MultiLock
@@ -461,14 +461,11 @@ class BaseLockBackend(abc.ABC):
             raise ValueError("max_hold caps the renewals of auto_renew: pass auto_renew=True.")
         if order_class is not None and (not isinstance(order_class, str) or not order_class):
             raise TypeError("order_class must be a non-empty str (the lock's class).")
-        handle = Lock(
+        return Lock(
             self, name, key, ttl=ttl, timeout=timeout, blocking=blocking,
             reentrant=reentrant, owner_token=owner_token, auto_renew=auto_renew,
-            max_hold=max_hold, kind=kind, limit=limit,
+            max_hold=max_hold, kind=kind, limit=limit, order_class=order_class,
         )
-        if order_class is not None:
-            hold_of(handle).order_class = order_class
-        return handle
 
     def multi_lock(self, names: Iterable[str], **options: Any) -> MultiLock:
         """Build a handle that takes the exclusive locks of all ``names`` or none.

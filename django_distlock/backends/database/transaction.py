@@ -92,13 +92,12 @@ class KnownKeys:
 
 
 class _Stack(threading.local):
-    """This thread's transaction-mode acquisitions, innermost last: their keys, who took
-    each (``holders.current_holder()``: the asyncio task or the thread), their holds."""
+    """This thread's transaction-mode acquisitions, innermost last: their holds, and who
+    took each (``holders.current_holder()``: the asyncio task or the thread)."""
 
     def __init__(self) -> None:
-        self.keys: list[str] = []
-        self.owners: list[object] = []
         self.holds: list[Hold] = []
+        self.owners: list[object] = []
 
 
 class TransactionBackend(DatabaseBackend, mode="transaction"):
@@ -258,8 +257,8 @@ class _TxAcquisition(Acquisition):
             this thread must not (the holder's release needs the thread).
         """
         stack = self.backend.stack
-        pairs = zip(stack.keys, stack.owners, strict=True)
-        others = [key for key, owner in pairs if owner != self.owner]
+        pairs = zip(stack.holds, stack.owners, strict=True)
+        others = [hold.key for hold, owner in pairs if owner != self.owner]
         if others:
             names = ", ".join(repr(self.backend.name_of(key)) for key in others)
             raise ConnectionInUse(
@@ -270,7 +269,11 @@ class _TxAcquisition(Acquisition):
                 "for it). Nothing was sent. Retry after it is released, or use lease mode "
                 "for locks that tasks hold concurrently."
             )
-        return self.hold.key in stack.keys
+        key = self.hold.key
+        for hold in stack.holds:  # noqa: SIM110 (any() would add two calls: hops budget)
+            if hold.key == key:
+                return True
+        return False
 
     async def aattempt(self) -> Grant | Miss:
         self.owner = current_holder()  # the task, seen from its loop
@@ -317,9 +320,8 @@ class _TxAcquisition(Acquisition):
         self.atomic = atomic
         self.thread = threading.get_ident()
         self.raw = self.connection.connection
-        self.backend.stack.keys.append(self.hold.key)
-        self.backend.stack.owners.append(self.owner or current_holder())
         self.backend.stack.holds.append(self.hold)
+        self.backend.stack.owners.append(self.owner or current_holder())
         return Grant(fencing, as_datetime(acquired_at), None)
 
     def check_fenced_write(self, using: str) -> None:
@@ -360,15 +362,14 @@ class _TxAcquisition(Acquisition):
 
     def release(self, exc_info: ExcInfo) -> bool:
         atomic = self._check_thread("released")
-        stack = self.backend.stack.keys
-        if stack[-1] != self.hold.key:
+        stack = self.backend.stack
+        if stack.holds[-1].key != self.hold.key:
             raise UnsupportedOperation(
                 "Transaction-mode locks are nested atomic blocks: release them in the "
-                f"reverse order of acquisition ({stack[-1]!r} first)."
+                f"reverse order of acquisition ({stack.holds[-1].key!r} first)."
             )
-        stack.pop()
-        self.backend.stack.owners.pop()
-        self.backend.stack.holds.pop()
+        stack.holds.pop()
+        stack.owners.pop()
         self.atomic = None
         try:
             atomic.__exit__(*exc_info)  # commit, or roll back on an exception
