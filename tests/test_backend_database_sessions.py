@@ -26,12 +26,16 @@ class TestPostgresLease(LockContract):
 
 
 class _Cuttable:
-    """What the watchdog needs of a session: ``cut()``, recorded."""
+    """What the watchdog needs of a session: ``until``, ``timed_out`` and ``cut()``,
+    recorded."""
 
     def __init__(self) -> None:
+        self.until: float | None = None
+        self.timed_out = False
         self.cut_at: float | None = None
 
     def cut(self) -> None:
+        self.timed_out = True
         self.cut_at = time.monotonic()
 
 
@@ -42,8 +46,32 @@ def test_the_watchdog_outlives_a_call_watched_until_a_huge_deadline() -> None:
     frozen server then held releases until it thawed.)"""
     watchdog = Watchdog()
     far, late = _Cuttable(), _Cuttable()
-    watchdog.watch(far, time.monotonic() + 1e308)  # type: ignore[arg-type]
+    far.until = time.monotonic() + 1e308
+    watchdog.add(far)  # type: ignore[arg-type]
     time.sleep(0.2)  # the thread looks at it, and sleeps
-    watchdog.watch(late, time.monotonic() - WATCHDOG_GRACE)  # type: ignore[arg-type]
+    late.until = time.monotonic()
+    watchdog.add(late)  # type: ignore[arg-type]
     assert eventually(lambda: late.cut_at is not None, 5)
     assert far.cut_at is None
+
+
+def test_the_watchdog_cuts_only_a_call_past_its_bound() -> None:
+    """A session whose call returned (``until`` cleared) is never cut, however old its
+    bound was; one whose call runs past its bound is, once, and a session added later
+    is looked after too."""
+    watchdog = Watchdog()
+    done, idle, running = _Cuttable(), _Cuttable(), _Cuttable()
+    for session in (done, idle, running):
+        watchdog.add(session)  # type: ignore[arg-type]
+    done.until = time.monotonic() + 0.1
+    done.until = None  # returned in time
+    running.until = time.monotonic() + 0.1
+    assert eventually(lambda: running.cut_at is not None, 5)
+    first = running.cut_at
+    time.sleep(0.6)  # two ticks more: cut once
+    assert running.cut_at == first
+    assert done.cut_at is None and idle.cut_at is None
+    added = _Cuttable()
+    added.until = time.monotonic()
+    watchdog.add(added)  # type: ignore[arg-type]
+    assert eventually(lambda: added.cut_at is not None, 5)

@@ -254,10 +254,9 @@ class SessionLeaseAcquisition(OwnSessionAcquisition):
         until = time.monotonic() + ttl if until is None else until
 
         def extend_on(session: Session) -> Grant | None:
-            with self._watched(session, until):
-                return self._call(session, "extending a lock", lambda: _extended(
-                    session.execute(self.dialect.extend, [ttl, self.hold.key, self.owner])
-                    .fetchall()))
+            return self._call(session, "extending a lock", lambda: _extended(
+                session.execute(self.dialect.extend, [ttl, self.hold.key, self.owner])
+                .fetchall()), until)
 
         return self._retried(extend_on, until)
 
@@ -380,9 +379,9 @@ class SessionLeaseAcquisition(OwnSessionAcquisition):
                 return released
         generation = self.generation if held_on is session else None
         params = release_params(self.hold.key, self.owner, generation)
-        with self._watched(session, bound := self._release_bound()):
-            rows = self._call(session, "releasing a lock", lambda: retry_row_waits(
-                lambda: session.execute(self.dialect.release, params).fetchall(), bound))
+        bound = self._release_bound()
+        rows = self._call(session, "releasing a lock", lambda: retry_row_waits(
+            lambda: session.execute(self.dialect.release, params).fetchall(), bound), bound)
         return bool(rows and rows[0][0])
 
     def _release_through(self, session: Session) -> bool | None:

@@ -15,7 +15,7 @@ import abc
 import asyncio
 import contextlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 from ...backoff import remaining
@@ -23,7 +23,7 @@ from ...exceptions import BackendUnavailable
 from ..base import Acquisition, ExcInfo, Grant, Miss
 from .backend import DatabaseBackend
 from .errors import ERRORS, connection_lost, did_not_answer
-from .sessions import WATCHDOG, AsyncSessions, Call, Session
+from .sessions import AsyncSessions, Call, Session, watched
 
 T = TypeVar("T")
 
@@ -193,11 +193,13 @@ class OwnSessionAcquisition(Acquisition):
 
     # -- calls -------------------------------------------------------------------
 
-    def _call(self, session: Session, doing: str, func: Callable[[], T]) -> T:
-        """Run ``func`` holding the session; a failure closes the session (the server
-        frees its advisory locks) and is BackendUnavailable."""
+    def _call(self, session: Session, doing: str, func: Callable[[], T],
+              bound: float | None = None) -> T:
+        """Run ``func`` holding the session, its connection cut past ``bound`` (monotonic)
+        plus the grace (None: no bound); a failure closes the session (the server frees
+        its advisory locks) and is BackendUnavailable."""
         try:
-            with session.mutex:
+            with session.mutex, watched(session, bound):
                 return func()
         except ERRORS as exc:
             self._drop(session)
@@ -209,17 +211,9 @@ class OwnSessionAcquisition(Acquisition):
         else:
             self.backend.sessions.forget(session)
 
-    @contextlib.contextmanager
-    def _watched(self, session: Session, deadline: float | None = None) -> Iterator[None]:
+    def _watched(self, session: Session,
+                 deadline: float | None = None) -> contextlib.AbstractContextManager[None]:
         """Cut the call's connection if the server has not answered by ``deadline`` (by
         default the acquire's) plus a grace: a frozen server must not hold an acquire
-        past its timeout."""
-        deadline = self.deadline if deadline is None else deadline
-        if deadline is None:
-            yield
-            return
-        ident = WATCHDOG.watch(session, deadline)
-        try:
-            yield
-        finally:
-            WATCHDOG.done(ident)
+        past its timeout. Hold the session's mutex around it."""
+        return watched(session, self.deadline if deadline is None else deadline)

@@ -29,6 +29,7 @@ import socket
 import threading
 import time
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 from django.conf import settings
@@ -41,10 +42,11 @@ from ...values import SHORT_OWNER, Grant, LockInfo, LockPage, Miss, WaiterInfo
 from ..base import ExcInfo, Freed, HeldCount
 from .backend import DatabaseBackend, server_wait
 from .errors import ERRORS, is_deadlock, refused_wait
+from .prepared import Prepared, fetch
 from .session_acquisition import OwnSessionAcquisition, OwnSessionBackend
 from .sessions import (
     CONTENDED_FOR,
-    WATCHDOG,
+    WATCHDOG_GRACE,
     Call,
     Session,
     SessionPool,
@@ -72,19 +74,22 @@ INSERT INTO django_distlock_session (pid, started, host, process)
 SELECT pid, backend_start, %s, %s FROM pg_stat_activity WHERE pid = pg_backend_pid()
 ON CONFLICT (pid) DO UPDATE SET started = excluded.started, host = excluded.host,
     process = excluded.process"""
-#: Try: the grant's fencing token and server time, or no row. The session's
-#: application_name becomes the holder's label. Params: label, k1, k2.
-PG_TRY = """
-SELECT t, clock_timestamp() FROM (SELECT nextval('django_distlock_fencing') AS t,
-    set_config('application_name', %s, false) WHERE pg_try_advisory_lock(%s, %s)) g"""
+#: Try: the grant's fencing token and server time (seconds since the epoch), or no row.
+#: The session's application_name becomes the holder's label. Params: label, k1, k2.
+PG_TRY = Prepared("session_try", """
+SELECT t, extract(epoch FROM clock_timestamp())::float8 FROM (
+    SELECT nextval('django_distlock_fencing') AS t, set_config('application_name', %s, false)
+    WHERE pg_try_advisory_lock(%s::int4, %s::int4)) g""")
 #: Wait in the server (sql/postgresql.sql). Params: k1, k2, seconds, label. Row: (token,
-#: or NULL when the wait timed out; server time).
-PG_WAIT = "SELECT t, clock_timestamp() FROM django_distlock_session_wait(%s, %s, %s, %s) t"
-PG_UNLOCK = "SELECT pg_advisory_unlock(%s, %s)"
+#: or NULL when the wait timed out; server time as the try's).
+PG_WAIT = Prepared("session_wait", """
+SELECT t, extract(epoch FROM clock_timestamp())::float8
+FROM django_distlock_session_wait(%s::int4, %s::int4, %s::float8, %s) t""")
+PG_UNLOCK = Prepared("session_unlock", "SELECT pg_advisory_unlock(%s::int4, %s::int4)")
 #: The release of one of a session's grants while it holds others: the session's label
 #: becomes that of the first of them. Params: k1, k2, label.
-PG_UNLOCK_RELABEL = (
-    "SELECT pg_advisory_unlock(%s, %s), set_config('application_name', %s, false)")
+PG_UNLOCK_RELABEL = Prepared("session_unlock_relabel", """
+SELECT pg_advisory_unlock(%s::int4, %s::int4), set_config('application_name', %s, false)""")
 #: The two-key advisory locks of this database, as pg_locks shows them.
 _LOCKS = """
 SELECT (classid::bigint << 32) | objid::bigint AS k, pid, granted FROM pg_locks
@@ -139,6 +144,12 @@ def server_keys(key: str) -> tuple[int, int]:
             int.from_bytes(digest[4:8], "big", signed=True))
 
 
+def _server_time(seconds: bytes | None) -> datetime | None:
+    """A server time sent as seconds since the epoch (``PG_TRY``'s), as an aware UTC
+    datetime."""
+    return None if seconds is None else datetime.fromtimestamp(float(seconds), UTC)
+
+
 def holder_label(owner: str, holder: str) -> str:
     """A session's ``application_name`` for the holder (or waiter) ``owner`` (its short
     owner id) and ``holder`` (its thread label and context, ``Hold.holder_field``):
@@ -177,6 +188,13 @@ def read_label(label: str) -> tuple[str, str]:
         except UnicodeDecodeError:
             text = text[: text.rfind("\\")]  # an escape cut short: drop it
     return label[3:11], ""
+
+
+def _psycopg3() -> bool:
+    """Whether Django's PostgreSQL backend runs on psycopg 3 (it prefers it to psycopg2)."""
+    from django.db.backends.postgresql.psycopg_any import is_psycopg3
+
+    return is_psycopg3
 
 
 class _Holding(threading.local):
@@ -232,10 +250,17 @@ class SessionModeBackend(OwnSessionBackend, mode="session"):
                 f"DATABASES[{self.database!r}] is {self.vendor_name}. Use MODE 'lease' or "
                 f"'transaction' there."
             )
+        if self.vendor == "postgresql" and not _psycopg3():
+            raise InvalidBackendOptions(
+                f"DISTLOCK[{alias!r}]['OPTIONS']['MODE'] = 'session' on PostgreSQL runs its "
+                "statements through psycopg 3's libpq connection; Django uses psycopg2 here. "
+                "Install psycopg 3 (`pip install psycopg[binary]`): Django then uses it."
+            )
         self.session_factory.setup = self.session_setup
         self.pool = SessionPool(self.session_factory, KEEP_IDLE)
-        #: Keys whose row this process has made (or found): the listing's names.
-        self.rows: dict[str, None] = {}
+        #: Keys whose row this process has made (or found), the listing's names, each
+        #: with its server keys as libpq takes them (SHA-256 once per name, not per grant).
+        self.rows: dict[str, tuple[bytes, bytes]] = {}
         #: Keys recently waited for, and when (monotonic): a blocking acquire of one goes
         #: straight to the server's queue (one round trip, not a miss and then the wait).
         self.contended: dict[str, float] = {}
@@ -287,12 +312,14 @@ class SessionModeBackend(OwnSessionBackend, mode="session"):
             "session mode (docs/database.md, session mode, \"Poolers\").",
             obj=self.alias, id="distlock.W063")]
 
-    def note_row(self, key: str) -> None:
+    def note_row(self, key: str) -> tuple[bytes, bytes]:
         """Remember that ``key``'s row exists (at most ``KNOWN_ROWS`` keys: past that, the
-        next acquire of each makes sure of it again)."""
+        next acquire of each makes sure of it again); return its server keys as text."""
         if len(self.rows) >= KNOWN_ROWS:
             self.rows.clear()
-        self.rows[key] = None
+        k1, k2 = server_keys(key)
+        keys = self.rows[key] = (str(k1).encode(), str(k2).encode())
+        return keys
 
     def is_locked(self, name: str) -> bool:
         key = server_key(self.make_key(name))
@@ -360,11 +387,13 @@ class SessionAcquisition(OwnSessionAcquisition):
     backend: SessionModeBackend
     #: The session is one that holds another grant of this thread (see the class).
     shared = False
+    #: The name's server keys as text (None until its row is known to exist).
+    keys: tuple[bytes, bytes] | None = None
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         hold = self.hold
-        self.k1, self.k2 = server_keys(hold.key)
+        self.keys = self.backend.rows.get(hold.key)
         self.label = holder_label(self.token[:SHORT_OWNER], hold.holder_field)
         self.fencing: int | None = None
 
@@ -411,7 +440,7 @@ class SessionAcquisition(OwnSessionAcquisition):
     def close(self) -> None:
         self._give_back()  # it holds nothing (or others' grants): not this one's
 
-    def _granted(self, session: Session, token: int, at: Any) -> Grant:
+    def _granted(self, session: Session, token: int, at: datetime | None) -> Grant:
         """Record a grant on ``session`` (a thread's: in the backend's table of grants)."""
         self.fencing = token
         if self.loop is None:
@@ -426,7 +455,7 @@ class SessionAcquisition(OwnSessionAcquisition):
                     backend.holding.session = session
             else:
                 held[1][self.hold.key] = self.label
-        return Grant(token, as_datetime(at), None)
+        return Grant(token, at, None)
 
     # -- the calls -----------------------------------------------------------------
 
@@ -437,54 +466,68 @@ class SessionAcquisition(OwnSessionAcquisition):
             seen = backend.contended.get(key)
             if seen is not None and time.monotonic() - seen < CONTENDED_FOR:
                 return Miss()  # known contended: the wait queues (and grants if free)
-        # The watchdog's registration written out (not self._watched(): a generator's
-        # context manager costs more than the rest of this method).
         deadline = self.deadline
-        ident = None if deadline is None else WATCHDOG.watch(session, deadline)
         try:
             with session.mutex:
-                row = self._try(session)
+                # The watchdog's bound written out (not self._watched(): a generator's
+                # context manager costs more than the rest of this method).
+                if deadline is not None:
+                    session.until = deadline + WATCHDOG_GRACE
+                try:
+                    row = self._try(session)
+                finally:
+                    session.until = None
         except ERRORS as exc:
             self._drop(session)
             raise backend.errors.translate(exc, "acquiring a lock", backend.where) from exc
-        finally:
-            if ident is not None:
-                WATCHDOG.done(ident)
-        if row is None or row[0] is None:
+        if row is None:
             return Miss()
         return self._granted(session, row[0], row[1])
 
-    def _try(self, session: Session) -> tuple[Any, ...] | None:
-        """The try's statement (``session.mutex`` held): its row, (token, server time),
-        or no row (or a NULL token) on a miss."""
-        key = self.hold.key
-        if key not in self.backend.rows:
-            # The name's row, for the listing: once per process (its own round trip,
-            # the first time only).
+    def _server_keys(self, session: Session) -> tuple[bytes, bytes]:
+        """The name's server keys, making its row first if this process has not yet
+        (``session.mutex`` held): for the listing, once per process and name (its own
+        round trip, the first time only)."""
+        keys = self.keys
+        if keys is None:
+            key = self.hold.key
             session.execute(ENSURE_ROW, [key])
-            self.backend.note_row(key)
-        row: tuple[Any, ...] | None = session.execute(
-            PG_TRY, [self.label, self.k1, self.k2]).fetchone()
-        return row
+            keys = self.keys = self.backend.note_row(key)
+        return keys
 
-    def _wait_call(self, label: str) -> tuple[str, list[Any]]:
-        """The wait's statement and parameters (``label``: the session's label while it
-        waits); its row is the try's."""
-        return PG_WAIT, [self.k1, self.k2, server_wait(self.deadline), label]
+    def _try(self, session: Session) -> tuple[int, datetime | None] | None:
+        """The try's statement (``session.mutex`` held): the grant's token and server
+        time, or None on a miss."""
+        k1, k2 = self.keys or self._server_keys(session)
+        row = fetch(session.pgconn, session.prepared, PG_TRY, [self.label.encode(), k1, k2])
+        return None if row is None else (int(row[0]), _server_time(row[1]))  # type: ignore[arg-type]
+
+    def _wait_row(self, session: Session, label: str) -> tuple[int, datetime | None] | None:
+        """The wait's statement (``session.mutex`` held; ``label``: the session's label
+        while it waits): the try's result, None when the wait timed out."""
+        k1, k2 = self._server_keys(session)
+        seconds = repr(server_wait(self.deadline)).encode()
+        row = fetch(session.pgconn, session.prepared, PG_WAIT, [k1, k2, seconds, label.encode()])
+        if row is None or row[0] is None:
+            return None
+        return int(row[0]), _server_time(row[1])
 
     def _unlock(self, session: Session, others: str | None) -> bool:
         """The release's statement (``session.mutex`` held; ``others``: the label of the
         session's other grants, if it keeps any): whether the lock was held."""
+        k1, k2 = self.keys or self._server_keys(session)
         if others is None:
-            row = session.execute(PG_UNLOCK, [self.k1, self.k2]).fetchone()
+            row = fetch(session.pgconn, session.prepared, PG_UNLOCK, [k1, k2])
         else:
-            row = session.execute(PG_UNLOCK_RELABEL, [self.k1, self.k2, others]).fetchone()
-        return bool(row and row[0])
+            row = fetch(session.pgconn, session.prepared, PG_UNLOCK_RELABEL,
+                        [k1, k2, others.encode()])
+        return row is not None and row[0] == b"t"
 
     def _holds(self, session: Session) -> bool:
         """Whether ``session`` holds this lock (``session.mutex`` held)."""
+        k1, k2 = self._server_keys(session)
         return session.execute(
-            PG_HOLDS, [self.k1 & 0xFFFFFFFF, self.k2 & 0xFFFFFFFF]).fetchone() is not None
+            PG_HOLDS, [int(k1) & 0xFFFFFFFF, int(k2) & 0xFFFFFFFF]).fetchone() is not None
 
     def wait(self, miss: Miss) -> Grant | None:
         if not self.shared:
@@ -501,10 +544,9 @@ class SessionAcquisition(OwnSessionAcquisition):
         if self.shared:  # the session keeps the label of the first grant it holds
             held = backend.grants.get(session)
             label = next(iter(held[1].values())) if held else label
-        statement, params = self._wait_call(label)
         try:
             with session.mutex, self._watched(session), call.running_on(session):
-                row = session.execute(statement, params).fetchone()
+                row = self._wait_row(session, label)
         except ERRORS as exc:
             if is_deadlock(exc):  # the session is fine: the statement alone failed
                 raise refused_wait(backend.where, hold.name, backend.alias, exc) from exc
@@ -512,7 +554,7 @@ class SessionAcquisition(OwnSessionAcquisition):
             if call.cancelled:
                 return None
             raise backend.errors.translate(exc, "waiting for a lock", backend.where) from exc
-        if row is None or row[0] is None:
+        if row is None:
             return None
         return self._granted(session, row[0], row[1])
 
@@ -535,10 +577,13 @@ class SessionAcquisition(OwnSessionAcquisition):
             else:
                 del backend.grants[session]
                 self.shared = False
-        ident = WATCHDOG.watch(session, time.monotonic())  # as in _attempt_on
         try:
             with session.mutex:
-                held_until_now = self._unlock(session, others)
+                session.until = time.monotonic() + WATCHDOG_GRACE  # as in _attempt_on
+                try:
+                    held_until_now = self._unlock(session, others)
+                finally:
+                    session.until = None
         except ERRORS as exc:
             # The session is closed: the server frees the lock (and any other it held)
             # with it, at once or when it sees the close. Whether it was held until now
@@ -548,8 +593,6 @@ class SessionAcquisition(OwnSessionAcquisition):
             raise LockLost(
                 f"{backend.where}: the session holding {self.hold.name!r} failed at its "
                 f"release ({exc}); the lock ended with it.") from exc
-        finally:
-            WATCHDOG.done(ident)
         self._give_back()
         return held_until_now
 

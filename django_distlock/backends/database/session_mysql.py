@@ -22,6 +22,7 @@ import os
 import re
 import socket
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 from django.db import connections
@@ -149,16 +150,19 @@ class MySqlSessionAcquisition(SessionAcquisition):
         self.label = holder_label(self.token[:SHORT_OWNER], hold.holder_field)
         self.fencing: int | None = None
 
-    def _try(self, session: Session) -> tuple[Any, ...] | None:
-        row: tuple[Any, ...] | None = session.execute(SESSION_TAKE, [
-            self.lock, self.hold.key, 0, self.label, _HOST, os.getpid(), not self.shared,
+    def _try(self, session: Session, wait: float = 0) -> tuple[int, datetime | None] | None:
+        """The grant's call, waiting up to ``wait`` seconds (a try: none): the token and
+        server time, or None on a miss."""
+        row = session.execute(SESSION_TAKE, [
+            self.lock, self.hold.key, wait, self.label, _HOST, os.getpid(), not self.shared,
         ]).fetchone()
-        return row
+        if row is None or row[0] is None:
+            return None
+        return row[0], as_datetime(row[1])
 
-    def _wait_call(self, label: str) -> tuple[str, list[Any]]:
+    def _wait_row(self, session: Session, label: str) -> tuple[int, datetime | None] | None:
         # Each grant has its own row: this one's label, on a shared session too.
-        return SESSION_TAKE, [self.lock, self.hold.key, server_wait(self.deadline),
-                              self.label, _HOST, os.getpid(), not self.shared]
+        return self._try(session, server_wait(self.deadline))
 
     def _unlock(self, session: Session, others: str | None) -> bool:
         row = session.execute(SESSION_UNLOCK, [self.lock]).fetchone()

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import heapq
-import itertools
 import math
 import os
 import socket
@@ -106,13 +104,21 @@ class Session:
         self._fileno: int = raw.fileno()
         #: MySQL's connection id (``KILL QUERY`` stops its statement); None on PostgreSQL.
         self._thread_id: int | None = raw.thread_id() if wrapper.vendor == "mysql" else None
+        #: psycopg 3's libpq connection (None on another driver), and the names of the
+        #: statements prepared on it by ``prepared.fetch`` (session mode's).
+        self.pgconn: Any = getattr(raw, "pgconn", None)
+        self.prepared: set[bytes] = set()
         self.mutex = threading.Lock()
         self.orphans: list[tuple[str, int]] = []
         self.closed = False
         #: The watchdog cut the connection: the server did not answer in time.
         self.timed_out = False
+        #: When the watchdog cuts the connection (monotonic): set while a call runs
+        #: (with ``mutex`` held; :func:`watched`), else None.
+        self.until: float | None = None
         #: Keys this session recently had to wait for, and when (monotonic), oldest first.
         self._contended: dict[str, float] = {}
+        WATCHDOG.add(self)
 
     def contended(self, key: str) -> bool:
         """Whether this session waited for ``key`` in the last :data:`CONTENDED_FOR` s."""
@@ -252,67 +258,69 @@ class Call:
 WATCHDOG_GRACE = 2.0
 
 
-#: The watchdog thread's longest sleep, in seconds (it looks again after it).
-_LONGEST_SLEEP = 3600.0
+#: How often the watchdog looks at the sessions' calls, in seconds: a call is cut at most
+#: this long after its deadline plus :data:`WATCHDOG_GRACE`.
+WATCHDOG_TICK = 0.25
 
 
 class Watchdog:
     """Cuts the connection of a call that runs past its deadline plus
-    :data:`WATCHDOG_GRACE` (a frozen or unreachable server): one thread per process."""
+    :data:`WATCHDOG_GRACE` (a frozen or unreachable server): one thread per process,
+    which looks at the open sessions every :data:`WATCHDOG_TICK` seconds.
+
+    A call is watched through its session's :attr:`Session.until`, set before it and
+    cleared after it with the session's mutex held (:func:`watched`): one call at a
+    time per session, and two attribute writes on the hot path, no lock or queue.
+    """
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
-        self._heap: list[tuple[float, int, Session]] = []
-        self._live: set[int] = set()
-        self._ids = itertools.count()
+        self._sessions: weakref.WeakSet[Session] = weakref.WeakSet()
         self._pid = 0
 
-    def watch(self, session: Session, deadline: float) -> int:
-        """Watch a call on ``session`` until :meth:`done`; return its id."""
-        ident = next(self._ids)
-        until = deadline + WATCHDOG_GRACE
+    def add(self, session: Session) -> None:
+        """Look after ``session``'s calls from now on (when it opens; a closed or collected
+        one drops out)."""
         with self._cond:
-            if self._pid != os.getpid():
-                self._start()
-            self._live.add(ident)
-            earliest = not self._heap or until < self._heap[0][0]
-            heapq.heappush(self._heap, (until, ident, session))
-            if earliest:
-                self._cond.notify()  # else the thread already wakes up sooner
-        return ident
-
-    def done(self, ident: int) -> None:
-        """The call ``ident`` returned (no lock: a set's discard is atomic, and the thread
-        reads ``_live`` under the condition only to skip finished calls)."""
-        self._live.discard(ident)
-
-    def _start(self) -> None:
-        self._pid = os.getpid()
-        self._heap, self._live = [], set()
-        threading.Thread(target=self._run, name="django-distlock-watchdog", daemon=True).start()
+            if self._pid != os.getpid():  # the first here, or a forked child's first
+                self._pid = os.getpid()
+                self._sessions = weakref.WeakSet()
+                threading.Thread(target=self._run, name="django-distlock-watchdog",
+                                 daemon=True).start()
+            self._sessions.add(session)
+            self._cond.notify()
 
     def _run(self) -> None:
-        with self._cond:
-            while True:
-                while self._heap and self._heap[0][1] not in self._live:
-                    heapq.heappop(self._heap)
-                if not self._heap:
+        while True:
+            with self._cond:
+                while not self._sessions:
                     self._cond.wait()
-                    continue
-                until, ident, session = self._heap[0]
-                left = until - time.monotonic()
-                if left > 0:
-                    # At most an hour at a time: a deadline far off (``timeout=1e308``) is
-                    # past what a thread may sleep (OverflowError), which would end this
-                    # thread, and with it every cut of the process.
-                    self._cond.wait(min(left, _LONGEST_SLEEP))
-                    continue
-                heapq.heappop(self._heap)
-                self._live.discard(ident)
-                session.cut()
+                sessions = list(self._sessions)  # under the lock: add() may run meanwhile
+            now = time.monotonic()
+            for session in sessions:
+                until = session.until
+                if until is not None and now >= until and not session.timed_out:
+                    session.cut()
+            del sessions
+            time.sleep(WATCHDOG_TICK)
 
 
 WATCHDOG = Watchdog()
+
+
+@contextlib.contextmanager
+def watched(session: Session, deadline: float | None) -> Iterator[None]:
+    """Have the watchdog cut ``session``'s connection if the call in the block has not
+    returned by ``deadline`` (monotonic; None: never) plus :data:`WATCHDOG_GRACE`. Hold
+    the session's mutex around the block."""
+    if deadline is None:
+        yield
+        return
+    session.until = deadline + WATCHDOG_GRACE
+    try:
+        yield
+    finally:
+        session.until = None
 
 
 class SessionFactory:

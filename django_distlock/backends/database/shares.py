@@ -28,7 +28,7 @@ from django.db import connections, transaction
 
 from ..base import Freed
 from .errors import ERRORS, connection_lost, did_not_answer, is_busy
-from .sessions import WATCHDOG, Session
+from .sessions import Session, watched
 from .shares_sql import (
     MYSQL_LISTED,
     PERMITS,
@@ -82,14 +82,9 @@ def pg_call(backend: LeaseBackend, doing: str, statement: str, params: dict[str,
     :raises BackendUnavailable: when the database fails (its error chained).
     """
     def call(session: Session) -> list[Any]:
-        with session.mutex:
-            ident = None if deadline is None else WATCHDOG.watch(session, deadline)
-            try:
-                found = session.execute(statement, params)
-                return found.fetchall() if found.description else []
-            finally:
-                if ident is not None:
-                    WATCHDOG.done(ident)
+        with session.mutex, watched(session, deadline):
+            found = session.execute(statement, params)
+            return found.fetchall() if found.description else []
 
     return _on_pg(backend, doing, call)
 
@@ -123,21 +118,16 @@ def _on_session(session: Session, steps: Callable[[Run], T], deadline: float | N
         found = session.execute(statement, params)
         return found.fetchall() if found.description else []
 
-    with session.mutex:
-        ident = None if deadline is None else WATCHDOG.watch(session, deadline)
+    with session.mutex, watched(session, deadline):
+        cursor.execute("BEGIN", prepare=False)
         try:
-            cursor.execute("BEGIN", prepare=False)
-            try:
-                result = steps(run)
-                cursor.execute("COMMIT", prepare=False)
-            except BaseException:
-                with contextlib.suppress(*ERRORS):
-                    cursor.execute("ROLLBACK", prepare=False)
-                raise
-            return result
-        finally:
-            if ident is not None:
-                WATCHDOG.done(ident)
+            result = steps(run)
+            cursor.execute("COMMIT", prepare=False)
+        except BaseException:
+            with contextlib.suppress(*ERRORS):
+                cursor.execute("ROLLBACK", prepare=False)
+            raise
+        return result
 
 
 def kind_of_owner(owner: str) -> str:
