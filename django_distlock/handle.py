@@ -335,7 +335,8 @@ class Lock(Generic[B]):
                     if not granted:
                         yield CLOSE, acquisition, None
                 if hold.granted(acquisition, result, sent, asynchronous):
-                    circuit.answered()
+                    if circuit.cause is not None:  # it was open: close it (no call if not)
+                        circuit.answered()
                     return True
                 try:  # give back a grant whose lease ended before it reached us
                     yield RELEASE, acquisition, _NO_EXC

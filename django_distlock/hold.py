@@ -28,7 +28,7 @@ from .exceptions import DistLockError, LockLost, LockNotHeld
 from .kinds import Kind
 from .renewal import Renewal, watch
 from .steps import EXTEND, Core, arun, run
-from .values import Grant, _Default, join_holder, short_owner, validate_timeout
+from .values import SHORT_OWNER, Grant, _Default, join_holder, validate_timeout
 
 if TYPE_CHECKING:
     from .backends.acquisition import Acquisition
@@ -68,6 +68,45 @@ class LockBackend(Protocol):
 class Hold:
     """What one lock handle holds (see the module): built by the handle, read by its
     backend's acquisitions, renewed by the watchdog."""
+
+    # The state's starting values, at class level (set on the instance when they change:
+    # a handle is built per acquisition, and some 20 stores fewer count on the hot path).
+    #: Holder metadata of the current acquisition: host, pid, thread/task, and what
+    #: the holder is doing (request path, task name; ``context.py``), or "".
+    host = _HOST
+    pid: int | None = None
+    thread = ""
+    context = ""
+    #: The thread label and the context as backends store them (``join_holder``).
+    holder_field = ""
+    #: The watchdog's entry while it renews this handle's lease (else None).
+    renewal: Renewal | None = None
+    #: Set by a backend while it cannot tell whether the lock is still held (a
+    #: ZooKeeper session suspended: the connection dropped and the session may
+    #: yet expire); stop writing until it turns False again, or ``lost`` True.
+    #: Changed through :meth:`set_unsure` once granted.
+    unsure = False
+    #: Called (no arguments, in the thread that found it) when the hold is marked
+    #: lost or turns unsure: a leadership term's (``leadership.py``) wake-up.
+    on_change: Callable[[], None] | None = None
+    _acquisition: Acquisition | None = None
+    _token: str | None = None
+    _owner_id: str | None = None
+    _grant: Grant | None = None
+    _lost = False
+    #: An acquire is under way (``Lock.acquire``'s loop clears it at its end).
+    busy = False
+    _valid_until: float | None = None  # monotonic, conservative
+    _lost_at_release = False
+    #: A release sent while the lease was valid raised (BackendUnavailable): it may
+    #: have gone through. A later release that finds the lock gone is no loss.
+    _release_unsure = False
+    _started = 0.0
+    _granted_at: float | None = None  # monotonic, of the first grant
+    _depth = 0  # acquisitions held by this handle (above 1 only when reentrant)
+    #: Who acquired it (``current_holder()``), and its entry among the held handles.
+    _holder: object = None
+    _held_ref: weakref.ref[Any] | None = None
 
     def __init__(
         self,
@@ -109,46 +148,10 @@ class Hold:
         self.auto_renew = auto_renew
         self.max_hold = max_hold
         self._owner_token = owner_token
-        #: Holder metadata of the current acquisition: host, pid, thread/task, and what
-        #: the holder is doing (request path, task name; ``context.py``), or "".
-        self.host = _HOST
-        self.pid: int | None = None
-        self.thread = ""
-        self.context = ""
-        #: The thread label and the context as backends store them (``join_holder``).
-        self.holder_field = ""
-        #: The watchdog's entry while it renews this handle's lease (else None).
-        self.renewal: Renewal | None = None
-        #: Set by a backend while it cannot tell whether the lock is still held (a
-        #: ZooKeeper session suspended: the connection dropped and the session may
-        #: yet expire); stop writing until it turns False again, or ``lost`` True.
-        #: Changed through :meth:`set_unsure` once granted.
-        self.unsure = False
-        #: Called (no arguments, in the thread that found it) when the hold is marked
-        #: lost or turns unsure: a leadership term's (``leadership.py``) wake-up.
-        self.on_change: Callable[[], None] | None = None
         #: The lock's class for the lock-order checker (``ordering.py``): ``order_class=``
         #: or ``@distlock``'s template; None: derived from the name when needed.
         self.order_class = order_class
         self._mutex = threading.Lock()
-        self._acquisition: Acquisition | None = None
-        self._token: str | None = None
-        self._owner_id: str | None = None
-        self._grant: Grant | None = None
-        self._lost = False
-        #: An acquire is under way (``Lock.acquire``'s loop clears it at its end).
-        self.busy = False
-        self._valid_until: float | None = None  # monotonic, conservative
-        self._lost_at_release = False
-        #: A release sent while the lease was valid raised (BackendUnavailable): it may
-        #: have gone through. A later release that finds the lock gone is no loss.
-        self._release_unsure = False
-        self._started = 0.0
-        self._granted_at: float | None = None  # monotonic, of the first grant
-        self._depth = 0  # acquisitions held by this handle (above 1 only when reentrant)
-        #: Who acquired it (``current_holder()``), and its entry among the held handles.
-        self._holder: object = None
-        self._held_ref: weakref.ref[Any] | None = None
 
     # -- state -----------------------------------------------------------------
 
@@ -356,8 +359,7 @@ class Hold:
         if not isinstance(blocking, bool):
             raise TypeError("blocking must be True or False.")
         timeout = self.timeout if isinstance(timeout, _Default) else validate_timeout(timeout)
-        task = holders.running_task()  # once: outside a loop, asking raises (slow)
-        holder = holders.holder_of(task)
+        holder, label = holders.identify()
         with self._mutex:
             if self.busy or self._token is not None:
                 if self._lost and not self.busy:
@@ -375,7 +377,7 @@ class Hold:
             self._holder = holder
             self.busy = True
         self.pid = os.getpid()
-        self.thread = holders.label_of(task)
+        self.thread = label
         self.context = current_context()
         self.holder_field = join_holder(self.thread, self.context)
         self._started = started = time.monotonic()
@@ -422,7 +424,7 @@ class Hold:
             self._depth = 1
             self._acquisition = acquisition
             self._token = acquisition.token
-            self._owner_id = short_owner(acquisition.token)
+            self._owner_id = acquisition.token[:SHORT_OWNER]  # short_owner(), inlined
             self._grant = grant
             self._lost = False
             self._release_unsure = False
@@ -431,7 +433,8 @@ class Hold:
             self.renewal = watch(self, acquisition, asynchronous)
         self._held_ref = holders.hold(self, self._holder)
         self._granted_at = time.monotonic()
-        self._send(signals.lock_acquired, waited=self._granted_at - self._started)
+        if signals.lock_acquired.receivers:  # as _send() checks, without its call
+            self._send(signals.lock_acquired, waited=self._granted_at - self._started)
         return True
 
     def take(self) -> tuple[Acquisition, bool]:
@@ -441,17 +444,21 @@ class Hold:
             acquisition = self._acquisition
             if self._token is None or acquisition is None:
                 raise LockNotHeld(f"{self!r} is not held by this handle.")
-            self.check_process()
+            if self.pid != os.getpid():
+                self.check_process()  # raises
             # Seen as lost during the release: keep it, so the release raises (not after
             # a release sent in time that raised: a lease that ended since is no loss).
+            # (_expired_locally() and _clear() written out: the hot path.)
+            until = self._valid_until
             self._lost_at_release = not self._release_unsure and (
-                self._lost or self._expired_locally()
+                self._lost or (until is not None and time.monotonic() >= until)
             )
             inner = self._depth > 1
             if inner:
                 self._depth -= 1
             else:
-                self._clear()
+                self._token = self._acquisition = None
+                self._depth = 0
         return acquisition, inner
 
     def _clear(self) -> None:
@@ -500,8 +507,9 @@ class Hold:
                 raise LockLost(f"{self!r} was lost before this release.")
             self._send(signals.lock_released, handle)
             return
-        with self._mutex:
-            self._clear()
+        with self._mutex:  # _clear() written out: the hot path
+            self._token = self._acquisition = None
+            self._depth = 0
         self._forget()
         if lost and self._release_unsure and not inner:
             self._already_released(handle)
@@ -510,7 +518,8 @@ class Hold:
             self._send_lost()
             raise LockLost(f"{self!r} was no longer held when released: its lease ended.")
         self._release_unsure = False
-        self._send(signals.lock_released, handle)
+        if signals.lock_released.receivers:  # as _send() checks, without its call
+            self._send(signals.lock_released, handle)
 
     def _already_released(self, handle: object = None) -> None:
         """A retried release found the lock gone after a release that was sent while the

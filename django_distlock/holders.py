@@ -18,7 +18,7 @@ import threading
 import weakref
 from asyncio.events import _get_running_loop as _running_loop
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .exceptions import SelfDeadlock
 
@@ -31,12 +31,10 @@ __all__ = [
     "held_by",
     "hold",
     "holder_label",
-    "holder_of",
-    "label_of",
+    "identify",
     "let_go",
     "reentry",
     "refuse",
-    "running_task",
 ]
 
 Key = tuple[str, str]
@@ -64,43 +62,37 @@ def _forget_held_after_fork() -> None:
 os.register_at_fork(after_in_child=_forget_held_after_fork)
 
 
-def running_task() -> asyncio.Task[Any] | None:
-    """Return the asyncio task running now, or None outside one (no event loop).
+def identify() -> tuple[object, str]:
+    """Who is acquiring, and its label: :func:`current_holder` and :func:`holder_label`
+    in one call (an acquire's).
 
-    :returns: the task, or None.
+    The holder is, for an asyncio task, a weak reference to it (CPython gives one task
+    the same reference each time; once the task ends, the reference is dead and a new
+    task at the same address gets a new one); for a thread, a token in its
+    ``threading.local``, dropped when the thread ends. Never a thread's ``ident`` or a
+    task's ``id()``, which new threads and tasks reuse.
+
+    :returns: an object that compares equal only for the same thread or task, and
+        ``"thread"`` or ``"thread/task"``.
     """
     loop = _running_loop()  # None outside a loop: no RuntimeError raised and caught
-    return None if loop is None else asyncio.current_task(loop)
+    task = None if loop is None else asyncio.current_task(loop)
+    if task is not None:
+        return weakref.ref(task), f"{threading.current_thread().name}/{task.get_name()}"
+    try:
+        token = _thread_identity.token
+    except AttributeError:
+        token = _thread_identity.token = object()
+    return token, threading.current_thread().name
 
 
 def current_holder() -> object:
     """Return who is acquiring: this asyncio task, or else this thread, as an object no
-    other task or thread can be while it is referenced (see :func:`holder_of`).
+    other task or thread can be while it is referenced (see :func:`identify`).
 
     :returns: an object that compares equal only for the same thread or task.
     """
-    return holder_of(running_task())
-
-
-def holder_of(task: asyncio.Task[Any] | None) -> object:
-    """Return the holder identity of ``task``, or of this thread when None.
-
-    For a task, a weak reference to it (CPython gives one task the same reference
-    each time; once the task ends, the reference is dead and a new task at the same
-    address gets a new one). For a thread, a token in its ``threading.local``,
-    dropped when the thread ends. Never a thread's ``ident`` or a task's ``id()``,
-    which new threads and tasks reuse.
-
-    :param task: the running task (:func:`running_task`), or None.
-    :returns: an object that compares equal only for the same thread or task.
-    """
-    if task is not None:
-        return weakref.ref(task)
-    try:
-        return _thread_identity.token
-    except AttributeError:
-        token = _thread_identity.token = object()
-        return token
+    return identify()[0]
 
 
 def holder_label() -> str:
@@ -108,17 +100,7 @@ def holder_label() -> str:
 
     :returns: ``"thread"`` or ``"thread/task"``.
     """
-    return label_of(running_task())
-
-
-def label_of(task: asyncio.Task[Any] | None) -> str:
-    """Name this thread, and ``task`` if not None.
-
-    :param task: the running task (:func:`running_task`), or None.
-    :returns: ``"thread"`` or ``"thread/task"``.
-    """
-    label = threading.current_thread().name
-    return f"{label}/{task.get_name()}" if task is not None else label
+    return identify()[1]
 
 
 def _purge_collected() -> None:
@@ -148,6 +130,11 @@ def refuse(handle: Hold, holder: object, downgrade: bool) -> None:
     :raises SelfDeadlock: if the wait could only end at the timeout.
     """
     key = (handle.backend.alias, handle.key)
+    if key not in _held:
+        # Nobody in this process holds it: no lock taken. Only ``holder`` itself (this
+        # thread, or this task, which runs in it) adds the entries that could refuse
+        # this wait, so none can appear meanwhile.
+        return
     with _held_mutex:
         _purge_collected()
         refs = _held.get(key)
@@ -203,7 +190,8 @@ def hold(handle: Hold, holder: object) -> weakref.ref[Hold]:
     key = (handle.backend.alias, handle.key)
     ref = weakref.ref(handle, lambda ref: _collected.append((key, ref)))
     with _held_mutex:
-        _purge_collected()
+        if _collected:
+            _purge_collected()
         refs = _held.get(key)
         if refs is None:
             refs = _held[key] = {}

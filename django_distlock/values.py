@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import unicodedata
@@ -111,6 +112,7 @@ class Miss:
 MAX_HOLDER = 255
 
 
+@functools.lru_cache(maxsize=1024)  # per acquire, and the same few threads and contexts
 def join_holder(thread: str, context: str) -> str:
     """The holder field a backend stores: the thread label, then the context (see
     :mod:`django_distlock.context`) after a separator neither can hold."""

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from django_distlock.backends.database.sessions import WATCHDOG_GRACE, Watchdog
+from django_distlock.backends.database.sessions import Watchdog
 from django_distlock.testing import LockContract
 
 from .conftest import LIBRARY_DB, eventually, require_pg

@@ -456,9 +456,11 @@ class BaseLockBackend(abc.ABC):
                 f"{type(self).__name__} (alias {self.alias!r}) holds its locks until they are "
                 "released (they do not expire): there is no lease for auto_renew to renew."
             )
-        max_hold = validate_max_hold(max_hold)
-        if max_hold is not None and not auto_renew:
-            raise ValueError("max_hold caps the renewals of auto_renew: pass auto_renew=True.")
+        if max_hold is not None:
+            max_hold = validate_max_hold(max_hold)
+            if not auto_renew:
+                raise ValueError(
+                    "max_hold caps the renewals of auto_renew: pass auto_renew=True.")
         if order_class is not None and (not isinstance(order_class, str) or not order_class):
             raise TypeError("order_class must be a non-empty str (the lock's class).")
         return Lock(

@@ -23,6 +23,7 @@ listing joins ``pg_locks`` to the rows through an index on the key
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import socket
@@ -129,6 +130,8 @@ WHERE h.granted AND h.k = %s AND (%s = '' OR substr(a.application_name, 4, 8) = 
 
 #: PostgreSQL keeps 63 bytes of an application_name, printable ASCII only.
 _LABEL_BYTES = 63
+#: ``dl <owner id> `` before the holder's text.
+_LABEL_HEAD = len("dl  ") + SHORT_OWNER
 
 
 def server_key(key: str) -> int:
@@ -152,14 +155,20 @@ def _server_time(seconds: bytes | None) -> datetime | None:
 
 def holder_label(owner: str, holder: str) -> str:
     """A session's ``application_name`` for the holder (or waiter) ``owner`` (its short
-    owner id) and ``holder`` (its thread label and context, ``Hold.holder_field``):
-    ``dl <owner> <holder>``, the holder text escaped to printable ASCII and cut, with an
-    ellipsis, to fit PostgreSQL's 63 bytes."""
-    head = f"dl {owner} "
+    owner id, :data:`~django_distlock.values.SHORT_OWNER` characters) and ``holder`` (its
+    thread label and context, ``Hold.holder_field``): ``dl <owner> <holder>``, the holder
+    text escaped to printable ASCII and cut, with an ellipsis, to fit PostgreSQL's 63
+    bytes."""
+    return f"dl {owner} {_label_text(holder)}"
+
+
+@functools.lru_cache(maxsize=1024)  # per grant, and the same few threads and contexts
+def _label_text(holder: str) -> str:
+    """The holder's part of :func:`holder_label`."""
     text = holder.encode("unicode_escape").decode("ascii")  # as _escaped(), one call less
-    if len(head) + len(text) <= _LABEL_BYTES:
-        return head + text
-    room = _LABEL_BYTES - len(head) - len(_escaped("…"))
+    if _LABEL_HEAD + len(text) <= _LABEL_BYTES:
+        return text
+    room = _LABEL_BYTES - _LABEL_HEAD - len(_escaped("…"))
     kept, used = [], 0
     for char in holder:
         size = len(_escaped(char))
@@ -167,7 +176,7 @@ def holder_label(owner: str, holder: str) -> str:
             break
         kept.append(char)
         used += size
-    return head + _escaped("".join(kept) + "…")
+    return _escaped("".join(kept) + "…")
 
 
 def _escaped(text: str) -> str:
@@ -394,7 +403,8 @@ class SessionAcquisition(OwnSessionAcquisition):
         super().__init__(*args)
         hold = self.hold
         self.keys = self.backend.rows.get(hold.key)
-        self.label = holder_label(self.token[:SHORT_OWNER], hold.holder_field)
+        # holder_label() written out: a call fewer per grant.
+        self.label = f"dl {self.token[:SHORT_OWNER]} {_label_text(hold.holder_field)}"
         self.fencing: int | None = None
 
     # -- the session: this acquisition's own, or shared with the thread's grants -----
@@ -500,7 +510,10 @@ class SessionAcquisition(OwnSessionAcquisition):
         time, or None on a miss."""
         k1, k2 = self.keys or self._server_keys(session)
         row = fetch(session.pgconn, session.prepared, PG_TRY, [self.label.encode(), k1, k2])
-        return None if row is None else (int(row[0]), _server_time(row[1]))  # type: ignore[arg-type]
+        if row is None:
+            return None
+        token, at = row  # a row only when granted, its token from nextval(): never NULL
+        return int(token), None if at is None else datetime.fromtimestamp(float(at), UTC)  # type: ignore[arg-type]
 
     def _wait_row(self, session: Session, label: str) -> tuple[int, datetime | None] | None:
         """The wait's statement (``session.mutex`` held; ``label``: the session's label
@@ -508,9 +521,9 @@ class SessionAcquisition(OwnSessionAcquisition):
         k1, k2 = self._server_keys(session)
         seconds = repr(server_wait(self.deadline)).encode()
         row = fetch(session.pgconn, session.prepared, PG_WAIT, [k1, k2, seconds, label.encode()])
-        if row is None or row[0] is None:
+        if row is None or (token := row[0]) is None:
             return None
-        return int(row[0]), _server_time(row[1])
+        return int(token), _server_time(row[1])
 
     def _unlock(self, session: Session, others: str | None) -> bool:
         """The release's statement (``session.mutex`` held; ``others``: the label of the
