@@ -148,8 +148,11 @@ ORDER BY p.name"""
 
 #: Take a name's lock and record its holder. Params: lock, key, seconds to wait (0: a
 #: try), label, host, pid, alone. Row: (fencing token, or NULL when not had; server time).
-SESSION_TAKE = "CALL django_distlock_session_take(%s, %s, %s, %s, %s, %s, %s)"
-SESSION_UNLOCK = "SELECT RELEASE_LOCK(%s)"
+#: Session mode's grant and release, sent without a cursor (``session_mysql._query``):
+#: bytes, the arguments written in as literals (lock, name, seconds, label and host;
+#: pid, and whether the session holds nothing else).
+SESSION_TAKE = b"CALL django_distlock_session_take(%b, %b, %b, %b, %b, %d, %d)"
+SESSION_UNLOCK = b"SELECT RELEASE_LOCK(%b)"
 #: Whether this session holds the lock (params: lock).
 SESSION_HOLDS = "SELECT IS_USED_LOCK(%s) <=> CONNECTION_ID()"
 SESSION_IS_LOCKED = "SELECT IS_USED_LOCK(%s) IS NOT NULL"
