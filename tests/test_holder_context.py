@@ -7,6 +7,12 @@ from __future__ import annotations
 import asyncio
 import threading
 
+# Imported now, with every app installed: this module's tests restrict the app registry
+# to the library's apps (LIBRARY_DB), and the test client's first request imports the
+# auth middleware, whose import asks the registry for the user model. Run alone, the
+# module failed there ("No installed app with label 'auth'"); in a full run some earlier
+# module had imported it.
+import django.contrib.auth.middleware  # noqa: F401
 import pytest
 from asgiref.sync import sync_to_async
 from django.conf import settings
