@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
+from django.db import connections
 
 from django_distlock import locks
 from django_distlock.backends.database import session_mode
@@ -85,3 +86,19 @@ def test_session_mode_on_psycopg2_is_refused_at_construction(
     with pytest.raises(InvalidBackendOptions, match="psycopg 3"):
         session_mode.SessionModeBackend(
             "psycopg2-site", {"OPTIONS": {"DATABASE": "pg", "MODE": "session"}})
+
+
+
+def test_a_session_the_server_ended_is_lost_and_says_why(session: Session) -> None:
+    """Ended while idle, the session's next statement fails as lost, with the server's
+    reason (libpq reads it with the closed connection: psycopg's cursor raises
+    ``AdminShutdown``, 57P01; both are ``OperationalError`` and count as lost)."""
+    fetch(session.pgconn, session.prepared, _DIVIDE, [b"1"])
+    with session.mutex:
+        (pid,) = session.execute("SELECT pg_backend_pid()", None).fetchone()
+    with connections["pg"].cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(%s, 5000)", [pid])
+    with pytest.raises(psycopg.OperationalError) as raised:
+        fetch(session.pgconn, session.prepared, _DIVIDE, [b"1"])
+    assert "terminating connection due to administrator command" in str(raised.value)
+    assert connection_lost(raised.value)

@@ -76,11 +76,15 @@ def fetch(pgconn: PGconn, prepared: set[bytes], statement: Prepared,
 
 
 def _error(pgconn: PGconn, result: object) -> Exception:
-    """The exception psycopg's cursor would raise for a failed ``result``."""
+    """The exception for a failed ``result``: the server's error by its SQLSTATE, as
+    psycopg's cursor raises it; a connection that broke, :class:`psycopg.OperationalError`
+    with libpq's message (which carries the server's last words, "terminating connection
+    due to administrator command" for a session it ended)."""
     import psycopg
     from psycopg import errors
 
-    if pgconn.status != _CONNECTION_OK:  # the connection broke: no SQLSTATE to go by
+    error = errors.error_from_result(result, encoding="utf-8")  # type: ignore[arg-type]
+    if pgconn.status != _CONNECTION_OK and getattr(error, "sqlstate", None) is None:
         message = pgconn.error_message.decode("utf-8", "replace").strip()
         return psycopg.OperationalError(message or "the connection to the server was lost")
-    return errors.error_from_result(result, encoding="utf-8")  # type: ignore[arg-type]
+    return error
