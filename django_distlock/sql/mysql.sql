@@ -509,7 +509,8 @@ END
 -- else decides who holds, and the lock ends with its session. Each grant records its
 -- holder in django_distlock_session_grant, a MEMORY table (no redo log, no flush, empty
 -- after a restart, when every session is gone): one row per grant of a session, keyed by
--- the connection and the lock. A release leaves its row (no write at the release): a row
+-- the connection and the lock (a B-tree: a grant deletes its session's older rows through
+-- the key's first part, not by reading every session's rows). A release leaves its row (no write at the release): a row
 -- counts while its connection holds its lock (IS_USED_LOCK(lk) = session), a session's
 -- next grant alone deletes its rows, and a new session deletes every row that no longer
 -- counts. A MEMORY table's rows have a fixed size (about 1.4 KB here): the server's
@@ -523,7 +524,7 @@ CREATE TABLE IF NOT EXISTS django_distlock_session_grant (
     host VARCHAR(64) CHARACTER SET utf8mb4 COLLATE {bin} NOT NULL,
     pid INT NOT NULL,
     since DATETIME(6) NOT NULL,
-    PRIMARY KEY (session, lk) USING HASH,
+    PRIMARY KEY (session, lk) USING BTREE,
     KEY distlock_session_grant_lock (lk) USING HASH,
     KEY distlock_session_grant_name (name) USING BTREE
 ) ENGINE = MEMORY
