@@ -7,8 +7,10 @@ its result loaders: some 50 calls), as much as the statement's round trip on a l
 server. So the mode prepares its statements on each of its sessions by name, once, and
 runs them with ``PGconn.exec_prepared`` (libpq's ``PQexecPrepared``, which lets go of
 the GIL while it waits): text parameters in, text values out, no cursor. The sessions
-are the backend's own (never Django's connections), in autocommit, and nothing else
-runs statements on them through psycopg between these calls but the session's setup.
+are the backend's own (never Django's connections), in autocommit; the statements off
+the hot path (the session's setup, a name's row made once, ``extend()``'s check, the
+listings) still go through the session's psycopg cursor, each run to its end, so the
+two never interleave.
 
 A failure is psycopg's own exception, as its cursor would raise it (``errors.py`` maps
 it): the server's error by its SQLSTATE; a connection that broke under the call (the
