@@ -94,6 +94,9 @@ class Hold:
     _owner_id: str | None = None
     _grant: Grant | None = None
     _lost = False
+    #: Held by the thread reporting a loss (``_lose``) from the mark until its signal
+    #: was sent: a release that finds the mark waits on it (``_send_lost``).
+    _reporting: threading.RLock | None = None
     #: An acquire is under way (``Lock.acquire``'s loop clears it at its end).
     busy = False
     _valid_until: float | None = None  # monotonic, conservative
@@ -272,15 +275,20 @@ class Hold:
             self.stop_renewal()
             self._lost = True
             let_go = self._release_unsure
-        if let_go:  # a release that raised was sent in time: not a loss
-            self._forget()
+            self._reporting = reporting = threading.RLock()
+            reporting.acquire()
+        try:
+            if let_go:  # a release that raised was sent in time: not a loss
+                self._forget()
+                return True
+            if why:
+                logger.warning("Lock %r was lost: %s.", self, why)
+            self._forget()  # stop renewing; a new handle may wait for the name
+            self._changed()
+            self._send(signals.lock_lost)
             return True
-        if why:
-            logger.warning("Lock %r was lost: %s.", self, why)
-        self._forget()  # stop renewing; a new handle may wait for the name
-        self._changed()
-        self._send(signals.lock_lost)
-        return True
+        finally:
+            reporting.release()
 
     def set_unsure(self, unsure: bool) -> None:
         """Record whether the backend can tell that the lock is still held (a ZooKeeper
@@ -319,8 +327,14 @@ class Hold:
                    error=error)
 
     def _send_lost(self) -> None:
-        """Record the loss found by a release; signal it unless it was known already."""
+        """Record the loss found by a release; signal it unless it was known already
+        (then return once that report was sent: the release's LockLost comes after the
+        signal, whichever thread reports it; a receiver on that thread may release)."""
         if self._lost:
+            reporting = self._reporting
+            if reporting is not None:
+                with reporting:
+                    pass
             return
         self._lost = True
         self._changed()

@@ -55,7 +55,8 @@ lock_released = Signal()
 #: handle's ``expires_at`` is the new end. Sent off the hot path, in the renewing thread.
 lock_renewed = Signal()
 #: A handle learned its lock is gone (a release found it taken, a session ended, a renewal
-#: was refused; ``mark_lost()``); sent once per grant.
+#: was refused; ``mark_lost()``); sent once per grant, in the thread that learned it. A
+#: release that raises ``LockLost`` for that loss raises only once its receivers returned.
 lock_lost = Signal()
 #: ``force_release()`` freed a lock held by someone (no token, no handle; ``by_operator``).
 lock_force_released = Signal()

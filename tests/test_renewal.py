@@ -455,3 +455,33 @@ def test_decorator_checks_the_renewal_options() -> None:
         distlock("k:{x}", max_hold=-1, auto_renew=True)(lambda x: x)
     with pytest.raises(ValueError, match="auto_renew=True"):
         distlock("k:{x}", max_hold=5, auto_renew=False)(lambda x: x)
+
+
+def test_the_exit_raises_lock_lost_only_once_the_loss_was_signalled(unique) -> None:
+    """The renewal thread marks the handle lost, then sends lock_lost: a holder that saw the
+    mark in between and left its ``with`` raised LockLost before the signal's receivers had
+    run (the contract's check counting the signal after the exit failed once in CI on
+    that window). The exit waits for the report; a slow receiver makes the window wide."""
+    name = unique()
+    steps: list[str] = []
+
+    def slow(sender: Any, **kwargs: Any) -> None:
+        if kwargs["name"] == name:
+            steps.append("receiving")
+            time.sleep(0.3)
+            steps.append("received")
+
+    signals.lock_lost.connect(slow, weak=False)
+    try:
+        with (
+            pytest.raises(LockLost),
+            locks["locmem"].lock(name, ttl=0.3, auto_renew=True) as handle,
+        ):
+            locks["locmem"].force_release(name)
+            deadline = time.monotonic() + 2
+            while not hold_of(handle).marked_lost and time.monotonic() < deadline:
+                time.sleep(0.005)  # the next renewal (within 0.1 s) finds it gone
+            assert hold_of(handle).marked_lost
+        assert steps == ["receiving", "received"]
+    finally:
+        signals.lock_lost.disconnect(slow)
