@@ -19,6 +19,7 @@ from django.db import connections
 
 from django_distlock import locks
 from django_distlock.testing import in_thread  # noqa: F401  (re-exported for the tests)
+from django_distlock.testing.contract.support import close_async_connections
 
 FULL_RUN = os.environ.get("DISTLOCK_SERVERS") == "1"
 SQLITE_ALIASES = ["sqlite-lease", "sqlite-tx"]
@@ -166,7 +167,10 @@ def needs_pg(alias: str) -> bool:
 @pytest.fixture(autouse=True, scope="session")
 def _close_lock_connections(django_db_setup: None, django_db_blocker: Any) -> Iterator[None]:
     yield
-    locks.close_all()  # torn down before django_db_setup drops the test databases
+    # Torn down before django_db_setup drops the test databases: the backends' sessions,
+    # and the Django connections asgiref's executor thread opened for event loops.
+    locks.close_all()
+    close_async_connections()
 
 
 @pytest.fixture

@@ -307,3 +307,33 @@ def test_the_installed_plugin_loads_by_its_entry_point(tmp_path: Path) -> None:
     assert "3 passed, 1 error" in out, out
     assert "ERROR at teardown of test_a_made_up_overlap" in out, out
     assert "overlap" in out.split("ERROR at teardown")[1], out
+
+
+def test_the_contract_closes_the_connections_its_event_loops_opened(unique) -> None:
+    """``asyncio.run`` runs a transaction-mode acquire's sync part on asgiref's executor
+    thread, whose Django connection stays open after the loop (and past the test
+    database's teardown: "being accessed by other users"). The contract's clean-up
+    closed this thread's connections instead (``async_to_sync`` runs its sync calls here)."""
+    import asyncio
+
+    from asgiref.sync import SyncToAsync
+    from django.db import connections
+
+    from django_distlock.testing.contract.support import close_async_connections
+
+    require_pg()
+    backend = locks["pg-tx"]
+
+    async def main() -> None:
+        async with backend.lock(unique(), timeout=5):
+            pass
+
+    def executor_connected() -> bool:
+        return SyncToAsync.single_thread_executor.submit(
+            lambda: connections[backend.database].connection is not None
+        ).result()
+
+    asyncio.run(main())
+    assert executor_connected()
+    close_async_connections()
+    assert not executor_connected()

@@ -180,7 +180,11 @@ def token_of_one_grant(backend: BaseLockBackend, name: str) -> int | None:
 
 
 def close_async_connections() -> None:
-    """Close the connections the event loop's worker thread opened (asgiref's)."""
-    from asgiref.sync import async_to_sync, sync_to_async
+    """Close the connections the event loop's worker thread opened: outside
+    ``async_to_sync`` (``asyncio.run``), asgiref runs thread-sensitive sync calls on its
+    one executor thread, whose Django connections stay open after the loop ends (past
+    the test database's teardown). ``async_to_sync(sync_to_async(...))`` would run in
+    this thread instead, and close this thread's."""
+    from asgiref.sync import SyncToAsync
 
-    async_to_sync(sync_to_async(connections.close_all))()
+    SyncToAsync.single_thread_executor.submit(connections.close_all).result()
