@@ -16,8 +16,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
 
+from .placement import CHOICES, PlacementError, placed
+
 if TYPE_CHECKING:
-    from .harness import Case
+    from .harness import Case, Options
 
 #: Modules that register cases; each has ``setup()`` (raises Unavailable) and ``describe()``.
 CASE_MODULES = ("benchmarks.pg", "benchmarks.mysql", "benchmarks.orm", "benchmarks.redis",
@@ -63,6 +65,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--hold-ms", type=float, default=1.0, help="hold time when contended")
     parser.add_argument("--duration", type=float, help="seconds per contended round (5, quick 2)")
     parser.add_argument("--list", action="store_true", help="list suites and cases, run nothing")
+    parser.add_argument(
+        "--placement", choices=CHOICES, default="free",
+        help="pin the client and the servers: one CPU for both, or one each "
+        "(default: free; see benchmarks/placement.py)",
+    )
     parser.add_argument(
         "--smoke",
         action="store_true",
@@ -169,7 +176,26 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         smoke(chosen)
         return 1 if missing else 0
-    parts = [harness.machine_line([m.describe() for m in modules]), ""]
+    try:
+        with placed(args.placement) as where:
+            parts = run_suites(wanted, chosen, options, modules, where)
+    except PlacementError as exc:
+        print(f"[benchmarks] --placement {args.placement}: {exc}", file=sys.stderr)
+        return 2
+    if missing:
+        parts.append("Skipped (server missing): " + "; ".join(missing) + "\n")
+    RESULTS.parent.mkdir(exist_ok=True)
+    RESULTS.write_text("\n".join(parts))
+    harness.progress(f"written to {RESULTS}")
+    return 1 if missing else 0
+
+
+def run_suites(wanted: list[str], chosen: list[Case], options: Options,
+               modules: list[ModuleType], where: str) -> list[str]:
+    """Run the chosen cases suite by suite; print and return the results' parts."""
+    from . import harness
+
+    parts = [harness.machine_line([*(m.describe() for m in modules), where]), ""]
     print(parts[0] + "\n", flush=True)
     done: dict[str, list[harness.Row]] = {}  # rows of the suites run so far, for their bars
     for suite_name in wanted:
@@ -181,12 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         table = harness.render(suite, done[suite_name], options, done)
         print(table, flush=True)
         parts.append(table)
-    if missing:
-        parts.append("Skipped (server missing): " + "; ".join(missing) + "\n")
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text("\n".join(parts))
-    harness.progress(f"written to {RESULTS}")
-    return 1 if missing else 0
+    return parts
 
 
 def smoke(cases: list[Case]) -> None:
