@@ -28,9 +28,14 @@ from .conftest import LIBRARY_DB, require_alias
 pytestmark = LIBRARY_DB
 
 
-def _crossed(alias: str, name: str, timeout: float) -> dict[str, dict[str, Any]]:
-    """Thread "a" holds ``name``+a and waits for ``name``+b; thread "b" the reverse."""
+def _crossed(alias: str, name: str, timeout: float,
+             both_waits_end_first: bool = False) -> dict[str, dict[str, Any]]:
+    """Thread "a" holds ``name``+a and waits for ``name``+b; thread "b" the reverse.
+    ``both_waits_end_first``: neither releases its outer lock before both waits ended
+    (where no cycle is detected, the first wait to time out would otherwise release the
+    lock the other still waits for, and that wait would be granted)."""
     met = threading.Barrier(2)
+    ended = threading.Barrier(2) if both_waits_end_first else None
     seen: dict[str, dict[str, Any]] = {}
 
     def worker(tag: str, first: str, second: str) -> None:
@@ -46,6 +51,8 @@ def _crossed(alias: str, name: str, timeout: float) -> dict[str, dict[str, Any]]
             except (Deadlock, LockTimeout) as exc:
                 report["inner"] = exc
                 report["outer lost at once"] = outer.lost
+            if ended is not None:
+                ended.wait(10)
             try:
                 outer.release()
                 report["outer"] = "released"
@@ -88,7 +95,9 @@ def test_crossed_waits_refuse_one_wait_as_a_deadlock(alias: str, unique) -> None
 def test_postgresql_lease_mode_sees_no_cycle_and_both_waits_time_out(unique) -> None:
     require_alias("pg-lease")
     started = time.monotonic()
-    seen = _crossed("pg-lease", unique("lease-cycle"), timeout=1)
+    # Both 1 s waits start within moments of each other: the one that ended first let go
+    # of its outer lock, and the other, still waiting, was granted it (CI, once).
+    seen = _crossed("pg-lease", unique("lease-cycle"), timeout=1, both_waits_end_first=True)
     assert all(isinstance(report["inner"], LockTimeout) for report in seen.values()), seen
     assert all(report["outer"] == "released" for report in seen.values()), seen
     assert time.monotonic() - started < 10
