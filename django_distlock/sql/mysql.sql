@@ -510,8 +510,9 @@ END
 -- holder in django_distlock_session_grant, a MEMORY table (no redo log, no flush, empty
 -- after a restart, when every session is gone): one row per grant of a session, keyed by
 -- the connection and the lock (a B-tree: a grant deletes its session's older rows through
--- the key's first part, not by reading every session's rows). A release leaves its row (no write at the release): a row
--- counts while its connection holds its lock (IS_USED_LOCK(lk) = session), a session's
+-- the key's first part, not by reading every session's rows). A release leaves its row
+-- (no write at the release): a row counts while its connection holds its lock
+-- (IS_USED_LOCK(lk) = session), a session's
 -- next grant alone deletes its rows, and a new session deletes every row that no longer
 -- counts. A MEMORY table's rows have a fixed size (about 1.4 KB here): the server's
 -- max_heap_table_size when the table was made bounds how many grants it lists at once
