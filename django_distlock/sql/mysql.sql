@@ -508,24 +508,26 @@ END
 -- dl:s:<hash of the database and the name> of the session that was granted it: nothing
 -- else decides who holds, and the lock ends with its session. Each grant records its
 -- holder in django_distlock_session_grant, a MEMORY table (no redo log, no flush, empty
--- after a restart, when every session is gone): one row per grant of a session, keyed by
--- the connection and the lock (a B-tree: a grant deletes its session's older rows through
--- the key's first part, not by reading every session's rows). A release leaves its row
--- (no write at the release): a row counts while its connection holds its lock
--- (IS_USED_LOCK(lk) = session), a session's
--- next grant alone deletes its rows, and a new session deletes every row that no longer
--- counts. A MEMORY table's rows have a fixed size (about 1.4 KB here): the server's
--- max_heap_table_size when the table was made bounds how many grants it lists at once
--- (16 MB: about 12,000); a grant that finds it full is refused, and its lock given back.
+-- after a restart, when every session is gone), at a slot of its session: slot 0 for a
+-- grant of a session that holds no other lock (the usual case), 1, 2, ... for a thread's
+-- further grants on the session of its first. A grant overwrites its slot's row in place;
+-- a release leaves its row (no write at the release): a row counts while its connection
+-- holds its lock (IS_USED_LOCK(lk) = session). A session's grant that holds alone
+-- through the procedure deletes its rows past slot 0, and a new session deletes every
+-- row that no longer counts. A MEMORY table's rows have a fixed size (about 1.4 KB
+-- here): the server's max_heap_table_size when the table was made bounds how many grants
+-- it lists at once (16 MB: about 12,000); a grant that finds it full is refused, and its
+-- lock given back.
 CREATE TABLE IF NOT EXISTS django_distlock_session_grant (
     session BIGINT UNSIGNED NOT NULL,
+    slot SMALLINT UNSIGNED NOT NULL,
     lk CHAR(37) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
     name VARCHAR(255) CHARACTER SET utf8mb4 COLLATE {bin} NOT NULL,
     label VARCHAR(63) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
     host VARCHAR(64) CHARACTER SET utf8mb4 COLLATE {bin} NOT NULL,
     pid INT NOT NULL,
     since DATETIME(6) NOT NULL,
-    PRIMARY KEY (session, lk) USING BTREE,
+    PRIMARY KEY (session, slot) USING BTREE,
     KEY distlock_session_grant_lock (lk) USING HASH,
     KEY distlock_session_grant_name (name) USING BTREE
 ) ENGINE = MEMORY
@@ -556,9 +558,12 @@ DROP PROCEDURE IF EXISTS django_distlock_session_take
 -- the holder. A procedure, not a function: the server's detection of deadlocks
 -- between named locks does not reach a GET_LOCK inside a stored function (its waits
 -- just time out), and it does reach one in a procedure. p_alone: the session holds no
--- other lock (its older rows go). One row: the fencing token (see the tables above)
--- and the server's time; the token is NULL when the lock was not had (busy, timed out,
--- or the wait killed).
+-- other lock (the grant takes slot 0, and the session's rows past it go); else the
+-- grant takes its lock's old row of this session, or one that no longer counts, or a
+-- new slot. One row: the fencing token (see the tables above), the server's time, and
+-- the run's epoch and base (the client keeps them, for the grants it sends without this
+-- procedure: session_mysql.py); the token is NULL when the lock was not had (busy, timed
+-- out, or the wait killed).
 CREATE PROCEDURE django_distlock_session_take(
     IN p_lock CHAR(37), IN p_name VARCHAR(255), IN p_wait DOUBLE, IN p_label VARCHAR(63),
     IN p_host VARCHAR(64), IN p_pid INT, IN p_alone BOOL
@@ -566,6 +571,7 @@ CREATE PROCEDURE django_distlock_session_take(
 BEGIN
     DECLARE got INT;
     DECLARE e BIGINT;
+    DECLARE s INT DEFAULT 0;
     DECLARE EXIT HANDLER FOR 1114  -- the table is full
     BEGIN
         DO RELEASE_LOCK(p_lock);
@@ -577,11 +583,21 @@ BEGIN
         IF(p_wait <= 0 OR @@version LIKE '%MariaDB%', p_wait, CEIL(p_wait)));
     IF got = 1 THEN
         IF p_alone THEN
-            DELETE FROM django_distlock_session_grant WHERE session = CONNECTION_ID();
+            DELETE FROM django_distlock_session_grant
+            WHERE session = CONNECTION_ID() AND slot > 0;
+        ELSE
+            SET s = COALESCE(
+                (SELECT slot FROM django_distlock_session_grant
+                 WHERE session = CONNECTION_ID()
+                     AND (lk = p_lock OR NOT IS_USED_LOCK(lk) <=> CONNECTION_ID())
+                 ORDER BY lk = p_lock DESC, slot LIMIT 1),
+                (SELECT MAX(slot) + 1 FROM django_distlock_session_grant
+                 WHERE session = CONNECTION_ID()),
+                0);
         END IF;
         REPLACE INTO django_distlock_session_grant
-            (session, lk, name, label, host, pid, since)
-        VALUES (CONNECTION_ID(), p_lock, p_name, p_label, p_host, p_pid, UTC_TIMESTAMP(6));
+            (session, slot, lk, name, label, host, pid, since)
+        VALUES (CONNECTION_ID(), s, p_lock, p_name, p_label, p_host, p_pid, UTC_TIMESTAMP(6));
         IF @django_distlock_epoch IS NULL THEN
             -- This session's first grant: the run's epoch and base, kept in the session
             -- (a restart ends every session, so a session's copy is always its run's).
@@ -596,9 +612,9 @@ BEGIN
             FROM django_distlock_session_start WHERE id = 1;
         END IF;
         SELECT (@django_distlock_epoch << 44) + (UUID_SHORT() - @django_distlock_base),
-            UTC_TIMESTAMP(6);
+            UTC_TIMESTAMP(6), @django_distlock_epoch, @django_distlock_base;
     ELSE
-        SELECT NULL, UTC_TIMESTAMP(6);
+        SELECT NULL, UTC_TIMESTAMP(6), NULL, NULL;
     END IF;
 END
 -- ;;

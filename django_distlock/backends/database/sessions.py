@@ -108,6 +108,9 @@ class Session:
         #: statements prepared on it by ``prepared.fetch`` (session mode's).
         self.pgconn: Any = getattr(raw, "pgconn", None)
         self.prepared: set[bytes] = set()
+        #: Session mode on MySQL: what the session's grants through the procedure told it
+        #: (``session_mysql.SessionRun``), None before the first.
+        self.mysql_run: Any = None
         self.mutex = threading.Lock()
         self.orphans: list[tuple[str, int]] = []
         self.closed = False
