@@ -378,6 +378,127 @@ def test_a_grant_deletes_its_sessions_older_rows_by_the_key_not_by_a_scan() -> N
                     [4_000_000_000], "cleaning")
 
 
+def _session_rows(backend: Any, session: Any) -> list[tuple[int, str]]:
+    """MariaDB: the grants' table's rows of the backend's ``session``: (slot, name)."""
+    return [tuple(row) for row in backend.run(
+        "SELECT slot, name FROM django_distlock_session_grant WHERE session = %s"
+        " ORDER BY slot", [session._thread_id], "reading")]
+
+
+def test_a_mysql_sessions_tries_after_its_first_grant_go_without_the_procedure(
+    unique,
+) -> None:
+    """MariaDB: a session's first grant is the procedure's call, which tells it the
+    server run's epoch; its later tries are one ``INSERT ... SELECT`` (about 40 µs less
+    of the server's time). Their tokens keep growing with the procedure's, their holder
+    is listed as the procedure's is, and their grant's time is the server's, estimated
+    from the first grant (within a round trip)."""
+    require_mysql()
+    backend, name = locks["mysql-session"], unique("fast")
+    backend.run("SELECT 1", [], "opening")  # the listing's own session, opened first
+    backend.pool.close()  # the grants below on one new session
+    tokens, sessions = [], set()
+    for _ in range(5):
+        handle = backend.lock(name)
+        assert handle.acquire(blocking=False)
+        session = handle._hold.acquisition.taken
+        sessions.add(session)
+        tokens.append(handle.fencing_token)
+        (info,) = backend.held_locks(prefix=name)
+        assert (info.owner, info.host, info.pid) == (
+            handle.owner_id, socket.gethostname(), os.getpid())
+        assert abs((info.acquired_at - handle.acquired_at).total_seconds()) < 0.5
+        assert _session_rows(backend, session) == [(0, backend.make_key(name))]
+        handle.release()
+    (session,) = sessions
+    with session.mutex:
+        counted = dict(session.execute(
+            "SHOW SESSION STATUS WHERE Variable_name IN"
+            " ('Com_call_procedure', 'Com_insert_select')", None).fetchall())
+    assert counted == {"Com_call_procedure": "1", "Com_insert_select": "4"}
+    assert tokens == sorted(set(tokens))
+    other = backend.lock(name)  # a new session's grant: the procedure's token, above
+    backend.pool.close()
+    assert other.acquire(blocking=False)
+    try:
+        assert other.fencing_token > tokens[-1]
+    finally:
+        other.release()
+
+
+def test_a_mysql_session_that_held_beside_another_grant_is_listed_once_after(
+    unique,
+) -> None:
+    """MariaDB: a lock waited for by a thread that holds another is granted on that
+    lock's session, at slot 1 of the grants' table. Once both are released, the
+    session's next grant of that same name must not leave it listed twice (its old row
+    at slot 1 and its new one at slot 0): the next grant goes through the procedure,
+    which deletes the rows past slot 0, and the one after without it."""
+    require_mysql()
+    backend = locks["mysql-session"]
+    outer_name, inner_name = unique("outer"), unique("inner")
+    backend.run("SELECT 1", [], "opening")
+    blocker = _held_in_thread(backend, inner_name)
+    outer = backend.lock(outer_name)
+    assert outer.acquire()
+    inner = backend.lock(inner_name, timeout=10)
+    threading.Timer(0.5, blocker.set).start()
+    assert inner.acquire()
+    session = outer._hold.acquisition.taken
+    assert inner._hold.acquisition.taken is session
+    assert _session_rows(backend, session) == [
+        (0, backend.make_key(outer_name)), (1, backend.make_key(inner_name))]
+    outer.release()
+    inner.release()
+    for _ in range(2):  # through the procedure, then without it
+        again = backend.lock(inner_name)
+        assert again.acquire(blocking=False)
+        try:
+            assert again._hold.acquisition.taken is session  # the pool's last given back
+            assert [info.owner for info in backend.held_locks(prefix=inner_name)] == [
+                again.owner_id]
+            assert _session_rows(backend, session) == [(0, backend.make_key(inner_name))]
+        finally:
+            again.release()
+
+
+def test_a_full_grants_table_refuses_a_try_without_the_procedure_too(unique) -> None:
+    """MariaDB: a session that knows its run tries without the procedure; if the table
+    filled while the session held nothing (a new session swept its row), the try is
+    refused as the procedure refuses it, with what to do, and its lock given back."""
+    require_mysql()
+    backend = locks["mysql-session"]
+    table = "django_distlock_session_grant"
+    backend.run("SELECT 1", [], "opening")  # a session opened later would sweep the filler
+    backend.pool.close()
+    warm = backend.lock(unique("warm"))
+    assert warm.acquire(blocking=False)
+    session = warm._hold.acquisition.taken
+    warm.release()
+    backend.run(f"ALTER TABLE {table} MAX_ROWS = 3", [], "writing")
+    try:
+        backend.run(f"DELETE FROM {table}", [], "writing")  # the session's row too
+        filled = 0
+        with pytest.raises(DistLockError) as full:
+            while filled < 1000:  # rows of no session: the table's rounded-up size
+                backend.run(
+                    f"INSERT INTO {table} (session, slot, lk, name, label, host, pid, since)"
+                    " VALUES (%s, 0, 'dl:s:filler', 'filler', 'l', 'h', 1, UTC_TIMESTAMP(6))",
+                    [4_000_000_000 + filled], "writing")
+                filled += 1
+        assert mysql_errno(full.value.__cause__) == 1114 and filled >= 3
+        handle = backend.lock(unique("refused"))
+        with pytest.raises(DistLockError) as refused:
+            handle.acquire(blocking=False)
+        assert session.closed  # the try was the warm session's (a refused one is closed)
+        assert "is full: raise max_heap_table_size" in str(refused.value)
+        assert mysql_errno(refused.value.__cause__) == 1114
+        assert not backend.is_locked(handle.name)
+    finally:
+        backend.run(f"DELETE FROM {table} WHERE session >= 4000000000", [], "cleaning")
+        backend.run(f"ALTER TABLE {table} MAX_ROWS = 0", [], "writing")
+
+
 @pytest.mark.parametrize("alias", ALIASES)
 def test_a_killed_holder_frees_the_name_when_the_server_sees_its_connection_close(
     alias: str, unique, distlock_hold_elsewhere,
