@@ -44,18 +44,25 @@ class MariaDB:
             else:
                 os.environ["DISTLOCK_MYSQL_DURABLE"] = old
 
-    def restart(self) -> None:
-        """SIGKILL the server (no shutdown: InnoDB recovers from its log), start it again."""
+    def restart(self, argv: list[str] | None = None) -> None:
+        """SIGKILL the server (no shutdown: InnoDB recovers from its log), start it again
+        (with ``argv``, if given: :attr:`argv` has the one it runs with)."""
         assert self.entry is not None
         os.kill(self.entry["pid"], signal.SIGKILL)
         with contextlib.suppress(ChildProcessError):
             os.waitpid(self.entry["pid"], 0)
-        argv, data = self.entry["argv"], self.entry["data"]
+        argv, data = argv or self.entry["argv"], self.entry["data"]
         wd = self.directory / "mariadb"
         log = Path(self.entry["log"])
         self.entry = self.servers.spawn("mariadb", "mariadb", self.port, argv, wd, log)
         self.entry.update(data=data, argv=argv)
         self.servers.wait_until("mariadb", lambda: self._greets(), self.entry, 30.0, log)
+
+    @property
+    def argv(self) -> list[str]:
+        """The command line the server runs with."""
+        assert self.entry is not None
+        return list(self.entry["argv"])
 
     def _greets(self) -> bool:
         import socket
@@ -71,18 +78,19 @@ class MariaDB:
         shutil.rmtree(self.directory, ignore_errors=True)
 
     @contextlib.contextmanager
-    def borrowed(self, alias: str = "mysql") -> Iterator[str]:
+    def borrowed(self, alias: str = "mysql", **options: Any) -> Iterator[str]:
         """The suite's Django alias ``alias`` pointed at this server while the block runs
-        (its connection closed before and after), the core app's migration applied. A
-        test may use only the aliases it was given; the lock backends of the block must
-        be new ones (:meth:`backend`), whose sessions are opened on this server."""
+        (its connection closed before and after; ``options`` added to its ``OPTIONS``),
+        the core app's migration applied. A test may use only the aliases it was given;
+        the lock backends of the block must be new ones (:meth:`backend`), whose sessions
+        are opened on this server."""
         connection = connections[alias]
         saved = connection.settings_dict
         connection.close()
         # Both the wrapper's and the handler's: a backend's own sessions are new wrappers
         # made from the handler's settings (connections.create_connection).
         here = {**saved, "HOST": "127.0.0.1", "PORT": str(self.port), "NAME": "distlock",
-                "USER": "distlock"}
+                "USER": "distlock", "OPTIONS": {**saved.get("OPTIONS", {}), **options}}
         connection.settings_dict = connections.settings[alias] = here
         try:
             executor = MigrationExecutor(connection)

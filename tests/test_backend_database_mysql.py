@@ -19,12 +19,14 @@ import pytest
 from django.db import connections, transaction
 
 from django_distlock import locks
+from django_distlock.backends.database.errors import mysql_errno
 from django_distlock.backends.database.mysql_sql import MYSQL
 from django_distlock.backends.database.ordered import age_statement
 from django_distlock.backends.database.sql import upper_bound
 from django_distlock.contrib.admin.operations.listing import backend_label
 from django_distlock.exceptions import (
     BackendUnavailable,
+    DistLockError,
     LockLost,
 )
 from django_distlock.testing import LockContract
@@ -524,7 +526,7 @@ _SERVED = {"version": "8.0.36", "innodb_rollback_on_timeout": "OFF",
     ({}, []),
     ({"sync_binlog": "1"}, ["distlock.W061"]),
     ({"sync_binlog": "1", "log_bin": "OFF"}, []),
-    ({"binlog_format": "STATEMENT"}, ["distlock.W059"]),
+    ({"binlog_format": "STATEMENT"}, ["distlock.E056"]),
     ({"tcp_keepalive_time": "0"}, ["distlock.W062"]),
     ({"tcp_keepalive_time": "7200"}, ["distlock.W062"]),
     ({"tcp_keepalive_time": "5"}, []),
@@ -546,7 +548,7 @@ def test_what_the_server_variables_tell_session_mode(variables: dict, session: l
 
 @pytest.mark.parametrize(("variables", "lease", "tx"), [
     ({}, [], []),
-    ({"binlog_format": "STATEMENT"}, ["distlock.W059"], []),
+    ({"binlog_format": "STATEMENT"}, ["distlock.E056"], ["distlock.E056"]),
     ({"binlog_format": "STATEMENT", "log_bin": "OFF"}, [], []),
     ({"binlog_format": "MIXED"}, [], []),
     ({"group_replication_group_name": "aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee",
@@ -635,6 +637,33 @@ def test_mariadb_restarted_under_a_session_mode_holder(private_mariadb: MariaDB,
                                  private_mariadb.restart)
         finally:
             backend.close()
+
+
+def test_a_statement_format_binary_log_refuses_the_backends_writes_as_its_check_says(
+    private_mariadb: MariaDB, unique,
+) -> None:
+    """A binary log in STATEMENT format takes no InnoDB row written at READ COMMITTED
+    (1665), the level of the backend's own sessions (and Django's default): lease mode
+    grants nothing, transaction mode makes no row, session mode draws no epoch for its
+    tokens. ``check --deploy`` says so, an error for every mode (it once warned of
+    unsafe statements in lease and session mode alone)."""
+    plain = private_mariadb.argv
+    private_mariadb.restart([arg for arg in plain if arg != "--skip-log-bin"] + [
+        f"--log-bin={private_mariadb.directory / 'mariadb' / 'binlog'}", "--server-id=1",
+        "--binlog-format=STATEMENT"])
+    try:
+        with private_mariadb.borrowed() as alias:
+            for mode in ("lease", "transaction", "session"):
+                backend = private_mariadb.backend(alias, mode)
+                try:
+                    assert "distlock.E056" in _ids(backend.check(deploy=True)), mode
+                    with pytest.raises(DistLockError) as refused, transaction.atomic(alias):
+                        backend.lock(unique(mode)).acquire(blocking=False)
+                    assert mysql_errno(refused.value.__cause__) == 1665, mode
+                finally:
+                    backend.close()
+    finally:
+        private_mariadb.restart(plain)
 
 
 def test_mariadb_restarted_from_disk_under_every_kind(private_mariadb: MariaDB, unique) -> None:

@@ -140,14 +140,14 @@ def checks_of(backend: DatabaseBackend, found: dict[str, Any],
             "next call reconnects.",
             hint=f"Set wait_timeout to {SHORTEST_WAIT_TIMEOUT} or more (the default is "
             "28800).", obj=alias, id="distlock.W056"))
-    if (named_locks and _on(found.get("log_bin"))
-            and str(found.get("binlog_format", "")).upper() == "STATEMENT"):
-        messages.append(checks.Warning(
-            f"DISTLOCK[{alias!r}]: the binary log is on with binlog_format STATEMENT, for "
-            "which the procedures' GET_LOCK and IS_FREE_LOCK are unsafe: the server logs "
-            "a warning for every lease call.",
-            hint="Use binlog_format ROW (MySQL 8's default) or MIXED.",
-            obj=alias, id="distlock.W059"))
+    if _on(found.get("log_bin")) and str(found.get("binlog_format", "")).upper() == "STATEMENT":
+        messages.append(checks.Error(
+            f"DISTLOCK[{alias!r}]: the binary log is on with binlog_format STATEMENT, which "
+            "takes no InnoDB row written at READ COMMITTED, the isolation level of the "
+            "backend's own sessions: the server refuses their writes (error 1665), so "
+            f"{backend.mode} mode grants no lock.",
+            hint="Use binlog_format ROW (MySQL 8's default) or MIXED (MariaDB's).",
+            obj=alias, id="distlock.E056"))
     if backend.mode == "session":
         messages.extend(_session_mode(backend, found))
     return messages
