@@ -427,7 +427,7 @@ def test_a_mysql_sessions_tries_after_its_first_grant_go_without_the_procedure(
 
 
 def test_a_mysql_session_that_held_beside_another_grant_is_listed_once_after(
-    unique,
+    unique, distlock_hold_elsewhere,
 ) -> None:
     """MariaDB: a lock waited for by a thread that holds another is granted on that
     lock's session, at slot 1 of the grants' table. Once both are released, the
@@ -438,12 +438,16 @@ def test_a_mysql_session_that_held_beside_another_grant_is_listed_once_after(
     backend = locks["mysql-session"]
     outer_name, inner_name = unique("outer"), unique("inner")
     backend.run("SELECT 1", [], "opening")
-    blocker = _held_in_thread(backend, inner_name)
+    # Held by another process: no session of this backend's is given back after the
+    # pair's below (the pool hands out the last one given back).
+    blocker = distlock_hold_elsewhere(inner_name, using="mysql-session")
     outer = backend.lock(outer_name)
     assert outer.acquire()
     inner = backend.lock(inner_name, timeout=10)
-    threading.Timer(0.5, blocker.set).start()
+    releasing = threading.Timer(0.5, blocker.release)
+    releasing.start()
     assert inner.acquire()
+    releasing.join()
     session = outer._hold.acquisition.taken
     assert inner._hold.acquisition.taken is session
     assert _session_rows(backend, session) == [
