@@ -265,6 +265,22 @@ def test_crossed_waits_raise_deadlock_and_the_other_wait_goes_on(alias: str, uni
     # the 20 s timeouts
 
 
+def _waited_beside(backend: Any, outer_name: str, inner_name: str,
+                   release: Any) -> tuple[Any, Any]:
+    """Hold ``outer_name``, then wait for ``inner_name`` (held by a blocker that
+    ``release()``, called 0.5 s later, lets go): both handles, the inner one granted on
+    the outer one's session."""
+    outer = backend.lock(outer_name)
+    assert outer.acquire()
+    inner = backend.lock(inner_name, timeout=10)
+    releasing = threading.Timer(0.5, release)
+    releasing.start()
+    assert inner.acquire()
+    releasing.join()
+    assert inner._hold.acquisition.taken is outer._hold.acquisition.taken
+    return outer, inner
+
+
 @pytest.mark.parametrize("alias", ALIASES)
 def test_a_lock_waited_for_by_a_holder_shares_its_session_until_both_are_released(
     alias: str, unique,
@@ -278,14 +294,8 @@ def test_a_lock_waited_for_by_a_holder_shares_its_session_until_both_are_release
     backend = locks[alias]
     outer_name, inner_name = unique("outer"), unique("inner")
     blocker = in_thread(lambda: _held_in_thread(backend, inner_name))
-    outer = backend.lock(outer_name)
-    assert outer.acquire()
-    inner = backend.lock(inner_name, timeout=10)
-    release_blocker = threading.Timer(0.5, blocker.set)
-    release_blocker.start()
-    assert inner.acquire()
+    outer, inner = _waited_beside(backend, outer_name, inner_name, blocker.set)
     try:
-        assert inner._hold.acquisition.taken is outer._hold.acquisition.taken
         listed = {info.name: info.owner for name in (outer_name, inner_name)
                   for info in backend.held_locks(prefix=name)}
         shown = outer.owner_id if alias.startswith("pg") else inner.owner_id
@@ -441,15 +451,8 @@ def test_a_mysql_session_that_held_beside_another_grant_is_listed_once_after(
     # Held by another process: no session of this backend's is given back after the
     # pair's below (the pool hands out the last one given back).
     blocker = distlock_hold_elsewhere(inner_name, using="mysql-session")
-    outer = backend.lock(outer_name)
-    assert outer.acquire()
-    inner = backend.lock(inner_name, timeout=10)
-    releasing = threading.Timer(0.5, blocker.release)
-    releasing.start()
-    assert inner.acquire()
-    releasing.join()
+    outer, inner = _waited_beside(backend, outer_name, inner_name, blocker.release)
     session = outer._hold.acquisition.taken
-    assert inner._hold.acquisition.taken is session
     assert _session_rows(backend, session) == [
         (0, backend.make_key(outer_name)), (1, backend.make_key(inner_name))]
     outer.release()
