@@ -21,6 +21,15 @@ from .private_redis import _free_port
 from .test_zookeeper_faults import _servers
 
 
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` still exists (a zombie counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 class MariaDB:
     """``mariadbd`` on a free loopback port and a data dir of its own (as
     ``scripts/servers.py`` starts the suite's, durable: a commit is flushed to the log);
@@ -44,13 +53,18 @@ class MariaDB:
             else:
                 os.environ["DISTLOCK_MYSQL_DURABLE"] = old
 
-    def restart(self, argv: list[str] | None = None) -> None:
-        """SIGKILL the server (no shutdown: InnoDB recovers from its log), start it again
-        (with ``argv``, if given: :attr:`argv` has the one it runs with)."""
+    def restart(self, argv: list[str] | None = None, signum: int = signal.SIGKILL) -> None:
+        """SIGKILL the server (no shutdown: InnoDB recovers from its log), or send it
+        ``signum`` (SIGTERM: a clean shutdown, as a change of its binary log needs), and
+        start it again once it is gone (with ``argv``, if given: :attr:`argv` has the one
+        it runs with)."""
         assert self.entry is not None
-        os.kill(self.entry["pid"], signal.SIGKILL)
+        pid = self.entry["pid"]
+        os.kill(pid, signum)
         with contextlib.suppress(ChildProcessError):
-            os.waitpid(self.entry["pid"], 0)
+            os.waitpid(pid, 0)
+        self.servers.wait_until("mariadb", lambda: not _running(pid), None, 60.0,
+                                Path(self.entry["log"]))
         argv, data = argv or self.entry["argv"], self.entry["data"]
         wd = self.directory / "mariadb"
         log = Path(self.entry["log"])
