@@ -21,15 +21,6 @@ from .private_redis import _free_port
 from .test_zookeeper_faults import _servers
 
 
-def _running(pid: int) -> bool:
-    """Whether process ``pid`` still exists (a zombie counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 class MariaDB:
     """``mariadbd`` on a free loopback port and a data dir of its own (as
     ``scripts/servers.py`` starts the suite's, durable: a commit is flushed to the log);
@@ -56,14 +47,13 @@ class MariaDB:
     def restart(self, argv: list[str] | None = None, signum: int = signal.SIGKILL) -> None:
         """SIGKILL the server (no shutdown: InnoDB recovers from its log), or send it
         ``signum`` (SIGTERM: a clean shutdown, as a change of its binary log needs), and
-        start it again once it is gone (with ``argv``, if given: :attr:`argv` has the one
-        it runs with)."""
+        start it again once it is gone (with ``argv``, if given)."""
         assert self.entry is not None
         pid = self.entry["pid"]
         os.kill(pid, signum)
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, 0)
-        self.servers.wait_until("mariadb", lambda: not _running(pid), None, 60.0,
+        self.servers.wait_until("mariadb", lambda: not self.servers.alive(pid), None, 60.0,
                                 Path(self.entry["log"]))
         argv, data = argv or self.entry["argv"], self.entry["data"]
         wd = self.directory / "mariadb"
@@ -72,11 +62,21 @@ class MariaDB:
         self.entry.update(data=data, argv=argv)
         self.servers.wait_until("mariadb", lambda: self._greets(), self.entry, 30.0, log)
 
-    @property
-    def argv(self) -> list[str]:
-        """The command line the server runs with."""
+    @contextlib.contextmanager
+    def binary_log(self, *options: str) -> Iterator[Path]:
+        """The server restarted with a binary log (``options``: its format and the rest)
+        while the block runs, then without; yields the log files' base name. Both
+        restarts shut it down cleanly: after a crash with the log on, the server will
+        not start without it."""
         assert self.entry is not None
-        return list(self.entry["argv"])
+        plain = list(self.entry["argv"])
+        base = self.directory / "mariadb" / "binlog"
+        self.restart([arg for arg in plain if arg != "--skip-log-bin"]
+                     + [f"--log-bin={base}", "--server-id=1", *options], signal.SIGTERM)
+        try:
+            yield base
+        finally:
+            self.restart(plain, signal.SIGTERM)
 
     def _greets(self) -> bool:
         import socket

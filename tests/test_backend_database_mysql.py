@@ -648,25 +648,19 @@ def test_a_statement_format_binary_log_refuses_the_backends_writes_as_its_check_
     grants nothing, transaction mode makes no row, session mode draws no epoch for its
     tokens. ``check --deploy`` says so, an error for every mode (it once warned of
     unsafe statements in lease and session mode alone)."""
-    plain = private_mariadb.argv
     with private_mariadb.borrowed():
         pass  # migrated before (such a log refuses Django's own migration record too)
-    private_mariadb.restart([arg for arg in plain if arg != "--skip-log-bin"] + [
-        f"--log-bin={private_mariadb.directory / 'mariadb' / 'binlog'}", "--server-id=1",
-        "--binlog-format=STATEMENT"], signal.SIGTERM)
-    try:
-        with private_mariadb.borrowed() as alias:
-            for mode in ("lease", "transaction", "session"):
-                backend = private_mariadb.backend(alias, mode)
-                try:
-                    assert "distlock.E056" in _ids(backend.check(deploy=True)), mode
-                    with pytest.raises(DistLockError) as refused, transaction.atomic(alias):
-                        backend.lock(unique(mode)).acquire(blocking=False)
-                    assert mysql_errno(refused.value.__cause__) == 1665, mode
-                finally:
-                    backend.close()
-    finally:
-        private_mariadb.restart(plain, signal.SIGTERM)
+    with private_mariadb.binary_log("--binlog-format=STATEMENT"), \
+            private_mariadb.borrowed() as alias:
+        for mode in ("lease", "transaction", "session"):
+            backend = private_mariadb.backend(alias, mode)
+            try:
+                assert "distlock.E056" in _ids(backend.check(deploy=True)), mode
+                with pytest.raises(DistLockError) as refused, transaction.atomic(alias):
+                    backend.lock(unique(mode)).acquire(blocking=False)
+                assert mysql_errno(refused.value.__cause__) == 1665, mode
+            finally:
+                backend.close()
 
 
 def test_a_binary_log_takes_session_modes_tries_as_rows_and_its_flush_is_told(
@@ -679,14 +673,9 @@ def test_a_binary_log_takes_session_modes_tries_as_rows_and_its_flush_is_told(
     ``check --deploy`` tells of the flush per grant (``W061``). (A change of the log
     needs a clean shutdown: after a crash with it on, the server will not start without
     it.)"""
-    plain = private_mariadb.argv
-    binlog = private_mariadb.directory / "mariadb" / "binlog"
-    private_mariadb.restart([arg for arg in plain if arg != "--skip-log-bin"] + [
-        f"--log-bin={binlog}", "--server-id=1", "--binlog-format=MIXED", "--sync-binlog=1"],
-        signal.SIGTERM)
-    server_log = Path(private_mariadb.entry["log"])
-    logged_before = server_log.stat().st_size  # the log goes on across the restarts
-    try:
+    with private_mariadb.binary_log("--binlog-format=MIXED", "--sync-binlog=1") as binlog:
+        server_log = Path(private_mariadb.entry["log"])
+        logged_before = server_log.stat().st_size  # the log goes on across the restarts
         with private_mariadb.borrowed() as alias:
             backend = private_mariadb.backend(alias, "session")
             try:
@@ -705,7 +694,7 @@ def test_a_binary_log_takes_session_modes_tries_as_rows_and_its_flush_is_told(
                 assert counted == {"Com_insert_select": "2"}  # the first was the call
             finally:
                 backend.close()
-        files = sorted(str(path) for path in binlog.parent.glob("binlog.0*"))
+        files = sorted(str(path) for path in binlog.parent.glob(binlog.name + ".0*"))
         decoded = subprocess.run(
             ["mariadb-binlog", "--base64-output=decode-rows", "--verbose", *files],
             capture_output=True, text=True, check=True).stdout
@@ -715,8 +704,6 @@ def test_a_binary_log_takes_session_modes_tries_as_rows_and_its_flush_is_told(
         assert [line for line in decoded.splitlines()
                 if "GET_LOCK" in line.upper() and not line.startswith("#")] == []
         assert b"Unsafe statement" not in server_log.read_bytes()[logged_before:]
-    finally:
-        private_mariadb.restart(plain, signal.SIGTERM)
 
 
 def test_mariadb_restarted_from_disk_under_every_kind(private_mariadb: MariaDB, unique) -> None:

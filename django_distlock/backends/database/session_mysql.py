@@ -180,13 +180,12 @@ class MySqlSessionAcquisition(SessionAcquisition):
         its run (:class:`SessionRun`) is ``SESSION_TRY``; else the procedure's call."""
         conn = session.wrapper.connection
         literal = conn.string_literal
-        lock = literal(self.lock.encode())
+        lock, key = literal(self.lock.encode()), literal(self.hold.key.encode())
+        label, host = literal(self.label.encode()), literal(_HOST.encode())
         run = session.mysql_run
         if not wait and run is not None and not run.spread and not self.shared:
             try:
-                conn.query(SESSION_TRY % (
-                    lock, literal(self.hold.key.encode()), literal(self.label.encode()),
-                    literal(_HOST.encode()), session.pid, lock))
+                conn.query(SESSION_TRY % (lock, key, label, host, session.pid, lock))
             except ERRORS as exc:
                 if mysql_errno(exc) != 1114:
                     raise
@@ -200,9 +199,7 @@ class MySqlSessionAcquisition(SessionAcquisition):
         # The call written as MySQLdb's cursor writes it (the waiters' listing reads its
         # arguments back from the process list), without the cursor: see _query().
         row = _query(conn, SESSION_TAKE % (
-            lock, literal(self.hold.key.encode()), repr(wait).encode(),
-            literal(self.label.encode()), literal(_HOST.encode()), session.pid,
-            not self.shared))
+            lock, key, repr(wait).encode(), label, host, session.pid, not self.shared))
         if row is None or row[0] is None:
             return None
         token, at, epoch, base = row
