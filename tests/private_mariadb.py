@@ -78,6 +78,39 @@ class MariaDB:
         finally:
             self.restart(plain, signal.SIGTERM)
 
+    def sql(self, statement: str) -> list[tuple[Any, ...]]:
+        """Run ``statement`` as the suite's user (every privilege) on a connection of its
+        own; its rows."""
+        import MySQLdb
+
+        conn = MySQLdb.connect(host="127.0.0.1", port=self.port, user="distlock",
+                               autocommit=True)
+        try:
+            cursor = conn.cursor()
+            cursor.execute(statement)
+            return list(cursor.fetchall())
+        finally:
+            conn.close()
+
+    def follow(self, primary: MariaDB) -> None:
+        """Make this server a replica of ``primary`` (started with :meth:`binary_log`),
+        from the end of its log: both must hold the same tables by then (each migrated)."""
+        ((log, position, *_),) = primary.sql("SHOW MASTER STATUS")
+        self.sql(f"CHANGE MASTER TO MASTER_HOST = '127.0.0.1', MASTER_PORT = {primary.port}, "
+                 f"MASTER_USER = 'distlock', MASTER_LOG_FILE = '{log}', "
+                 f"MASTER_LOG_POS = {position}, MASTER_USE_GTID = no")
+        self.sql("START SLAVE")
+
+    def promote(self, primary: MariaDB) -> None:
+        """Wait until this replica has applied all of ``primary``'s log written so far,
+        then stop replicating: this server takes the primary's place, as a failover
+        does."""
+        ((log, position, *_),) = primary.sql("SHOW MASTER STATUS")
+        ((applied,),) = self.sql(f"SELECT MASTER_POS_WAIT('{log}', {position}, 30)")
+        assert applied is not None and applied >= 0, self.sql("SHOW SLAVE STATUS")
+        self.sql("STOP SLAVE")
+        self.sql("RESET SLAVE ALL")
+
     def _greets(self) -> bool:
         import socket
 

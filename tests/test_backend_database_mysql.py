@@ -706,6 +706,51 @@ def test_a_binary_log_takes_session_modes_tries_as_rows_and_its_flush_is_told(
         assert b"Unsafe statement" not in server_log.read_bytes()[logged_before:]
 
 
+def test_a_replica_promoted_after_session_mode_grants_goes_on_above_their_tokens(
+    private_mariadb: MariaDB, unique,
+) -> None:
+    """A failover: the primary's session-mode grants, then its replica promoted (no
+    restart) and granting in its place. The replica received the primary's writes to the
+    tables behind the tokens (the counter of epochs, and the run's epoch and
+    ``UUID_SHORT()`` base, a ``MEMORY`` table), but its ``UUID_SHORT()`` is its own
+    (its ``server_id`` in the top byte, its start time): a token made from the
+    primary's base was out of range there (error 1690, when its ``server_id`` is the
+    lower; this test's case), or some 2**56 above the primary's (the higher), and then
+    its tokens fell back below those after its next restart. Its first grant draws an
+    epoch of its own, above the primary's, and its tokens go on above every one the
+    primary gave."""
+    replica = MariaDB()
+    replica.start()
+    try:
+        with replica.borrowed():
+            pass  # migrated, as the primary is
+        with private_mariadb.binary_log("--server-id=2", "--binlog-format=ROW"):
+            name, before = unique("failover"), []
+            with private_mariadb.borrowed() as alias:
+                replica.follow(private_mariadb)  # before the primary's first grant
+                backend = private_mariadb.backend(alias, "session")
+                try:
+                    for _ in range(3):
+                        with backend.lock(name) as handle:
+                            before.append(handle.fencing_token)
+                finally:
+                    backend.close()
+            replica.promote(private_mariadb)
+            with replica.borrowed() as alias:
+                backend = replica.backend(alias, "session")
+                try:
+                    after = []
+                    for _ in range(3):
+                        with backend.lock(name) as handle:
+                            after.append(handle.fencing_token)
+                finally:
+                    backend.close()
+        assert min(after) > max(before), (before, after)
+        assert after == sorted(after) and len(set(after)) == 3, after
+    finally:
+        replica.stop()
+
+
 def test_mariadb_restarted_from_disk_under_every_kind(private_mariadb: MariaDB, unique) -> None:
     """The same restart while readers, a writer and permits hold (test_hostile_kinds_servers'
     scenario): each survives it, nobody else comes in until they are released, a writer's

@@ -540,7 +540,13 @@ CREATE TABLE IF NOT EXISTS django_distlock_session_grant (
 -- survives a crash (MySQL 8.0 and MariaDB 10.2.4 and later; a MariaDB SEQUENCE does not:
 -- 10.11 starts one again from its first value after a SIGKILL, measured); the run's
 -- epoch and the UUID_SHORT() it began at are kept in a MEMORY table, empty after each
--- start. 44 bits: 17.6 trillion grants per run; 19 bits: half a million runs.
+-- start. 44 bits: 17.6 trillion grants per run; 19 bits: half a million runs. Both tables
+-- are replicated as any other (MEMORY tables too): a replica receives its primary's
+-- epochs, so that, promoted, it draws above them, and its primary's run row, which says
+-- whose run it is (server): UUID_SHORT() is each server's own (its server_id in the top
+-- byte, its start time below), so a promoted replica must not add its own to the
+-- primary's base. The row is one (id 1): a server that takes the primary's place again
+-- after following another finds that one's row there, and draws anew.
 CREATE TABLE IF NOT EXISTS django_distlock_session_epoch (
     epoch BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY
 ) ENGINE = InnoDB
@@ -548,7 +554,8 @@ CREATE TABLE IF NOT EXISTS django_distlock_session_epoch (
 CREATE TABLE IF NOT EXISTS django_distlock_session_start (
     id TINYINT NOT NULL PRIMARY KEY,
     epoch BIGINT NOT NULL,
-    base BIGINT UNSIGNED NOT NULL
+    base BIGINT UNSIGNED NOT NULL,
+    server INT UNSIGNED NOT NULL
 ) ENGINE = MEMORY
 -- ;;
 DROP PROCEDURE IF EXISTS django_distlock_session_take
@@ -601,12 +608,15 @@ BEGIN
         IF @django_distlock_epoch IS NULL THEN
             -- This session's first grant: the run's epoch and base, kept in the session
             -- (a restart ends every session, so a session's copy is always its run's).
+            -- A row of another server's run (received from it as its replica) goes.
+            DELETE FROM django_distlock_session_start WHERE id = 1 AND server <> @@server_id;
             SET e = (SELECT epoch FROM django_distlock_session_start WHERE id = 1);
             IF e IS NULL THEN  -- the first grant of this server run: its epoch
                 INSERT INTO django_distlock_session_epoch () VALUES ();
                 SET e = LAST_INSERT_ID();
                 DELETE FROM django_distlock_session_epoch WHERE epoch = e;
-                INSERT IGNORE INTO django_distlock_session_start VALUES (1, e, UUID_SHORT());
+                INSERT IGNORE INTO django_distlock_session_start
+                VALUES (1, e, UUID_SHORT(), @@server_id);
             END IF;
             SELECT epoch, base INTO @django_distlock_epoch, @django_distlock_base
             FROM django_distlock_session_start WHERE id = 1;
