@@ -163,8 +163,10 @@ def _session_mode(backend: DatabaseBackend, found: dict[str, Any]) -> list[check
             f"DISTLOCK[{alias!r}]: the binary log is on with sync_binlog=1: each session-mode "
             "grant writes its holder's row, which the server logs and flushes to disk, so a "
             "grant costs a disk flush.",
-            hint="Measure it (benchmarks/mysql.py), or point session mode at a server "
-            "without a binary log, or use lease mode.", obj=alias, id="distlock.W061"))
+            hint="Lease and transaction mode commit rows, flushed the same way, and cost "
+            "more there (docs/database.md, session mode on MySQL and MariaDB); measure on "
+            "your server (benchmarks/mysql.py), or point session mode at one without a "
+            "binary log.", obj=alias, id="distlock.W061"))
     idle = found.get("tcp_keepalive_time")  # MariaDB's; MySQL 8 has none
     if idle is not None and not 0 < int(idle) <= LONGEST_KEEPALIVE_IDLE:
         shown = "0 (the OS default, about two hours)" if int(idle) == 0 else f"{idle} s"
