@@ -125,19 +125,20 @@ class MariaDB:
         shutil.rmtree(self.directory, ignore_errors=True)
 
     @contextlib.contextmanager
-    def borrowed(self, alias: str = "mysql", **options: Any) -> Iterator[str]:
+    def borrowed(self, alias: str = "mysql", user: str = "distlock",
+                 **options: Any) -> Iterator[str]:
         """The suite's Django alias ``alias`` pointed at this server while the block runs
-        (its connection closed before and after; ``options`` added to its ``OPTIONS``),
-        the core app's migration applied. A test may use only the aliases it was given;
-        the lock backends of the block must be new ones (:meth:`backend`), whose sessions
-        are opened on this server."""
+        (as ``user``; its connection closed before and after; ``options`` added to its
+        ``OPTIONS``), the core app's migration applied. A test may use only the aliases
+        it was given; the lock backends of the block must be new ones (:meth:`backend`),
+        whose sessions are opened on this server."""
         connection = connections[alias]
         saved = connection.settings_dict
         connection.close()
         # Both the wrapper's and the handler's: a backend's own sessions are new wrappers
         # made from the handler's settings (connections.create_connection).
         here = {**saved, "HOST": "127.0.0.1", "PORT": str(self.port), "NAME": "distlock",
-                "USER": "distlock", "OPTIONS": {**saved.get("OPTIONS", {}), **options}}
+                "USER": user, "OPTIONS": {**saved.get("OPTIONS", {}), **options}}
         connection.settings_dict = connections.settings[alias] = here
         try:
             executor = MigrationExecutor(connection)

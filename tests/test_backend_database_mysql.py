@@ -387,7 +387,7 @@ def test_the_migration_unapplied_leaves_nothing_and_applies_again() -> None:
          "django_distlock_token", "django_distlock_waiter"],
         [f"django_distlock_{name}" for name in (
             "acquire", "extend", "force", "prune", "recompute", "release", "session_force",
-            "session_take", "take", "tx_grant", "wait")],
+            "session_open", "session_take", "take", "tx_grant", "wait")],
         "utf8mb4_nopad_bin")
     with transaction.atomic(using="mysql"), locks["mysql-tx"].lock("after-migrate") as handle:
         assert handle.fencing_token
@@ -526,6 +526,7 @@ _SERVED = {"version": "8.0.36", "innodb_rollback_on_timeout": "OFF",
 @pytest.mark.parametrize(("variables", "session"), [
     ({}, []),
     ({"sync_binlog": "1"}, ["distlock.W061"]),
+    ({"sync_binlog": "1", "sql_log_bin": 0}, []),
     ({"sync_binlog": "1", "log_bin": "OFF"}, []),
     ({"binlog_format": "STATEMENT"}, ["distlock.E056"]),
     ({"tcp_keepalive_time": "0"}, ["distlock.W062"]),
@@ -663,45 +664,62 @@ def test_a_statement_format_binary_log_refuses_the_backends_writes_as_its_check_
                 backend.close()
 
 
-def test_a_binary_log_takes_session_modes_tries_as_rows_and_its_flush_is_told(
+def test_a_binary_log_takes_session_modes_holder_rows_from_a_user_that_may_not_keep_them_out(
     private_mariadb: MariaDB, unique,
 ) -> None:
     """MariaDB's binary log in its default MIXED format, flushed at every commit
-    (``sync_binlog=1``): a session's tries (an ``INSERT`` with a ``GET_LOCK`` in it,
-    unsafe for a statement-based log) are logged as row changes, with no statement that
-    takes a named lock for a replica to run and no warning in the server's log; and
-    ``check --deploy`` tells of the flush per grant (``W061``). (A change of the log
-    needs a clean shutdown: after a crash with it on, the server will not start without
-    it.)"""
+    (``sync_binlog=1``). A database user that may set ``sql_log_bin`` (the suite's, with
+    every privilege): its sessions' holder rows stay out of the log, and the run's epoch
+    goes in (a replica, promoted, draws above it); ``check --deploy`` tells nothing. A
+    user that may not (every privilege on the database alone): its tries (an ``INSERT``
+    with a ``GET_LOCK`` in it, unsafe for a statement-based log) are logged as row
+    changes, with no statement that takes a named lock for a replica to run and no
+    warning in the server's log; ``check --deploy`` tells of the flush per grant
+    (``W061``). (A change of the log needs a clean shutdown: after a crash with it on,
+    the server will not start without it.)"""
+    private_mariadb.sql("CREATE USER IF NOT EXISTS 'plain'@'127.0.0.1'")
+    private_mariadb.sql("GRANT ALL ON distlock.* TO 'plain'@'127.0.0.1'")
     with private_mariadb.binary_log("--binlog-format=MIXED", "--sync-binlog=1") as binlog:
         server_log = Path(private_mariadb.entry["log"])
         logged_before = server_log.stat().st_size  # the log goes on across the restarts
-        with private_mariadb.borrowed() as alias:
-            backend = private_mariadb.backend(alias, "session")
-            try:
-                assert "distlock.W061" in _ids(backend.check(deploy=True))
-                name, sessions = unique("logged"), set()
-                for _ in range(3):
-                    handle = backend.lock(name)
-                    assert handle.acquire(blocking=False)
-                    sessions.add(handle._hold.acquisition.taken)
-                    handle.release()
-                (session,) = sessions
-                with session.mutex:
-                    counted = dict(session.execute(
-                        "SHOW SESSION STATUS WHERE Variable_name = 'Com_insert_select'",
-                        None).fetchall())
-                assert counted == {"Com_insert_select": "2"}  # the first was the call
-            finally:
-                backend.close()
-        files = sorted(str(path) for path in binlog.parent.glob(binlog.name + ".0*"))
-        decoded = subprocess.run(
-            ["mariadb-binlog", "--base64-output=decode-rows", "--verbose", *files],
-            capture_output=True, text=True, check=True).stdout
+
+        def decoded() -> str:
+            files = sorted(str(path) for path in binlog.parent.glob(binlog.name + ".0*"))
+            return subprocess.run(
+                ["mariadb-binlog", "--base64-output=decode-rows", "--verbose", *files],
+                capture_output=True, text=True, check=True).stdout
+
+        told = {}
+        for user in ("distlock", "plain"):
+            with private_mariadb.borrowed(user=user) as alias:
+                backend = private_mariadb.backend(alias, "session")
+                try:
+                    told[user] = _ids(backend.check(deploy=True))
+                    name, sessions = unique("logged"), set()
+                    for _ in range(3):
+                        handle = backend.lock(name)
+                        assert handle.acquire(blocking=False)
+                        sessions.add(handle._hold.acquisition.taken)
+                        handle.release()
+                    (session,) = sessions
+                    with session.mutex:
+                        counted = dict(session.execute(
+                            "SHOW SESSION STATUS WHERE Variable_name = 'Com_insert_select'",
+                            None).fetchall())
+                    assert counted == {"Com_insert_select": "2"}  # the first was the call
+                finally:
+                    backend.close()
+            if user == "distlock":
+                unlogged = decoded()
+                assert "django_distlock_session_grant" not in unlogged
+                assert "### INSERT INTO `distlock`.`django_distlock_session_epoch`" in unlogged
+                assert "### INSERT INTO `distlock`.`django_distlock_session_start`" in unlogged
+        assert told == {"distlock": [], "plain": ["distlock.W061"]}
+        logged = decoded()
         # The tries overwrite their slot's row: row changes, the statement only as the
         # comment MariaDB annotates them with (#Q>), which a replica does not run.
-        assert "### UPDATE `distlock`.`django_distlock_session_grant`" in decoded
-        assert [line for line in decoded.splitlines()
+        assert "### UPDATE `distlock`.`django_distlock_session_grant`" in logged
+        assert [line for line in logged.splitlines()
                 if "GET_LOCK" in line.upper() and not line.startswith("#")] == []
         assert b"Unsafe statement" not in server_log.read_bytes()[logged_before:]
 

@@ -19,7 +19,7 @@ MYSQL_MODE = "SET SESSION sql_mode = 'STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION'"
 MYSQL_UNINSTALL = [
     *(f"DROP PROCEDURE IF EXISTS django_distlock_{name}" for name in (
         "tx_grant", "recompute", "take", "acquire", "wait", "release", "extend", "force",
-        "prune", "session_take", "session_force")),
+        "prune", "session_open", "session_take", "session_force")),
     "DROP TABLE IF EXISTS django_distlock_token, django_distlock_waiter,"
     " django_distlock_session_grant, django_distlock_session_epoch,"
     " django_distlock_session_start",

@@ -558,6 +558,24 @@ CREATE TABLE IF NOT EXISTS django_distlock_session_start (
     server INT UNSIGNED NOT NULL
 ) ENGINE = MEMORY
 -- ;;
+DROP PROCEDURE IF EXISTS django_distlock_session_open
+-- ;;
+-- Session mode: set a new session of the backend's up. Its holder rows stay out of the
+-- binary log where its user may say so (sql_log_bin: SUPER or BINLOG ADMIN on MariaDB,
+-- SYSTEM_VARIABLES_ADMIN or SESSION_VARIABLES_ADMIN on MySQL 8; else they are logged, and
+-- with sync_binlog = 1 flushed, at each grant): they mean nothing on a replica, whose
+-- sessions are others. What a replica needs, the epochs (and the run's row, which says
+-- whose they are), django_distlock_session_take logs all the same. Then the rows of
+-- grants whose session is gone, or released, go.
+CREATE PROCEDURE django_distlock_session_open() SQL SECURITY INVOKER
+BEGIN
+    BEGIN
+        DECLARE CONTINUE HANDLER FOR 1227 BEGIN END;  -- not allowed: the rows are logged
+        SET SESSION sql_log_bin = 0;
+    END;
+    DELETE FROM django_distlock_session_grant WHERE NOT IS_USED_LOCK(lk) <=> session;
+END
+-- ;;
 DROP PROCEDURE IF EXISTS django_distlock_session_take
 -- ;;
 -- Session mode: take the named lock p_lock, waiting up to p_wait seconds (0: a try; a
@@ -579,6 +597,7 @@ BEGIN
     DECLARE got INT;
     DECLARE e BIGINT;
     DECLARE s INT DEFAULT 0;
+    DECLARE unlogged BOOL;
     DECLARE EXIT HANDLER FOR 1114  -- the table is full
     BEGIN
         DO RELEASE_LOCK(p_lock);
@@ -609,6 +628,12 @@ BEGIN
             -- This session's first grant: the run's epoch and base, kept in the session
             -- (a restart ends every session, so a session's copy is always its run's).
             -- A row of another server's run (received from it as its replica) goes.
+            -- Logged, also on a session that logs no holder rows: a replica, promoted,
+            -- draws above these epochs, and knows this run's row for another's.
+            SET unlogged = @@session.sql_log_bin = 0;
+            IF unlogged THEN
+                SET SESSION sql_log_bin = 1;
+            END IF;
             DELETE FROM django_distlock_session_start WHERE id = 1 AND server <> @@server_id;
             SET e = (SELECT epoch FROM django_distlock_session_start WHERE id = 1);
             IF e IS NULL THEN  -- the first grant of this server run: its epoch
@@ -617,6 +642,9 @@ BEGIN
                 DELETE FROM django_distlock_session_epoch WHERE epoch = e;
                 INSERT IGNORE INTO django_distlock_session_start
                 VALUES (1, e, UUID_SHORT(), @@server_id);
+            END IF;
+            IF unlogged THEN
+                SET SESSION sql_log_bin = 0;
             END IF;
             SELECT epoch, base INTO @django_distlock_epoch, @django_distlock_base
             FROM django_distlock_session_start WHERE id = 1;

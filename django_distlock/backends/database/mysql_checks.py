@@ -27,6 +27,9 @@ SHOW GLOBAL VARIABLES WHERE Variable_name IN ('version', 'innodb_rollback_on_tim
     'innodb_flush_log_at_trx_commit', 'wsrep_on', 'wait_timeout', 'log_bin', 'binlog_format',
     'group_replication_group_name', 'group_replication_single_primary_mode',
     'super_read_only', 'sync_binlog', 'tcp_keepalive_time')"""
+#: Session mode: whether the backend's sessions write to the binary log (a session of its
+#: own, set up as they all are: ``django_distlock_session_open`` in sql/mysql.sql).
+SESSIONS_LOG = "SELECT @@session.sql_log_bin"
 #: The lock table's engine (no row before ``migrate``).
 ENGINE = f"""
 SELECT engine FROM information_schema.tables
@@ -86,6 +89,13 @@ def server_checks(backend: DatabaseBackend) -> list[checks.CheckMessage]:
             obj=alias, id="distlock.W054")]
     found = {str(name).lower(): value for name, value in rows}
     engine = engines[0][0] if engines else None
+    if backend.mode == "session":  # whether its sessions log their holder rows
+        try:
+            found["sql_log_bin"] = backend.run(SESSIONS_LOG, [], "checking the server")[0][0]
+        except Exception as exc:  # as above
+            return [checks.Warning(
+                f"DISTLOCK[{alias!r}]: could not read the MySQL server's settings: {exc}",
+                obj=alias, id="distlock.W054")]
     return checks_of(backend, found, engine)
 
 
@@ -158,15 +168,17 @@ def _session_mode(backend: DatabaseBackend, found: dict[str, Any]) -> list[check
     keeps its lock (docs/database.md, "Session mode on MySQL and MariaDB")."""
     alias = backend.alias
     messages: list[checks.CheckMessage] = []
-    if _on(found.get("log_bin")) and str(found.get("sync_binlog", "0")) == "1":
+    if (_on(found.get("log_bin")) and str(found.get("sync_binlog", "0")) == "1"
+            and _on(found.get("sql_log_bin", "1"))):
         messages.append(checks.Warning(
             f"DISTLOCK[{alias!r}]: the binary log is on with sync_binlog=1: each session-mode "
             "grant writes its holder's row, which the server logs and flushes to disk, so a "
             "grant costs a disk flush.",
-            hint="Lease and transaction mode commit rows, flushed the same way, and cost "
-            "more there (docs/database.md, session mode on MySQL and MariaDB); measure on "
-            "your server (benchmarks/mysql.py), or point session mode at one without a "
-            "binary log.", obj=alias, id="distlock.W061"))
+            hint="A database user that may set sql_log_bin (BINLOG ADMIN on MariaDB, "
+            "SESSION_VARIABLES_ADMIN on MySQL 8) keeps its sessions' holder rows out of the "
+            "log. Lease and transaction mode commit rows, flushed the same way, and cost "
+            "more there (docs/database.md, session mode on MySQL and MariaDB).",
+            obj=alias, id="distlock.W061"))
     idle = found.get("tcp_keepalive_time")  # MariaDB's; MySQL 8 has none
     if idle is not None and not 0 < int(idle) <= LONGEST_KEEPALIVE_IDLE:
         shown = "0 (the OS default, about two hours)" if int(idle) == 0 else f"{idle} s"

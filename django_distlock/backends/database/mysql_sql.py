@@ -171,10 +171,10 @@ SESSION_UNLOCK = b"SELECT RELEASE_LOCK(%b)"
 #: Whether this session holds the lock (params: lock).
 SESSION_HOLDS = "SELECT IS_USED_LOCK(%s) <=> CONNECTION_ID()"
 SESSION_IS_LOCKED = "SELECT IS_USED_LOCK(%s) IS NOT NULL"
-#: A new session deletes the rows of grants that no longer hold (their session released,
-#: or ended): the table keeps about one row per open session.
-SESSION_SWEEP = """
-DELETE FROM django_distlock_session_grant WHERE NOT IS_USED_LOCK(lk) <=> session"""
+#: A new session keeps its holder rows out of the binary log where its user may, and
+#: deletes the rows of grants that no longer hold (their session released, or ended): the
+#: table keeps about one row per open session.
+SESSION_OPEN = "CALL django_distlock_session_open()"
 #: The waits for session-mode locks, by lock: the server's process list shows each
 #: waiting session's statement, whose first argument is the lock (a session sees the
 #: other sessions of its own user, or all with the PROCESS privilege).

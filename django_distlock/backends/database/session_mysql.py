@@ -41,7 +41,7 @@ from .mysql_sql import (
     SESSION_HELD,
     SESSION_HOLDS,
     SESSION_IS_LOCKED,
-    SESSION_SWEEP,
+    SESSION_OPEN,
     SESSION_TAKE,
     SESSION_TRY,
     SESSION_UNLOCK,
@@ -114,9 +114,10 @@ class MySqlSessionBackend(SessionModeBackend, vendor="mysql"):
         self._database_settings = connections[self.database].settings_dict
 
     def session_setup(self) -> list[tuple[str, list[Any] | None]]:
-        """A new session: never idled out by the server; and the rows of grants whose
-        session is gone, or released, go."""
-        return [(_NEVER_IDLE_OUT, None), (SESSION_SWEEP, None)]
+        """A new session: never idled out by the server; its holder rows kept out of the
+        binary log where its user may say so; the rows of grants whose session is gone,
+        or released, gone (sql/mysql.sql, ``django_distlock_session_open``)."""
+        return [(_NEVER_IDLE_OUT, None), (SESSION_OPEN, None)]
 
     def lock_name(self, key: str) -> str:
         """The named lock of storage key ``key`` (:func:`lock_name`)."""
