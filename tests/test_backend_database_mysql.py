@@ -727,44 +727,50 @@ def test_a_binary_log_takes_session_modes_holder_rows_from_a_user_that_may_not_k
 def test_a_replica_promoted_after_session_mode_grants_goes_on_above_their_tokens(
     private_mariadb: MariaDB, unique,
 ) -> None:
-    """A failover: the primary's session-mode grants, then its replica promoted (no
-    restart) and granting in its place. The replica received the primary's writes to the
-    tables behind the tokens (the counter of epochs, and the run's epoch and
-    ``UUID_SHORT()`` base, a ``MEMORY`` table), but its ``UUID_SHORT()`` is its own
-    (its ``server_id`` in the top byte, its start time): a token made from the
-    primary's base was out of range there (error 1690, when its ``server_id`` is the
-    lower; this test's case), or some 2**56 above the primary's (the higher), and then
-    its tokens fell back below those after its next restart. Its first grant draws an
-    epoch of its own, above the primary's, and its tokens go on above every one the
-    primary gave."""
+    """A failover and back. The primary's session-mode grants; its replica promoted (no
+    restart) and granting in its place; the old primary restarted and following the new
+    one; then promoted again. Each server received the other's writes to the tables
+    behind the tokens (the counter of epochs; the runs' rows, a ``MEMORY`` table), but
+    its ``UUID_SHORT()`` is its own (its ``server_id`` in the top byte): a token made
+    from another's base was out of range (error 1690, this test's first promotion) or
+    some 2**56 too high. Each server's first grant after taking over draws an epoch
+    above the other's, so tokens go on above every one given before; and the old
+    primary, which lost its ``MEMORY`` rows in its restart, goes on replicating (a row
+    event deleting a row it lost once stopped it with error 1032)."""
+
+    def tokens(server: MariaDB) -> list[int]:
+        with server.borrowed() as alias:
+            backend = server.backend(alias, "session")
+            try:
+                given = []
+                for _ in range(3):
+                    with backend.lock(name) as handle:
+                        given.append(handle.fencing_token)
+                return given
+            finally:
+                backend.close()
+
+    name = unique("failover")
     replica = MariaDB()
     replica.start()
     try:
         with replica.borrowed():
             pass  # migrated, as the primary is
-        with private_mariadb.binary_log("--server-id=2", "--binlog-format=ROW"):
-            name, before = unique("failover"), []
-            with private_mariadb.borrowed() as alias:
-                replica.follow(private_mariadb)  # before the primary's first grant
-                backend = private_mariadb.backend(alias, "session")
-                try:
-                    for _ in range(3):
-                        with backend.lock(name) as handle:
-                            before.append(handle.fencing_token)
-                finally:
-                    backend.close()
+        with private_mariadb.binary_log("--server-id=2", "--binlog-format=ROW"), \
+                replica.binary_log("--binlog-format=ROW"):
+            with private_mariadb.borrowed():
+                pass
+            replica.follow(private_mariadb)
+            first = tokens(private_mariadb)
             replica.promote(private_mariadb)
-            with replica.borrowed() as alias:
-                backend = replica.backend(alias, "session")
-                try:
-                    after = []
-                    for _ in range(3):
-                        with backend.lock(name) as handle:
-                            after.append(handle.fencing_token)
-                finally:
-                    backend.close()
-        assert min(after) > max(before), (before, after)
-        assert after == sorted(after) and len(set(after)) == 3, after
+            private_mariadb.restart(signum=signal.SIGTERM)  # its MEMORY rows gone
+            private_mariadb.follow(replica)
+            second = tokens(replica)
+            private_mariadb.promote(replica)  # replicated all of it: no error 1032
+            third = tokens(private_mariadb)
+        for before, after in ((first, second), (second, third)):
+            assert min(after) > max(before), (first, second, third)
+        assert first + second + third == sorted(set(first + second + third))
     finally:
         replica.stop()
 

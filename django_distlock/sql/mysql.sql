@@ -540,20 +540,22 @@ CREATE TABLE IF NOT EXISTS django_distlock_session_grant (
 -- survives a crash (MySQL 8.0 and MariaDB 10.2.4 and later; a MariaDB SEQUENCE does not:
 -- 10.11 starts one again from its first value after a SIGKILL, measured); the run's
 -- epoch and the UUID_SHORT() it began at are kept in a MEMORY table, empty after each
--- start. 44 bits: 17.6 trillion grants per run; 19 bits: half a million runs. Both tables
--- are replicated as any other (MEMORY tables too): a replica receives its primary's
--- epochs, so that, promoted, it draws above them, and its primary's run row, which says
--- whose run it is (server): UUID_SHORT() is each server's own (its server_id in the top
--- byte, its start time below), so a promoted replica must not add its own to the
--- primary's base. The row is one (id 1): a server that takes the primary's place again
--- after following another finds that one's row there, and draws anew.
+-- start. 44 bits: 17.6 trillion grants per run; 19 bits: half a million runs. The run's
+-- row is the one of the newest epoch drawn, and of this server: a replica receives its
+-- primary's epochs (the counter keeps the newest), so that, promoted, it draws above
+-- them, and may receive the primary's rows (MEMORY tables are replicated as any other),
+-- which it does not use: UUID_SHORT() is each server's own (its server_id in the top
+-- byte, its start time below). A server that takes the primary's place again after
+-- following another has received a newer epoch, and draws anew. The rows of both are
+-- only ever inserted (a row per draw: one per server run): a replica that restarted has
+-- lost its MEMORY rows, and a row event that updates or deletes a row a replica lacks
+-- stops its replication (error 1032).
 CREATE TABLE IF NOT EXISTS django_distlock_session_epoch (
     epoch BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY
 ) ENGINE = InnoDB
 -- ;;
 CREATE TABLE IF NOT EXISTS django_distlock_session_start (
-    id TINYINT NOT NULL PRIMARY KEY,
-    epoch BIGINT NOT NULL,
+    epoch BIGINT NOT NULL PRIMARY KEY,
     base BIGINT UNSIGNED NOT NULL,
     server INT UNSIGNED NOT NULL
 ) ENGINE = MEMORY
@@ -627,27 +629,46 @@ BEGIN
         IF @django_distlock_epoch IS NULL THEN
             -- This session's first grant: the run's epoch and base, kept in the session
             -- (a restart ends every session, so a session's copy is always its run's).
-            -- A row of another server's run (received from it as its replica) goes.
             -- Logged, also on a session that logs no holder rows: a replica, promoted,
-            -- draws above these epochs, and knows this run's row for another's.
+            -- draws above these epochs.
             SET unlogged = @@session.sql_log_bin = 0;
             IF unlogged THEN
                 SET SESSION sql_log_bin = 1;
             END IF;
-            DELETE FROM django_distlock_session_start WHERE id = 1 AND server <> @@server_id;
-            SET e = (SELECT epoch FROM django_distlock_session_start WHERE id = 1);
-            IF e IS NULL THEN  -- the first grant of this server run: its epoch
-                INSERT INTO django_distlock_session_epoch () VALUES ();
-                SET e = LAST_INSERT_ID();
-                DELETE FROM django_distlock_session_epoch WHERE epoch = e;
-                INSERT IGNORE INTO django_distlock_session_start
-                VALUES (1, e, UUID_SHORT(), @@server_id);
+            SET e = (SELECT s.epoch FROM django_distlock_session_start s
+                     WHERE s.epoch = (SELECT MAX(c.epoch) FROM django_distlock_session_epoch c)
+                         AND s.server = @@server_id);
+            IF e IS NULL THEN  -- the first grant of this run: its epoch, one draw at a time
+                BEGIN
+                    DECLARE run VARCHAR(64) DEFAULT CONCAT('dl:s:run:', MD5(DATABASE()));
+                    DECLARE EXIT HANDLER FOR SQLEXCEPTION
+                    BEGIN
+                        DO RELEASE_LOCK(run);
+                        RESIGNAL;
+                    END;
+                    IF NOT GET_LOCK(run, 10) <=> 1 THEN
+                        SIGNAL SQLSTATE 'HY000' SET MYSQL_ERRNO = 1205, MESSAGE_TEXT =
+                            'django_distlock_session_take: another session drew no epoch '
+                            'in 10 s';
+                    END IF;
+                    SET e = (SELECT s.epoch FROM django_distlock_session_start s
+                             WHERE s.epoch = (SELECT MAX(c.epoch)
+                                              FROM django_distlock_session_epoch c)
+                                 AND s.server = @@server_id);
+                    IF e IS NULL THEN
+                        INSERT INTO django_distlock_session_epoch () VALUES ();
+                        SET e = LAST_INSERT_ID();
+                        INSERT INTO django_distlock_session_start
+                        VALUES (e, UUID_SHORT(), @@server_id);
+                    END IF;
+                    DO RELEASE_LOCK(run);
+                END;
             END IF;
             IF unlogged THEN
                 SET SESSION sql_log_bin = 0;
             END IF;
             SELECT epoch, base INTO @django_distlock_epoch, @django_distlock_base
-            FROM django_distlock_session_start WHERE id = 1;
+            FROM django_distlock_session_start WHERE epoch = e;
         END IF;
         SELECT (@django_distlock_epoch << 44) + (UUID_SHORT() - @django_distlock_base),
             UTC_TIMESTAMP(6), @django_distlock_epoch, @django_distlock_base;
