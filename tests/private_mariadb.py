@@ -78,16 +78,17 @@ class MariaDB:
         finally:
             self.restart(plain, signal.SIGTERM)
 
-    def sql(self, statement: str) -> list[tuple[Any, ...]]:
-        """Run ``statement`` as the suite's user (every privilege) on a connection of its
-        own; its rows."""
+    def sql(self, *statements: str) -> list[tuple[Any, ...]]:
+        """Run ``statements`` in turn as the suite's user (every privilege) on a connection
+        of their own; the last one's rows."""
         import MySQLdb
 
         conn = MySQLdb.connect(host="127.0.0.1", port=self.port, user="distlock",
                                autocommit=True)
         try:
             cursor = conn.cursor()
-            cursor.execute(statement)
+            for statement in statements:
+                cursor.execute(statement)
             return list(cursor.fetchall())
         finally:
             conn.close()
@@ -101,13 +102,35 @@ class MariaDB:
                  f"MASTER_LOG_POS = {position}, MASTER_USE_GTID = no")
         self.sql("START SLAVE")
 
+    def replication(self) -> dict[str, Any]:
+        """This replica's ``SHOW SLAVE STATUS``, by column (its running threads and last
+        errors first, for an assertion's message)."""
+        import MySQLdb.cursors
+
+        conn = MySQLdb.connect(host="127.0.0.1", port=self.port, user="distlock",
+                               cursorclass=MySQLdb.cursors.DictCursor)
+        try:
+            cursor = conn.cursor()
+            cursor.execute("SHOW SLAVE STATUS")
+            found = dict(cursor.fetchone() or {})
+            first = ("Slave_IO_Running", "Slave_SQL_Running", "Last_IO_Error",
+                     "Last_SQL_Errno", "Last_SQL_Error")
+            return {**{key: found.get(key) for key in first}, **found}
+        finally:
+            conn.close()
+
+    def caught_up(self, primary: MariaDB, seconds: float = 30) -> bool:
+        """Whether this replica applies all of ``primary``'s log written so far within
+        ``seconds`` (False: it stopped, or is that far behind)."""
+        ((log, position, *_),) = primary.sql("SHOW MASTER STATUS")
+        ((applied,),) = self.sql(f"SELECT MASTER_POS_WAIT('{log}', {position}, {seconds})")
+        return applied is not None and applied >= 0
+
     def promote(self, primary: MariaDB) -> None:
         """Wait until this replica has applied all of ``primary``'s log written so far,
         then stop replicating: this server takes the primary's place, as a failover
         does."""
-        ((log, position, *_),) = primary.sql("SHOW MASTER STATUS")
-        ((applied,),) = self.sql(f"SELECT MASTER_POS_WAIT('{log}', {position}, 30)")
-        assert applied is not None and applied >= 0, self.sql("SHOW SLAVE STATUS")
+        assert self.caught_up(primary), self.replication()
         self.sql("STOP SLAVE")
         self.sql("RESET SLAVE ALL")
 

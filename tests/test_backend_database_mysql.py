@@ -6,6 +6,7 @@ Single tier: decided by the server and our SQL (CONTRIBUTING.md, "The tiers").""
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -520,13 +521,15 @@ def test_a_short_wait_timeout_is_reported_for_lease_mode() -> None:
 # Replication is MySQL's): the checks' reading of the variables such a server shows.
 _SERVED = {"version": "8.0.36", "innodb_rollback_on_timeout": "OFF",
            "innodb_flush_log_at_trx_commit": "1", "wait_timeout": "28800", "log_bin": "ON",
-           "binlog_format": "ROW"}
+           "binlog_format": "ROW", "skips_log": True}
 
 
 @pytest.mark.parametrize(("variables", "session"), [
     ({}, []),
-    ({"sync_binlog": "1"}, ["distlock.W061"]),
-    ({"sync_binlog": "1", "sql_log_bin": 0}, []),
+    ({"sync_binlog": "1"}, []),
+    ({"sync_binlog": "1", "skips_log": False}, ["distlock.W061", "distlock.W064"]),
+    ({"skips_log": False}, ["distlock.W064"]),
+    ({"skips_log": False, "log_bin": "OFF"}, []),
     ({"sync_binlog": "1", "log_bin": "OFF"}, []),
     ({"binlog_format": "STATEMENT"}, ["distlock.E056"]),
     ({"tcp_keepalive_time": "0"}, ["distlock.W062"]),
@@ -553,6 +556,8 @@ def test_what_the_server_variables_tell_session_mode(variables: dict, session: l
     ({"binlog_format": "STATEMENT"}, ["distlock.E056"], ["distlock.E056"]),
     ({"binlog_format": "STATEMENT", "log_bin": "OFF"}, [], []),
     ({"binlog_format": "MIXED"}, [], []),
+    ({"skips_log": False}, ["distlock.W064"], []),  # the waiters' rows: lease mode's
+    ({"skips_log": False, "log_bin": "OFF"}, [], []),
     ({"group_replication_group_name": "aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee",
       "group_replication_single_primary_mode": "ON", "super_read_only": "OFF"}, [], []),
     ({"group_replication_group_name": "aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee",
@@ -675,10 +680,13 @@ def test_a_binary_log_takes_session_modes_holder_rows_from_a_user_that_may_not_k
     with a ``GET_LOCK`` in it, unsafe for a statement-based log) are logged as row
     changes, with no statement that takes a named lock for a replica to run and no
     warning in the server's log; ``check --deploy`` tells of the flush per grant
-    (``W061``). (A change of the log needs a clean shutdown: after a crash with it on,
-    the server will not start without it.)"""
+    (``W061``) and of what a replica's restart does to such rows (``W064``). The same
+    for lease mode's waiters' rows (a wait's). (A change of the log needs a clean
+    shutdown: after a crash with it on, the server will not start without it.)"""
     private_mariadb.sql("CREATE USER IF NOT EXISTS 'plain'@'127.0.0.1'")
     private_mariadb.sql("GRANT ALL ON distlock.* TO 'plain'@'127.0.0.1'")
+    with private_mariadb.borrowed():
+        pass  # migrated before: the log below holds the grants' statements alone
     with private_mariadb.binary_log("--binlog-format=MIXED", "--sync-binlog=1") as binlog:
         server_log = Path(private_mariadb.entry["log"])
         logged_before = server_log.stat().st_size  # the log goes on across the restarts
@@ -709,13 +717,27 @@ def test_a_binary_log_takes_session_modes_holder_rows_from_a_user_that_may_not_k
                     assert counted == {"Com_insert_select": "2"}  # the first was the call
                 finally:
                     backend.close()
-            if user == "distlock":
-                unlogged = decoded()
-                assert "django_distlock_session_grant" not in unlogged
-                assert "### INSERT INTO `distlock`.`django_distlock_session_epoch`" in unlogged
-                assert "### INSERT INTO `distlock`.`django_distlock_session_start`" in unlogged
-        assert told == {"distlock": [], "plain": ["distlock.W061"]}
+                lease, waiter = private_mariadb.backend(alias), private_mariadb.backend(alias)
+                try:
+                    told[user + " lease"] = _ids(lease.check(deploy=True))
+                    with lease.lock(name, ttl=30):  # a wait in the server: its row
+                        assert not in_thread(functools.partial(
+                            waiter.lock(name, ttl=30).acquire, timeout=0.3))
+                finally:
+                    lease.close()
+                    waiter.close()
+            if user == "distlock":  # the row changes in the log so far, by table
+                changed = {line.split("`")[3] for line in decoded().splitlines()
+                           if line.startswith(("### INSERT", "### UPDATE", "### DELETE"))}
+                assert "django_distlock_session_grant" not in changed
+                assert "django_distlock_waiter" not in changed
+                assert "django_distlock_lock" in changed  # lease mode's rows: logged
+                assert {"django_distlock_session_epoch", "django_distlock_session_start"} \
+                    <= changed  # the run's epoch: logged
+        assert told == {"distlock": [], "plain": ["distlock.W061", "distlock.W064"],
+                        "distlock lease": [], "plain lease": ["distlock.W064"]}
         logged = decoded()
+        assert "### INSERT INTO `distlock`.`django_distlock_waiter`" in logged
         # The tries overwrite their slot's row: row changes, the statement only as the
         # comment MariaDB annotates them with (#Q>), which a replica does not run.
         assert "### UPDATE `distlock`.`django_distlock_session_grant`" in logged
@@ -771,6 +793,66 @@ def test_a_replica_promoted_after_session_mode_grants_goes_on_above_their_tokens
         for before, after in ((first, second), (second, third)):
             assert min(after) > max(before), (first, second, third)
         assert first + second + third == sorted(set(first + second + third))
+    finally:
+        replica.stop()
+
+
+def test_a_replica_that_restarts_stops_at_holder_rows_unless_they_are_kept_from_it(
+    private_mariadb: MariaDB, unique,
+) -> None:
+    """What ``W064`` tells, on real servers. A replica that restarts loses its copy of
+    session mode's holder rows (a ``MEMORY`` table). A user that may set ``sql_log_bin``
+    keeps them out of the log: the restarted replica goes on. A user that may not has
+    them logged: the restarted replica stops at the first replicated delete of a row it
+    lost (error 1032: a new session's sweep of the rows of sessions gone). Restarted to
+    ignore the table, as the warning's hint says, it goes on past that event, and past
+    another restart."""
+    private_mariadb.sql("CREATE USER IF NOT EXISTS 'plain'@'127.0.0.1'")
+    private_mariadb.sql("GRANT ALL ON distlock.* TO 'plain'@'127.0.0.1'")
+    name = unique("replicated")
+
+    def grants(user: str) -> None:
+        with private_mariadb.borrowed(user=user) as alias:
+            backend = private_mariadb.backend(alias, "session")
+            try:
+                for _ in range(3):
+                    with backend.lock(name):
+                        pass
+            finally:
+                backend.close()
+
+    replica = MariaDB()
+    replica.start()
+    try:
+        for server in (replica, private_mariadb):
+            with server.borrowed():
+                pass  # both migrated before the log begins
+        with private_mariadb.binary_log("--server-id=2", "--binlog-format=ROW"):
+            replica.follow(private_mariadb)
+            grants("distlock")
+            replica.restart(signum=signal.SIGTERM)  # its MEMORY rows gone
+            grants("distlock")
+            assert replica.caught_up(private_mariadb), replica.replication()
+            # The rows of those sessions were never logged: gone without a trace, as
+            # the plain user's sessions would not delete them so (see W064's text).
+            private_mariadb.sql("SET SESSION sql_log_bin = 0",
+                                "DELETE FROM distlock.django_distlock_session_grant")
+            grants("plain")
+            assert replica.caught_up(private_mariadb), replica.replication()
+            replica.restart(signum=signal.SIGTERM)
+            grants("plain")
+            assert not replica.caught_up(private_mariadb, seconds=3)
+            stopped = replica.replication()
+            assert (stopped["Slave_SQL_Running"], stopped["Last_SQL_Errno"]) == ("No", 1032)
+            assert "Delete_rows" in stopped["Last_SQL_Error"]
+            assert "django_distlock_session_grant" in stopped["Last_SQL_Error"]
+            replica.restart([*replica.entry["argv"],
+                             "--replicate-ignore-table=distlock.django_distlock_session_grant"],
+                            signal.SIGTERM)
+            assert replica.caught_up(private_mariadb), replica.replication()
+            replica.restart(signum=signal.SIGTERM)
+            grants("plain")
+            assert replica.caught_up(private_mariadb), replica.replication()
     finally:
         replica.stop()
 

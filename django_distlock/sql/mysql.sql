@@ -306,11 +306,21 @@ BEGIN
     DECLARE left_s DOUBLE;
     DECLARE stored INT;
     DO GET_LOCK(alive, 0);
+    -- The waiters' rows stay out of the binary log where the user may say so (see
+    -- django_distlock_session_open): a replica that restarted has lost its MEMORY rows,
+    -- and a replicated delete of one stops its replication (error 1032).
+    BEGIN
+        DECLARE CONTINUE HANDLER FOR 1227 BEGIN END;
+        SET SESSION sql_log_bin = 0;
+    END;
     DELETE w FROM django_distlock_waiter w  -- the rows of waits that are gone
     WHERE w.name = p_name AND NOT IS_USED_LOCK(w.alive) <=> w.session;
     REPLACE INTO django_distlock_waiter
         (session, name, alive, kind, since, owner, host, pid, thread)
     VALUES (CONNECTION_ID(), p_name, alive, p_kind, started, p_owner, p_host, p_pid, p_thread);
+    IF @@session.sql_log_bin = 0 THEN  -- the lock rows are logged
+        SET SESSION sql_log_bin = 1;
+    END IF;
     SET got = GET_LOCK(CONCAT('dl:q:', h), p_wait);
     wait: WHILE got = 1 DO
         SET t = UTC_TIMESTAMP(6);
@@ -362,7 +372,14 @@ BEGIN
     IF woken IS NOT NULL THEN
         DO RELEASE_LOCK(CONCAT('dl:g:', h, ':', woken));
     END IF;
+    BEGIN
+        DECLARE CONTINUE HANDLER FOR 1227 BEGIN END;
+        SET SESSION sql_log_bin = 0;
+    END;
     DELETE FROM django_distlock_waiter WHERE session = CONNECTION_ID();
+    IF @@session.sql_log_bin = 0 THEN
+        SET SESSION sql_log_bin = 1;
+    END IF;
     DO RELEASE_LOCK(CONCAT('dl:q:', h)), RELEASE_LOCK(alive);
     SELECT f IS NOT NULL, f, IF(f IS NULL, NULL, t),
         IF(f IS NULL, NULL, t + INTERVAL ROUND(p_ttl * 1000000) MICROSECOND),

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 from django.core import checks
 from django.db import connections
 
+from ...exceptions import BackendUnavailable
+from .errors import mysql_errno
 from .sql import TABLE
 
 if TYPE_CHECKING:
@@ -27,9 +29,13 @@ SHOW GLOBAL VARIABLES WHERE Variable_name IN ('version', 'innodb_rollback_on_tim
     'innodb_flush_log_at_trx_commit', 'wsrep_on', 'wait_timeout', 'log_bin', 'binlog_format',
     'group_replication_group_name', 'group_replication_single_primary_mode',
     'super_read_only', 'sync_binlog', 'tcp_keepalive_time')"""
-#: Session mode: whether the backend's sessions write to the binary log (a session of its
-#: own, set up as they all are: ``django_distlock_session_open`` in sql/mysql.sql).
-SESSIONS_LOG = "SELECT @@session.sql_log_bin"
+#: Whether the backend's user may keep its rows of ``MEMORY`` tables out of the binary log
+#: (sql/mysql.sql: ``django_distlock_session_open``, ``django_distlock_wait``): a change
+#: of nothing, refused (1227) without the privilege that setting ``sql_log_bin`` needs.
+SKIP_LOG = "SET SESSION sql_log_bin = @@session.sql_log_bin"
+#: The ``MEMORY`` tables whose rows the server would replicate (``W064``): the holders of
+#: session mode, the waiters of lease mode.
+MEMORY_ROWS = {"session": "django_distlock_session_grant", "lease": "django_distlock_waiter"}
 #: The lock table's engine (no row before ``migrate``).
 ENGINE = f"""
 SELECT engine FROM information_schema.tables
@@ -84,19 +90,24 @@ def server_checks(backend: DatabaseBackend) -> list[checks.CheckMessage]:
         rows: list[Any] = backend.run(VARIABLES, [], "checking the server")
         engines: list[Any] = backend.run(ENGINE, [], "checking the server")
     except Exception as exc:  # reported, never raised: a check must not crash
-        return [checks.Warning(
-            f"DISTLOCK[{alias!r}]: could not read the MySQL server's settings: {exc}",
-            obj=alias, id="distlock.W054")]
+        return [_unread(alias, exc)]
     found = {str(name).lower(): value for name, value in rows}
     engine = engines[0][0] if engines else None
-    if backend.mode == "session":  # whether its sessions log their holder rows
+    if backend.mode in MEMORY_ROWS and _on(found.get("log_bin")):
         try:
-            found["sql_log_bin"] = backend.run(SESSIONS_LOG, [], "checking the server")[0][0]
-        except Exception as exc:  # as above
-            return [checks.Warning(
-                f"DISTLOCK[{alias!r}]: could not read the MySQL server's settings: {exc}",
-                obj=alias, id="distlock.W054")]
+            backend.run(SKIP_LOG, [], "checking the server", fetch=False)
+            found["skips_log"] = True
+        except BackendUnavailable as exc:
+            if exc.__cause__ is None or mysql_errno(exc.__cause__) != 1227:
+                return [_unread(alias, exc)]
+            found["skips_log"] = False
     return checks_of(backend, found, engine)
+
+
+def _unread(alias: str, exc: Exception) -> checks.CheckMessage:
+    return checks.Warning(
+        f"DISTLOCK[{alias!r}]: could not read the MySQL server's settings: {exc}",
+        obj=alias, id="distlock.W054")
 
 
 def checks_of(backend: DatabaseBackend, found: dict[str, Any],
@@ -158,6 +169,19 @@ def checks_of(backend: DatabaseBackend, found: dict[str, Any],
             f"{backend.mode} mode grants no lock.",
             hint="Use binlog_format ROW (MySQL 8's default) or MIXED (MariaDB's).",
             obj=alias, id="distlock.E056"))
+    table = MEMORY_ROWS.get(backend.mode)
+    if table is not None and _on(found.get("log_bin")) and not found.get("skips_log"):
+        messages.append(checks.Warning(
+            f"DISTLOCK[{alias!r}]: the binary log is on, and the backend's user may not keep "
+            f"the rows of {table}, a MEMORY table, out of it: a replica stops replicating "
+            "(error 1032) at a replicated update or delete of such a row it lacks, one it "
+            "lost when it restarted, or one a session of a user that may keep them out "
+            "of the log wrote.",
+            hint=f"On each replica, set replicate_ignore_table to <database>.{table} (its "
+            "rows are the primary's sessions and mean nothing there). Giving the backend's "
+            "user BINLOG ADMIN (MariaDB) or SESSION_VARIABLES_ADMIN (MySQL 8) keeps them "
+            "out of the log too, where every process of the site uses that user.",
+            obj=alias, id="distlock.W064"))
     if backend.mode == "session":
         messages.extend(_session_mode(backend, found))
     return messages
@@ -169,7 +193,7 @@ def _session_mode(backend: DatabaseBackend, found: dict[str, Any]) -> list[check
     alias = backend.alias
     messages: list[checks.CheckMessage] = []
     if (_on(found.get("log_bin")) and str(found.get("sync_binlog", "0")) == "1"
-            and _on(found.get("sql_log_bin", "1"))):
+            and not found.get("skips_log")):
         messages.append(checks.Warning(
             f"DISTLOCK[{alias!r}]: the binary log is on with sync_binlog=1: each session-mode "
             "grant writes its holder's row, which the server logs and flushes to disk, so a "
