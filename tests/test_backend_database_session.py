@@ -613,3 +613,62 @@ def test_a_full_grants_table_refuses_the_grant_and_gives_its_lock_back(unique) -
                 handle.release()
         with connections["mysql"].cursor() as cursor:
             cursor.execute(f"ALTER TABLE {table} MAX_ROWS = 0")
+
+
+def test_a_standby_promoted_after_grants_goes_on_above_their_tokens(unique) -> None:
+    """A failover on PostgreSQL: the primary's grants in session, lease and transaction
+    mode, then its streaming standby promoted in its place (a real one: ``pg_basebackup``,
+    ``pg_ctl promote``). The advisory locks were the primary's alone (the standby holds
+    none: a session-mode holder of the primary holds nothing there); the standby's
+    session table and epoch, ``UNLOGGED``, begin empty; each mode's tokens go on above
+    every one the primary gave (session and transaction mode's from the fencing
+    sequence, which the primary logs ahead of its use; lease mode's from the rows)."""
+    require_pg()
+    from django.db import transaction
+
+    from .private_postgres import Postgres
+
+    name = unique("promoted")
+
+    def tokens(server: Postgres) -> dict[str, list[int]]:
+        given: dict[str, list[int]] = {}
+        with server.borrowed() as alias:
+            for mode in ("session", "lease", "transaction"):
+                backend = server.backend(alias, mode)
+                try:
+                    for _ in range(3):
+                        with transaction.atomic(alias), backend.lock(name) as handle:
+                            given.setdefault(mode, []).append(handle.fencing_token)
+                finally:
+                    backend.close()
+        return given
+
+    primary, standby = Postgres(), Postgres()
+    primary.start()
+    try:
+        with primary.borrowed():
+            pass  # migrated before the standby's copy
+        standby.follow(primary)
+        before = tokens(primary)
+        with primary.borrowed() as alias:  # a holder of the primary's, there at the failover
+            holder = primary.backend(alias, "session")
+            held = holder.lock(name)
+            assert held.acquire(blocking=False)
+            standby.promote(primary)
+            with standby.borrowed() as other:
+                fresh = standby.backend(other, "session")
+                try:
+                    assert list(fresh.held_locks()) == []
+                    # None there. (From another thread: this one holds the name on the
+                    # old primary, through a backend of the same alias.)
+                    assert in_thread(fresh.lock(name).acquire)
+                finally:
+                    fresh.close()
+            held.release()  # its own server's lock: the old primary still runs
+            holder.close()
+        after = tokens(standby)
+    finally:
+        standby.stop()
+        primary.stop()
+    for mode, given in before.items():
+        assert min(after[mode]) > max(given), (mode, before, after)
