@@ -14,9 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from django.db import connections
-from django.db.migrations.executor import MigrationExecutor
-from django.utils.module_loading import import_string
 
+from . import private_database
 from .private_redis import _free_port
 from .test_zookeeper_faults import _servers
 
@@ -147,33 +146,16 @@ class MariaDB:
         self.entry = None
         shutil.rmtree(self.directory, ignore_errors=True)
 
-    @contextlib.contextmanager
     def borrowed(self, alias: str = "mysql", user: str = "distlock",
-                 **options: Any) -> Iterator[str]:
-        """The suite's Django alias ``alias`` pointed at this server while the block runs
-        (as ``user``; its connection closed before and after; ``options`` added to its
-        ``OPTIONS``), the core app's migration applied. A test may use only the aliases
-        it was given; the lock backends of the block must be new ones (:meth:`backend`),
-        whose sessions are opened on this server."""
-        connection = connections[alias]
-        saved = connection.settings_dict
-        connection.close()
-        # Both the wrapper's and the handler's: a backend's own sessions are new wrappers
-        # made from the handler's settings (connections.create_connection).
-        here = {**saved, "HOST": "127.0.0.1", "PORT": str(self.port), "NAME": "distlock",
-                "USER": user, "OPTIONS": {**saved.get("OPTIONS", {}), **options}}
-        connection.settings_dict = connections.settings[alias] = here
-        try:
-            executor = MigrationExecutor(connection)
-            executor.migrate([("django_distlock", executor.loader.graph.leaf_nodes(
-                "django_distlock")[0][1])])
-            yield alias
-        finally:
-            connection.close()
-            connection.settings_dict = connections.settings[alias] = saved
+                 **options: Any) -> contextlib.AbstractContextManager[str]:
+        """The suite's Django alias ``alias`` pointed at this server while the block runs,
+        as ``user`` (``options`` added to its ``OPTIONS``): :func:`private_database.
+        borrowed`."""
+        saved = connections.settings[alias]
+        return private_database.borrowed(
+            alias, self.port, USER=user, OPTIONS={**saved.get("OPTIONS", {}), **options})
 
     def backend(self, alias: str, mode: str = "lease") -> Any:
-        """A database backend in ``mode`` on the Django alias ``alias`` (of :meth:`alias`)."""
-        params = {"BACKEND": "django_distlock.backends.database.DatabaseBackend",
-                  "OPTIONS": {"DATABASE": alias, "MODE": mode}}
-        return import_string(params["BACKEND"])(f"private-{alias}-{mode}", params)
+        """A database backend in ``mode`` on the Django alias ``alias`` (of
+        :meth:`borrowed`)."""
+        return private_database.backend(alias, mode)

@@ -9,14 +9,10 @@ import shlex
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from django.db import connections
-from django.db.migrations.executor import MigrationExecutor
-from django.utils.module_loading import import_string
-
+from . import private_database
 from .private_redis import _free_port
 from .test_zookeeper_faults import _servers
 
@@ -91,29 +87,12 @@ class Postgres:
         self.entry = None
         shutil.rmtree(self.directory, ignore_errors=True)
 
-    @contextlib.contextmanager
-    def borrowed(self, alias: str = "pg") -> Iterator[str]:
+    def borrowed(self, alias: str = "pg") -> contextlib.AbstractContextManager[str]:
         """The suite's Django alias ``alias`` pointed at this server while the block runs
-        (its connection closed before and after), the core app's migration applied (a
-        standby has it from its primary). The lock backends of the block must be new
-        ones (:meth:`backend`), whose sessions are opened on this server."""
-        connection = connections[alias]
-        saved = connection.settings_dict
-        connection.close()
-        here = {**saved, "HOST": "127.0.0.1", "PORT": str(self.port), "NAME": "distlock",
-                "USER": "postgres"}
-        connection.settings_dict = connections.settings[alias] = here
-        try:
-            executor = MigrationExecutor(connection)
-            executor.migrate([("django_distlock", executor.loader.graph.leaf_nodes(
-                "django_distlock")[0][1])])
-            yield alias
-        finally:
-            connection.close()
-            connection.settings_dict = connections.settings[alias] = saved
+        (:func:`private_database.borrowed`; a standby has the migration from its
+        primary)."""
+        return private_database.borrowed(alias, self.port, USER="postgres")
 
     def backend(self, alias: str, mode: str = "lease") -> Any:
         """A database backend in ``mode`` on the Django alias ``alias``."""
-        params = {"BACKEND": "django_distlock.backends.database.DatabaseBackend",
-                  "OPTIONS": {"DATABASE": alias, "MODE": mode}}
-        return import_string(params["BACKEND"])(f"private-{alias}-{mode}", params)
+        return private_database.backend(alias, mode)
