@@ -655,6 +655,8 @@ def test_a_standby_promoted_after_grants_goes_on_above_their_tokens(unique) -> N
             held = holder.lock(name)
             assert held.acquire(blocking=False)
             standby.promote(primary)
+            assert standby.sql("SELECT (SELECT count(*) FROM django_distlock_session),"
+                               " (SELECT count(*) FROM django_distlock_epoch)") == [(0, 0)]
             with standby.borrowed() as other:
                 fresh = standby.backend(other, "session")
                 try:

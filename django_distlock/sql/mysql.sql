@@ -652,35 +652,27 @@ BEGIN
             IF unlogged THEN
                 SET SESSION sql_log_bin = 1;
             END IF;
-            SET e = (SELECT s.epoch FROM django_distlock_session_start s
-                     WHERE s.epoch = (SELECT MAX(c.epoch) FROM django_distlock_session_epoch c)
-                         AND s.server = @@server_id);
-            IF e IS NULL THEN  -- the first grant of this run: its epoch, one draw at a time
+            BEGIN  -- once per session: under a named lock, so that one run has one epoch
+                DECLARE run VARCHAR(64) DEFAULT CONCAT('dl:s:run:', MD5(DATABASE()));
+                DECLARE EXIT HANDLER FOR SQLEXCEPTION
                 BEGIN
-                    DECLARE run VARCHAR(64) DEFAULT CONCAT('dl:s:run:', MD5(DATABASE()));
-                    DECLARE EXIT HANDLER FOR SQLEXCEPTION
-                    BEGIN
-                        DO RELEASE_LOCK(run);
-                        RESIGNAL;
-                    END;
-                    IF NOT GET_LOCK(run, 10) <=> 1 THEN
-                        SIGNAL SQLSTATE 'HY000' SET MYSQL_ERRNO = 1205, MESSAGE_TEXT =
-                            'django_distlock_session_take: another session drew no epoch '
-                            'in 10 s';
-                    END IF;
-                    SET e = (SELECT s.epoch FROM django_distlock_session_start s
-                             WHERE s.epoch = (SELECT MAX(c.epoch)
-                                              FROM django_distlock_session_epoch c)
-                                 AND s.server = @@server_id);
-                    IF e IS NULL THEN
-                        INSERT INTO django_distlock_session_epoch () VALUES ();
-                        SET e = LAST_INSERT_ID();
-                        INSERT INTO django_distlock_session_start
-                        VALUES (e, UUID_SHORT(), @@server_id);
-                    END IF;
                     DO RELEASE_LOCK(run);
+                    RESIGNAL;
                 END;
-            END IF;
+                IF NOT GET_LOCK(run, 10) <=> 1 THEN
+                    SIGNAL SQLSTATE 'HY000' SET MYSQL_ERRNO = 1205, MESSAGE_TEXT =
+                        'django_distlock_session_take: another session drew no epoch in 10 s';
+                END IF;
+                SET e = (SELECT s.epoch FROM django_distlock_session_start s
+                         WHERE s.epoch = (SELECT MAX(c.epoch) FROM django_distlock_session_epoch c)
+                             AND s.server = @@server_id);
+                IF e IS NULL THEN  -- the first grant of this run: its epoch
+                    INSERT INTO django_distlock_session_epoch () VALUES ();
+                    SET e = LAST_INSERT_ID();
+                    INSERT INTO django_distlock_session_start VALUES (e, UUID_SHORT(), @@server_id);
+                END IF;
+                DO RELEASE_LOCK(run);
+            END;
             IF unlogged THEN
                 SET SESSION sql_log_bin = 0;
             END IF;
