@@ -73,6 +73,7 @@ APT_PACKAGES = [
     "chromium-driver",
     "iproute2",  # with iptables: the partition tests (tests/test_partitions.py), namespaces
     "iptables",
+    "gdb",  # pauses a server's process at an exact point (tests/debugger.py)
 ]
 
 READY_TIMEOUT = {
@@ -768,6 +769,7 @@ def cmd_install() -> int:
     needed.append("/usr/share/java/zookeeper.jar")
     needed += ["/usr/bin/chromium", "/usr/bin/chromedriver"]  # the admin's browser tests
     needed += ["ip", "iptables"]  # the partition tests
+    needed.append("gdb")  # tests/debugger.py
     needed.append(str(PG_BIN / "initdb"))
     needed += ["mariadbd", "mariadb-install-db", "pkg-config", "/usr/bin/mysql_config"]
     missing = [n for n in needed if not (shutil.which(n) or (n[0] == "/" and Path(n).exists()))]

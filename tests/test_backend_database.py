@@ -24,6 +24,7 @@ from django_distlock.exceptions import (
     ConnectionInUse,
     LockConfigurationError,
     LockLost,
+    LockNotAcquired,
 )
 from django_distlock.handle import hold_of
 from django_distlock.testing import LockContract
@@ -36,6 +37,7 @@ from .conftest import (
     psycopg_params,
     require_pg,
 )
+from .debugger import PauseOnReturn, require_gdb
 
 pytestmark = [
     pytest.mark.django_versions,
@@ -543,6 +545,75 @@ def test_postgres_transaction_mode_async_wait_bounds_end_with_the_wait(unique) -
             return await sync_to_async(query)()
 
     assert asyncio.run(main()) == in_thread(lambda: _timeouts("pg"))
+
+
+def test_postgres_transaction_mode_grant_timer_that_fires_late_cancels_nothing_after(
+        unique) -> None:
+    """A waited grant runs under a statement_timeout (the wait's bound). When that timer
+    fires after the grant's last interrupt check (its backend descheduled at the very end
+    of the statement: CI, once), PostgreSQL keeps the cancel pending and raises it at the
+    session's next statement: that was the holder's first query, or its COMMIT. Here gdb
+    stops the waiter's backend as the grant's ``PortalRun`` returns (after the statement's
+    last check, before the timer is disarmed) until the timer has fired: the grant is given
+    up as a miss, the caller's statements are not cancelled, and the session is sound
+    after."""
+    require_pg()
+    require_gdb()
+    backend, name, timeout = locks["pg-tx"], unique(), 6.0
+    held, release = threading.Event(), threading.Event()
+    pids: list[int] = []
+    outcome: list[str] = []
+
+    def holder() -> None:
+        with backend.lock(name, timeout=5):
+            held.set()
+            release.wait(60)
+        connections.close_all()
+
+    def waiter() -> None:
+        with connections["pg"].cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            pids.append(cursor.fetchone()[0])
+        try:
+            with backend.lock(name, timeout=timeout), connections["pg"].cursor() as cursor:
+                cursor.execute("SELECT 1")
+                outcome.append("held; its statement ran")
+        except LockNotAcquired:
+            outcome.append("not acquired")
+        except Exception as exc:  # the failure is the test's answer
+            outcome.append(f"{type(exc).__name__}: {exc}")
+        with backend.lock(name, timeout=5), connections["pg"].cursor() as cursor:
+            cursor.execute("SELECT 1")
+            outcome.append("sound after")
+        connections.close_all()
+
+    threads = [threading.Thread(target=holder), threading.Thread(target=waiter)]
+    threads[0].start()
+    assert held.wait(10)
+    threads[1].start()
+    started: list[float] = []
+
+    def grant_waits() -> bool:
+        if not pids:
+            return False
+        with connections["pg"].cursor() as cursor:
+            cursor.execute(
+                "SELECT extract(epoch FROM query_start) FROM pg_stat_activity"
+                " WHERE pid = %s AND wait_event_type = 'Lock'", [pids[0]])
+            row = cursor.fetchone()
+        started[:] = [float(row[0])] if row else []
+        return bool(row)
+
+    assert eventually(grant_waits)
+    # The grant's statement timer fires at the latest ``timeout`` s after it began.
+    fires_by = started[0] + timeout
+    with PauseOnReturn(pids[0], "PortalRun", until=fires_by + 0.5) as pause:
+        assert time.time() < fires_by - 1, "gdb attached too late to stop the grant"
+        release.set()
+        for thread in threads:
+            thread.join(60)
+    assert pause.hit, pause.output
+    assert outcome == ["not acquired", "sound after"]
 
 
 def test_postgres_transaction_mode_token_passes_a_row_above_the_sequence(unique) -> None:

@@ -161,29 +161,36 @@ PG_SESSION_SETUP = (
     " set_config('client_connection_check_interval', %s, false)"
 )
 #: PostgreSQL transaction mode, blocking: bound the grant's lock waits, and the grant as a
-#: whole (one statement may wait for several locks in turn), for the wait only:
-#: ``PG_TX_GRANT_WAITED`` puts the settings read here back in the same statement (the
-#: settings in force before, the caller's own included). Params: both limits (the same
-#: value). Row: (lock_timeout, statement_timeout) as they were.
+#: whole (one statement may wait for several locks in turn), for the wait only. The
+#: settings in force before (the caller's own included) are kept in two settings of the
+#: transaction, which ``PG_TX_GRANT_WAITED`` puts back, so that the three statements of a
+#: wait go in one round trip. Params: both limits (the same value).
 PG_TX_TIMEOUTS = """
 WITH was AS MATERIALIZED (
     SELECT current_setting('lock_timeout') AS l, current_setting('statement_timeout') AS s
 )
-SELECT l, s, set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true)
+SELECT set_config('django_distlock.lock_timeout', l, true),
+    set_config('django_distlock.statement_timeout', s, true),
+    set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true)
 FROM was"""
 #: PostgreSQL transaction mode, blocking: ``tx_grant``, then (the wait over, the row
-#: locked) the settings ``PG_TX_TIMEOUTS`` read put back. The statement's own timeout was
-#: armed when it began, so the reset bounds nothing after it. Params: host, pid, thread,
-#: key, lock_timeout, statement_timeout. Row: (fencing, acquired_at, _, _).
-PG_TX_GRANT_WAITED = (
-    POSTGRESQL.tx_grant
-    + ", set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true)"
-)
-#: PostgreSQL transaction mode: put the settings ``PG_TX_TIMEOUTS`` read back (when the
-#: grant found no row). Params: lock_timeout, statement_timeout.
-PG_TX_RESTORE = (
-    "SELECT set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true)"
-)
+#: locked, or no row found) the settings that ``PG_TX_TIMEOUTS`` kept put back: one row
+#: always, so that no statement after this one runs under the wait's bounds. The
+#: statement's own timeout was armed when it began, so the reset bounds nothing after it.
+#: Params: host, pid, thread, key. Row: (fencing, acquired_at, _, _), the first two NULL if
+#: the name has no row.
+PG_TX_GRANT_WAITED = f"""
+WITH granted AS ({POSTGRESQL.tx_grant})
+SELECT granted.fencing, granted.acquired_at,
+    set_config('lock_timeout', current_setting('django_distlock.lock_timeout'), true),
+    set_config('statement_timeout', current_setting('django_distlock.statement_timeout'), true)
+FROM (SELECT) AS one LEFT JOIN granted ON true"""
+#: PostgreSQL transaction mode, after ``PG_TX_GRANT_WAITED``: the session's next statement,
+#: ours. The grant's statement timer may fire after the statement's last interrupt check
+#: (its backend descheduled at the very end); PostgreSQL then keeps the cancel pending and
+#: raises it at the session's next statement, which would be the caller's first query or
+#: its COMMIT. This statement takes it instead (57014: the grant is given up, a miss).
+PG_TX_SETTLE = "SELECT 1"
 #: PostgreSQL transaction mode: one page of names with the held ones marked. A
 #: transaction-mode holder keeps its row locked (FOR [NO KEY] UPDATE), so ``FOR SHARE
 #: SKIP LOCKED`` returns exactly the rows nobody holds (a prune locks the high-water row:
