@@ -6,8 +6,10 @@ on), and detaches."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import time
 from types import TracebackType
@@ -68,10 +70,12 @@ class PauseOnReturn:
             seen.append(line)
             if line.startswith("RUNNING"):
                 break  # in the frame; ``finish`` lets the process run on, next
-        else:
-            raise AssertionError(f"gdb did not attach to {self.pid}:\n{''.join(seen)}")
         self.output = "".join(seen)
-        assert f" in {self.function} " in self.output, self.output
+        running = bool(seen) and seen[-1].startswith("RUNNING")
+        if not running or f" in {self.function} " not in self.output:
+            self._abandon()
+            raise AssertionError(f"gdb found no call of {self.function} in {self.pid}:\n"
+                                 f"{self.output}")
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -80,7 +84,16 @@ class PauseOnReturn:
         try:
             rest, _ = self._gdb.communicate(timeout=max(self.until - time.time(), 0) + 30)
         except subprocess.TimeoutExpired:
-            self._gdb.kill()  # never returned: detaches by dying (the process goes on)
-            rest, _ = self._gdb.communicate()
+            rest = self._abandon()  # the call never returned
         self.output += rest
         self.hit = "PAUSED" in rest
+
+    def _abandon(self) -> str:
+        """Kill gdb, and wake the process: a process that its tracer left stopped (its
+        attach's SIGSTOP) stays stopped."""
+        assert self._gdb is not None
+        self._gdb.kill()
+        rest, _ = self._gdb.communicate()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGCONT)
+        return rest or ""
