@@ -508,7 +508,7 @@ class PgTxAcquisition(_RowTxAcquisition):
         restores the bounds (a savepoint's too)."""
         hold = self.hold
         limit = f"{max(1, math.ceil(wait * 1000))}ms"
-        raw = self.connection.connection
+        raw = cursor.db.connection  # the driver's (the property would add a call)
         batch = raw.pipeline() if hasattr(raw, "pipeline") else contextlib.nullcontext()
         with raw.cursor() as bounds, raw.cursor() as settle, batch:
             bounds.execute(PG_TX_TIMEOUTS, [limit, limit])
