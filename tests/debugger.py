@@ -16,6 +16,8 @@ from types import TracebackType
 
 import pytest
 
+from .conftest import FULL_RUN
+
 #: Signals that servers use among themselves (latches, cancels, timers): passed on at
 #: once, never stopping the process or gdb.
 _PASSED = ("SIGALRM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGURG", "SIGTERM", "SIGPIPE")
@@ -31,7 +33,7 @@ def require_gdb() -> None:
         why = "gdb attaches to the servers' processes as root only"
     if why is None:
         return
-    if os.environ.get("DISTLOCK_SERVERS") == "1":
+    if FULL_RUN:
         pytest.fail(f"DISTLOCK_SERVERS=1 but a test that pauses a server cannot run: {why}.")
     pytest.skip(why)
 

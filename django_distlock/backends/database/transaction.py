@@ -510,10 +510,10 @@ class PgTxAcquisition(_RowTxAcquisition):
         limit = f"{max(1, math.ceil(wait * 1000))}ms"
         raw = cursor.db.connection  # the driver's (the property would add a call)
         batch = raw.pipeline() if hasattr(raw, "pipeline") else contextlib.nullcontext()
-        with raw.cursor() as bounds, raw.cursor() as settle, batch:
-            bounds.execute(PG_TX_TIMEOUTS, [limit, limit])
+        with raw.cursor() as own, batch:  # ``own``: the two statements whose rows go unread
+            own.execute(PG_TX_TIMEOUTS, [limit, limit])
             cursor.execute(PG_TX_GRANT_WAITED, [hold.host, hold.pid, hold.holder_field, hold.key])
-            settle.execute(PG_TX_SETTLE)
+            own.execute(PG_TX_SETTLE)
         fencing, acquired_at = cursor.fetchone()[:2]
         return None if fencing is None else (fencing, acquired_at)
 
