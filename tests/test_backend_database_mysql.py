@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from django.db import connections, transaction
 
-from django_distlock import locks
+from django_distlock import holder_context, locks
 from django_distlock.backends.database.errors import mysql_errno
 from django_distlock.backends.database.mysql_sql import MYSQL
 from django_distlock.backends.database.ordered import age_statement
@@ -704,9 +704,10 @@ def test_a_binary_log_takes_session_modes_holder_rows_from_a_user_that_may_not_k
                 try:
                     told[user] = _ids(backend.check(deploy=True))
                     name, sessions = unique("logged"), set()
-                    for _ in range(3):
+                    for grant in range(3):  # each by another context: each writes its row
                         handle = backend.lock(name)
-                        assert handle.acquire(blocking=False)
+                        with holder_context(f"grant {grant}"):
+                            assert handle.acquire(blocking=False)
                         sessions.add(handle._hold.acquisition.taken)
                         handle.release()
                     (session,) = sessions

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from django.db import connections
 
-from django_distlock import locks
+from django_distlock import holder_context, locks
 from django_distlock.backends.database import DatabaseBackend
 from django_distlock.backends.database.errors import mysql_errno, sqlstate
 from django_distlock.backends.database.session_mode import (
@@ -156,9 +156,11 @@ def _held_in_thread(backend: Any, name: str) -> threading.Event:
 @pytest.mark.parametrize("alias", ALIASES)
 def test_a_listing_shows_each_holder_and_waiter_from_the_server(alias: str, unique) -> None:
     """Who holds and who waits, as the server shows them: host and process (PostgreSQL:
-    recorded by the session once; MySQL: with the grant), owner id and thread (its
-    label), since when; the waiter in the holder's row count and in ``waiters()`` (MySQL:
-    its call in the process list); fencing tokens are not listed."""
+    recorded by the session once; MySQL: in the session's row), owner id (PostgreSQL
+    only: on MySQL it would be a write per grant) and thread (its label), since when
+    (the holder session's idle time); the waiter in the holder's row count and in
+    ``waiters()``, with its owner id (MySQL: its call in the process list); fencing
+    tokens are not listed."""
     _require(alias)
     backend, name = locks[alias], unique("who")
     holder = backend.lock(name)
@@ -184,8 +186,9 @@ def test_a_listing_shows_each_holder_and_waiter_from_the_server(alias: str, uniq
         holder.release()
         thread.join(15)
     assert done == [True]
+    owner = holder.owner_id if alias.startswith("pg") else ""
     assert (info.name, info.owner, info.host, info.pid, info.thread) == (
-        name, holder.owner_id, holder.holder.host, os.getpid(), holder.holder.thread)
+        name, owner, holder.holder.host, os.getpid(), holder.holder.thread)
     assert info.fencing_token is None and info.expires_at is None and info.waiters == 1
     assert info.acquired_at is not None
     assert abs((info.acquired_at - holder.acquired_at).total_seconds()) < 1
@@ -287,8 +290,8 @@ def test_a_lock_waited_for_by_a_holder_shares_its_session_until_both_are_release
 ) -> None:
     """A thread holding one name that waits for another waits (and is granted) on the
     first one's session: PostgreSQL's listing shows both under the first grant's label
-    (a session has one), MySQL's each under its own (a row per grant); releasing the
-    first leaves the second listed as its own, and the session goes back to the pool
+    (a session has one), MySQL's each under its own row (without owner ids); releasing
+    the first leaves the second listed as its own, and the session goes back to the pool
     only when both are released."""
     _require(alias)
     backend = locks[alias]
@@ -298,11 +301,12 @@ def test_a_lock_waited_for_by_a_holder_shares_its_session_until_both_are_release
     try:
         listed = {info.name: info.owner for name in (outer_name, inner_name)
                   for info in backend.held_locks(prefix=name)}
-        shown = outer.owner_id if alias.startswith("pg") else inner.owner_id
-        assert listed == {outer_name: outer.owner_id, inner_name: shown}
+        pg = alias.startswith("pg")
+        assert listed == ({outer_name: outer.owner_id, inner_name: outer.owner_id} if pg
+                          else {outer_name: "", inner_name: ""})
         outer.release()
         (info,) = backend.held_locks(prefix=inner_name)
-        assert info.owner == inner.owner_id
+        assert info.owner == (inner.owner_id if pg else "")
         assert backend.is_locked(inner_name) and not backend.is_locked(outer_name)
     finally:
         inner.release()
@@ -329,32 +333,43 @@ def test_a_session_has_the_servers_keepalives_and_records_its_client() -> None:
     assert row == ("5", "1", "3", socket.gethostname(), os.getpid())
 
 
-def test_a_mysql_session_is_never_idled_out_and_sweeps_the_rows_that_no_longer_count(
+def test_a_mysql_session_is_never_idled_out_and_new_ones_sweep_the_rows_of_sessions_gone(
     unique,
 ) -> None:
     """MariaDB: a holder may sit idle past the server's ``wait_timeout`` (each session
-    sets its own to the most there is); a release writes nothing, so its row stays until
-    a new session sweeps the rows whose lock their session no longer holds (the held
-    one stays)."""
+    sets its own to the most there is); a release writes nothing, so its row stays,
+    also when a new session opens (the released session lives: its next grant of the
+    name writes no row), until its session is gone: then a new session deletes it (the
+    held one stays)."""
     require_mysql()
     backend = locks["mysql-session"]
-    # The thread's own session (backend.run's), opened now: opening it sweeps, and it
-    # must not sweep the released row before the count below (run alone, the module's
-    # first use of it was the count, and the test failed).
+    # The thread's own session (backend.run's), opened now: its opening sweeps.
     backend.run("SELECT 1", [], "opening")
     released, held = backend.lock(unique("released")), backend.lock(unique("held"))
     assert released.acquire() and held.acquire()
+    gone = released._hold.acquisition.taken
     released.release()
     count = "SELECT count(*) FROM django_distlock_session_grant WHERE name = %s"
-    try:
-        assert backend.run(count, [backend.make_key(released.name)], "reading")[0][0] == 1
-        session = backend.session_factory.open()
+
+    def sweep() -> Any:
+        session = backend.session_factory.open()  # its opening sweeps
         try:
             with session.mutex:
-                timeout = session.execute("SELECT @@SESSION.wait_timeout", None).fetchone()
+                return session.execute("SELECT @@SESSION.wait_timeout", None).fetchone()
         finally:
             session.close()
-        assert timeout == (31536000,)
+
+    try:
+        assert backend.run(count, [backend.make_key(released.name)], "reading")[0][0] == 1
+        assert sweep() == (31536000,)
+        assert backend.run(count, [backend.make_key(released.name)], "reading")[0][0] == 1
+        backend.pool.close()  # the released lock's session among the idle ones
+        assert gone.closed
+        # The server frees a closed session's named locks when it sees the close.
+        alive = "SELECT IS_USED_LOCK(CONCAT('dl:c:', %s)) IS NOT NULL"
+        assert eventually(
+            lambda: not backend.run(alive, [gone._thread_id], "reading")[0][0], 5)
+        sweep()
         assert backend.run(count, [backend.make_key(released.name)], "reading")[0][0] == 0
         assert backend.run(count, [backend.make_key(held.name)], "reading")[0][0] == 1
         assert [info.name for info in backend.held_locks(prefix=held.name)] == [held.name]
@@ -373,8 +388,8 @@ def test_a_grant_deletes_its_sessions_older_rows_by_the_key_not_by_a_scan() -> N
     rows = [(4_000_000_000 + n // 2, n % 2, f"dl:s:test-scan-{n}") for n in range(50)]
     backend.run(
         "INSERT INTO django_distlock_session_grant"
-        " (session, slot, lk, name, label, host, pid, since) VALUES "
-        + ", ".join(["(%s, %s, %s, 'n', 'l', 'h', 1, UTC_TIMESTAMP(6))"] * len(rows)),
+        " (session, slot, lk, name, label, host, pid) VALUES "
+        + ", ".join(["(%s, %s, %s, 'n', 'l', 'h', 1)"] * len(rows)),
         [value for row in rows for value in row], "writing")
     try:
         # The procedure's statement, for a session with rows (its own id has none: the
@@ -395,46 +410,153 @@ def _session_rows(backend: Any, session: Any) -> list[tuple[int, str]]:
         " ORDER BY slot", [session._thread_id], "reading")]
 
 
-def test_a_mysql_sessions_tries_after_its_first_grant_go_without_the_procedure(
+def _statements(session: Any) -> dict[str, int]:
+    """MariaDB: the backend's ``session``'s counts of the statements that write a
+    holder's row: procedure calls, ``INSERT ... SELECT``, ``REPLACE``, ``INSERT``."""
+    with session.mutex:
+        return {name: int(value) for name, value in session.execute(
+            "SHOW SESSION STATUS WHERE Variable_name IN ('Com_call_procedure',"
+            " 'Com_insert_select', 'Com_replace', 'Com_insert')", None).fetchall()}
+
+
+def test_a_mysql_sessions_grants_after_its_first_write_its_row_only_when_it_changes(
     unique,
 ) -> None:
     """MariaDB: a session's first grant is the procedure's call, which tells it the
-    server run's epoch; its later tries are one ``INSERT ... SELECT`` (about 40 µs less
-    of the server's time). Their tokens keep growing with the procedure's, their holder
-    is listed as the procedure's is, and their grant's time is the server's, estimated
-    from the first grant (within a round trip)."""
+    server run's epoch and writes its row. Its next grants of the same name by the same
+    holder (thread and context) write nothing: the row names them already, and counts
+    again once the lock is granted. A grant of another name, or by another context, is
+    one ``INSERT ... SELECT`` that rewrites the row. Each is listed with its own holder,
+    and its grant's time (the session's idle time), and their tokens keep growing."""
     require_mysql()
-    backend, name = locks["mysql-session"], unique("fast")
+    backend, name, other = locks["mysql-session"], unique("same"), unique("other")
     backend.run("SELECT 1", [], "opening")  # the listing's own session, opened first
     backend.pool.close()  # the grants below on one new session
-    tokens, sessions = [], set()
-    for _ in range(5):
-        handle = backend.lock(name)
-        assert handle.acquire(blocking=False)
+    tokens, sessions, writes = [], set(), []
+    for grant_name, context in [(name, ""), (name, ""), (name, ""), (other, ""),
+                                (other, "GET /pay"), (other, "GET /pay")]:
+        handle = backend.lock(grant_name)
+        with holder_context(context) if context else contextlib.nullcontext():
+            assert handle.acquire(blocking=False)
         session = handle._hold.acquisition.taken
         sessions.add(session)
         tokens.append(handle.fencing_token)
-        (info,) = backend.held_locks(prefix=name)
-        assert (info.owner, info.host, info.pid) == (
-            handle.owner_id, socket.gethostname(), os.getpid())
+        (info,) = backend.held_locks(prefix=grant_name)
+        assert (info.owner, info.host, info.pid, info.thread, info.context) == (
+            "", socket.gethostname(), os.getpid(), handle.holder.thread, context)
         assert abs((info.acquired_at - handle.acquired_at).total_seconds()) < 0.5
-        assert _session_rows(backend, session) == [(0, backend.make_key(name))]
+        assert _session_rows(backend, session) == [(0, backend.make_key(grant_name))]
+        writes.append(_statements(session))
         handle.release()
     (session,) = sessions
-    with session.mutex:
-        counted = dict(session.execute(
-            "SHOW SESSION STATUS WHERE Variable_name IN"
-            " ('Com_call_procedure', 'Com_insert_select')", None).fetchall())
-    # The calls: the session's setup (django_distlock_session_open) and its first grant.
-    assert counted == {"Com_call_procedure": "2", "Com_insert_select": "4"}
+    # The session's setup called django_distlock_session_open; its first grant the
+    # procedure; the grants after it wrote a row only at the new name and new context.
+    assert [(w["Com_call_procedure"], w["Com_insert_select"]) for w in writes] == [
+        (2, 0), (2, 0), (2, 0), (2, 1), (2, 2), (2, 2)]
+    # The first grant's row: the procedure's REPLACE (counted in the session too).
+    assert {(w["Com_replace"], w["Com_insert"]) for w in writes} == {(1, 0)}
     assert tokens == sorted(set(tokens))
-    other = backend.lock(name)  # a new session's grant: the procedure's token, above
+    again = backend.lock(name)  # a new session's grant: the procedure's token, above
     backend.pool.close()
-    assert other.acquire(blocking=False)
+    assert again.acquire(blocking=False)
     try:
-        assert other.fencing_token > tokens[-1]
+        assert again.fencing_token > tokens[-1]
     finally:
-        other.release()
+        again.release()
+
+
+def test_a_mysql_wait_on_a_session_whose_row_names_it_writes_nothing_and_is_listed(
+    unique, distlock_hold_elsewhere,
+) -> None:
+    """MariaDB: a thread that held a name and waits for it again, on the same session,
+    waits in one ``SELECT GET_LOCK(...)`` (no procedure, no row written): the waiters'
+    listing finds it in the process list, with its owner id, host, process and thread,
+    and once granted its holder is listed from the session's row."""
+    require_mysql()
+    backend, name = locks["mysql-session"], unique("rowless")
+    backend.run("SELECT 1", [], "opening")  # the listing's own session, opened first
+    ready, go = threading.Event(), threading.Event()
+    seen: dict[str, Any] = {}
+
+    def wait() -> bool:
+        first = backend.lock(name)
+        assert first.acquire(blocking=False)
+        seen["session"] = session = first._hold.acquisition.taken
+        first.release()
+        seen["before"] = _statements(session)
+        ready.set()
+        assert go.wait(10)
+        handle = backend.lock(name, timeout=10)
+        if not handle.acquire():
+            return False
+        try:
+            seen["taken"], seen["owner"] = handle._hold.acquisition.taken, handle.owner_id
+            seen["after"] = _statements(session)
+            seen["listed"] = backend.held_locks(prefix=name).locks
+        finally:
+            handle.release()
+        return True
+
+    done: list[bool] = []
+    thread = threading.Thread(target=lambda: done.append(wait()), name="the-rowless-waiter")
+    thread.start()
+    assert ready.wait(10)
+    blocker = distlock_hold_elsewhere(name, using="mysql-session")
+    go.set()
+    try:
+        assert eventually(lambda: backend.waiters(name), 5)
+        (waiter,) = backend.waiters(name)
+        statement = backend.run(
+            "SELECT INFO FROM information_schema.PROCESSLIST WHERE ID = %s",
+            [seen["session"]._thread_id], "reading")[0][0]
+    finally:
+        blocker.release()
+        thread.join(15)
+    assert done == [True]
+    assert statement.startswith("SELECT IF(GET_LOCK('dl:s:")
+    assert seen["taken"] is seen["session"] and seen["after"] == seen["before"]
+    assert (waiter.owner, waiter.host, waiter.pid, waiter.thread) == (
+        seen["owner"], socket.gethostname(), os.getpid(), "the-rowless-waiter")
+    assert [(info.name, info.thread) for info in seen["listed"]] == [
+        (name, "the-rowless-waiter")]
+
+
+def test_a_mysql_grant_whose_owner_lock_another_session_holds_is_refused(
+    unique, monkeypatch,
+) -> None:
+    """MariaDB: a grant takes the name's lock, then its owner lock (``<lock>:<owner
+    id>``), which a force release by owner reads. The owner lock is held only with its
+    name's lock, so another session cannot hold it; one that does anyway (taken by hand
+    here, the owner's token known in advance) makes the grant a miss, with the name's lock
+    given back: by the row-writing try, and by the grant that writes nothing."""
+    require_mysql()
+    from django_distlock import hold
+
+    backend, name = locks["mysql-session"], unique("owned")
+    backend.run("SELECT 1", [], "opening")
+    first = backend.lock(name)
+    assert first.acquire(blocking=False)  # the session's row names the name now
+    first.release()
+    token = "ab" * 16
+    monkeypatch.setattr(hold.secrets, "token_hex", lambda size: token)
+    owned = f"{backend.lock_name(backend.make_key(name))}:{token[:8]}"
+    outsider = connections.create_connection("mysql")
+    try:
+        with outsider.cursor() as cursor:
+            cursor.execute("SELECT GET_LOCK(%s, 0)", [owned])
+            assert cursor.fetchone() == (1,)
+        for context in ("", "a context: the row must be written"):
+            handle = backend.lock(name)
+            with holder_context(context) if context else contextlib.nullcontext():
+                assert not handle.acquire(blocking=False)
+            assert not backend.is_locked(name)
+        with outsider.cursor() as cursor:
+            cursor.execute("SELECT RELEASE_LOCK(%s)", [owned])
+        handle = backend.lock(name)
+        assert handle.acquire(blocking=False)
+        handle.release()
+    finally:
+        outsider.close()
 
 
 def test_a_mysql_session_that_held_beside_another_grant_is_listed_once_after(
@@ -463,8 +585,8 @@ def test_a_mysql_session_that_held_beside_another_grant_is_listed_once_after(
         assert again.acquire(blocking=False)
         try:
             assert again._hold.acquisition.taken is session  # the pool's last given back
-            assert [info.owner for info in backend.held_locks(prefix=inner_name)] == [
-                again.owner_id]
+            assert [info.name for info in backend.held_locks(prefix=inner_name)] == [
+                inner_name]
             assert _session_rows(backend, session) == [(0, backend.make_key(inner_name))]
         finally:
             again.release()
@@ -472,8 +594,9 @@ def test_a_mysql_session_that_held_beside_another_grant_is_listed_once_after(
 
 def test_a_full_grants_table_refuses_a_try_without_the_procedure_too(unique) -> None:
     """MariaDB: a session that knows its run tries without the procedure; if the table
-    filled while the session held nothing (a new session swept its row), the try is
-    refused as the procedure refuses it, with what to do, and its lock given back."""
+    filled while the session held nothing and its row was gone (deleted by hand here),
+    the try is refused as the procedure refuses it, with what to do, and its locks given
+    back. (The sessions left in the pool are closed after: their rows were deleted.)"""
     require_mysql()
     backend = locks["mysql-session"]
     table = "django_distlock_session_grant"
@@ -490,8 +613,8 @@ def test_a_full_grants_table_refuses_a_try_without_the_procedure_too(unique) -> 
         with pytest.raises(DistLockError) as full:
             while filled < 1000:  # rows of no session: the table's rounded-up size
                 backend.run(
-                    f"INSERT INTO {table} (session, slot, lk, name, label, host, pid, since)"
-                    " VALUES (%s, 0, 'dl:s:filler', 'filler', 'l', 'h', 1, UTC_TIMESTAMP(6))",
+                    f"INSERT INTO {table} (session, slot, lk, name, label, host, pid)"
+                    " VALUES (%s, 0, 'dl:s:filler', 'filler', 'l', 'h', 1)",
                     [4_000_000_000 + filled], "writing")
                 filled += 1
         assert mysql_errno(full.value.__cause__) == 1114 and filled >= 3
@@ -505,6 +628,7 @@ def test_a_full_grants_table_refuses_a_try_without_the_procedure_too(unique) -> 
     finally:
         backend.run(f"DELETE FROM {table} WHERE session >= 4000000000", [], "cleaning")
         backend.run(f"ALTER TABLE {table} MAX_ROWS = 0", [], "writing")
+        backend.pool.close()
 
 
 @pytest.mark.parametrize("alias", ALIASES)
@@ -613,6 +737,7 @@ def test_a_full_grants_table_refuses_the_grant_and_gives_its_lock_back(unique) -
                 handle.release()
         with connections["mysql"].cursor() as cursor:
             cursor.execute(f"ALTER TABLE {table} MAX_ROWS = 0")
+        backend.pool.close()  # their rows were deleted above: the sessions would not know
 
 
 def test_a_standby_promoted_after_grants_goes_on_above_their_tokens(unique) -> None:

@@ -523,18 +523,24 @@ END
 -- ;;
 -- Session mode (backends/database/session_mysql.py). A name's lock is the named lock
 -- dl:s:<hash of the database and the name> of the session that was granted it: nothing
--- else decides who holds, and the lock ends with its session. Each grant records its
--- holder in django_distlock_session_grant, a MEMORY table (no redo log, no flush, empty
--- after a restart, when every session is gone), at a slot of its session: slot 0 for a
--- grant of a session that holds no other lock (the usual case), 1, 2, ... for a thread's
--- further grants on the session of its first. A grant overwrites its slot's row in place;
--- a release leaves its row (no write at the release): a row counts while its connection
--- holds its lock (IS_USED_LOCK(lk) = session). A session's grant that holds alone
--- through the procedure deletes its rows past slot 0, and a new session deletes every
--- row that no longer counts. A MEMORY table's rows have a fixed size (about 1.4 KB
--- here): the server's max_heap_table_size when the table was made bounds how many grants
--- it lists at once (16 MB: about 12,000); a grant that finds it full is refused, and its
--- lock given back.
+-- else decides who holds, and the lock ends with its session. Beside it the session takes
+-- the grant's owner lock, dl:s:<hash>:<short owner id>, which a force release by owner
+-- reads (it is held only with the name's lock: taken after it, given back before it).
+-- django_distlock_session_grant, a MEMORY table (no redo log, no flush, empty after a
+-- restart, when every session is gone), says who holds: a row per session and slot,
+-- slot 0 for a grant of a session that holds no other lock (the usual case), 1, 2, ...
+-- for a thread's further grants on the session of its first, each naming its lock, the
+-- name, and the holder (host, pid, thread and context; not the owner, which changes at
+-- every grant). A row counts while its connection holds its lock (IS_USED_LOCK(lk) =
+-- session), and outlives the release: a session's next grant of the same name by the
+-- same holder writes nothing (the session knows what its row says); another grant
+-- overwrites the row in place. When it was granted is the holder session's idle time in
+-- the process list. A session's grant that holds alone through the procedure deletes its
+-- rows past slot 0, and a new session deletes the rows of sessions that are gone (each
+-- session holds dl:c:<its connection id> while it lives). A MEMORY table's rows have a
+-- fixed size (about 1.4 KB here): the server's max_heap_table_size when the table was
+-- made bounds how many sessions it lists at once (16 MB: about 12,000); a grant that
+-- finds it full is refused, and its locks given back.
 CREATE TABLE IF NOT EXISTS django_distlock_session_grant (
     session BIGINT UNSIGNED NOT NULL,
     slot SMALLINT UNSIGNED NOT NULL,
@@ -543,7 +549,6 @@ CREATE TABLE IF NOT EXISTS django_distlock_session_grant (
     label VARCHAR(63) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
     host VARCHAR(64) CHARACTER SET utf8mb4 COLLATE {bin} NOT NULL,
     pid INT NOT NULL,
-    since DATETIME(6) NOT NULL,
     PRIMARY KEY (session, slot) USING BTREE,
     KEY distlock_session_grant_lock (lk) USING HASH,
     KEY distlock_session_grant_name (name) USING BTREE
@@ -584,22 +589,28 @@ DROP PROCEDURE IF EXISTS django_distlock_session_open
 -- SYSTEM_VARIABLES_ADMIN or SESSION_VARIABLES_ADMIN on MySQL 8; else they are logged, and
 -- with sync_binlog = 1 flushed, at each grant): they mean nothing on a replica, whose
 -- sessions are others. What a replica needs, the epochs (and the run's row, which says
--- whose they are), django_distlock_session_take logs all the same. Then the rows of
--- grants whose session is gone, or released, go.
+-- whose they are), django_distlock_session_take logs all the same. The session takes
+-- its own named lock dl:c:<connection id>, which says it lives; then the rows of
+-- sessions that are gone go (a live session's rows stay, also while they do not count:
+-- the session writes none at its next grant of the same name).
 CREATE PROCEDURE django_distlock_session_open() SQL SECURITY INVOKER
 BEGIN
     BEGIN
         DECLARE CONTINUE HANDLER FOR 1227 BEGIN END;  -- not allowed: the rows are logged
         SET SESSION sql_log_bin = 0;
     END;
-    DELETE FROM django_distlock_session_grant WHERE NOT IS_USED_LOCK(lk) <=> session;
+    DO GET_LOCK(CONCAT('dl:c:', CONNECTION_ID()), 0);
+    DELETE FROM django_distlock_session_grant
+    WHERE NOT IS_USED_LOCK(lk) <=> session
+        AND IS_USED_LOCK(CONCAT('dl:c:', session)) IS NULL;
 END
 -- ;;
 DROP PROCEDURE IF EXISTS django_distlock_session_take
 -- ;;
 -- Session mode: take the named lock p_lock, waiting up to p_wait seconds (0: a try; a
--- wait is rounded up to whole seconds on MySQL 8, which waits no fraction), and record
--- the holder. A procedure, not a function: the server's detection of deadlocks
+-- wait is rounded up to whole seconds on MySQL 8, which waits no fraction), and its
+-- owner lock (p_label is 'dl <short owner id> <holder>'), and record the holder (the
+-- row keeps the label's holder part). A procedure, not a function: the server's detection of deadlocks
 -- between named locks does not reach a GET_LOCK inside a stored function (its waits
 -- just time out), and it does reach one in a procedure. p_alone: the session holds no
 -- other lock (the grant takes slot 0, and the session's rows past it go); else the
@@ -617,15 +628,20 @@ BEGIN
     DECLARE e BIGINT;
     DECLARE s INT DEFAULT 0;
     DECLARE unlogged BOOL;
+    DECLARE owned VARCHAR(46) DEFAULT CONCAT(p_lock, ':', SUBSTRING(p_label, 4, 8));
     DECLARE EXIT HANDLER FOR 1114  -- the table is full
     BEGIN
-        DO RELEASE_LOCK(p_lock);
+        DO RELEASE_LOCK(owned), RELEASE_LOCK(p_lock);
         SIGNAL SQLSTATE 'HY000' SET MYSQL_ERRNO = 1114, MESSAGE_TEXT =
             'django_distlock_session_grant is full: raise max_heap_table_size, then make '
             'the table again (docs/database.md, session mode on MySQL and MariaDB)';
     END;
     SET got = GET_LOCK(p_lock,
         IF(p_wait <= 0 OR @@version LIKE '%MariaDB%', p_wait, CEIL(p_wait)));
+    IF got = 1 AND NOT GET_LOCK(owned, 0) <=> 1 THEN  -- another session holds it: no grant
+        DO RELEASE_LOCK(p_lock);
+        SET got = 0;
+    END IF;
     IF got = 1 THEN
         IF p_alone THEN
             DELETE FROM django_distlock_session_grant
@@ -640,9 +656,8 @@ BEGIN
                  WHERE session = CONNECTION_ID()),
                 0);
         END IF;
-        REPLACE INTO django_distlock_session_grant
-            (session, slot, lk, name, label, host, pid, since)
-        VALUES (CONNECTION_ID(), s, p_lock, p_name, p_label, p_host, p_pid, UTC_TIMESTAMP(6));
+        REPLACE INTO django_distlock_session_grant (session, slot, lk, name, label, host, pid)
+        VALUES (CONNECTION_ID(), s, p_lock, p_name, SUBSTRING(p_label, 13), p_host, p_pid);
         IF @django_distlock_epoch IS NULL THEN
             -- This session's first grant: the run's epoch and base, kept in the session
             -- (a restart ends every session, so a session's copy is always its run's).
@@ -689,16 +704,15 @@ END
 DROP PROCEDURE IF EXISTS django_distlock_session_force
 -- ;;
 -- Session mode: end the session that holds p_lock, if its holder's short owner id is
--- p_owner ('': any holder), and wait up to 5 s for the server to free the lock. One
+-- p_owner (the session holds the owner lock p_lock:p_owner; '': any holder), and wait up to 5 s for the server to free the lock. One
 -- row: whether a session was ended.
 CREATE PROCEDURE django_distlock_session_force(IN p_lock CHAR(37), IN p_owner VARCHAR(8))
 SQL SECURITY INVOKER
 BEGIN
     DECLARE holder BIGINT UNSIGNED DEFAULT IS_USED_LOCK(p_lock);
     DECLARE waited INT DEFAULT 0;
-    IF holder IS NOT NULL AND (p_owner = '' OR EXISTS (
-            SELECT 1 FROM django_distlock_session_grant
-            WHERE session = holder AND lk = p_lock AND SUBSTRING(label, 4, 8) = p_owner)) THEN
+    IF holder IS NOT NULL AND (
+            p_owner = '' OR IS_USED_LOCK(CONCAT(p_lock, ':', p_owner)) <=> holder) THEN
         KILL CONNECTION holder;
         WHILE IS_USED_LOCK(p_lock) <=> holder AND waited < 5000 DO
             DO SLEEP(0.001);

@@ -149,45 +149,70 @@ ORDER BY p.name"""
 #: Session mode's grant and release, sent without a cursor (``session_mysql._query``):
 #: bytes, the arguments written in as literals.
 #:
-#: Take a name's lock and record its holder. Params: lock, key, seconds to wait (0: a
-#: try), label, host; pid, and whether the session holds nothing else. Row: (fencing
-#: token, or NULL when not had; server time; the run's epoch and base).
+#: Take a name's lock and its owner lock, and record the holder. Params: lock, key,
+#: seconds to wait (0: a try), label (``dl <short owner id> <holder>``), host; pid, and
+#: whether the session holds nothing else. Row: (fencing token, or NULL when not had;
+#: server time; the run's epoch and base).
 SESSION_TAKE = b"CALL django_distlock_session_take(%b, %b, %b, %b, %b, %d, %d)"
 #: A try without the procedure, for a session that knows its run's epoch and has no row
-#: past slot 0 (``session_mysql.SessionRun``): one statement writes the holder's row at
-#: slot 0 only if ``GET_LOCK`` grants, and draws ``UUID_SHORT()`` then, which the OK
-#: packet carries back as the last insert id (no result set). Granted: 1 or 2 rows
-#: (inserted or updated), else 0; the procedure's call costs about 40 µs more a grant on
-#: MariaDB 10.11 (docs/benchmarks.md). ``GET_LOCK`` in the ``WHERE`` of an ``INSERT ...
-#: SELECT`` holds the table's lock while it runs: a try only, never a wait. Params: lock,
-#: key, label, host, pid, lock.
+#: past slot 0 (``session_mysql.SessionRun``), whose slot-0 row names another lock or
+#: holder: one statement writes the holder's row at slot 0 only if both locks are granted,
+#: and draws ``UUID_SHORT()`` then, which the OK packet carries back as the last insert id
+#: (no result set). Granted: 1 or 2 rows (inserted or updated), else 0, with a last insert
+#: id only when the name's lock was granted and its owner lock not (held only with its
+#: name's lock, it cannot be another session's: the acquisition gives the name's lock
+#: back all the same). ``GET_LOCK`` in the ``WHERE`` of an ``INSERT ... SELECT``
+#: holds the table's lock while it runs: a try only, never a wait. Params: lock, key,
+#: label (the holder part), host, pid, lock, owner lock.
 SESSION_TRY = b"""INSERT INTO django_distlock_session_grant
-    (session, slot, lk, name, label, host, pid, since)
-SELECT CONNECTION_ID(), 0, %b, %b, %b, %b, %d, UTC_TIMESTAMP(6) FROM DUAL
-WHERE GET_LOCK(%b, 0) = 1 AND LAST_INSERT_ID(UUID_SHORT()) IS NOT NULL
+    (session, slot, lk, name, label, host, pid)
+SELECT CONNECTION_ID(), 0, %b, %b, %b, %b, %d FROM DUAL
+WHERE GET_LOCK(%b, 0) = 1 AND LAST_INSERT_ID(UUID_SHORT()) IS NOT NULL AND GET_LOCK(%b, 0) = 1
 ON DUPLICATE KEY UPDATE lk = VALUES(lk), name = VALUES(name), label = VALUES(label),
-    host = VALUES(host), pid = VALUES(pid), since = VALUES(since)"""
-SESSION_UNLOCK = b"SELECT RELEASE_LOCK(%b)"
+    host = VALUES(host), pid = VALUES(pid)"""
+#: A try that writes nothing, for a session whose slot-0 row already names this lock and
+#: holder (it counts again once the lock is granted): the two locks and the run's
+#: ``UUID_SHORT()``. Row: (``UUID_SHORT()``; 0 when the name's lock was granted and its
+#: owner lock not; NULL when not had). Params: lock, owner lock.
+SESSION_GRANT = (b"SELECT IF(GET_LOCK(%b, 0) = 1,"
+                 b" IF(GET_LOCK(%b, 0) = 1, UUID_SHORT(), CAST(0 AS UNSIGNED)), NULL)")
+#: ``SESSION_GRANT``, waiting up to the given seconds; the label, host and pid after it
+#: are for the waiters' listing, which reads them from the process list. Params: lock,
+#: seconds, owner lock, label, host, pid.
+SESSION_WAIT = (b"SELECT IF(GET_LOCK(%b, %b) = 1,"
+                b" IF(GET_LOCK(%b, 0) = 1, UUID_SHORT(), CAST(0 AS UNSIGNED)),"
+                b" NULL), %b, %b, %d")
+#: Give the owner lock back, then the name's (the owner lock is never held alone).
+#: Params: owner lock, lock. Row: both answers (1: was held).
+SESSION_UNLOCK = b"SELECT RELEASE_LOCK(%b), RELEASE_LOCK(%b)"
 #: Whether this session holds the lock (params: lock).
 SESSION_HOLDS = "SELECT IS_USED_LOCK(%s) <=> CONNECTION_ID()"
 SESSION_IS_LOCKED = "SELECT IS_USED_LOCK(%s) IS NOT NULL"
-#: A new session keeps its holder rows out of the binary log where its user may, and
-#: deletes the rows of grants that no longer hold (their session released, or ended): the
-#: table keeps about one row per open session.
+#: A new session keeps its holder rows out of the binary log where its user may, takes
+#: the lock that says it lives, and deletes the rows of sessions that are gone: the table
+#: keeps about one row per open session.
 SESSION_OPEN = "CALL django_distlock_session_open()"
 #: The waits for session-mode locks, by lock: the server's process list shows each
-#: waiting session's statement, whose first argument is the lock (a session sees the
-#: other sessions of its own user, or all with the PROCESS privilege).
+#: waiting session's statement (the procedure's call, or ``SESSION_WAIT``), whose first
+#: argument is the lock (a session sees the other sessions of its own user, or all with
+#: the PROCESS privilege).
 _WAITS = """
-SELECT SUBSTRING(p.INFO, 36, 37) AS lk, p.ID, p.TIME_MS, p.INFO
+SELECT IF(p.INFO LIKE 'C%%', SUBSTRING(p.INFO, 36, 37), SUBSTRING(p.INFO, 21, 37)) AS lk,
+    p.ID, p.TIME_MS, p.INFO
 FROM information_schema.PROCESSLIST p
-WHERE p.STATE = 'User lock' AND p.INFO LIKE 'CALL django\\_distlock\\_session\\_take(''dl:s:%%'"""
+WHERE p.STATE = 'User lock' AND (
+    p.INFO LIKE 'CALL django\\_distlock\\_session\\_take(''dl:s:%%'
+    OR p.INFO LIKE 'SELECT IF(GET\\_LOCK(''dl:s:%%')"""
+#: When a holder was granted: its session's last statement ended (it is idle while it
+#: holds), as the process list tells; NULL for a session the listing's user does not see.
+_SINCE = "UTC_TIMESTAMP(6) - INTERVAL ROUND(s.TIME_MS * 1000) MICROSECOND"
 #: A page of held names, with the waiters of each counted from one read of the process
-#: list (not one per row). Params: after, low, high, limit. Rows: name, label, since,
+#: list (not one per row). Params: after, low, high, limit. Rows: name, holder, since,
 #: host, pid, session, waiters.
 SESSION_HELD = f"""
-SELECT g.name, g.label, g.since, g.host, g.pid, g.session, COALESCE(w.waiting, 0)
+SELECT g.name, g.label, {_SINCE}, g.host, g.pid, g.session, COALESCE(w.waiting, 0)
 FROM django_distlock_session_grant g
+LEFT JOIN information_schema.PROCESSLIST s ON s.ID = g.session
 LEFT JOIN (SELECT x.lk, count(*) AS waiting FROM ({_WAITS}) x GROUP BY x.lk) w
     ON w.lk = g.lk
 WHERE g.name > %s AND g.name >= %s AND g.name < %s AND IS_USED_LOCK(g.lk) <=> g.session
@@ -201,6 +226,6 @@ SELECT count(*) FROM (SELECT 1 FROM django_distlock_session_grant g
 SESSION_WAITERS = f"""
 SELECT w.ID, UTC_TIMESTAMP(6) - INTERVAL ROUND(w.TIME_MS * 1000) MICROSECOND, w.INFO
 FROM ({_WAITS}) w WHERE w.lk = %s ORDER BY w.TIME_MS DESC, w.ID LIMIT %s"""
-#: End the holder's session, only while its short owner id is the one given ("": any).
-#: Params: lock, owner. Row: (ended,).
+#: End the holder's session, only while its short owner id is the one given ("": any):
+#: while it holds that owner's lock. Params: lock, owner. Row: (ended,).
 SESSION_FORCE = "CALL django_distlock_session_force(%s, %s)"

@@ -161,11 +161,11 @@ def holder_label(owner: str, holder: str) -> str:
     thread label and context, ``Hold.holder_field``): ``dl <owner> <holder>``, the holder
     text escaped to printable ASCII and cut, with an ellipsis, to fit PostgreSQL's 63
     bytes."""
-    return f"dl {owner} {_label_text(holder)}"
+    return f"dl {owner} {label_text(holder)}"
 
 
 @functools.lru_cache(maxsize=1024)  # per grant, and the same few threads and contexts
-def _label_text(holder: str) -> str:
+def label_text(holder: str) -> str:
     """The holder's part of :func:`holder_label`."""
     text = holder.encode("unicode_escape").decode("ascii")  # as _escaped(), one call less
     if _LABEL_HEAD + len(text) <= _LABEL_BYTES:
@@ -192,13 +192,18 @@ def read_label(label: str) -> tuple[str, str]:
     another application's)."""
     if not label.startswith("dl ") or label[11:12] != " ":
         return "", ""
-    text = label[12:]
+    return label[3:11], read_holder(label[12:])
+
+
+def read_holder(text: str) -> str:
+    """The holder text of a label (:func:`label_text`), unescaped; an escape cut short at
+    its end is dropped."""
     while text:
         try:
-            return label[3:11], text.encode("ascii", "replace").decode("unicode_escape")
+            return text.encode("ascii", "replace").decode("unicode_escape")
         except UnicodeDecodeError:
             text = text[: text.rfind("\\")]  # an escape cut short: drop it
-    return label[3:11], ""
+    return ""
 
 
 def _psycopg3() -> bool:
@@ -406,7 +411,7 @@ class SessionAcquisition(OwnSessionAcquisition):
         hold = self.hold
         self.keys = self.backend.rows.get(hold.key)
         # holder_label() written out: a call fewer per grant.
-        self.label = f"dl {self.token[:SHORT_OWNER]} {_label_text(hold.holder_field)}"
+        self.label = f"dl {self.token[:SHORT_OWNER]} {label_text(hold.holder_field)}"
         self.fencing: int | None = None
 
     # -- the session: this acquisition's own, or shared with the thread's grants -----

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import math
 import re
 import socket
 from collections.abc import Mapping
@@ -31,13 +32,14 @@ from typing import Any
 from django.db import connections
 
 from ...kinds import Kind
-from ...values import SHORT_OWNER, LockPage, WaiterInfo
+from ...values import SHORT_OWNER, LockInfo, LockPage, WaiterInfo
 from ..base import Freed, HeldCount
 from .backend import server_wait
 from .errors import ERRORS, mysql_errno
 from .mysql_sql import (
     SESSION_COUNT,
     SESSION_FORCE,
+    SESSION_GRANT,
     SESSION_HELD,
     SESSION_HOLDS,
     SESSION_IS_LOCKED,
@@ -45,10 +47,17 @@ from .mysql_sql import (
     SESSION_TAKE,
     SESSION_TRY,
     SESSION_UNLOCK,
+    SESSION_WAIT,
     SESSION_WAITERS,
 )
 from .session_acquisition import OwnSessionAcquisition
-from .session_mode import SessionAcquisition, SessionModeBackend, holder_label, read_label
+from .session_mode import (
+    SessionAcquisition,
+    SessionModeBackend,
+    label_text,
+    read_holder,
+    read_label,
+)
 from .sessions import Session
 from .sql import as_datetime, upper_bound
 
@@ -62,6 +71,9 @@ _NEVER_IDLE_OUT = "SET SESSION wait_timeout = 31536000"
 #: A string literal of a statement in the process list, as MySQLdb escapes it.
 _LITERAL = re.compile(r"'((?:[^'\\]|\\.)*)'")
 _UNESCAPED = {"0": "\0", "n": "\n", "r": "\r", "Z": "\x1a"}
+#: The pid in a waiting statement: the number after the host's literal (the procedure's
+#: call has its ``alone`` flag after it).
+_PID = re.compile(r"'\s*,\s*(\d+)\s*(?:,\s*\w+\s*\))?\s*$")
 
 
 @dataclass(slots=True)
@@ -80,6 +92,12 @@ class SessionRun:
     #: goes through the procedure, whose grant to a session that holds alone deletes them
     #: (else the slot-0 row would name a lock that a row past it names too).
     spread: bool
+    #: What the session's slot-0 row says: its lock and holder (None: not known). A grant
+    #: of that lock by that holder writes no row (``SESSION_GRANT``).
+    row: tuple[str, str] | None
+    #: The server is MariaDB, whose ``GET_LOCK`` waits fractions of a second (MySQL 8's
+    #: whole seconds: a wait is rounded up).
+    mariadb: bool
 
 
 @functools.lru_cache(maxsize=4096)  # per grant: a SHA-256 once per name
@@ -115,8 +133,8 @@ class MySqlSessionBackend(SessionModeBackend, vendor="mysql"):
 
     def session_setup(self) -> list[tuple[str, list[Any] | None]]:
         """A new session: never idled out by the server; its holder rows kept out of the
-        binary log where its user may say so; the rows of grants whose session is gone,
-        or released, gone (sql/mysql.sql, ``django_distlock_session_open``)."""
+        binary log where its user may say so; the lock that says it lives taken; the rows
+        of sessions that are gone deleted (sql/mysql.sql, ``django_distlock_session_open``)."""
         return [(_NEVER_IDLE_OUT, None), (SESSION_OPEN, None)]
 
     def lock_name(self, key: str) -> str:
@@ -134,6 +152,16 @@ class MySqlSessionBackend(SessionModeBackend, vendor="mysql"):
         infos = [self._info(row) for row in rows]
         return LockPage(infos, rows[-1][0] if len(rows) == limit else None)
 
+    def _info(self, row: tuple[Any, ...]) -> LockInfo:
+        """A held name's row: its holder's text (the owner is not kept: it would be a
+        write per grant), since when its session is idle, host, process."""
+        key, text, since, host, process, session, waiters = row
+        return LockInfo(
+            alias=self.alias, name=self.name_of(key), owner="", fencing_token=None,
+            acquired_at=as_datetime(since), expires_at=None, host=host, pid=process,
+            thread=read_holder(text) or f"{self.session_tag} {session}", waiters=waiters,
+        )
+
     def _count_held(self, prefix: str, limit: int) -> HeldCount:
         low = self.key_prefix + prefix
         rows = self.run(SESSION_COUNT, [low, upper_bound(low), limit + 1], "counting locks")
@@ -144,10 +172,12 @@ class MySqlSessionBackend(SessionModeBackend, vendor="mysql"):
         rows = self.run(SESSION_WAITERS, [self.lock_name(key), limit], "listing waiters")
         waiters = []
         for position, (session, since, statement) in enumerate(rows, 1):
-            # The call's arguments: lock, name, wait, label, host, pid, alone.
+            # The procedure's call (lock, name, wait, label, host, pid, alone) or
+            # SESSION_WAIT (lock, wait, owner lock, label, host, pid): the label and host
+            # are the third and fourth strings of both.
             texts = _literals(statement)
             label, host = (texts[2], texts[3]) if len(texts) >= 4 else ("", "")
-            pid = re.search(r"'\s*,\s*(\d+)\s*,\s*\w+\s*\)\s*$", statement)
+            pid = _PID.search(statement)
             owner, holder = read_label(label)
             waiters.append(WaiterInfo(
                 position=position, owner=owner, since=as_datetime(since), host=host,
@@ -164,59 +194,105 @@ class MySqlSessionBackend(SessionModeBackend, vendor="mysql"):
 class MySqlSessionAcquisition(SessionAcquisition):
     """One acquisition in session mode on MySQL or MariaDB: a try is the grant's call
     with no wait, a wait the same call with the time left; a release gives the named
-    lock back and writes nothing (the holder's row stops counting)."""
+    lock back and writes nothing (the holder's row stops counting). A grant also takes
+    the owner lock, ``<lock>:<short owner id>``, which a force release by owner checks,
+    and the release gives it back first: it is held only with the name's lock."""
 
     backend: MySqlSessionBackend
 
     def __init__(self, *args: Any) -> None:
         OwnSessionAcquisition.__init__(self, *args)  # not PostgreSQL's keys
         hold = self.hold
-        self.lock = self.backend.lock_name(hold.key)
-        self.label = holder_label(self.token[:SHORT_OWNER], hold.holder_field)
+        owner = self.token[:SHORT_OWNER]
+        self.lock = lock = self.backend.lock_name(hold.key)
+        #: The holder, as the session's row keeps it (the label without the owner).
+        self.text = text = label_text(hold.holder_field)
+        self.label = f"dl {owner} {text}"  # holder_label() written out
+        # The two locks as SQL literals: letters, digits and colons (the owner id is hex:
+        # session mode takes no owner= of the caller's), so quoted without escaping.
+        self.quoted = f"'{lock}'".encode()
+        self.owned = f"'{lock}:{owner}'".encode()
         self.fencing: int | None = None
 
     def _try(self, session: Session, wait: float = 0) -> tuple[int, datetime | None] | None:
         """The grant's statement, waiting up to ``wait`` seconds (a try: none): the token
-        and server time, or None on a miss. A try of a session that holds alone and knows
-        its run (:class:`SessionRun`) is ``SESSION_TRY``; else the procedure's call."""
+        and server time, or None on a miss. A session that holds alone and knows its run
+        (:class:`SessionRun`) sends ``SESSION_GRANT`` (a wait: ``SESSION_WAIT``) when its
+        row names this lock and holder already, else (a try) ``SESSION_TRY``; else the
+        procedure's call."""
+        run = session.mysql_run
+        if run is None or run.spread or self.shared:
+            return self._take(session, wait)
+        if run.row != (self.lock, self.text):
+            return self._take(session, wait) if wait else self._try_writing(session, run)
+        conn = session.wrapper.connection
+        if wait:
+            literal = conn.string_literal
+            seconds = wait if run.mariadb else math.ceil(wait)  # MySQL 8: whole seconds
+            statement = SESSION_WAIT % (
+                self.quoted, repr(seconds).encode(), self.owned,
+                literal(self.label.encode()), literal(_HOST.encode()), session.pid)
+        else:
+            statement = SESSION_GRANT % (self.quoted, self.owned)
+        row = _query(conn, statement)
+        drawn = None if row is None else row[0]
+        if drawn is None:
+            return None
+        if not drawn:  # another session holds the owner lock: no grant (SESSION_TRY's)
+            _query(conn, SESSION_UNLOCK % (self.owned, self.quoted))
+            return None
+        return run.token_base + drawn, datetime.now(UTC) + run.clock
+
+    def _take(self, session: Session, wait: float) -> tuple[int, datetime | None] | None:
+        """The procedure's call, which tells the session its run (:class:`SessionRun`)."""
         conn = session.wrapper.connection
         literal = conn.string_literal
-        lock, key = literal(self.lock.encode()), literal(self.hold.key.encode())
-        label, host = literal(self.label.encode()), literal(_HOST.encode())
-        run = session.mysql_run
-        if not wait and run is not None and not run.spread and not self.shared:
-            try:
-                conn.query(SESSION_TRY % (lock, key, label, host, session.pid, lock))
-            except ERRORS as exc:
-                if mysql_errno(exc) != 1114:
-                    raise
-                # The table is full (its row was gone: swept while the session held
-                # nothing): give the lock back, and let the procedure say so, as it does.
-                _query(conn, SESSION_UNLOCK % lock)
-            else:
-                if not conn.affected_rows():
-                    return None
-                return run.token_base + conn.insert_id(), datetime.now(UTC) + run.clock
         # The call written as MySQLdb's cursor writes it (the waiters' listing reads its
         # arguments back from the process list), without the cursor: see _query().
         row = _query(conn, SESSION_TAKE % (
-            lock, key, repr(wait).encode(), label, host, session.pid, not self.shared))
+            self.quoted, literal(self.hold.key.encode()), repr(wait).encode(),
+            literal(self.label.encode()), literal(_HOST.encode()), session.pid,
+            not self.shared))
         if row is None or row[0] is None:
             return None
         token, at, epoch, base = row
         at = at.replace(tzinfo=UTC)
-        session.mysql_run = SessionRun((epoch << 44) - base, at - datetime.now(UTC),
-                                       self.shared)
+        session.mysql_run = SessionRun(
+            (epoch << 44) - base, at - datetime.now(UTC), self.shared,
+            None if self.shared else (self.lock, self.text),
+            "MariaDB" in conn.get_server_info())
         return token, at
+
+    def _try_writing(self, session: Session,
+                     run: SessionRun) -> tuple[int, datetime | None] | None:
+        """``SESSION_TRY``: a try that writes the session's row."""
+        conn = session.wrapper.connection
+        literal = conn.string_literal
+        try:
+            conn.query(SESSION_TRY % (
+                self.quoted, literal(self.hold.key.encode()), literal(self.text.encode()),
+                literal(_HOST.encode()), session.pid, self.quoted, self.owned))
+        except ERRORS as exc:
+            if mysql_errno(exc) != 1114:
+                raise
+            # The table is full (the session's row was gone: deleted by hand): give the
+            # locks back, and let the procedure say so, as it does.
+            _query(conn, SESSION_UNLOCK % (self.owned, self.quoted))
+            return self._take(session, 0)
+        if not conn.affected_rows():
+            if conn.insert_id():  # the name's lock granted, its owner lock not
+                _query(conn, SESSION_UNLOCK % (self.owned, self.quoted))
+            return None
+        run.row = (self.lock, self.text)
+        return run.token_base + conn.insert_id(), datetime.now(UTC) + run.clock
 
     def _wait_row(self, session: Session, label: str) -> tuple[int, datetime | None] | None:
         # Each grant has its own row: this one's label, on a shared session too.
         return self._try(session, server_wait(self.deadline))
 
     def _unlock(self, session: Session, others: str | None) -> bool:
-        conn = session.wrapper.connection
-        row = _query(conn, SESSION_UNLOCK % conn.string_literal(self.lock.encode()))
-        return bool(row and row[0] == 1)
+        row = _query(session.wrapper.connection, SESSION_UNLOCK % (self.owned, self.quoted))
+        return bool(row and row[1] == 1)
 
     def _holds(self, session: Session) -> bool:
         row = session.execute(SESSION_HOLDS, [self.lock]).fetchone()
