@@ -10,6 +10,7 @@ Django's connection and ``atomic()``, the envelope transaction mode runs in.
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import secrets
 import socket
@@ -261,6 +262,20 @@ class DistLock(lockers.DistLock):
     transaction mode's acquire opens its own ``atomic()`` block, as the decorator does."""
 
 
+class TwoNames(DistLock):
+    """(i') django-distlock on two names in turn (``key``, then ``key`` + ``:b``): in
+    MySQL session mode each grant's session row names the other name, so every grant
+    writes its row (``INSERT ... SELECT``), where one name's grants write none after the
+    first (docs/database.md, session mode on MySQL and MariaDB)."""
+
+    def __init__(self, key: str, *, alias: str) -> None:
+        super().__init__(key, alias=alias)
+        self.names = itertools.cycle([key, key + ":b"])
+
+    def _handle(self) -> Any:
+        return self.locks[self.alias].lock(next(self.names), ttl=TTL, timeout=self.timeout)
+
+
 class Permits(DistLock):
     """(h) django-distlock's ``semaphore(name, limit)`` in lease mode: a waiting head is
     woken by the release of the permit that ends first; another permit's release is
@@ -301,6 +316,8 @@ add_case(_U, "mysql.for-update-raw", for_update_raw,
 add_case(_U, "mysql.lease", lease, "(f) django-distlock, lease mode", group=GROUP)
 add_case(_U, "mysql.tx", transaction_mode, "(g) django-distlock, transaction mode", group=GROUP)
 add_case(_U, "mysql.session", session_mode, "(i) django-distlock, session mode", group=GROUP)
+add_case(_U, "mysql.session-names", functools.partial(TwoNames, alias="mysql-session"),
+         "(i') the same on two names in turn: each grant writes its row", group=GROUP)
 add_bar(_U, "mysql.lease", "mysql.floor", 1.3)
 add_bar(_U, "mysql.lease", "mysql.get_lock", None)
 add_bar(_U, "mysql.lease", "mysql.django-mysql", None)
@@ -309,6 +326,7 @@ add_bar(_U, "mysql.tx", "mysql.for-update-write", None)
 add_bar(_U, "mysql.tx", "mysql.for-update-raw", None)
 add_bar(_U, "mysql.session", "mysql.get_lock", 1.15)
 add_bar(_U, "mysql.session", "mysql.django-mysql", 1.0)
+add_bar(_U, "mysql.session-names", "mysql.get_lock", None)
 
 add_case(_C, "mysql.get_lock", GetLock, "`GET_LOCK` (blocking)", group=GROUP,
          reference="GET_LOCK")

@@ -195,9 +195,9 @@ def _session_mode(backend: DatabaseBackend, found: dict[str, Any]) -> list[check
     if (_on(found.get("log_bin")) and str(found.get("sync_binlog", "0")) == "1"
             and not found.get("skips_log")):
         messages.append(checks.Warning(
-            f"DISTLOCK[{alias!r}]: the binary log is on with sync_binlog=1: each session-mode "
-            "grant writes its holder's row, which the server logs and flushes to disk, so a "
-            "grant costs a disk flush.",
+            f"DISTLOCK[{alias!r}]: the binary log is on with sync_binlog=1: a session-mode "
+            "grant that writes its holder's row (a session's first grant of a name by a "
+            "holder) has it logged and flushed to disk: a disk flush.",
             hint="A database user that may set sql_log_bin (BINLOG ADMIN on MariaDB, "
             "SESSION_VARIABLES_ADMIN on MySQL 8) keeps its sessions' holder rows out of the "
             "log. Lease and transaction mode commit rows, flushed the same way, and cost "

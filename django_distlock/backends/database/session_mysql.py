@@ -4,17 +4,21 @@ session of the backend's, as session mode on PostgreSQL holds an advisory lock
 module keeps).
 
 A name's lock is ``dl:s:`` and 32 hex digits of the SHA-256 of the database's name and
-the name (named locks are server-wide and stop at 64 characters). A session's first grant,
-and every wait, is a procedure (sql/mysql.sql) that takes the lock, draws the fencing
-token (an epoch per server run from a durable counter, and ``UUID_SHORT()`` within the
-run; sql/mysql.sql says why not ``UUID_SHORT()`` alone) and records the holder in a
-``MEMORY`` table, which no release writes to (a row counts while its session holds its
-lock). The session keeps the run's epoch it was told (:class:`SessionRun`), and its
-later tries are one statement without the procedure (``SESSION_TRY``), about 40 µs
-cheaper on the server. The server queues the waiters, and refuses a wait that closes a
-cycle (MariaDB 1213, MySQL 3058: ``Deadlock``). The waiters are read from the server's
-process list, where each waiting session shows its call. Force release ends the holder's
-session (``KILL CONNECTION``).
+the name (named locks are server-wide and stop at 64 characters); beside it a grant takes
+its owner lock, ``<lock>:<short owner id>``, which force release by owner checks. Who
+holds is a session's row of a ``MEMORY`` table (name, holder, host, process; not the
+owner id), which counts while its session holds its lock and outlives the release. A
+session's first grant, and a grant beside others, is a procedure (sql/mysql.sql) that
+takes the locks, draws the fencing token (an epoch per server run from a durable
+counter, and ``UUID_SHORT()`` within the run; sql/mysql.sql says why not
+``UUID_SHORT()`` alone) and writes the row. The session keeps the run's epoch and what
+its row says (:class:`SessionRun`): its later grants of the same name by the same holder
+are the raw call with the token (``SESSION_GRANT``, ``SESSION_WAIT``: no write), and a
+try of another one rewrites the row in one statement (``SESSION_TRY``). The server
+queues the waiters, and refuses a wait that closes a cycle (MariaDB 1213, MySQL 3058:
+``Deadlock``). The waiters are read from the server's process list, where each waiting
+session shows its statement. Force release ends the holder's session (``KILL
+CONNECTION``).
 """
 
 from __future__ import annotations
