@@ -610,9 +610,9 @@ DROP PROCEDURE IF EXISTS django_distlock_session_take
 -- Session mode: take the named lock p_lock, waiting up to p_wait seconds (0: a try; a
 -- wait is rounded up to whole seconds on MySQL 8, which waits no fraction), and its
 -- owner lock (p_label is 'dl <short owner id> <holder>'), and record the holder (the
--- row keeps the label's holder part). A procedure, not a function: the server's detection of deadlocks
--- between named locks does not reach a GET_LOCK inside a stored function (its waits
--- just time out), and it does reach one in a procedure. p_alone: the session holds no
+-- row keeps the label's holder part). A procedure, not a function: the server's
+-- detection of deadlocks between named locks does not reach a GET_LOCK inside a stored
+-- function (its waits just time out), and it does reach one in a procedure. p_alone: the session holds no
 -- other lock (the grant takes slot 0, and the session's rows past it go); else the
 -- grant takes its lock's old row of this session, or one that no longer counts, or a
 -- new slot. One row: the fencing token (see the tables above), the server's time, and
@@ -704,8 +704,8 @@ END
 DROP PROCEDURE IF EXISTS django_distlock_session_force
 -- ;;
 -- Session mode: end the session that holds p_lock, if its holder's short owner id is
--- p_owner (the session holds the owner lock p_lock:p_owner; '': any holder), and wait up to 5 s for the server to free the lock. One
--- row: whether a session was ended.
+-- p_owner (the session holds the owner lock p_lock:p_owner; '': any holder), and wait
+-- up to 5 s for the server to free the lock. One row: whether a session was ended.
 CREATE PROCEDURE django_distlock_session_force(IN p_lock CHAR(37), IN p_owner VARCHAR(8))
 SQL SECURITY INVOKER
 BEGIN

@@ -272,12 +272,39 @@ class ForceReleaseForm(forms.Form):
     # The holder the page showed: the release is refused if someone else holds it now.
     owner = forms.CharField(widget=forms.HiddenInput, required=False)
     fencing_token = forms.IntegerField(widget=forms.HiddenInput, required=False)
+    # A holder listed without an owner id (MySQL session mode) is told apart by who it is
+    # and when it was granted.
+    holder = forms.CharField(widget=forms.HiddenInput, required=False)
+    acquired_at = forms.DateTimeField(widget=forms.HiddenInput, required=False)
     reason = forms.CharField(widget=forms.Textarea(attrs={"rows": 3, "cols": 60}), max_length=2000)
 
 
+#: Seconds apart two listings may place one grant's time (MySQL session mode computes it
+#: from the holder session's idle time: two reads differ by a few milliseconds, more on a
+#: loaded server). A holder listed without an owner id that was granted less than this
+#: after the one a page showed is taken for it.
+SAME_GRANT_WITHIN = 0.5
+
+
+def holder_of(info: LockInfo) -> str:
+    """Who holds, as a confirmation page keeps it: host, process, thread and context."""
+    return f"{info.host}|{info.pid}|{info.thread}|{info.context}"
+
+
 def same_holder(shown: dict[str, Any], now: LockInfo) -> bool:
-    """Whether the lock is held now by the holder a page showed (owner id and fencing token)."""
-    return shown["owner"] == now.owner and shown["fencing_token"] == now.fencing_token
+    """Whether the lock is held now by the holder a page showed: the same owner id and
+    fencing token; with no owner id listed, also the same holder, granted at the same
+    time."""
+    if shown["owner"] != now.owner or shown["fencing_token"] != now.fencing_token:
+        return False
+    if now.owner:
+        return True
+    then = shown.get("acquired_at")
+    if then is None or now.acquired_at is None:
+        same_time = then is None and now.acquired_at is None
+    else:
+        same_time = abs((now.acquired_at - then).total_seconds()) <= SAME_GRANT_WITHIN
+    return shown.get("holder", "") == holder_of(now) and same_time
 
 
 @require_http_methods(["GET", "POST"])
@@ -305,8 +332,10 @@ def force_release_view(request: HttpRequest, site: admin.AdminSite) -> HttpRespo
             if not same_holder(form.cleaned_data, info):
                 status = 409
                 error = (
-                    f"{name} on {alias} is held now by another holder (owner {info.owner}, "
-                    f"fencing token {info.fencing_token}) than the one shown; not released."
+                    f"{name} on {alias} is held now by another holder (owner "
+                    f"{info.owner or '-'}, fencing token {info.fencing_token}, {info.host} pid "
+                    f"{info.pid} {info.thread}, since {info.acquired_at}) than the one "
+                    "shown; not released."
                 )
             else:
                 reason, actor = form.cleaned_data["reason"], request.user.get_username()
@@ -327,6 +356,8 @@ def force_release_view(request: HttpRequest, site: admin.AdminSite) -> HttpRespo
                 "name": name,
                 "owner": info.owner if info else "",
                 "fencing_token": info.fencing_token if info else None,
+                "holder": holder_of(info) if info else "",
+                "acquired_at": info.acquired_at if info else None,
             }
         )
     context = {
