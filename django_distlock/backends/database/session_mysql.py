@@ -82,8 +82,9 @@ _PID = re.compile(r"'\s*,\s*(\d+)\s*(?:,\s*\w+\s*\))?\s*$")
 
 @dataclass(slots=True)
 class SessionRun:
-    """What a session's last grant through the procedure told it, which lets its tries
-    go without the procedure (``SESSION_TRY``): :attr:`Session.mysql_run`."""
+    """What a session's last grant through the procedure told it, which lets its later
+    grants go without the procedure (``SESSION_GRANT``, ``SESSION_WAIT``,
+    ``SESSION_TRY``): :attr:`Session.mysql_run`."""
 
     #: Added to a grant's ``UUID_SHORT()`` for its fencing token: ``(epoch << 44) - base``
     #: of the server's run (sql/mysql.sql), as the procedure adds it.
@@ -92,12 +93,11 @@ class SessionRun:
     #: grant without the procedure reads no server time, and reports this machine's
     #: time plus this.
     clock: timedelta
-    #: The session has rows past slot 0 (that grant held beside others): its next try
-    #: goes through the procedure, whose grant to a session that holds alone deletes them
-    #: (else the slot-0 row would name a lock that a row past it names too).
-    spread: bool
-    #: What the session's slot-0 row says: its lock and holder (None: not known). A grant
-    #: of that lock by that holder writes no row (``SESSION_GRANT``).
+    #: What the session's slot-0 row says: its lock and holder. A grant of that lock by
+    #: that holder writes no row (``SESSION_GRANT``). None: the session may have rows past
+    #: slot 0 (that grant held beside others), so its next grant goes through the
+    #: procedure, whose grant to a session that holds alone deletes them (else the slot-0
+    #: row would name a lock that a row past it names too).
     row: tuple[str, str] | None
     #: The server is MariaDB, whose ``GET_LOCK`` waits fractions of a second (MySQL 8's
     #: whole seconds: a wait is rounded up).
@@ -225,7 +225,7 @@ class MySqlSessionAcquisition(SessionAcquisition):
         row names this lock and holder already, else (a try) ``SESSION_TRY``; else the
         procedure's call."""
         run = session.mysql_run
-        if run is None or run.spread or self.shared:
+        if run is None or run.row is None or self.shared:
             return self._take(session, wait)
         if run.row != (self.lock, self.text):
             return self._take(session, wait) if wait else self._try_writing(session, run)
@@ -262,7 +262,7 @@ class MySqlSessionAcquisition(SessionAcquisition):
         token, at, epoch, base = row
         at = at.replace(tzinfo=UTC)
         session.mysql_run = SessionRun(
-            (epoch << 44) - base, at - datetime.now(UTC), self.shared,
+            (epoch << 44) - base, at - datetime.now(UTC),
             None if self.shared else (self.lock, self.text),
             "MariaDB" in conn.get_server_info())
         return token, at
