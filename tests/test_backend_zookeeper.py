@@ -881,6 +881,10 @@ def _node_of(backend: ZooKeeperBackend, name: str, handle: Any) -> str | None:
     assert isinstance(observer, ZooKeeperBackend)
     parent = observer.parent_of(observer.make_key(name))
     kazoo = observer.client.get()
+    # Another client's reads may come from a server that has not applied the grant's
+    # create yet (a node made in the backend's new session, after the old one was closed,
+    # read as missing: CI once). ``sync`` brings the observer's server up to the leader.
+    kazoo.sync(parent)
     for child in kazoo.get_children(parent) if kazoo.exists(parent) else []:
         stat = kazoo.exists(f"{parent}/{child}")
         if stat is not None and stat.czxid == handle.fencing_token:
