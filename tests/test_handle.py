@@ -8,6 +8,7 @@ import asyncio
 import gc
 import re
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -44,7 +45,14 @@ def test_a_new_thread_reusing_a_finished_threads_ident_holds_nothing(unique) -> 
         assert handle.acquire()
         kept.append(handle)
 
+    # Threads of the process that end after the first (as an earlier test's may): made
+    # here, so that the search below must find the first's stack past theirs.
+    others = [threading.Thread(target=time.sleep, args=(0.2,)) for _ in range(3)]
+    for thread in others:
+        thread.start()
     first = _run(hold)
+    for thread in others:
+        thread.join(30)
     outcomes: list[object] = []
 
     def wait_if_reused() -> None:
@@ -55,8 +63,22 @@ def test_a_new_thread_reusing_a_finished_threads_ident_holds_nothing(unique) -> 
         except Exception as exc:
             outcomes.append(exc)
 
+    # The C library gives a new thread the stack (and so the ident) of a thread ended
+    # lately, the last ended first. One new thread at a time gets the stack of the one
+    # before it, and never the first's once other threads ended after the first (probed:
+    # with 3 such threads, 0 of 20 tries reused the ident; with 1, 19 of 20). Eight
+    # threads alive at once take eight kept stacks.
+    def wait_together(barrier: threading.Barrier) -> None:
+        barrier.wait(30)
+        wait_if_reused()
+
     for _ in range(50):
-        _run(wait_if_reused)
+        barrier = threading.Barrier(8)
+        batch = [threading.Thread(target=wait_together, args=(barrier,)) for _ in range(8)]
+        for thread in batch:
+            thread.start()
+        for thread in batch:
+            thread.join(30)
         if outcomes:
             break
     assert outcomes, "no new thread reused the ident (the test could not run)"
