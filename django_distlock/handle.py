@@ -6,7 +6,7 @@ import logging
 import time
 from datetime import datetime
 from types import TracebackType
-from typing import Any, Generic, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
 
 from . import holders
 from .exceptions import (
@@ -28,6 +28,9 @@ from .values import (
     _Default,
     validate_ttl,
 )
+
+if TYPE_CHECKING:
+    from .backends.acquisition import Acquisition
 
 #: The class of a handle's backend (``BaseLockBackend.lock()`` returns a ``Lock`` of its
 #: own class, so ``lease.backend`` is typed as the backend it came from).
@@ -244,13 +247,39 @@ class Lock(Generic[B]):
         if self._reentrant:
             if self._reenter():
                 return True
-            if run(self._acquiring(*self._hold.begin(blocking, timeout), False)):
+            if self._acquire(*self._hold.begin(blocking, timeout)):
                 self._count = 1
                 return True
-        elif run(self._acquiring(*self._hold.begin(blocking, timeout), False)):
+        elif self._acquire(*self._hold.begin(blocking, timeout)):
             return True
         self._hold.not_acquired()
         return False
+
+    def _acquire(self, blocking: bool, deadline: float | None) -> bool:
+        """The sync acquire's first attempt, made here: a free lock is granted with no
+        generator around the call (the hot path); anything else (a miss, an error, a
+        grant whose lease ran out on the way, an open circuit) goes on in the loop of
+        :meth:`_acquiring`, which takes that first attempt's outcome as its own."""
+        hold = self._hold
+        backend = self.backend
+        if backend.circuit.cause is not None:
+            return run(self._acquiring(blocking, deadline, False))
+        acquisition = backend.acquisition(hold, hold.new_token(), blocking, deadline)
+        sent = time.monotonic()
+        try:
+            result = acquisition.attempt()
+        except BaseException as exc:
+            return run(self._acquiring(blocking, deadline, False, (acquisition, exc, sent)))
+        if isinstance(result, Grant):
+            try:
+                granted = hold.granted(acquisition, result, sent, False)
+            except BaseException:
+                hold.busy = False
+                raise
+            if granted:
+                hold.busy = False
+                return True
+        return run(self._acquiring(blocking, deadline, False, (acquisition, result, sent)))
 
     async def aacquire(
         self, blocking: bool | None = None, timeout: float | _Default | None = DEFAULT
@@ -299,12 +328,18 @@ class Lock(Generic[B]):
         if not self._count:
             self._hold = self._own
 
-    def _acquiring(self, blocking: bool, deadline: float | None, asynchronous: bool) -> Core[bool]:
+    def _acquiring(
+        self, blocking: bool, deadline: float | None, asynchronous: bool,
+        first: tuple[Acquisition, Any, float] | None = None,
+    ) -> Core[bool]:
         """The acquire loop (see ``steps.py``): attempt, wait, attempt again, until a
-        grant whose lease is still valid, a miss when not blocking, or the deadline."""
+        grant whose lease is still valid, a miss when not blocking, or the deadline.
+
+        ``first``: the first attempt, made already (:meth:`_acquire`): its acquisition,
+        its result or the exception it raised, and when it was sent."""
         hold = self._hold
         circuit = self.backend.circuit
-        if circuit.cause is not None:  # FAIL_FAST: the server failed lately (circuit.py)
+        if first is None and circuit.cause is not None:  # FAIL_FAST: failed lately (circuit.py)
             try:
                 circuit.check("acquire", self.name)
             except BackendUnavailable as exc:
@@ -313,11 +348,20 @@ class Lock(Generic[B]):
                 raise
         try:
             while True:
-                acquisition = self.backend.acquisition(hold, hold.new_token(), blocking, deadline)
                 granted = False
+                if first is None:
+                    acquisition = self.backend.acquisition(
+                        hold, hold.new_token(), blocking, deadline)
+                else:
+                    acquisition, result, sent = first
                 try:
-                    sent = time.monotonic()
-                    result = yield ATTEMPT, acquisition, None
+                    if first is None:
+                        sent = time.monotonic()
+                        result = yield ATTEMPT, acquisition, None
+                    else:
+                        first = None
+                        if isinstance(result, BaseException):
+                            raise result
                     while not isinstance(result, Grant):
                         if not blocking or _past(deadline):
                             return False
