@@ -51,8 +51,8 @@ class Lock(Generic[B]):
     each other's owner token. A thread (or task) that holds a lock does not
     wait for it through another handle: that raises :class:`SelfDeadlock` at
     once, even when another thread is meant to release the first handle. The
-    token (128 bits from :mod:`secrets`) is never shown; :attr:`owner_id` is a
-    short non-secret id of it.
+    token (128 bits from :func:`os.urandom`, the source :mod:`secrets` draws from)
+    is never shown; :attr:`owner_id` is a short non-secret id of it.
 
     Example::
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
 import socket
 import threading
 import time
@@ -400,7 +399,10 @@ class Hold:
     def new_token(self) -> str:
         """The owner token of the next acquisition: the explicit owner's, or 128 new
         random bits."""
-        return self._owner_token or secrets.token_hex(16)
+        # What secrets.token_hex(16) returns (os.urandom's bits, in hex), without its two
+        # Python frames: each frame entered between two round trips costs the acquire
+        # about a microsecond on a shared core (docs/plans/issue-35.md, §20).
+        return self._owner_token or os.urandom(16).hex()
 
     @property
     def shares_owner(self) -> bool:

@@ -37,9 +37,13 @@ MIN_TTL = 0.001
 MAX_PAGE = 1000
 
 
+#: What a number of seconds may be (a tuple: ``int | float`` builds a union per call).
+_NUMBER = (int, float)
+
+
 def validate_ttl(ttl: object) -> float:
     """Return ``ttl`` as float seconds, or raise ValueError/TypeError saying why not."""
-    if isinstance(ttl, bool) or not isinstance(ttl, int | float):
+    if isinstance(ttl, bool) or not isinstance(ttl, _NUMBER):
         raise TypeError(f"ttl must be a number of seconds, not {type(ttl).__name__}.")
     if not math.isfinite(ttl) or not MIN_TTL <= ttl <= MAX_TTL:
         raise ValueError(f"ttl must be between {MIN_TTL} and {MAX_TTL:.0f} seconds, got {ttl!r}.")
@@ -54,7 +58,7 @@ def validate_timeout(timeout: object) -> float | None:
     """
     if timeout is None:
         return None
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+    if isinstance(timeout, bool) or not isinstance(timeout, _NUMBER):
         raise TypeError(
             f"timeout must be a number of seconds or None, not {type(timeout).__name__}."
         )

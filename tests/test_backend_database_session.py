@@ -538,7 +538,7 @@ def test_a_mysql_grant_whose_owner_lock_another_session_holds_is_refused(
     assert first.acquire(blocking=False)  # the session's row names the name now
     first.release()
     token = "ab" * 16
-    monkeypatch.setattr(hold.secrets, "token_hex", lambda size: token)
+    monkeypatch.setattr(hold.Hold, "new_token", lambda self: token)
     owned = f"{backend.lock_name(backend.make_key(name))}:{token[:8]}"
     outsider = connections.create_connection("mysql")
     try:

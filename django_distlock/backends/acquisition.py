@@ -55,6 +55,9 @@ class Acquisition(abc.ABC):
     ``self.hold.mark_lost()``.
     """
 
+    #: The waits' backoff, made at the first wait that sleeps.
+    _backoff: Backoff | None = None
+
     def __init__(
         self,
         hold: Hold,
@@ -66,14 +69,13 @@ class Acquisition(abc.ABC):
         #: What the handle asks for and holds: read ``hold.key``, ``hold.ttl``,
         #: ``hold.kind``, ``hold.limit`` and the holder fields from it.
         self.hold = hold
-        #: The owner token of this acquisition (128 bits from :mod:`secrets`, never shown).
+        #: The owner token of this acquisition (128 bits from :func:`os.urandom`, never shown).
         self.token = token
         #: Whether the handle will wait after a miss (an attempt may then skip asking the
         #: server and leave it to :meth:`wait`).
         self.blocking = blocking
         #: When the handle stops waiting, a :func:`time.monotonic` value (None: never).
         self.deadline = deadline
-        self._backoff: Backoff | None = None
 
     @abc.abstractmethod
     def attempt(self) -> Grant | Miss:

@@ -43,6 +43,7 @@ from ..kinds import Kind, KindFlag
 from ..multilock import MultiLock
 from ..names import (
     MAX_PREFIX_LENGTH,
+    MAX_STORED_NAME,
     display_name,
     listed_under,
     storage_key,
@@ -487,6 +488,10 @@ class BaseLockBackend(abc.ABC):
 
         :raises InvalidLockName: for a bad name.
         """
+        # A printable str short enough to be stored as it is needs neither call (a frame
+        # each, per handle built).
+        if type(name) is str and name and len(name) <= MAX_STORED_NAME and name.isprintable():
+            return self.key_prefix + name
         return self.key_prefix + storage_key(validate_name(name))
 
     def name_of(self, key: str) -> str:

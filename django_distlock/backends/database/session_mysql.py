@@ -208,7 +208,8 @@ class MySqlSessionAcquisition(SessionAcquisition):
         OwnSessionAcquisition.__init__(self, *args)  # not PostgreSQL's keys
         hold = self.hold
         owner = self.token[:SHORT_OWNER]
-        self.lock = lock = self.backend.lock_name(hold.key)
+        # The backend's lock_name() written out: a frame fewer per acquire.
+        self.lock = lock = lock_name(str(self.backend._database_settings["NAME"]), hold.key)
         #: The holder, as the session's row keeps it (the label without the owner).
         self.text = text = label_text(hold.holder_field)
         self.label = f"dl {owner} {text}"  # holder_label() written out
