@@ -278,6 +278,8 @@ class Lock(Generic[B]):
                 raise
             if granted:
                 hold.busy = False
+                if backend.circuit.cause is not None:  # opened meanwhile: an answer closes it
+                    backend.circuit.answered()
                 return True
         return run(self._acquiring(blocking, deadline, False, (acquisition, result, sent)))
 

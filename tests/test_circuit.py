@@ -198,3 +198,25 @@ def test_the_decorator_answers_a_down_server_with_its_on_unavailable_policy(
         locks["redis"] = real
     with pytest.raises(ValueError, match="on_unavailable"):
         distlock(name, on_unavailable="retry")(lambda: None)
+
+
+def test_a_grant_closes_the_circuit_that_opened_while_it_was_asked_for(name) -> None:
+    """A call that gets an answer closes the circuit: so does a sync acquire whose first
+    attempt was sent while the circuit was closed and granted after another call's
+    failure opened it (that attempt is made outside the acquire loop, which closes it
+    after a grant)."""
+    from django_distlock.backends.locmem import LocMemAcquisition, LocMemBackend
+    from django_distlock.kinds import Kind
+
+    class OpenedMeanwhile(LocMemAcquisition):
+        def attempt(self):  # another thread's call fails while this one is under way
+            self.backend.circuit.failed(BackendUnavailable("another call failed"))
+            return super().attempt()
+
+    backend = LocMemBackend("circuit-locmem", {
+        "BACKEND": "django_distlock.backends.locmem.LocMemBackend", "FAIL_FAST": 3600})
+    backend.kinds = {**backend.kinds, Kind.EXCLUSIVE: OpenedMeanwhile}
+    handle = backend.lock(name)
+    assert handle.acquire()
+    assert not backend.circuit.open  # the probe waits 3600 s: the grant closed it
+    handle.release()
