@@ -264,7 +264,10 @@ class Lock(Generic[B]):
         backend = self.backend
         if backend.circuit.cause is not None:
             return run(self._acquiring(blocking, deadline, False))
-        acquisition = backend.acquisition(hold, hold.new_token(), blocking, deadline)
+        try:
+            acquisition = backend.acquisition(hold, hold.new_token(), blocking, deadline)
+        except BaseException:  # the loop builds it again, and handles what it raises
+            return run(self._acquiring(blocking, deadline, False))
         sent = time.monotonic()
         try:
             result = acquisition.attempt()

@@ -299,3 +299,34 @@ def test_a_second_handle_on_a_hold_that_ended_is_freed_by_its_releases(unique) -
         outer.release()
     assert outer.acquire(blocking=False)
     outer.release()
+
+
+def test_an_acquisition_that_cannot_be_built_fails_the_acquire_and_frees_the_handle(
+    unique,
+) -> None:
+    """A backend whose acquisition raises as it is built (before any attempt) fails the
+    acquire with its error, sends ``lock_acquire_failed``, and leaves the handle free to
+    acquire again: not stuck as "being acquired"."""
+    from django_distlock.exceptions import BackendUnavailable
+    from django_distlock.testing.signals import signals_sent
+
+    builds: list[int] = []
+
+    class Unbuildable(LocMemAcquisition):
+        def __init__(self, *args) -> None:
+            builds.append(1)
+            if len(builds) <= 2:  # the first acquire (both its builds) fails
+                raise BackendUnavailable("the client could not be set up")
+            super().__init__(*args)
+
+    backend = LocMemBackend("unbuildable", {
+        "BACKEND": "django_distlock.backends.locmem.LocMemBackend"})
+    backend.kinds = {**backend.kinds, Kind.EXCLUSIVE: Unbuildable}
+    name = unique()
+    handle = backend.lock(name)
+    with signals_sent("lock_acquire_failed", backend=backend) as sent, \
+            pytest.raises(BackendUnavailable, match="could not be set up"):
+        handle.acquire()
+    assert sent == [("lock_acquire_failed", name)]
+    assert handle.acquire()  # free again: the next acquire builds and is granted
+    handle.release()
