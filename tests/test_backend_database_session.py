@@ -528,7 +528,8 @@ def test_a_mysql_grant_whose_owner_lock_another_session_holds_is_refused(
     id>``), which a force release by owner reads. The owner lock is held only with its
     name's lock, so another session cannot hold it; one that does anyway (taken by hand
     here, the owner's token known in advance) makes the grant a miss, with the name's lock
-    given back: by the row-writing try, and by the grant that writes nothing."""
+    given back: by the row-writing try, by the grant and the wait that write nothing, and
+    by the procedure."""
     require_mysql()
     from django_distlock import hold
 
@@ -550,6 +551,16 @@ def test_a_mysql_grant_whose_owner_lock_another_session_holds_is_refused(
             with holder_context(context) if context else contextlib.nullcontext():
                 assert not handle.acquire(blocking=False)
             assert not backend.is_locked(name)
+        # The wait that writes nothing (SESSION_WAIT) on the session whose row names the
+        # name: each of its grants is refused, until the timeout.
+        handle = backend.lock(name, timeout=0.3)
+        assert not handle.acquire()
+        assert not backend.is_locked(name)
+        # A new session's grant: the procedure's call.
+        backend.pool.close()
+        handle = backend.lock(name)
+        assert not handle.acquire(blocking=False)
+        assert not backend.is_locked(name)
         with outsider.cursor() as cursor:
             cursor.execute("SELECT RELEASE_LOCK(%s)", [owned])
         handle = backend.lock(name)

@@ -205,12 +205,13 @@ WHERE p.STATE = 'User lock' AND (
     OR p.INFO LIKE 'SELECT IF(GET\\_LOCK(''dl:s:%%')"""
 #: When a holder was granted: its session's last statement ended (it is idle while it
 #: holds), as the process list tells; NULL for a session the listing's user does not see.
-_SINCE = "UTC_TIMESTAMP(6) - INTERVAL ROUND(s.TIME_MS * 1000) MICROSECOND"
+#: A waiter's wait began the same way (its statement's time). Format: the list's alias.
+_SINCE = "UTC_TIMESTAMP(6) - INTERVAL ROUND({}.TIME_MS * 1000) MICROSECOND"
 #: A page of held names, with the waiters of each counted from one read of the process
 #: list (not one per row). Params: after, low, high, limit. Rows: name, holder, since,
 #: host, pid, session, waiters.
 SESSION_HELD = f"""
-SELECT g.name, g.label, {_SINCE}, g.host, g.pid, g.session, COALESCE(w.waiting, 0)
+SELECT g.name, g.label, {_SINCE.format('s')}, g.host, g.pid, g.session, COALESCE(w.waiting, 0)
 FROM django_distlock_session_grant g
 LEFT JOIN information_schema.PROCESSLIST s ON s.ID = g.session
 LEFT JOIN (SELECT x.lk, count(*) AS waiting FROM ({_WAITS}) x GROUP BY x.lk) w
@@ -224,7 +225,7 @@ SELECT count(*) FROM (SELECT 1 FROM django_distlock_session_grant g
 #: A lock's waiters, longest waiting first. Params: lock, limit. Rows: session, since when
 #: it waits, statement (whose arguments carry the waiter's label, host and pid).
 SESSION_WAITERS = f"""
-SELECT w.ID, UTC_TIMESTAMP(6) - INTERVAL ROUND(w.TIME_MS * 1000) MICROSECOND, w.INFO
+SELECT w.ID, {_SINCE.format('w')}, w.INFO
 FROM ({_WAITS}) w WHERE w.lk = %s ORDER BY w.TIME_MS DESC, w.ID LIMIT %s"""
 #: End the holder's session, only while its short owner id is the one given ("": any):
 #: while it holds that owner's lock. Params: lock, owner. Row: (ended,).

@@ -244,7 +244,7 @@ class MySqlSessionAcquisition(SessionAcquisition):
         if drawn is None:
             return None
         if not drawn:  # another session holds the owner lock: no grant (SESSION_TRY's)
-            _query(conn, SESSION_UNLOCK % (self.owned, self.quoted))
+            self._unlock(session, None)
             return None
         return run.token_base + drawn, datetime.now(UTC) + run.clock
 
@@ -282,11 +282,11 @@ class MySqlSessionAcquisition(SessionAcquisition):
                 raise
             # The table is full (the session's row was gone: deleted by hand): give the
             # locks back, and let the procedure say so, as it does.
-            _query(conn, SESSION_UNLOCK % (self.owned, self.quoted))
+            self._unlock(session, None)
             return self._take(session, 0)
         if not conn.affected_rows():
             if conn.insert_id():  # the name's lock granted, its owner lock not
-                _query(conn, SESSION_UNLOCK % (self.owned, self.quoted))
+                self._unlock(session, None)
             return None
         run.row = (self.lock, self.text)
         return run.token_base + conn.insert_id(), datetime.now(UTC) + run.clock
@@ -296,6 +296,8 @@ class MySqlSessionAcquisition(SessionAcquisition):
         return self._try(session, server_wait(self.deadline))
 
     def _unlock(self, session: Session, others: str | None) -> bool:
+        # The owner lock, then the name's (also to give back a grant refused by the
+        # owner lock, or by a full table).
         row = _query(session.wrapper.connection, SESSION_UNLOCK % (self.owned, self.quoted))
         return bool(row and row[1] == 1)
 
