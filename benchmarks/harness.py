@@ -23,6 +23,7 @@ import platform
 import subprocess
 import sys
 import time
+import timeit
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -380,13 +381,24 @@ def machine_line(servers: Sequence[str]) -> str:
     parts = [
         f"{cpus} CPUs ({usable} usable, {_cpu_model()})",
         f"load {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
-        f"Python {platform.python_version()}",
+        f"Python {platform.python_version()} ({_call_ns():.0f} ns an empty call)",
         f"Django {django.get_version()}",
         *servers,
         f"git {_git_revision()}",
         time.strftime("%Y-%m-%d %H:%M:%S %Z"),
     ]
     return "**Machine:** " + "; ".join(parts)
+
+
+def _call_ns() -> float:
+    """One empty Python function call on this host now, in nanoseconds (best of five runs):
+    how fast the host runs a client's Python, which moves a lock's ratio to raw round
+    trips as much as its code does (docs/benchmarks.md, "Reading a ratio")."""
+
+    def nothing() -> None:
+        return None
+
+    return min(timeit.repeat(nothing, number=100_000, repeat=5)) / 100_000 * 1e9
 
 
 def _cpu_model() -> str:

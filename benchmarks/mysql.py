@@ -155,6 +155,39 @@ class GetLock:
         self.conn.close()
 
 
+class SessionCalls:
+    """(i'') Session mode's two statements with no lock handle around them: the grant
+    (``SESSION_GRANT``: the named lock, the owner lock of a fresh owner id, the token's
+    ``UUID_SHORT()``) and the release (``SESSION_UNLOCK``), sent as the backend sends
+    them, on one of its sessions. (i) minus (i'') is the handle layer's share, (i'')
+    over (c) the statements', both measured in the same run."""
+
+    def __init__(self, key: str) -> None:
+        lockers.django_setup()
+        from django_distlock import locks
+        from django_distlock.backends.database import mysql_sql, session_mysql
+
+        self.locks = locks
+        backend = locks["mysql-session"]
+        self.pool, self.session = backend.pool, backend.pool.take()
+        self.conn, self.query = self.session.wrapper.connection, session_mysql._query
+        self.grant, self.unlock = mysql_sql.SESSION_GRANT, mysql_sql.SESSION_UNLOCK
+        self.lock = backend.lock_name(backend.make_key(key))
+        self.quoted, self.owned = f"'{self.lock}'".encode(), b""
+
+    def acquire(self) -> bool:
+        self.owned = f"'{self.lock}:{os.urandom(16).hex()[:8]}'".encode()
+        row = self.query(self.conn, self.grant % (self.quoted, self.owned))
+        return bool(row and row[0])
+
+    def release(self) -> None:
+        self.query(self.conn, self.unlock % (self.owned, self.quoted))
+
+    def close(self) -> None:
+        self.pool.give_back(self.session)
+        self.locks.close_all()
+
+
 class DjangoMySqlLock:
     """(d) django-mysql's ``Lock(name, acquire_timeout, using)``: ``GET_LOCK`` through
     Django's connection (what the MySQL world uses today)."""
@@ -318,6 +351,8 @@ add_case(_U, "mysql.tx", transaction_mode, "(g) django-distlock, transaction mod
 add_case(_U, "mysql.session", session_mode, "(i) django-distlock, session mode", group=GROUP)
 add_case(_U, "mysql.session-names", functools.partial(TwoNames, alias="mysql-session"),
          "(i') the same on two names in turn: each grant writes its row", group=GROUP)
+add_case(_U, "mysql.session-calls", SessionCalls,
+         "(i'') session mode's two statements, no lock handle", group=GROUP)
 add_bar(_U, "mysql.lease", "mysql.floor", 1.3)
 add_bar(_U, "mysql.lease", "mysql.get_lock", None)
 add_bar(_U, "mysql.lease", "mysql.django-mysql", None)
@@ -327,6 +362,7 @@ add_bar(_U, "mysql.tx", "mysql.for-update-raw", None)
 add_bar(_U, "mysql.session", "mysql.get_lock", 1.15)
 add_bar(_U, "mysql.session", "mysql.django-mysql", 1.0)
 add_bar(_U, "mysql.session-names", "mysql.get_lock", None)
+add_bar(_U, "mysql.session-calls", "mysql.get_lock", None)
 
 add_case(_C, "mysql.get_lock", GetLock, "`GET_LOCK` (blocking)", group=GROUP,
          reference="GET_LOCK")

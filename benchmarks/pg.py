@@ -173,6 +173,46 @@ class Advisory:
         self.conn.close()
 
 
+class SessionCalls:
+    """(f') Session mode's two statements with no lock handle around them: the try
+    (``PG_TRY``: ``pg_try_advisory_lock``, the token's ``nextval()``, the session's label
+    with a fresh owner id) and the release (``PG_UNLOCK``), prepared and sent through
+    libpq as the backend sends them, on one of its sessions. (f) minus (f') is the
+    handle layer's share, (f') over (c) the statements', both measured in the same run."""
+
+    def __init__(self, key: str) -> None:
+        lockers.django_setup()
+        from django_distlock import locks
+        from django_distlock.backends.database import prepared, session_mode
+        from django_distlock.backends.database.sql import ENSURE_ROW
+
+        self.locks = locks
+        backend = locks["pg-session"]
+        self.pool, self.session = backend.pool, backend.pool.take()
+        key = backend.make_key(key)
+        with self.session.mutex:
+            self.session.execute(ENSURE_ROW, [key])
+        self.keys = list(backend.note_row(key))
+        self.fetch, self.try_, self.unlock = (
+            prepared.fetch, session_mode.PG_TRY, session_mode.PG_UNLOCK)
+        self.holder = session_mode.label_text(f"{socket.gethostname()} {os.getpid()} "
+                                              f"{threading.current_thread().name}")
+
+    def acquire(self) -> bool:
+        label = f"dl {os.urandom(16).hex()[:8]} {self.holder}".encode()
+        session = self.session
+        return self.fetch(session.pgconn, session.prepared, self.try_,
+                          [label, *self.keys]) is not None
+
+    def release(self) -> None:
+        session = self.session
+        self.fetch(session.pgconn, session.prepared, self.unlock, self.keys)
+
+    def close(self) -> None:
+        self.pool.give_back(self.session)
+        self.locks.close_all()
+
+
 class PgLock:
     """(f) django-pglock's ``advisory(name, timeout=...)``: ``pg_advisory_lock`` through
     Django's connection, with ``lock_timeout`` set around it (what the PostgreSQL world
@@ -258,10 +298,13 @@ add_case(
 add_case(_U, "pg.lease", lease, "(d) django-distlock, lease mode", group=GROUP)
 add_case(_U, "pg.tx", transaction_mode, "(e) django-distlock, transaction mode", group=GROUP)
 add_case(_U, "pg.session", session_mode, "(f) django-distlock, session mode", group=GROUP)
+add_case(_U, "pg.session-calls", SessionCalls,
+         "(f') session mode's two statements, no lock handle", group=GROUP)
 add_case(_U, "pg.pglock", PgLock, "(g) django-pglock `advisory()`", group=GROUP)
 add_bar(_U, "pg.lease", "pg.floor", 1.3)
 add_bar(_U, "pg.session", "pg.advisory", 1.15)
 add_bar(_U, "pg.session", "pg.pglock", 1.0)
+add_bar(_U, "pg.session-calls", "pg.advisory", None)
 add_bar(_U, "pg.lease", "pg.floor-django", None)
 add_bar(_U, "pg.lease", "pg.advisory", None)
 add_bar(_U, "pg.tx", "pg.advisory", None)
