@@ -521,55 +521,6 @@ def test_a_mysql_wait_on_a_session_whose_row_names_it_writes_nothing_and_is_list
         (name, "the-rowless-waiter")]
 
 
-def test_a_mysql_grant_whose_owner_lock_another_session_holds_is_refused(
-    unique, monkeypatch,
-) -> None:
-    """MariaDB: a grant takes the name's lock, then its owner lock (``<lock>:<owner
-    id>``), which a force release by owner reads. The owner lock is held only with its
-    name's lock, so another session cannot hold it; one that does anyway (taken by hand
-    here, the owner's token known in advance) makes the grant a miss, with the name's lock
-    given back: by the row-writing try, by the grant and the wait that write nothing, and
-    by the procedure."""
-    require_mysql()
-    from django_distlock import hold
-
-    backend, name = locks["mysql-session"], unique("owned")
-    backend.run("SELECT 1", [], "opening")
-    first = backend.lock(name)
-    assert first.acquire(blocking=False)  # the session's row names the name now
-    first.release()
-    token = "ab" * 16
-    monkeypatch.setattr(hold.Hold, "new_token", lambda self: token)
-    owned = f"{backend.lock_name(backend.make_key(name))}:{token[:8]}"
-    outsider = connections.create_connection("mysql")
-    try:
-        with outsider.cursor() as cursor:
-            cursor.execute("SELECT GET_LOCK(%s, 0)", [owned])
-            assert cursor.fetchone() == (1,)
-        for context in ("", "a context: the row must be written"):
-            handle = backend.lock(name)
-            with holder_context(context) if context else contextlib.nullcontext():
-                assert not handle.acquire(blocking=False)
-            assert not backend.is_locked(name)
-        # The wait that writes nothing (SESSION_WAIT) on the session whose row names the
-        # name: each of its grants is refused, until the timeout.
-        handle = backend.lock(name, timeout=0.3)
-        assert not handle.acquire()
-        assert not backend.is_locked(name)
-        # A new session's grant: the procedure's call.
-        backend.pool.close()
-        handle = backend.lock(name)
-        assert not handle.acquire(blocking=False)
-        assert not backend.is_locked(name)
-        with outsider.cursor() as cursor:
-            cursor.execute("SELECT RELEASE_LOCK(%s)", [owned])
-        handle = backend.lock(name)
-        assert handle.acquire(blocking=False)
-        handle.release()
-    finally:
-        outsider.close()
-
-
 def test_a_mysql_session_that_held_beside_another_grant_is_listed_once_after(
     unique, distlock_hold_elsewhere,
 ) -> None:

@@ -222,6 +222,27 @@ def test_a_feature_whose_flag_is_off_is_refused_before_its_hook(unique) -> None:
     assert CountsHooks.hooks == 0
 
 
+class NoOwnerKept(CountsHooks):
+    supports_force_release = True
+    supports_force_release_by_owner = False
+
+
+def test_an_owner_is_refused_where_the_server_keeps_none(unique) -> None:
+    """``force_release(name, owner=...)`` where ``supports_force_release_by_owner`` is
+    False: refused before the hook (which would free whoever holds); without an owner,
+    the hook runs."""
+    backend = NoOwnerKept("no-owner", {"LOCATION": uuid.uuid4().hex})
+    name = unique()
+    handle = backend.lock(name)
+    assert handle.acquire(blocking=False)
+    NoOwnerKept.hooks = 0
+    with pytest.raises(UnsupportedOperation, match="supports_force_release_by_owner is False"):
+        backend.force_release(name, owner=handle.owner_id)
+    assert NoOwnerKept.hooks == 0 and handle.held and backend.is_locked(name)
+    assert backend.force_release(name) is True
+    assert NoOwnerKept.hooks == 1 and not backend.is_locked(name)
+
+
 def test_the_refusal_says_why_where_the_backend_says() -> None:
     from django_distlock.backends.redis import RedlockBackend
 

@@ -289,6 +289,10 @@ class BaseLockBackend(abc.ABC):
     #: :meth:`force_release` frees another owner's lock (the backend implements
     #: :meth:`_force_release`).
     supports_force_release: ClassVar[bool] = False
+    #: ``force_release(name, owner=...)`` frees the lock only while the holder with that
+    #: short owner id has it, checked on the server in the same step (the server keeps
+    #: each grant's owner; where False it keeps none, and ``owner=`` is refused).
+    supports_force_release_by_owner: ClassVar[bool] = False
     #: :meth:`waiters` lists who waits for a lock, in arrival order (the backend keeps a
     #: queue on its server and implements :meth:`_waiters`).
     supports_waiters: ClassVar[bool] = False
@@ -606,7 +610,8 @@ class BaseLockBackend(abc.ABC):
         :param name: the lock's name.
         :param owner: free it only while this short owner id holds it (None: any holder).
         :returns: whether a held lock was freed.
-        :raises UnsupportedOperation: when ``supports_force_release`` is False.
+        :raises UnsupportedOperation: when ``supports_force_release`` is False, or, with
+            ``owner``, ``supports_force_release_by_owner``.
         :raises InvalidLockName: for a bad name.
         :raises TypeError, ValueError: for an ``owner`` that is not a short owner id.
         :raises BackendUnavailable: when the server fails.
@@ -614,6 +619,9 @@ class BaseLockBackend(abc.ABC):
         key = self.make_key(name)
         expected = validate_owner_id(owner)
         self.refuse_unless("supports_force_release", "force-release locks")
+        if expected:
+            self.refuse_unless("supports_force_release_by_owner",
+                               "force-release a lock by its owner")
         freed = self._force_release(key, expected)
         if freed is None:
             return False

@@ -266,6 +266,7 @@ class LocMemBackend(BaseLockBackend):
     supports_listing = True
     supports_counting = True
     supports_force_release = True
+    supports_force_release_by_owner = True
     supports_waiters = True
 
     def __init__(self, alias: str, params: Mapping[str, Any]) -> None:

@@ -523,9 +523,8 @@ END
 -- ;;
 -- Session mode (backends/database/session_mysql.py). A name's lock is the named lock
 -- dl:s:<hash of the database and the name> of the session that was granted it: nothing
--- else decides who holds, and the lock ends with its session. Beside it the session takes
--- the grant's owner lock, dl:s:<hash>:<short owner id>, which a force release by owner
--- reads (it is held only with the name's lock: taken after it, given back before it).
+-- else decides who holds, and the lock ends with its session; the server keeps no owner
+-- per grant (force release ends the holding session, whoever holds).
 -- django_distlock_session_grant, a MEMORY table (no redo log, no flush, empty after a
 -- restart, when every session is gone), says who holds: a row per session and slot,
 -- slot 0 for a grant of a session that holds no other lock (the usual case), 1, 2, ...
@@ -608,11 +607,11 @@ END
 DROP PROCEDURE IF EXISTS django_distlock_session_take
 -- ;;
 -- Session mode: take the named lock p_lock, waiting up to p_wait seconds (0: a try; a
--- wait is rounded up to whole seconds on MySQL 8, which waits no fraction), and its
--- owner lock (p_label is 'dl <short owner id> <holder>'), and record the holder (the
--- row keeps the label's holder part). A procedure, not a function: the server's
--- detection of deadlocks between named locks does not reach a GET_LOCK inside a stored
--- function (its waits just time out), and it does reach one in a procedure. p_alone: the session holds no
+-- wait is rounded up to whole seconds on MySQL 8, which waits no fraction), and record
+-- the holder (p_label is 'dl <short owner id> <holder>': the row keeps the holder
+-- part). A procedure, not a function: the server's detection of deadlocks between named
+-- locks does not reach a GET_LOCK inside a stored function (its waits just time out),
+-- and it does reach one in a procedure. p_alone: the session holds no
 -- other lock (the grant takes slot 0, and the session's rows past it go); else the
 -- grant takes its lock's old row of this session, or one that no longer counts, or a
 -- new slot. One row: the fencing token (see the tables above), the server's time, and
@@ -628,20 +627,15 @@ BEGIN
     DECLARE e BIGINT;
     DECLARE s INT DEFAULT 0;
     DECLARE unlogged BOOL;
-    DECLARE owned VARCHAR(46) DEFAULT CONCAT(p_lock, ':', SUBSTRING(p_label, 4, 8));
     DECLARE EXIT HANDLER FOR 1114  -- the table is full
     BEGIN
-        DO RELEASE_LOCK(owned), RELEASE_LOCK(p_lock);
+        DO RELEASE_LOCK(p_lock);
         SIGNAL SQLSTATE 'HY000' SET MYSQL_ERRNO = 1114, MESSAGE_TEXT =
             'django_distlock_session_grant is full: raise max_heap_table_size, then make '
             'the table again (docs/database.md, session mode on MySQL and MariaDB)';
     END;
     SET got = GET_LOCK(p_lock,
         IF(p_wait <= 0 OR @@version LIKE '%MariaDB%', p_wait, CEIL(p_wait)));
-    IF got = 1 AND NOT GET_LOCK(owned, 0) <=> 1 THEN  -- another session holds it: no grant
-        DO RELEASE_LOCK(p_lock);
-        SET got = 0;
-    END IF;
     IF got = 1 THEN
         IF p_alone THEN
             DELETE FROM django_distlock_session_grant
@@ -703,16 +697,14 @@ END
 -- ;;
 DROP PROCEDURE IF EXISTS django_distlock_session_force
 -- ;;
--- Session mode: end the session that holds p_lock, if its holder's short owner id is
--- p_owner (the session holds the owner lock p_lock:p_owner; '': any holder), and wait
--- up to 5 s for the server to free the lock. One row: whether a session was ended.
-CREATE PROCEDURE django_distlock_session_force(IN p_lock CHAR(37), IN p_owner VARCHAR(8))
+-- Session mode: end the session that holds p_lock, if one does, and wait up to 5 s for
+-- the server to free the lock. One row: whether a session was ended.
+CREATE PROCEDURE django_distlock_session_force(IN p_lock CHAR(37))
 SQL SECURITY INVOKER
 BEGIN
     DECLARE holder BIGINT UNSIGNED DEFAULT IS_USED_LOCK(p_lock);
     DECLARE waited INT DEFAULT 0;
-    IF holder IS NOT NULL AND (
-            p_owner = '' OR IS_USED_LOCK(CONCAT(p_lock, ':', p_owner)) <=> holder) THEN
+    IF holder IS NOT NULL THEN
         KILL CONNECTION holder;
         WHILE IS_USED_LOCK(p_lock) <=> holder AND waited < 5000 DO
             DO SLEEP(0.001);

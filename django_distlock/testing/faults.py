@@ -24,9 +24,11 @@ def make_lost(handle: Any) -> None:
 
     Calls the backend's public ``force_release(name, owner=handle.owner_id)``: the
     lock is freed on the server only while this holder has it, and another owner
-    may take it at once. The handle is not told (no I/O reaches it): like a holder
-    whose lease ended during a pause, it finds out at its next ``extend()`` or
-    ``release()`` (the ``with`` exit), which raise
+    may take it at once. Where the server keeps no owner per grant (MySQL session mode:
+    ``supports_force_release_by_owner`` False) it calls ``force_release(name)``, which
+    ends the holder's session: the handle's, since it holds the lock. The handle is not
+    told (no I/O reaches it): like a holder whose lease ended during a pause, it finds
+    out at its next ``extend()`` or ``release()`` (the ``with`` exit), which raise
     :class:`~django_distlock.exceptions.LockLost` (a ZooKeeper holder too: its node
     is not watched while held; only the end of its session tells it at once).
 
@@ -47,7 +49,8 @@ def make_lost(handle: Any) -> None:
             "holder: the lock ends with the holder's transaction or process. Test the loss "
             "by ending that (e.g. hold_elsewhere(...).kill())."
         )
-    if not backend.force_release(handle.name, owner=handle.owner_id):
+    owner = handle.owner_id if backend.supports_force_release_by_owner else None
+    if not backend.force_release(handle.name, owner=owner):
         raise AssertionError(f"The backend says {handle!r} did not hold its lock any more.")
 
 

@@ -92,6 +92,8 @@ ROWS: tuple[tuple[str, str | None, Callable[[type], bool] | None], ...] = (
     ("listing", "supports_listing", _flag("supports_listing")),
     ("counting", "supports_counting", _flag("supports_counting")),
     ("force release", "supports_force_release", _flag("supports_force_release")),
+    ("force release by owner", "supports_force_release_by_owner",
+     _flag("supports_force_release_by_owner")),
     ("who waits", "supports_waiters", _flag("supports_waiters")),
     ("across processes", "distributed", _flag("distributed")),
     ("async", None, _always),

@@ -33,6 +33,7 @@ class CacheBackend(BaseLockBackend):
     distributed = True
     supports_expiry = True
     supports_force_release = True
+    supports_force_release_by_owner = True
     why_unsupported = {
         "supports_listing": (
             "a cache cannot list its keys at a cost bounded by the page (memcached cannot "

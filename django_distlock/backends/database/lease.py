@@ -70,6 +70,7 @@ class LeaseBackend(OwnSessionBackend, mode="lease"):
     supports_listing = True
     supports_counting = True
     supports_force_release = True
+    supports_force_release_by_owner = True
     supports_waiters = True
     supports_age_order = True
 

@@ -149,42 +149,34 @@ ORDER BY p.name"""
 #: Session mode's grant and release, sent without a cursor (``session_mysql._query``):
 #: bytes, the arguments written in as literals.
 #:
-#: Take a name's lock and its owner lock, and record the holder. Params: lock, key,
-#: seconds to wait (0: a try), label (``dl <short owner id> <holder>``), host; pid, and
-#: whether the session holds nothing else. Row: (fencing token, or NULL when not had;
-#: server time; the run's epoch and base).
+#: Take a name's lock and record the holder. Params: lock, key, seconds to wait (0: a
+#: try), label (``dl <short owner id> <holder>``), host; pid, and whether the session
+#: holds nothing else. Row: (fencing token, or NULL when not had; server time; the run's
+#: epoch and base).
 SESSION_TAKE = b"CALL django_distlock_session_take(%b, %b, %b, %b, %b, %d, %d)"
 #: A try without the procedure, for a session that knows its run's epoch and has no row
 #: past slot 0 (``session_mysql.SessionRun``), whose slot-0 row names another lock or
-#: holder: one statement writes the holder's row at slot 0 only if both locks are granted,
+#: holder: one statement writes the holder's row at slot 0 only if the lock is granted,
 #: and draws ``UUID_SHORT()`` then, which the OK packet carries back as the last insert id
-#: (no result set). Granted: 1 or 2 rows (inserted or updated), else 0, with a last insert
-#: id only when the name's lock was granted and its owner lock not (held only with its
-#: name's lock, it cannot be another session's: the acquisition gives the name's lock
-#: back all the same). ``GET_LOCK`` in the ``WHERE`` of an ``INSERT ... SELECT``
-#: holds the table's lock while it runs: a try only, never a wait. Params: lock, key,
-#: label (the holder part), host, pid, lock, owner lock.
+#: (no result set). Granted: 1 or 2 rows (inserted or updated), else 0. ``GET_LOCK`` in
+#: the ``WHERE`` of an ``INSERT ... SELECT`` holds the table's lock while it runs: a try
+#: only, never a wait. Params: lock, key, label (the holder part), host, pid, lock.
 SESSION_TRY = b"""INSERT INTO django_distlock_session_grant
     (session, slot, lk, name, label, host, pid)
 SELECT CONNECTION_ID(), 0, %b, %b, %b, %b, %d FROM DUAL
-WHERE GET_LOCK(%b, 0) = 1 AND LAST_INSERT_ID(UUID_SHORT()) IS NOT NULL AND GET_LOCK(%b, 0) = 1
+WHERE GET_LOCK(%b, 0) = 1 AND LAST_INSERT_ID(UUID_SHORT()) IS NOT NULL
 ON DUPLICATE KEY UPDATE lk = VALUES(lk), name = VALUES(name), label = VALUES(label),
     host = VALUES(host), pid = VALUES(pid)"""
 #: A try that writes nothing, for a session whose slot-0 row already names this lock and
-#: holder (it counts again once the lock is granted): the two locks and the run's
-#: ``UUID_SHORT()``. Row: (``UUID_SHORT()``; 0 when the name's lock was granted and its
-#: owner lock not; NULL when not had). Params: lock, owner lock.
-SESSION_GRANT = (b"SELECT IF(GET_LOCK(%b, 0) = 1,"
-                 b" IF(GET_LOCK(%b, 0) = 1, UUID_SHORT(), CAST(0 AS UNSIGNED)), NULL)")
+#: holder (it counts again once the lock is granted): the raw call and the run's
+#: ``UUID_SHORT()``. Row: (``UUID_SHORT()``, or NULL when not had). Params: lock.
+SESSION_GRANT = b"SELECT IF(GET_LOCK(%b, 0) = 1, UUID_SHORT(), NULL)"
 #: ``SESSION_GRANT``, waiting up to the given seconds; the label, host and pid after it
 #: are for the waiters' listing, which reads them from the process list. Params: lock,
-#: seconds, owner lock, label, host, pid.
-SESSION_WAIT = (b"SELECT IF(GET_LOCK(%b, %b) = 1,"
-                b" IF(GET_LOCK(%b, 0) = 1, UUID_SHORT(), CAST(0 AS UNSIGNED)),"
-                b" NULL), %b, %b, %d")
-#: Give the owner lock back, then the name's (the owner lock is never held alone).
-#: Params: owner lock, lock. Row: both answers (1: was held).
-SESSION_UNLOCK = b"SELECT RELEASE_LOCK(%b), RELEASE_LOCK(%b)"
+#: seconds, label, host, pid.
+SESSION_WAIT = b"SELECT IF(GET_LOCK(%b, %b) = 1, UUID_SHORT(), NULL), %b, %b, %d"
+#: Give the name's lock back. Params: lock. Row: (1 when it was held,).
+SESSION_UNLOCK = b"SELECT RELEASE_LOCK(%b)"
 #: Whether this session holds the lock (params: lock).
 SESSION_HOLDS = "SELECT IS_USED_LOCK(%s) <=> CONNECTION_ID()"
 SESSION_IS_LOCKED = "SELECT IS_USED_LOCK(%s) IS NOT NULL"
@@ -227,6 +219,5 @@ SELECT count(*) FROM (SELECT 1 FROM django_distlock_session_grant g
 SESSION_WAITERS = f"""
 SELECT w.ID, {_SINCE.format('w')}, w.INFO
 FROM ({_WAITS}) w WHERE w.lk = %s ORDER BY w.TIME_MS DESC, w.ID LIMIT %s"""
-#: End the holder's session, only while its short owner id is the one given ("": any):
-#: while it holds that owner's lock. Params: lock, owner. Row: (ended,).
-SESSION_FORCE = "CALL django_distlock_session_force(%s, %s)"
+#: End the session that holds a lock. Params: lock. Row: (ended,).
+SESSION_FORCE = "CALL django_distlock_session_force(%s)"

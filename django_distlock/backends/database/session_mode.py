@@ -235,6 +235,7 @@ class SessionModeBackend(OwnSessionBackend, mode="session"):
     supports_listing = True
     supports_counting = True
     supports_force_release = True
+    supports_force_release_by_owner = True
     supports_waiters = True
     why_unsupported = {
         "supports_expiry": "a session-mode lock is held until it is released or its "

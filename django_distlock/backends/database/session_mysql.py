@@ -4,21 +4,21 @@ session of the backend's, as session mode on PostgreSQL holds an advisory lock
 module keeps).
 
 A name's lock is ``dl:s:`` and 32 hex digits of the SHA-256 of the database's name and
-the name (named locks are server-wide and stop at 64 characters); beside it a grant takes
-its owner lock, ``<lock>:<short owner id>``, which force release by owner checks. Who
-holds is a session's row of a ``MEMORY`` table (name, holder, host, process; not the
-owner id), which counts while its session holds its lock and outlives the release. A
-session's first grant, and a grant beside others, is a procedure (sql/mysql.sql) that
-takes the locks, draws the fencing token (an epoch per server run from a durable
-counter, and ``UUID_SHORT()`` within the run; sql/mysql.sql says why not
-``UUID_SHORT()`` alone) and writes the row. The session keeps the run's epoch and what
+the name (named locks are server-wide and stop at 64 characters). Who holds is a
+session's row of a ``MEMORY`` table (name, holder, host, process; not the owner id,
+which the server does not keep), which counts while its session holds its lock and
+outlives the release. A session's first grant, and a grant beside others, is a
+procedure (sql/mysql.sql) that takes the lock, draws the fencing token (an epoch per
+server run from a durable counter, and ``UUID_SHORT()`` within the run; sql/mysql.sql
+says why not ``UUID_SHORT()`` alone) and writes the row. The session keeps the run's epoch and what
 its row says (:class:`SessionRun`): its later grants of the same name by the same holder
 are the raw call with the token (``SESSION_GRANT``, ``SESSION_WAIT``: no write), and a
 try of another one rewrites the row in one statement (``SESSION_TRY``). The server
 queues the waiters, and refuses a wait that closes a cycle (MariaDB 1213, MySQL 3058:
 ``Deadlock``). The waiters are read from the server's process list, where each waiting
 session shows its statement. Force release ends the holder's session (``KILL
-CONNECTION``).
+CONNECTION``), whoever holds: the server keeps no owner per grant to check it by (a
+second named lock per grant did, at 6-9% of every pair; issue 35).
 """
 
 from __future__ import annotations
@@ -124,6 +124,14 @@ class MySqlSessionBackend(SessionModeBackend, vendor="mysql"):
     release (``KILL CONNECTION``)."""
 
     session_tag = "mysql"
+    supports_force_release_by_owner = False
+    why_unsupported = {
+        **SessionModeBackend.why_unsupported,
+        "supports_force_release_by_owner": "the server keeps no owner per grant (a named "
+        "lock knows only its session, and a second lock per grant would cost every pair "
+        "6-9%): force release frees the name whoever holds it, and the listing shows no "
+        "owner id",
+    }
     SERVER_PORT = "SELECT @@port"  # ProxySQL's multiplexing hands sessions round too
     DEFAULT_PORT = 3306
 
@@ -177,10 +185,11 @@ class MySqlSessionBackend(SessionModeBackend, vendor="mysql"):
         waiters = []
         for position, (session, since, statement) in enumerate(rows, 1):
             # The procedure's call (lock, name, wait, label, host, pid, alone) or
-            # SESSION_WAIT (lock, wait, owner lock, label, host, pid): the label and host
-            # are the third and fourth strings of both.
+            # SESSION_WAIT (lock, wait, label, host, pid): the label and host are the
+            # strings after the name, or after the lock.
             texts = _literals(statement)
-            label, host = (texts[2], texts[3]) if len(texts) >= 4 else ("", "")
+            at = 2 if statement.startswith("CALL") else 1
+            label, host = (texts[at], texts[at + 1]) if len(texts) >= at + 2 else ("", "")
             pid = _PID.search(statement)
             owner, holder = read_label(label)
             waiters.append(WaiterInfo(
@@ -191,32 +200,29 @@ class MySqlSessionBackend(SessionModeBackend, vendor="mysql"):
         return waiters
 
     def _force_release(self, key: str, owner: str) -> Freed | None:
-        rows = self.run(SESSION_FORCE, [self.lock_name(key), owner], "force-releasing a lock")
+        # owner is "": an owner was refused before (supports_force_release_by_owner).
+        rows = self.run(SESSION_FORCE, [self.lock_name(key)], "force-releasing a lock")
         return Freed() if rows and rows[0][0] else None
 
 
 class MySqlSessionAcquisition(SessionAcquisition):
     """One acquisition in session mode on MySQL or MariaDB: a try is the grant's call
     with no wait, a wait the same call with the time left; a release gives the named
-    lock back and writes nothing (the holder's row stops counting). A grant also takes
-    the owner lock, ``<lock>:<short owner id>``, which a force release by owner checks,
-    and the release gives it back first: it is held only with the name's lock."""
+    lock back and writes nothing (the holder's row stops counting)."""
 
     backend: MySqlSessionBackend
 
     def __init__(self, *args: Any) -> None:
         OwnSessionAcquisition.__init__(self, *args)  # not PostgreSQL's keys
         hold = self.hold
-        owner = self.token[:SHORT_OWNER]
         # The backend's lock_name() written out: a frame fewer per acquire.
         self.lock = lock = lock_name(str(self.backend._database_settings["NAME"]), hold.key)
         #: The holder, as the session's row keeps it (the label without the owner).
         self.text = text = label_text(hold.holder_field)
-        self.label = f"dl {owner} {text}"  # holder_label() written out
-        # The two locks as SQL literals: letters, digits and colons (the owner id is hex:
-        # session mode takes no owner= of the caller's), so quoted without escaping.
+        # holder_label() written out; the waiters' listing reads the owner id from it.
+        self.label = f"dl {self.token[:SHORT_OWNER]} {text}"
+        # The lock as an SQL literal: letters, digits and colons, quoted without escaping.
         self.quoted = f"'{lock}'".encode()
-        self.owned = f"'{lock}:{owner}'".encode()
         self.fencing: int | None = None
 
     def _try(self, session: Session, wait: float = 0) -> tuple[int, datetime | None] | None:
@@ -235,16 +241,13 @@ class MySqlSessionAcquisition(SessionAcquisition):
             literal = conn.string_literal
             seconds = wait if run.mariadb else math.ceil(wait)  # MySQL 8: whole seconds
             statement = SESSION_WAIT % (
-                self.quoted, repr(seconds).encode(), self.owned,
-                literal(self.label.encode()), literal(_HOST.encode()), session.pid)
+                self.quoted, repr(seconds).encode(), literal(self.label.encode()),
+                literal(_HOST.encode()), session.pid)
         else:
-            statement = SESSION_GRANT % (self.quoted, self.owned)
+            statement = SESSION_GRANT % (self.quoted,)
         row = _query(conn, statement)
         drawn = None if row is None else row[0]
         if drawn is None:
-            return None
-        if not drawn:  # another session holds the owner lock: no grant (SESSION_TRY's)
-            self._unlock(session, None)
             return None
         return run.token_base + drawn, datetime.now(UTC) + run.clock
 
@@ -276,17 +279,15 @@ class MySqlSessionAcquisition(SessionAcquisition):
         try:
             conn.query(SESSION_TRY % (
                 self.quoted, literal(self.hold.key.encode()), literal(self.text.encode()),
-                literal(_HOST.encode()), session.pid, self.quoted, self.owned))
+                literal(_HOST.encode()), session.pid, self.quoted))
         except ERRORS as exc:
             if mysql_errno(exc) != 1114:
                 raise
             # The table is full (the session's row was gone: deleted by hand): give the
-            # locks back, and let the procedure say so, as it does.
+            # lock back, and let the procedure say so, as it does.
             self._unlock(session, None)
             return self._take(session, 0)
         if not conn.affected_rows():
-            if conn.insert_id():  # the name's lock granted, its owner lock not
-                self._unlock(session, None)
             return None
         run.row = (self.lock, self.text)
         return run.token_base + conn.insert_id(), datetime.now(UTC) + run.clock
@@ -296,10 +297,9 @@ class MySqlSessionAcquisition(SessionAcquisition):
         return self._try(session, server_wait(self.deadline))
 
     def _unlock(self, session: Session, others: str | None) -> bool:
-        # The owner lock, then the name's (also to give back a grant refused by the
-        # owner lock, or by a full table).
-        row = _query(session.wrapper.connection, SESSION_UNLOCK % (self.owned, self.quoted))
-        return bool(row and row[1] == 1)
+        # Also gives back a grant that a full table refused.
+        row = _query(session.wrapper.connection, SESSION_UNLOCK % (self.quoted,))
+        return bool(row and row[0] == 1)
 
     def _holds(self, session: Session) -> bool:
         row = session.execute(SESSION_HOLDS, [self.lock]).fetchone()

@@ -108,6 +108,8 @@ class TransactionBackend(DatabaseBackend, mode="transaction"):
     why_unsupported = {
         "supports_force_release": "a transaction-mode lock is held by its holder's open "
         "transaction; it ends when that transaction does",
+        "supports_force_release_by_owner": "a transaction-mode lock is held by its holder's "
+        "open transaction; it ends when that transaction does",
         "supports_counting": "a transaction-mode lock is a row lock, seen only by trying it: "
         "a count would try the row of every name ever used, however few are held",
         "supports_waiters": "its waiters are transactions blocked in SELECT ... FOR UPDATE "

@@ -143,6 +143,7 @@ class RedisBackend(BaseLockBackend):
     supports_listing = True
     supports_counting = True
     supports_force_release = True
+    supports_force_release_by_owner = True
     supports_shared_owner = True
     supports_waiters = True
 

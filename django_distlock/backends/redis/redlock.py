@@ -155,6 +155,7 @@ class RedlockBackend(BaseLockBackend):
     distributed = True
     supports_expiry = True
     supports_force_release = True
+    supports_force_release_by_owner = True
     why_unsupported = {
         "supports_fencing": "independent masters' counters cannot be ordered",
         "supports_leadership": "a term's epoch is a fencing token, and independent masters' "

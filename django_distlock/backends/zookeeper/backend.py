@@ -81,6 +81,7 @@ class ZooKeeperBackend(BaseLockBackend):
     supports_listing = True
     supports_counting = True
     supports_force_release = True
+    supports_force_release_by_owner = True
     supports_downgrade = True
     why_unsupported = {
         "supports_expiry": "a lock lives as long as its holder's session (ended "

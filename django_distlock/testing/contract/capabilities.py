@@ -145,7 +145,9 @@ class CapabilityChecks(ContractBase):
 
     def check_force_release_of_the_holder_shown(self, backend: BaseLockBackend) -> None:
         """With ``owner``, only that holder's lock is freed (checked on the server): a
-        lock taken by someone else since it was listed stays."""
+        lock taken by someone else since it was listed stays. Where the server keeps no
+        owner (``supports_force_release_by_owner`` False), ``owner`` is refused before
+        any I/O and the lock stays."""
         name = self.unique()
         for bad in ("", "0123456", "0123456789", "ABCDEF01", "zzzzzzzz"):
             with raises(ValueError):
@@ -157,6 +159,15 @@ class CapabilityChecks(ContractBase):
         first = backend.lock(name)
         first.acquire()
         shown = first.owner_id
+        if not backend.supports_force_release_by_owner:
+            try:  # refused before any I/O, and the lock is left with its holder
+                with io_calls(backend) as calls, raises(UnsupportedOperation):
+                    backend.force_release(name, owner=shown)
+                assert calls == []
+                assert first.held and backend.is_locked(name)
+            finally:
+                first.release()
+            return
         first.release()
         second = backend.lock(name)
         second.acquire()
@@ -195,6 +206,8 @@ class CapabilityChecks(ContractBase):
             ("supports_listing", lambda: backend.held_locks(prefix=name)),
             ("supports_counting", lambda: backend.count_held(prefix=name)),
             ("supports_force_release", lambda: backend.force_release(name)),
+            ("supports_force_release_by_owner",
+             lambda: backend.force_release(name, owner="0123abcd")),
             ("supports_shared_owner",
              lambda: backend.lock(name, reentrant=True, owner="o").acquire(timeout=1)),
             ("supports_read_write", lambda: backend.read_lock(name).acquire(timeout=1)),

@@ -24,7 +24,7 @@ FLAGS = (
     "supports_fencing", "supports_expiry", "supports_listing", "supports_force_release",
     "distributed", "supports_shared_owner", "supports_read_write", "supports_semaphore",
     "supports_waiters", "supports_counting", "supports_downgrade", "supports_age_order",
-    "leases_join_transaction", "supports_leadership",
+    "leases_join_transaction", "supports_leadership", "supports_force_release_by_owner",
 )
 #: The backend's methods that reach its server: none may run for a refused call.
 IO_ENTRY_POINTS = (
