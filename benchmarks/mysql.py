@@ -157,10 +157,10 @@ class GetLock:
 
 class SessionCalls:
     """(i'') Session mode's two statements with no lock handle around them: the grant
-    (``SESSION_GRANT``: the named lock, the owner lock of a fresh owner id, the token's
-    ``UUID_SHORT()``) and the release (``SESSION_UNLOCK``), sent as the backend sends
-    them, on one of its sessions. (i) minus (i'') is the handle layer's share, (i'')
-    over (c) the statements', both measured in the same run."""
+    (``SESSION_GRANT``: the named lock and the token's ``UUID_SHORT()``) and the release
+    (``SESSION_UNLOCK``), sent as the backend sends them, on one of its sessions. (i)
+    minus (i'') is the handle layer's share, (i'') over (c) the statements', both
+    measured in the same run."""
 
     def __init__(self, key: str) -> None:
         lockers.django_setup()
@@ -172,16 +172,14 @@ class SessionCalls:
         self.pool, self.session = backend.pool, backend.pool.take()
         self.conn, self.query = self.session.wrapper.connection, session_mysql._query
         self.grant, self.unlock = mysql_sql.SESSION_GRANT, mysql_sql.SESSION_UNLOCK
-        self.lock = backend.lock_name(backend.make_key(key))
-        self.quoted, self.owned = f"'{self.lock}'".encode(), b""
+        self.quoted = f"'{backend.lock_name(backend.make_key(key))}'".encode()
 
     def acquire(self) -> bool:
-        self.owned = f"'{self.lock}:{os.urandom(16).hex()[:8]}'".encode()
-        row = self.query(self.conn, self.grant % (self.quoted, self.owned))
+        row = self.query(self.conn, self.grant % (self.quoted,))
         return bool(row and row[0])
 
     def release(self) -> None:
-        self.query(self.conn, self.unlock % (self.owned, self.quoted))
+        self.query(self.conn, self.unlock % (self.quoted,))
 
     def close(self) -> None:
         self.pool.give_back(self.session)
