@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import queue
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -580,24 +581,44 @@ def test_max_concurrency_can_see_overlaps() -> None:
 
 
 def test_a_semaphore_never_exceeds_its_limit(zk, unique) -> None:
+    """Nine threads take 36 holds of a semaphore of three between them; a holder waits,
+    holding, until three hold (a barrier), so the limit is reached at every hold whatever
+    the ensemble's speed, and passing it would show as a fourth overlapping hold. (Holds
+    of a fixed 20 ms reached the limit only where a grant takes under 7 ms: on a slow
+    host, grants 25 ms apart through one session overlapped two at a time.)"""
     name = unique("sem")
     intervals: list[tuple[float, float]] = []
     tokens: list[int] = []
+    failures: list[BaseException] = []
+    holds = queue.SimpleQueue[int]()
+    for hold in range(36):  # a multiple of three: the last barrier fills too
+        holds.put(hold)
+    full = threading.Barrier(3, timeout=30)
 
     def work() -> None:
-        for _ in range(4):
-            with zk.semaphore(name, 3, timeout=30) as lease:
-                began = time.monotonic()
-                tokens.append(lease.fencing_token)
-                time.sleep(0.02)
-                intervals.append((began, time.monotonic()))
+        # A thread takes a hold only after its last one ended: while holds are left, at
+        # least three threads want one, so every barrier fills.
+        try:
+            while True:
+                try:
+                    holds.get_nowait()
+                except queue.Empty:
+                    return
+                with zk.semaphore(name, 3, timeout=60) as lease:
+                    began = time.monotonic()
+                    tokens.append(lease.fencing_token)
+                    full.wait()  # three hold now
+                    intervals.append((began, time.monotonic()))
+        except BaseException as exc:  # a broken barrier: three never held at once
+            failures.append(exc)
 
-    threads = [threading.Thread(target=work) for _ in range(8)]
+    threads = [threading.Thread(target=work) for _ in range(9)]
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(60)
-    assert len(intervals) == 32 and len(set(tokens)) == 32
+        thread.join(120)
+    assert failures == []
+    assert len(intervals) == 36 and len(set(tokens)) == 36
     assert _max_concurrency(intervals) == 3  # reached, never passed
     assert not zk.is_locked(name)
 
