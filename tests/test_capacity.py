@@ -28,6 +28,10 @@ from .capacity_site import (
     write_site,
 )
 
+# Single-tier, in the second env: it balances the two lanes of a whole run
+# (CONTRIBUTING.md, the tiers).
+pytestmark = pytest.mark.second_env
+
 ROOT = Path(__file__).resolve().parent.parent
 WORKERS = 2
 CONCURRENCY = 64

@@ -37,6 +37,10 @@ import pytest
 from .conftest import require_pg, require_redis
 from .test_flashsale import ROOT, _create_database, _env
 
+# Single-tier, in the second env: it balances the two lanes of a whole run
+# (CONTRIBUTING.md, the tiers).
+pytestmark = pytest.mark.second_env
+
 NODES = 4
 SLOTS = 3
 #: The schedule's period (s), the late node's clock skew (s), the lock's min_hold (s):

@@ -32,6 +32,10 @@ from django_distlock.singleton import KILL_MARGIN
 from .conftest import eventually, require_alias
 from .test_flashsale import ROOT
 
+# Single-tier, in the second env: it balances the two lanes of a whole run
+# (CONTRIBUTING.md, the tiers).
+pytestmark = pytest.mark.second_env
+
 #: The runners' term (s) and grace (s): grace + 0.5 s fits in a third of the term.
 TTL, GRACE = 2.4, 0.3
 #: A new runner's child starts at most this long after the term could have ended.
