@@ -63,7 +63,7 @@ from .partition_kit import (
 )
 from .test_zookeeper_faults import _servers as zk_servers
 
-pytestmark = LIBRARY_DB
+pytestmark = [pytest.mark.second_env, LIBRARY_DB]  # second env: balances the lanes
 #: What a memcached call may take (no ``timeout`` in the cache's OPTIONS: the driver's).
 MEMCACHED_TIMEOUT = DEFAULT_TIMEOUT
 
