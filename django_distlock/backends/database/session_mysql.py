@@ -128,9 +128,9 @@ class MySqlSessionBackend(SessionModeBackend, vendor="mysql"):
     why_unsupported = {
         **SessionModeBackend.why_unsupported,
         "supports_force_release_by_owner": "the server keeps no owner per grant (a named "
-        "lock knows only its session, and a second lock per grant would cost every pair "
-        "6-9%): force release frees the name whoever holds it, and the listing shows no "
-        "owner id",
+        "lock knows only its session; a second lock per grant would slow every acquire "
+        "and release): force release frees the name whoever holds it, and the listing "
+        "shows no owner id",
     }
     SERVER_PORT = "SELECT @@port"  # ProxySQL's multiplexing hands sessions round too
     DEFAULT_PORT = 3306

@@ -101,15 +101,18 @@ class _Stack(threading.local):
         self.owners: list[object] = []
 
 
+#: Why no force release, with an owner or without.
+_HELD_BY_TRANSACTION = ("a transaction-mode lock is held by its holder's open transaction; "
+                        "it ends when that transaction does")
+
+
 class TransactionBackend(DatabaseBackend, mode="transaction"):
     """The database backend's transaction mode (``OPTIONS["MODE"] = "transaction"``)."""
 
     supports_listing = True
     why_unsupported = {
-        "supports_force_release": "a transaction-mode lock is held by its holder's open "
-        "transaction; it ends when that transaction does",
-        "supports_force_release_by_owner": "a transaction-mode lock is held by its holder's "
-        "open transaction; it ends when that transaction does",
+        "supports_force_release": _HELD_BY_TRANSACTION,
+        "supports_force_release_by_owner": _HELD_BY_TRANSACTION,
         "supports_counting": "a transaction-mode lock is a row lock, seen only by trying it: "
         "a count would try the row of every name ever used, however few are held",
         "supports_waiters": "its waiters are transactions blocked in SELECT ... FOR UPDATE "
